@@ -1,0 +1,2 @@
+//! Range-tree benchmarks (being written).
+fn main() {}

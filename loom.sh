@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Runs every loom model in loom_tests/ against the real code (through src/sync.rs).
+# Extra arguments go to the test binaries, e.g. `./loom.sh vma_lock`.
+set -euo pipefail
+cd "$(dirname "$0")"
+export RUSTFLAGS="--cfg aspace_loom --cfg crossbeam_loom ${RUSTFLAGS:-}"
+export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom"
+tests=$(sed -n 's/^name = "\(loom_[a-z_]*\)"$/\1/p' Cargo.toml)
+args=()
+for t in $tests; do args+=(--test "$t"); done
+exec cargo test --release "${args[@]}" -- --test-threads=2 "$@"

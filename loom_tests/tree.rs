@@ -1,0 +1,2 @@
+//! Loom model of the range tree (being written).
+#![cfg(aspace_loom)]

@@ -1,0 +1,25 @@
+//! # aspace
+//!
+//! A process-like virtual address space in user space, built with the
+//! concurrency design Linux reached between 2022 and 2025:
+//!
+//! - an RCU-readable B-tree of ranges ([`tree`]) that readers walk without
+//!   locks under epoch reclamation, with gap tracking for free-area search;
+//! - a reference-count lock inside every VMA and a sequence-counted
+//!   `mmap_lock` whose write-unlock releases every VMA write lock at once;
+//! - a simulated 4-level page table with real 4 KiB frames;
+//! - a page-fault path that locks only the faulting VMA.
+//!
+//! See `README.md` for the commands, and `../shared/DESIGN.md` in the
+//! project for the map of modules and protocols.
+
+#![warn(missing_docs)]
+
+pub mod addr;
+pub mod error;
+pub mod percpu;
+pub mod sync;
+pub mod tree;
+
+pub use addr::{Range, PAGE_SIZE};
+pub use error::{Error, FaultError, Result};

@@ -1,0 +1,1 @@
+//! RCU-readable B-tree of non-overlapping ranges (being written).
