@@ -17,9 +17,15 @@
 
 pub mod addr;
 pub mod error;
+pub mod mm;
 pub mod percpu;
+pub mod phys;
+pub mod pt;
+pub mod reclaim;
 pub mod sync;
 pub mod tree;
+pub mod vma;
+pub mod vmap;
 
 pub use addr::{Range, PAGE_SIZE};
 pub use error::{Error, FaultError, Result};

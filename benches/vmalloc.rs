@@ -1,0 +1,2 @@
+//! vmalloc benchmarks (being written).
+fn main() {}

@@ -1,0 +1,2 @@
+//! Loom model (being written).
+#![cfg(aspace_loom)]

@@ -1,0 +1,1 @@
+//! The sequence-counted mmap_lock (being written).

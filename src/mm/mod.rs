@@ -1,0 +1,2 @@
+//! The address space (being written).
+pub mod mmap_lock;

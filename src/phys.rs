@@ -1,0 +1,1 @@
+//! Physical frames (being written).

@@ -1,0 +1,1 @@
+//! Simulated 4-level page table (being written).

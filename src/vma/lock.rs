@@ -1,0 +1,1 @@
+//! The per-VMA refcount lock (being written).

@@ -1,0 +1,2 @@
+//! Virtual memory areas (being written).
+pub mod lock;

@@ -1,0 +1,1 @@
+//! vmalloc-style virtual-area allocator (being written).
