@@ -22,6 +22,7 @@ pub mod percpu;
 pub mod phys;
 pub mod pt;
 pub mod reclaim;
+pub mod stats;
 pub mod sync;
 pub mod tree;
 pub mod vma;
@@ -29,3 +30,5 @@ pub mod vmap;
 
 pub use addr::{Range, PAGE_SIZE};
 pub use error::{Error, FaultError, Result};
+pub use mm::{Access, Advice, Config, FaultLocking, MapFlags, MremapFlags, Prot};
+pub use stats::Stats;

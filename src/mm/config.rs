@@ -1,0 +1,77 @@
+//! Layout, budget and locking mode of an address space.
+
+use crate::addr::PAGE_SIZE;
+
+/// How page faults synchronize with writers of the address space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum FaultLocking {
+    /// Lock only the faulting VMA (Linux 6.4+); fall back to the mmap_lock
+    /// read side when that cannot finish.
+    #[default]
+    PerVma,
+    /// Take the mmap_lock read side for every fault (the pre-2023 kernel),
+    /// kept as the baseline every benchmark prints beside PerVma.
+    MmapLock,
+}
+
+/// Configuration of an [`AddressSpace`](crate::AddressSpace).
+///
+/// The defaults are Linux x86-64's with 4-level paging and no
+/// randomization.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// First address past user space (`TASK_SIZE`).
+    pub task_size: u64,
+    /// Lowest address a mapping may use (`vm.mmap_min_addr`).
+    pub mmap_min_addr: u64,
+    /// Top of the top-down mmap area: placement searches below it.
+    pub mmap_base: u64,
+    /// Guard gap kept below growsdown (stack) mappings (`stack_guard_gap`).
+    pub stack_guard_gap: u64,
+    /// Maximum number of VMAs (`vm.max_map_count`).
+    pub max_map_count: usize,
+    /// Where the heap (brk area) starts.
+    pub brk_start: u64,
+    /// Bytes of real memory the frames may use.
+    pub memory_budget: u64,
+    /// Clear new anonymous frames (turn off only to measure metadata paths).
+    pub zero_pages: bool,
+    /// How faults lock.
+    pub fault_locking: FaultLocking,
+    /// Use deferred-to-drop reclamation instead of epochs (loom models only;
+    /// leaks until the address space is dropped).
+    #[doc(hidden)]
+    pub deferred_reclaim: bool,
+}
+
+/// Linux x86-64 `TASK_SIZE` with 4-level paging.
+pub const DEFAULT_TASK_SIZE: u64 = (1 << 47) - PAGE_SIZE;
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            task_size: DEFAULT_TASK_SIZE,
+            mmap_min_addr: 65536,
+            // TASK_SIZE minus the minimum stack gap (128 MiB), as Linux
+            // computes mmap_base without randomization.
+            mmap_base: DEFAULT_TASK_SIZE - (128 << 20),
+            stack_guard_gap: 256 * PAGE_SIZE,
+            max_map_count: 65530,
+            brk_start: 0x5555_5600_0000,
+            memory_budget: 4 << 30,
+            zero_pages: true,
+            fault_locking: FaultLocking::PerVma,
+            deferred_reclaim: false,
+        }
+    }
+}
+
+impl Config {
+    /// The default layout with a given fault locking mode.
+    pub fn with_locking(fault_locking: FaultLocking) -> Self {
+        Config {
+            fault_locking,
+            ..Config::default()
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! The flag types of the public API, with Linux's bit values so that raw
+//! syscall arguments convert directly.
+
+use bitflags::bitflags;
+
+bitflags! {
+    /// Page protection (`PROT_*`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct Prot: u32 {
+        /// Pages may be read.
+        const READ = 0x1;
+        /// Pages may be written.
+        const WRITE = 0x2;
+        /// Pages may be executed.
+        const EXEC = 0x4;
+        /// mprotect only: extend the change down to the start of a
+        /// growsdown mapping.
+        const GROWSDOWN = 0x0100_0000;
+        /// mprotect only: extend the change up to the end of a growsup
+        /// mapping (not supported on x86-64: EINVAL).
+        const GROWSUP = 0x0200_0000;
+    }
+}
+
+impl Prot {
+    /// No access (`PROT_NONE`).
+    pub const NONE: Prot = Prot::empty();
+    /// The access bits alone (READ, WRITE, EXEC).
+    pub const ACCESS: Prot = Prot::READ.union(Prot::WRITE).union(Prot::EXEC);
+}
+
+bitflags! {
+    /// Mapping flags (`MAP_*`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct MapFlags: u32 {
+        /// Share the mapping with other mappers (`MAP_SHARED`).
+        const SHARED = 0x01;
+        /// Private copy-on-write mapping (`MAP_PRIVATE`).
+        const PRIVATE = 0x02;
+        /// Place the mapping exactly at the address, replacing what is
+        /// there (`MAP_FIXED`).
+        const FIXED = 0x10;
+        /// Not backed by a file (`MAP_ANONYMOUS`).
+        const ANONYMOUS = 0x20;
+        /// Stack-like mapping that grows down (`MAP_GROWSDOWN`).
+        const GROWSDOWN = 0x0100;
+        /// Do not reserve swap (`MAP_NORESERVE`); accepted, no effect here.
+        const NORESERVE = 0x4000;
+        /// Fault every page in at mmap time (`MAP_POPULATE`).
+        const POPULATE = 0x8000;
+        /// Like FIXED, but fail with EEXIST instead of replacing
+        /// (`MAP_FIXED_NOREPLACE`).
+        const FIXED_NOREPLACE = 0x10_0000;
+    }
+}
+
+bitflags! {
+    /// mremap flags (`MREMAP_*`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct MremapFlags: u32 {
+        /// The mapping may move (`MREMAP_MAYMOVE`).
+        const MAYMOVE = 1;
+        /// Move to exactly `new_addr` (`MREMAP_FIXED`; needs MAYMOVE).
+        const FIXED = 2;
+        /// Move the pages but keep the old mapping, empty
+        /// (`MREMAP_DONTUNMAP`; needs MAYMOVE and equal lengths).
+        const DONTUNMAP = 4;
+    }
+}
+
+/// madvise advice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Advice {
+    /// `MADV_NORMAL`: no special treatment (validates the range only).
+    Normal,
+    /// `MADV_DONTNEED`: drop the pages; private anonymous memory reads back
+    /// as zero, shared memory keeps its contents.
+    DontNeed,
+}
+
+impl Advice {
+    /// Linux's `MADV_*` number.
+    pub const fn to_raw(self) -> i32 {
+        match self {
+            Advice::Normal => 0,
+            Advice::DontNeed => 4,
+        }
+    }
+}
+
+/// The kind of access that faults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// A load.
+    Read,
+    /// A store.
+    Write,
+    /// An instruction fetch.
+    Exec,
+}
+
+impl Access {
+    /// The protection bit this access needs.
+    pub const fn required(self) -> Prot {
+        match self {
+            Access::Read => Prot::READ,
+            Access::Write => Prot::WRITE,
+            Access::Exec => Prot::EXEC,
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! Event counters that every path updates cheaply.
+//!
+//! Each CPU slot has its own cache line of counters (see [`crate::percpu`]),
+//! so the fault path's only shared write stays the VMA's refcount. A
+//! [`Stats`] snapshot sums the slots; it is exact once the counted
+//! operations have finished, and a good estimate while they run.
+
+use crate::percpu::PerCpu;
+use crate::sync::{AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
+        /// One counted event.
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(usize)]
+        pub(crate) enum Event { $( $name, )* }
+
+        const NR_EVENTS: usize = [$( Event::$name ),*].len();
+
+        /// A snapshot of an address space's counters.
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct Stats {
+            $( $(#[$doc])* pub $name: u64, )*
+        }
+
+        impl Stats {
+            fn from_array(a: &[u64; NR_EVENTS]) -> Stats {
+                Stats { $( $name: a[Event::$name as usize], )* }
+            }
+        }
+    };
+}
+
+counters! {
+    /// Faults completed under the faulting VMA's lock alone.
+    fault_per_vma,
+    /// Faults completed under the mmap_lock read side (the MmapLock mode,
+    /// or a per-VMA attempt that fell back).
+    fault_mmap_lock,
+    /// Per-VMA attempts abandoned because the VMA was write-locked.
+    retry_write_locked,
+    /// Lookups that found a detached VMA and walked the tree again.
+    retry_detached,
+    /// Per-VMA attempts abandoned because the VMA object had been reused
+    /// for another range or address space (revalidation failed).
+    retry_revalidate,
+    /// Per-VMA attempts abandoned because the VMA first needed an anon_vma
+    /// and the mmap_lock could not be try-locked.
+    retry_anon_vma,
+    /// Per-VMA attempts abandoned because the lockless lookup found no VMA
+    /// (the mmap_lock path gives the definitive answer).
+    retry_no_vma,
+    /// Per-VMA attempts abandoned for reader-count overflow.
+    retry_overflow,
+    /// Faults answered with SIGSEGV, no mapping (`SEGV_MAPERR`).
+    segv_maperr,
+    /// Faults answered with SIGSEGV, access denied (`SEGV_ACCERR`).
+    segv_accerr,
+    /// Faults answered with SIGBUS (no backing object).
+    sigbus,
+    /// Faults that ran out of frames.
+    fault_oom,
+    /// Faults that found the page already present (raced or spurious).
+    fault_spurious,
+    /// Copy-on-write faults that copied a frame.
+    cow_copies,
+    /// Copy-on-write faults that reused the last reference in place.
+    cow_reuses,
+    /// TLB flushes issued (one per flushed range).
+    tlb_flushes,
+    /// Pages covered by those flushes.
+    tlb_pages_flushed,
+    /// Shootdowns sent to other CPUs of the address space.
+    tlb_shootdowns,
+    /// VMA objects handed out again from the type-stable cache.
+    vma_reused,
+}
+
+pub(crate) struct StatCounters {
+    slots: PerCpu<[AtomicU64; NR_EVENTS]>,
+}
+
+impl StatCounters {
+    pub(crate) fn new() -> Self {
+        StatCounters {
+            slots: PerCpu::new(|| core::array::from_fn(|_| AtomicU64::new(0))),
+        }
+    }
+
+    /// Counts one event on the calling CPU's slot.
+    #[inline]
+    pub(crate) fn inc(&self, e: Event) {
+        self.add(e, 1);
+    }
+
+    /// Counts `n` events on the calling CPU's slot.
+    #[inline]
+    pub(crate) fn add(&self, e: Event, n: u64) {
+        // A plain load+store is enough: each slot is written by its own CPU
+        // almost always; a rare collision of two threads on one slot can
+        // lose a count, so use the atomic add (uncontended, no bounce).
+        self.slots.local()[e as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> Stats {
+        let mut sum = [0u64; NR_EVENTS];
+        for slot in self.slots.iter() {
+            for (s, c) in sum.iter_mut().zip(slot.iter()) {
+                *s += c.load(Ordering::Relaxed);
+            }
+        }
+        Stats::from_array(&sum)
+    }
+}
+
+impl Stats {
+    /// All faults that completed (either path).
+    pub fn faults(&self) -> u64 {
+        self.fault_per_vma + self.fault_mmap_lock
+    }
+
+    /// Per-VMA attempts abandoned for any reason.
+    pub fn retries(&self) -> u64 {
+        self.retry_write_locked
+            + self.retry_revalidate
+            + self.retry_anon_vma
+            + self.retry_no_vma
+            + self.retry_overflow
+    }
+}
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_sum_across_threads() {
+        let c = std::sync::Arc::new(StatCounters::new());
+        let hs: Vec<_> = (0..4)
+            .map(|_| {
+                let c = c.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        c.inc(Event::fault_per_vma);
+                    }
+                    c.add(Event::tlb_pages_flushed, 7);
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        let s = c.snapshot();
+        assert_eq!(s.fault_per_vma, 4000);
+        assert_eq!(s.tlb_pages_flushed, 28);
+        assert_eq!(s.faults(), 4000);
+    }
+}
