@@ -17,6 +17,7 @@
 
 pub mod addr;
 pub mod error;
+mod fault;
 pub mod mm;
 pub mod percpu;
 pub mod phys;
@@ -24,11 +25,18 @@ pub mod pt;
 pub mod reclaim;
 pub mod stats;
 pub mod sync;
+mod tlb;
 pub mod tree;
 pub mod vma;
 pub mod vmap;
 
 pub use addr::{Range, PAGE_SIZE};
 pub use error::{Error, FaultError, Result};
-pub use mm::{Access, Advice, Config, FaultLocking, MapFlags, MremapFlags, Prot};
+pub use mm::{AddressSpace, Access, Advice, Config, FaultLocking, MapFlags, MremapFlags, Prot};
 pub use stats::Stats;
+pub use vma::{VmFlags, VmaInfo};
+
+/// The README's examples run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -15,7 +15,7 @@ pub use crossbeam_epoch as epoch;
 #[cfg(not(aspace_loom))]
 mod imp {
     pub use std::sync::atomic::{
-        fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+        fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
     };
     pub use std::sync::Arc;
     pub use std::thread;
@@ -81,7 +81,7 @@ mod imp {
 #[cfg(aspace_loom)]
 mod imp {
     pub use loom::sync::atomic::{
-        fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+        fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
     };
     pub use loom::sync::Arc;
     pub use loom::thread;

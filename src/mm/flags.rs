@@ -13,6 +13,8 @@ bitflags! {
         const WRITE = 0x2;
         /// Pages may be executed.
         const EXEC = 0x4;
+        /// `PROT_SEM`: accepted for compatibility; no effect.
+        const SEM = 0x8;
         /// mprotect only: extend the change down to the start of a
         /// growsdown mapping.
         const GROWSDOWN = 0x0100_0000;

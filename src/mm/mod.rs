@@ -1,7 +1,249 @@
-//! The address space (being written).
+//! The address space: [`AddressSpace`] and one file per operation.
+//!
+//! # Locking
+//!
+//! Lock order, outermost first:
+//!
+//! 1. `mmap_lock` ([`mmap_lock::MmapLock`]) — writers (mmap, munmap,
+//!    mprotect, mremap, brk) take it for write; the fault fallback path,
+//!    madvise and `vmas()` take it for read.
+//! 2. VMA write locks ([`crate::vma::lock::VmaLock`]) — taken only by the
+//!    mmap_lock writer, on every VMA it changes, before changing it. They
+//!    are all released together when the writer drops the mmap_lock (the
+//!    sequence advances).
+//! 3. The tree's writer mutex (uncontended: only mmap_lock writers take it).
+//! 4. PTE-page locks (inside [`crate::pt`]), then the frame allocator's
+//!    per-CPU locks.
+//!
+//! A page fault on the per-VMA path holds only a VMA *read* lock; it may
+//! try-lock the mmap_lock (to give the VMA its anon_vma) but never blocks
+//! on it, because an mmap_lock writer may be waiting for that VMA.
+//!
+//! What protects what:
+//! - `tree`: written under the mmap_lock write side; read lock-free by
+//!   anyone pinned to the epoch.
+//! - `MmState` (map count, brk): inside the mmap_lock.
+//! - each VMA's fields: see [`crate::vma`].
+//! - page-table entries: PTE-page locks for changes; lock-free walks; table
+//!   pages are freed through the epoch and only where no VMA covers them
+//!   (so no fault is walking there).
+//! - frames: freed only after the TLB flush that covers their last
+//!   translation ([`crate::tlb`]).
+
 pub mod config;
 pub mod flags;
 pub mod mmap_lock;
 
+mod access;
+mod brk;
+pub(crate) mod edit;
+mod madvise;
+mod mmap;
+mod mprotect;
+mod mremap;
+mod munmap;
+
 pub use config::{Config, FaultLocking};
 pub use flags::{Access, Advice, MapFlags, MremapFlags, Prot};
+
+use crate::addr::{Range, PAGE_SIZE};
+use crate::error::FaultError;
+use crate::phys::FrameAllocator;
+use crate::pt::PageTable;
+use crate::reclaim::Reclaimer;
+use crate::stats::{StatCounters, Stats};
+use crate::sync::{AtomicU64, Arc, Ordering};
+use crate::tlb::TlbState;
+use crate::tree::RangeTree;
+use crate::vma::{VmaInfo, VmaPool, VmaRef};
+use mmap_lock::MmapLock;
+
+/// State protected by the mmap_lock.
+pub(crate) struct MmState {
+    /// Number of VMAs (`mm->map_count`).
+    pub(crate) map_count: usize,
+    /// Start of the heap (`mm->start_brk`).
+    pub(crate) start_brk: u64,
+    /// Current break (`mm->brk`).
+    pub(crate) brk: u64,
+}
+
+/// Source of unique ids for address spaces, anon_vmas and shared objects.
+pub(crate) fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A process-like virtual address space.
+///
+/// All methods take `&self`: the address space is `Send + Sync`, and any
+/// number of threads may fault, read and write while others map, unmap and
+/// protect. See the [module docs](self) for the locking design.
+///
+/// ```
+/// use aspace::{AddressSpace, Config, Prot, MapFlags};
+/// let mm = AddressSpace::new(Config::default());
+/// let a = mm.mmap(0, 8192, Prot::READ | Prot::WRITE,
+///                 MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
+/// mm.write(a + 4090, b"hello").unwrap();       // crosses a page boundary
+/// let mut buf = [0u8; 5];
+/// mm.read(a + 4090, &mut buf).unwrap();
+/// assert_eq!(&buf, b"hello");
+/// mm.munmap(a, 8192).unwrap();
+/// assert_eq!(mm.frames_used(), 0);
+/// ```
+pub struct AddressSpace {
+    // Field order is drop order: the tree (which points into the pool)
+    // goes before the pool.
+    pub(crate) tree: RangeTree<VmaRef>,
+    pub(crate) mmap_lock: MmapLock<MmState>,
+    pub(crate) pt: PageTable,
+    pub(crate) frames: Arc<FrameAllocator>,
+    pub(crate) tlb: TlbState,
+    pub(crate) stats: StatCounters,
+    pub(crate) pool: Arc<VmaPool>,
+    pub(crate) cfg: Config,
+    pub(crate) id: u64,
+    pending_frees: AtomicU64,
+}
+
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<AddressSpace>();
+};
+
+impl AddressSpace {
+    /// An empty address space.
+    pub fn new(cfg: Config) -> AddressSpace {
+        let frames = Arc::new(FrameAllocator::new(cfg.memory_budget, cfg.zero_pages));
+        Self::with_parts(cfg, frames, Arc::new(VmaPool::new()))
+    }
+
+    pub(crate) fn with_parts(cfg: Config, frames: Arc<FrameAllocator>, pool: Arc<VmaPool>) -> Self {
+        let reclaimer = || {
+            if cfg.deferred_reclaim {
+                Reclaimer::deferred()
+            } else {
+                Reclaimer::epoch()
+            }
+        };
+        let start_brk = cfg.brk_start;
+        AddressSpace {
+            tree: RangeTree::with_reclaimer(reclaimer()),
+            mmap_lock: MmapLock::new(MmState {
+                map_count: 0,
+                start_brk,
+                brk: start_brk,
+            }),
+            pt: PageTable::new(reclaimer()),
+            frames,
+            tlb: TlbState::new(0),
+            stats: StatCounters::new(),
+            pool,
+            cfg,
+            id: next_id(),
+            pending_frees: AtomicU64::new(0),
+        }
+    }
+
+    /// The configuration this address space was made with.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The page-fault entry point: resolves a fault at `addr` for `access`
+    /// as the kernel would (per-VMA lock first, mmap_lock fallback).
+    pub fn fault(&self, addr: u64, access: Access) -> Result<(), FaultError> {
+        crate::fault::handle(self, addr, access)
+    }
+
+    /// Snapshot of every VMA, in address order.
+    pub fn vmas(&self) -> Vec<VmaInfo> {
+        let st = self.mmap_lock.read();
+        let g = self.tree.pin();
+        self.tree
+            .iter(&g)
+            .map(|(_, v)| v.info(is_heap(&st, v.range())))
+            .collect()
+    }
+
+    /// The VMAs in `/proc/pid/maps` format, one line each.
+    pub fn maps(&self) -> String {
+        let mut s = String::new();
+        for v in self.vmas() {
+            s.push_str(&v.maps_line());
+            s.push('\n');
+        }
+        s
+    }
+
+    /// Event counters (faults by path, retries, TLB flushes, ...).
+    pub fn stats(&self) -> Stats {
+        self.stats.snapshot()
+    }
+
+    /// Frames allocated now by this address space's allocator (shared with
+    /// its fork children).
+    pub fn frames_used(&self) -> u64 {
+        self.frames.used()
+    }
+
+    /// Bytes of page-table memory in use.
+    pub fn page_table_bytes(&self) -> u64 {
+        self.pt.table_bytes()
+    }
+
+    /// Number of VMAs.
+    pub fn map_count(&self) -> usize {
+        self.mmap_lock.read().map_count
+    }
+
+    /// VMA objects allocated from the system by this address space's
+    /// type-stable cache (recycled objects are not counted again).
+    pub fn vma_objects(&self) -> usize {
+        self.pool.allocated()
+    }
+
+    /// Bytes of metadata one VMA costs: the object itself plus its share of
+    /// the tree (one slot: a pivot and a pointer).
+    pub fn vma_metadata_bytes() -> usize {
+        core::mem::size_of::<crate::vma::Vma>() + 16
+    }
+
+    #[allow(dead_code)]
+    pub(crate) fn pending_frees(&self) -> u64 {
+        self.pending_frees.load(Ordering::Relaxed)
+    }
+}
+
+/// Linux prints `[heap]` for the VMA that overlaps `[start_brk, brk]`.
+pub(crate) fn is_heap(st: &MmState, r: Range) -> bool {
+    r.start <= st.brk && r.end >= st.start_brk
+}
+
+impl Drop for AddressSpace {
+    fn drop(&mut self) {
+        // Unmap everything so frames and shared objects are released.
+        let _st = self.mmap_lock.write();
+        let g = self.tree.pin();
+        let all: Vec<VmaRef> = self.tree.iter(&g).map(|(_, v)| *v).collect();
+        let mut w = self.tree.writer();
+        let mut gather = crate::tlb::Gather::new(&self.tlb, &self.stats, &self.frames);
+        for v in all {
+            let r = v.range();
+            self.pt.zap_range(r, &g, |va, pte| {
+                gather.add_page(va);
+                if pte.pfn() != crate::fault::ZERO_PFN {
+                    gather.free_frame(pte.pfn());
+                }
+            });
+            w.erase(r);
+            v.lock.write_lock(_st.seq());
+            v.lock.mark_detached();
+            self.pool.free(v);
+        }
+        gather.flush();
+        drop(w);
+        self.pt.free_tables(Range::new(0, u64::MAX & !(PAGE_SIZE - 1)), &g);
+    }
+}

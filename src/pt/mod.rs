@@ -1,1 +1,522 @@
-//! Simulated 4-level page table (being written).
+//! A simulated x86-64 4-level page table.
+//!
+//! Tables are 512 atomic 64-bit entries. Walkers (faults, user-mode
+//! accesses) read entries lock-free with `Acquire`; missing tables are
+//! installed by compare-and-swap (`Release`), so two faults racing on one
+//! region agree on one table and the loser frees its own. Each last-level
+//! (PTE) table has its own lock (Linux's split PTE locks): installs,
+//! updates, zaps and moves of entries take it; lookups never do.
+//!
+//! Table pages are freed only through the [`Reclaimer`], and only where
+//! the caller guarantees no VMA covers their span, so a lock-free walker
+//! that is still inside one never touches freed memory.
+
+use crate::addr::{Range, PAGE_SHIFT, PAGE_SIZE};
+use crate::percpu::PerCpu;
+use crate::phys::Pfn;
+use crate::reclaim::{Guard, Reclaimer};
+use crate::sync::{AtomicI64, AtomicU64, Mutex, Ordering};
+use bitflags::bitflags;
+
+bitflags! {
+    /// Page-table entry flags (x86-64 bit positions; COW is a software bit).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct PteFlags: u64 {
+        /// The entry maps a frame.
+        const PRESENT = 1 << 0;
+        /// Stores are allowed.
+        const WRITE = 1 << 1;
+        /// User-mode access is allowed (cleared for PROT_NONE).
+        const USER = 1 << 2;
+        /// The page was accessed.
+        const ACCESSED = 1 << 5;
+        /// The page was written.
+        const DIRTY = 1 << 6;
+        /// Software bit: a private page shared copy-on-write.
+        const COW = 1 << 9;
+    }
+}
+
+/// A page-table entry: frame number and flags.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Pte(u64);
+
+impl Pte {
+    /// The empty entry.
+    pub const NONE: Pte = Pte(0);
+
+    /// An entry mapping `pfn` with `flags` (PRESENT is added).
+    pub const fn new(pfn: Pfn, flags: PteFlags) -> Pte {
+        Pte(((pfn as u64) << PAGE_SHIFT) | flags.bits() | PteFlags::PRESENT.bits())
+    }
+
+    /// The frame number.
+    pub const fn pfn(self) -> Pfn {
+        (self.0 >> PAGE_SHIFT) as Pfn
+    }
+
+    /// The flags.
+    pub const fn flags(self) -> PteFlags {
+        PteFlags::from_bits_retain(self.0 & (PAGE_SIZE - 1))
+    }
+
+    /// True if the entry maps a frame.
+    pub const fn is_present(self) -> bool {
+        self.0 & PteFlags::PRESENT.bits() != 0
+    }
+
+    /// True if stores are allowed.
+    pub const fn is_writable(self) -> bool {
+        self.0 & PteFlags::WRITE.bits() != 0
+    }
+
+    /// The raw value.
+    pub const fn raw(self) -> u64 {
+        self.0
+    }
+}
+
+impl core::fmt::Debug for Pte {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        if self.is_present() {
+            write!(f, "Pte(pfn {}, {:?})", self.pfn(), self.flags())
+        } else {
+            f.write_str("Pte::NONE")
+        }
+    }
+}
+
+/// Entries per table.
+const ENTRIES: usize = 512;
+/// Levels below the root: the root is level 3, PTE tables level 0.
+const LEVELS: u32 = 4;
+/// Bits of virtual address translated (48).
+const VA_BITS: u32 = PAGE_SHIFT + 9 * LEVELS;
+/// Marks an upper-level entry as pointing to a table.
+const TABLE_BIT: u64 = 1;
+
+/// One table page. The lock is used only at level 0.
+struct Table {
+    entries: Box<[AtomicU64]>,
+    lock: Mutex<()>,
+}
+
+impl Table {
+    fn new() -> Box<Table> {
+        Box::new(Table {
+            entries: (0..ENTRIES).map(|_| AtomicU64::new(0)).collect(),
+            lock: Mutex::new(()),
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.entries.iter().all(|e| e.load(Ordering::Relaxed) == 0)
+    }
+}
+
+/// Bytes one table page stands for (a real one is 4 KiB).
+const TABLE_BYTES: u64 = PAGE_SIZE;
+
+/// Span of one entry at `level` (level 0: a page).
+const fn entry_span(level: u32) -> u64 {
+    1 << (PAGE_SHIFT + 9 * level)
+}
+
+fn index(va: u64, level: u32) -> usize {
+    ((va >> (PAGE_SHIFT + 9 * level)) as usize) & (ENTRIES - 1)
+}
+
+/// A 4-level page table.
+pub struct PageTable {
+    root: Box<Table>,
+    reclaimer: Reclaimer,
+    tables: PerCpu<AtomicI64>,
+}
+
+// SAFETY: tables are reached through atomic entries and freed only through
+// the reclaimer; entry changes at level 0 happen under the table's lock.
+unsafe impl Send for PageTable {}
+// SAFETY: as for Send.
+unsafe impl Sync for PageTable {}
+
+/// Error from [`PageTable::install`]: the entry already held something, or
+/// the address cannot be translated (`Pte::NONE`).
+pub type InstallError = Pte;
+
+impl PageTable {
+    /// An empty page table whose table pages are retired through
+    /// `reclaimer`.
+    pub fn new(reclaimer: Reclaimer) -> Self {
+        PageTable {
+            root: Table::new(),
+            reclaimer,
+            tables: PerCpu::new(|| AtomicI64::new(0)),
+        }
+    }
+
+    /// Pins the reclaimer: walks are safe while the guard lives.
+    pub fn pin(&self) -> Guard {
+        self.reclaimer.pin()
+    }
+
+    /// The table an upper-level entry points to, if any.
+    #[inline]
+    fn child<'g>(&'g self, e: &AtomicU64, _g: &'g Guard) -> Option<&'g Table> {
+        let v = e.load(Ordering::Acquire);
+        if v == 0 {
+            return None;
+        }
+        // SAFETY: a non-zero upper entry holds a pointer from Box::into_raw
+        // (low bit set) published with Release after initialization. The
+        // table is freed only through the reclaimer after being unlinked,
+        // and the guard `_g` keeps it alive.
+        Some(unsafe { &*((v & !TABLE_BIT) as *const Table) })
+    }
+
+    /// The PTE table covering `va`, creating missing tables if `create`.
+    fn pte_table<'g>(&'g self, va: u64, create: bool, g: &'g Guard) -> Option<&'g Table> {
+        if va >> VA_BITS != 0 {
+            return None;
+        }
+        let mut t: &Table = &self.root;
+        for level in (1..LEVELS).rev() {
+            let e = &t.entries[index(va, level)];
+            t = match self.child(e, g) {
+                Some(c) => c,
+                None if !create => return None,
+                None => {
+                    let new = Box::into_raw(Table::new());
+                    match e.compare_exchange(0, new as u64 | TABLE_BIT, Ordering::AcqRel, Ordering::Acquire) {
+                        Ok(_) => {
+                            self.tables.local().fetch_add(1, Ordering::Relaxed);
+                            // SAFETY: we just published `new`; see `child`.
+                            unsafe { &*new }
+                        }
+                        Err(_) => {
+                            // SAFETY: `new` was never published; we own it.
+                            unsafe { drop(Box::from_raw(new)) };
+                            self.child(e, g).expect("the winner's table is there")
+                        }
+                    }
+                }
+            };
+        }
+        Some(t)
+    }
+
+    /// The entry for `va` (lock-free); `Pte::NONE` if absent or `va` is
+    /// outside the 48-bit space.
+    #[inline]
+    pub fn lookup(&self, va: u64, g: &Guard) -> Pte {
+        match self.pte_table(va, false, g) {
+            Some(t) => Pte(t.entries[index(va, 0)].load(Ordering::Acquire)),
+            None => Pte::NONE,
+        }
+    }
+
+    /// Installs `pte` for `va` if its entry is empty, creating tables as
+    /// needed. `Err(existing)` if the entry is taken, `Err(Pte::NONE)` if
+    /// `va` cannot be translated.
+    pub fn install(&self, va: u64, pte: Pte, g: &Guard) -> Result<(), InstallError> {
+        let t = self.pte_table(va, true, g).ok_or(Pte::NONE)?;
+        let e = &t.entries[index(va, 0)];
+        let _l = t.lock.lock();
+        let cur = e.load(Ordering::Relaxed);
+        if cur != 0 {
+            return Err(Pte(cur));
+        }
+        e.store(pte.0, Ordering::Release);
+        Ok(())
+    }
+
+    /// Under the PTE table's lock, replaces the entry for `va` with
+    /// `f(current)` when that is `Some`. Returns the new entry, or `None`
+    /// if nothing changed (including when no table exists).
+    pub fn update(&self, va: u64, g: &Guard, f: impl FnOnce(Pte) -> Option<Pte>) -> Option<Pte> {
+        let t = self.pte_table(va, false, g)?;
+        let e = &t.entries[index(va, 0)];
+        let _l = t.lock.lock();
+        let new = f(Pte(e.load(Ordering::Relaxed)))?;
+        e.store(new.0, Ordering::Release);
+        Some(new)
+    }
+
+    /// Visits every existing PTE table overlapping `r`, with the part of
+    /// `r` it covers.
+    fn for_each_table<'g>(&'g self, r: Range, g: &'g Guard, mut f: impl FnMut(&'g Table, Range)) {
+        let end = r.end.min(1 << VA_BITS);
+        let mut va = r.start;
+        while va < end {
+            // Walk down; an empty entry at `level` lets us skip its span.
+            let mut t: &Table = &self.root;
+            let mut empty_at = None;
+            for level in (1..LEVELS).rev() {
+                match self.child(&t.entries[index(va, level)], g) {
+                    Some(c) => t = c,
+                    None => {
+                        empty_at = Some(level);
+                        break;
+                    }
+                }
+            }
+            let span = entry_span(empty_at.unwrap_or(1));
+            let stop = ((va & !(span - 1)) + span).min(end);
+            if empty_at.is_none() {
+                f(t, Range::new(va, stop));
+            }
+            va = stop;
+        }
+    }
+
+    /// Clears every present entry in `r` under each PTE table's lock and
+    /// calls `f(va, old)` for it.
+    pub fn zap_range(&self, r: Range, g: &Guard, mut f: impl FnMut(u64, Pte)) {
+        self.for_each_table(r, g, |t, part| {
+            let _l = t.lock.lock();
+            let mut va = part.start;
+            while va < part.end {
+                let e = &t.entries[index(va, 0)];
+                let old = e.load(Ordering::Relaxed);
+                if old != 0 {
+                    e.store(0, Ordering::Release);
+                    f(va, Pte(old));
+                }
+                va += PAGE_SIZE;
+            }
+        });
+    }
+
+    /// Rewrites every present entry in `r` to `f(va, old)`.
+    pub fn change_range(&self, r: Range, g: &Guard, mut f: impl FnMut(u64, Pte) -> Pte) {
+        self.for_each_table(r, g, |t, part| {
+            let _l = t.lock.lock();
+            let mut va = part.start;
+            while va < part.end {
+                let e = &t.entries[index(va, 0)];
+                let old = e.load(Ordering::Relaxed);
+                if old != 0 {
+                    let new = f(va, Pte(old));
+                    if new.0 != old {
+                        e.store(new.0, Ordering::Release);
+                    }
+                }
+                va += PAGE_SIZE;
+            }
+        });
+    }
+
+    /// Calls `f(va, pte)` for every present entry in `r` (lock-free
+    /// snapshot).
+    pub fn for_each_present(&self, r: Range, g: &Guard, mut f: impl FnMut(u64, Pte)) {
+        self.for_each_table(r, g, |t, part| {
+            let mut va = part.start;
+            while va < part.end {
+                let v = t.entries[index(va, 0)].load(Ordering::Acquire);
+                if v != 0 {
+                    f(va, Pte(v));
+                }
+                va += PAGE_SIZE;
+            }
+        });
+    }
+
+    /// Moves the present entries of `[from, from + len)` to
+    /// `[to, to + len)` (whose entries must be empty), in extents bounded
+    /// by the next PMD boundary of both source and destination. Returns the
+    /// number of entries moved.
+    pub fn move_range(&self, from: u64, to: u64, len: u64, g: &Guard) -> u64 {
+        let mut moved = 0;
+        let mut off = 0;
+        let mut batch: Vec<(u64, u64)> = Vec::new();
+        while off < len {
+            let pmd = entry_span(1);
+            let src_left = pmd - ((from + off) % pmd);
+            let dst_left = pmd - ((to + off) % pmd);
+            let n = src_left.min(dst_left).min(len - off);
+            batch.clear();
+            // Take the extent's entries out under the source table's lock...
+            self.zap_range(Range::new(from + off, from + off + n), g, |va, pte| {
+                batch.push((va - from, pte.0));
+            });
+            // ...and put them in under the destination table's lock.
+            for &(o, v) in &batch {
+                let r = self.install(to + o, Pte(v), g);
+                debug_assert!(r.is_ok(), "mremap destination entry was not empty");
+                moved += 1;
+            }
+            off += n;
+        }
+        moved
+    }
+
+    /// Frees the table pages whose whole span lies inside `r` and that map
+    /// nothing. The caller guarantees no VMA covers `r`, so no fault walks
+    /// there; lock-free walkers that still might are protected by the
+    /// reclaimer.
+    pub fn free_tables(&self, r: Range, g: &Guard) {
+        self.free_in(&self.root, LEVELS - 1, 0, r, g);
+    }
+
+    /// Frees empty child tables of `t` (at `level`, covering addresses from
+    /// `base`) that lie inside `r`. Returns nothing; the caller checks
+    /// emptiness of `t` itself.
+    fn free_in(&self, t: &Table, level: u32, base: u64, r: Range, g: &Guard) {
+        if level == 0 {
+            return;
+        }
+        let span = entry_span(level);
+        for i in 0..ENTRIES {
+            let lo = base + i as u64 * span;
+            let hi = lo.saturating_add(span);
+            if hi <= r.start || lo >= r.end {
+                continue;
+            }
+            let e = &t.entries[i];
+            let Some(child) = self.child(e, g) else {
+                continue;
+            };
+            self.free_in(child, level - 1, lo, r, g);
+            if lo >= r.start && hi <= r.end && child.is_empty() {
+                let v = e.swap(0, Ordering::AcqRel);
+                self.tables.local().fetch_sub(1, Ordering::Relaxed);
+                let ptr = (v & !TABLE_BIT) as *mut Table;
+                // SAFETY: the entry held this table; the swap unlinked it,
+                // so only walkers pinned before now can reach it, and the
+                // reclaimer frees it after they are gone. We own it.
+                unsafe {
+                    self.reclaimer.retire_with(g, ptr, |p| drop(Box::from_raw(p)));
+                }
+            }
+        }
+    }
+
+    /// Table pages in use, the root included.
+    pub fn table_pages(&self) -> u64 {
+        1 + self.tables.iter().map(|c| c.load(Ordering::Relaxed)).sum::<i64>().max(0) as u64
+    }
+
+    /// Bytes of table pages in use (4 KiB each, as on x86-64).
+    pub fn table_bytes(&self) -> u64 {
+        self.table_pages() * TABLE_BYTES
+    }
+}
+
+impl Drop for PageTable {
+    fn drop(&mut self) {
+        fn free(t: &Table, level: u32) {
+            if level == 0 {
+                return;
+            }
+            for e in t.entries.iter() {
+                let v = e.load(Ordering::Relaxed);
+                if v != 0 {
+                    let p = (v & !TABLE_BIT) as *mut Table;
+                    // SAFETY: non-zero upper entries own a table from
+                    // Box::into_raw; the page table is being dropped, so no
+                    // walker can be inside it.
+                    let child = unsafe { Box::from_raw(p) };
+                    free(&child, level - 1);
+                }
+            }
+        }
+        free(&self.root, LEVELS - 1);
+    }
+}
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests {
+    use super::*;
+    use crate::addr::PMD_SIZE;
+
+    fn pt() -> PageTable {
+        PageTable::new(Reclaimer::deferred())
+    }
+
+    #[test]
+    fn install_lookup_update_zap() {
+        let p = pt();
+        let g = p.pin();
+        let va = 0x7f00_0000_3000;
+        assert_eq!(p.lookup(va, &g), Pte::NONE);
+        let e = Pte::new(42, PteFlags::USER | PteFlags::WRITE);
+        p.install(va, e, &g).unwrap();
+        assert_eq!(p.install(va, Pte::new(1, PteFlags::USER), &g), Err(e));
+        assert_eq!(p.lookup(va, &g).pfn(), 42);
+        assert!(p.lookup(va, &g).is_writable());
+        let ro = p.update(va, &g, |old| Some(Pte::new(old.pfn(), PteFlags::USER))).unwrap();
+        assert!(!ro.is_writable());
+        assert_eq!(p.table_pages(), 4);
+        let mut zapped = vec![];
+        p.zap_range(Range::new(va - PAGE_SIZE, va + PAGE_SIZE), &g, |a, pte| zapped.push((a, pte.pfn())));
+        assert_eq!(zapped, vec![(va, 42)]);
+        assert_eq!(p.lookup(va, &g), Pte::NONE);
+        p.free_tables(Range::new(0, 1 << 47), &g);
+        assert_eq!(p.table_pages(), 1);
+    }
+
+    #[test]
+    fn ranges_across_pmd_and_pud_boundaries() {
+        let p = pt();
+        let g = p.pin();
+        let base = (1u64 << 30) - 4 * PAGE_SIZE; // crosses a 1 GiB boundary
+        for i in 0..8 {
+            p.install(base + i * PAGE_SIZE, Pte::new(i as Pfn, PteFlags::USER), &g).unwrap();
+        }
+        let mut seen = vec![];
+        p.for_each_present(Range::new(0, 1 << 40), &g, |va, pte| seen.push((va, pte.pfn())));
+        assert_eq!(seen.len(), 8);
+        assert!(seen.windows(2).all(|w| w[0].0 < w[1].0));
+        p.change_range(Range::new(base, base + 8 * PAGE_SIZE), &g, |_, pte| {
+            Pte::new(pte.pfn(), PteFlags::USER | PteFlags::WRITE)
+        });
+        assert!(p.lookup(base + 5 * PAGE_SIZE, &g).is_writable());
+        // Move across a PMD boundary at both ends.
+        let to = 5 * PMD_SIZE - 3 * PAGE_SIZE;
+        assert_eq!(p.move_range(base, to, 8 * PAGE_SIZE, &g), 8);
+        for i in 0..8 {
+            assert_eq!(p.lookup(to + i * PAGE_SIZE, &g).pfn(), i as Pfn);
+            assert_eq!(p.lookup(base + i * PAGE_SIZE, &g), Pte::NONE);
+        }
+        p.free_tables(Range::new(0, 2 * PMD_SIZE), &g);
+        p.free_tables(Range::new(1 << 29, 1 << 31), &g);
+        let before = p.table_pages();
+        p.zap_range(Range::new(to, to + 8 * PAGE_SIZE), &g, |_, _| {});
+        p.free_tables(Range::new(0, 1 << 47), &g);
+        assert!(before > 1);
+        assert_eq!(p.table_pages(), 1);
+    }
+
+    #[test]
+    fn out_of_range_addresses() {
+        let p = pt();
+        let g = p.pin();
+        assert_eq!(p.lookup(1 << 48, &g), Pte::NONE);
+        assert_eq!(p.install(u64::MAX & !0xfff, Pte::new(1, PteFlags::USER), &g), Err(Pte::NONE));
+        p.zap_range(Range::new(1 << 47, u64::MAX), &g, |_, _| panic!("nothing there"));
+    }
+
+    #[test]
+    fn concurrent_installs_one_winner_per_address() {
+        use std::sync::Arc;
+        let p = Arc::new(PageTable::new(Reclaimer::epoch()));
+        let hs: Vec<_> = (0..4u32)
+            .map(|t| {
+                let p = p.clone();
+                std::thread::spawn(move || {
+                    let g = p.pin();
+                    let mut wins = 0;
+                    for i in 0..2048u64 {
+                        if p.install(0x1000_0000 + i * PAGE_SIZE, Pte::new(t, PteFlags::USER), &g).is_ok() {
+                            wins += 1;
+                        }
+                    }
+                    wins
+                })
+            })
+            .collect();
+        let wins: u64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+        assert_eq!(wins, 2048);
+        // 2048 pages = 4 PTE tables + 1 PMD + 1 PUD + root.
+        assert_eq!(p.table_pages(), 7);
+    }
+}

@@ -1,1 +1,334 @@
-//! The per-VMA refcount lock (being written).
+//! The per-VMA refcount lock (Linux 6.15's `vm_refcnt` design).
+//!
+//! One atomic counter per VMA, with the VMA's lock sequence beside it:
+//!
+//! | count               | meaning                                             |
+//! |---------------------|-----------------------------------------------------|
+//! | 0                   | detached (not in the tree, or free in the cache)    |
+//! | 1                   | attached, unlocked                                  |
+//! | 1 + n               | attached, n readers                                 |
+//! | OFFSET + 1 + n      | a writer excludes readers, waiting for n to leave   |
+//! | OFFSET + n          | a detacher waits for n transient readers            |
+//!
+//! Readers never wait: a read-trylock succeeds only if the count is
+//! non-zero and stays at or below [`VMA_REF_LIMIT`] (so it fails whenever
+//! the writer offset is present, and can never overflow into it), and if
+//! the VMA's lock sequence differs from the address space's current
+//! sequence. Otherwise the caller falls back to the mmap_lock.
+//!
+//! The only writer is the holder of the mmap_lock write side. It
+//! write-locks a VMA by adding the offset, waiting for the readers to
+//! drain, stamping the mm's (odd) sequence into the VMA, and removing the
+//! offset. The VMA then stays write-locked — every reader sees the
+//! sequence match and backs out — until the writer releases the mmap_lock,
+//! which advances the sequence and so unlocks every stamped VMA at once.
+//!
+//! # Locking
+//!
+//! Orderings:
+//! - the reader's increment is `Acquire`; the writer's removal of the
+//!   offset is `Release`. A reader whose increment succeeds after a writer
+//!   finished therefore sees the writer's stamp (and falls back) or, if the
+//!   mm sequence moved on, the writer's changes to the VMA.
+//! - the reader re-reads the mm sequence with `Acquire`, pairing with the
+//!   `Release` increment in [`MmLockSeq::write_end`]: if the lock was just
+//!   dropped, the reader also sees everything the writer did to the VMA.
+//! - attach is a `Release` store of 1, so a reader whose increment succeeds
+//!   sees the VMA fully initialized.
+//! - a sequence wrap can only make a reader believe the VMA is locked
+//!   (harmless: it falls back), never unlocked, because the VMA's sequence
+//!   only changes while the writer offset excludes readers.
+
+use crate::mm::mmap_lock::MmLockSeq;
+use crate::sync::{wait_until, AtomicU32, Ordering};
+
+/// The writer ("exclude readers") bit of the count.
+pub const VMA_LOCK_OFFSET: u32 = 0x4000_0000;
+/// The largest count a reader may produce.
+pub const VMA_REF_LIMIT: u32 = VMA_LOCK_OFFSET - 1;
+
+/// Why a read-trylock failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadLockError {
+    /// The VMA is detached: the tree changed; walk it again.
+    Detached,
+    /// A writer holds or is taking the VMA: fall back to the mmap_lock.
+    WriteLocked,
+    /// Too many readers: fall back to the mmap_lock.
+    Overflow,
+}
+
+/// The refcount lock of one VMA, on a cache line of its own.
+#[repr(align(64))]
+#[derive(Debug)]
+pub struct VmaLock {
+    refcnt: AtomicU32,
+    lock_seq: AtomicU32,
+}
+
+impl Default for VmaLock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl VmaLock {
+    /// A detached lock: count 0, no sequence stamped.
+    pub fn new() -> Self {
+        VmaLock {
+            refcnt: AtomicU32::new(0),
+            lock_seq: AtomicU32::new(u32::MAX),
+        }
+    }
+
+    /// Lock-free read-trylock (Linux's `vma_start_read`).
+    #[inline]
+    pub fn try_read(&self, mm: &MmLockSeq) -> Result<(), ReadLockError> {
+        // Cheap early bail-out; not relied upon.
+        if self.lock_seq.load(Ordering::Relaxed) == mm.current_relaxed() {
+            return Err(ReadLockError::WriteLocked);
+        }
+        self.inc_limited()?;
+        // Re-check with Acquire now that we hold a count: pairs with the
+        // Release in write_end (and in the offset removal).
+        if self.lock_seq.load(Ordering::Relaxed) == mm.current() {
+            self.read_unlock();
+            return Err(ReadLockError::WriteLocked);
+        }
+        Ok(())
+    }
+
+    /// Read-lock while holding the mmap_lock read side: no writer can
+    /// exist, so only the limited increment can fail.
+    pub fn read_locked(&self) -> Result<(), ReadLockError> {
+        self.inc_limited()
+    }
+
+    fn inc_limited(&self) -> Result<(), ReadLockError> {
+        let mut cur = self.refcnt.load(Ordering::Relaxed);
+        loop {
+            if cur == 0 {
+                return Err(ReadLockError::Detached);
+            }
+            if cur >= VMA_REF_LIMIT {
+                return Err(if cur >= VMA_LOCK_OFFSET {
+                    ReadLockError::WriteLocked
+                } else {
+                    ReadLockError::Overflow
+                });
+            }
+            match self
+                .refcnt
+                .compare_exchange_weak(cur, cur + 1, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return Ok(()),
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    /// Drops a read lock (Linux's `vma_end_read`). A waiting writer polls
+    /// the count, so no wake-up is needed.
+    #[inline]
+    pub fn read_unlock(&self) {
+        self.refcnt.fetch_sub(1, Ordering::Release);
+    }
+
+    /// Write-locks the VMA (Linux's `vma_start_write`). The caller holds
+    /// the mmap_lock write side; `mm` is its sequence. Waits for readers;
+    /// idempotent within one write section; works on a detached VMA too
+    /// (it only stamps it).
+    pub fn write_lock(&self, mm: &MmLockSeq) {
+        let seq = mm.current_relaxed();
+        debug_assert!(mm.is_write_locked(), "write_lock without the mmap_lock write side");
+        if self.lock_seq.load(Ordering::Relaxed) == seq {
+            return;
+        }
+        let excluded = self.add_offset_if_attached();
+        if excluded {
+            wait_until(|| self.refcnt.load(Ordering::Acquire) == VMA_LOCK_OFFSET + 1);
+        }
+        self.lock_seq.store(seq, Ordering::Relaxed);
+        if excluded {
+            // Release: readers that get in after this see the stamp.
+            self.refcnt.fetch_sub(VMA_LOCK_OFFSET, Ordering::Release);
+        }
+    }
+
+    /// Adds the writer offset unless the count is 0 (detached: only attach,
+    /// which needs the mmap_lock we hold, could raise it).
+    fn add_offset_if_attached(&self) -> bool {
+        let mut cur = self.refcnt.load(Ordering::Relaxed);
+        loop {
+            if cur == 0 {
+                return false;
+            }
+            match self.refcnt.compare_exchange_weak(
+                cur,
+                cur + VMA_LOCK_OFFSET,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    /// True if the VMA is write-locked in the current write section.
+    pub fn is_write_locked(&self, mm: &MmLockSeq) -> bool {
+        mm.is_write_locked() && self.lock_seq.load(Ordering::Relaxed) == mm.current_relaxed()
+    }
+
+    /// Marks a detached VMA attached (count 0 → 1, Release: its
+    /// initialization is visible to any reader that then locks it).
+    pub fn mark_attached(&self) {
+        debug_assert_eq!(self.refcnt.load(Ordering::Relaxed), 0, "attach of an attached VMA");
+        self.refcnt.store(1, Ordering::Release);
+    }
+
+    /// Marks an attached VMA detached, waiting out readers that are in
+    /// their short increment-and-check window; leaves the count at 0.
+    pub fn mark_detached(&self) {
+        if self.refcnt.fetch_sub(1, Ordering::AcqRel) == 1 {
+            return;
+        }
+        // Readers hold counts: exclude new ones and wait for these.
+        self.refcnt.fetch_add(VMA_LOCK_OFFSET, Ordering::Acquire);
+        wait_until(|| self.refcnt.load(Ordering::Acquire) == VMA_LOCK_OFFSET);
+        self.refcnt.fetch_sub(VMA_LOCK_OFFSET, Ordering::Release);
+    }
+
+    /// True unless the count is 0.
+    pub fn is_attached(&self) -> bool {
+        self.refcnt.load(Ordering::Acquire) != 0
+    }
+
+    /// The raw count (tests, debugging).
+    pub fn refcount(&self) -> u32 {
+        self.refcnt.load(Ordering::Relaxed)
+    }
+
+    /// Sets the raw count (tests of the reader limit only).
+    #[doc(hidden)]
+    pub fn set_refcount_for_test(&self, v: u32) {
+        self.refcnt.store(v, Ordering::Relaxed);
+    }
+}
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests {
+    use super::*;
+    use crate::mm::mmap_lock::MmapLock;
+
+    #[test]
+    fn states() {
+        let mm = MmapLock::new(());
+        let l = VmaLock::new();
+        assert_eq!(l.try_read(mm.seq()), Err(ReadLockError::Detached));
+        {
+            let w = mm.write();
+            l.write_lock(w.seq());
+            l.mark_attached();
+            assert!(l.is_write_locked(w.seq()));
+            assert_eq!(l.try_read(w.seq()), Err(ReadLockError::WriteLocked));
+            l.write_lock(w.seq()); // idempotent
+            assert_eq!(l.refcount(), 1);
+        }
+        assert!(!l.is_write_locked(mm.seq()));
+        l.try_read(mm.seq()).unwrap();
+        l.try_read(mm.seq()).unwrap();
+        assert_eq!(l.refcount(), 3);
+        l.read_unlock();
+        l.read_unlock();
+        {
+            let w = mm.write();
+            l.write_lock(w.seq());
+            l.mark_detached();
+        }
+        assert_eq!(l.refcount(), 0);
+        assert_eq!(l.try_read(mm.seq()), Err(ReadLockError::Detached));
+    }
+
+    #[test]
+    fn reader_limit_never_reaches_offset() {
+        let mm = MmapLock::new(());
+        let l = VmaLock::new();
+        l.mark_attached();
+        l.set_refcount_for_test(VMA_REF_LIMIT - 1);
+        l.try_read(mm.seq()).unwrap();
+        assert_eq!(l.refcount(), VMA_REF_LIMIT);
+        assert_eq!(l.try_read(mm.seq()), Err(ReadLockError::Overflow));
+        assert!(l.refcount() < VMA_LOCK_OFFSET);
+        assert_eq!(l.read_locked(), Err(ReadLockError::Overflow));
+    }
+
+    #[test]
+    fn detach_waits_for_reader() {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let mm = Arc::new(MmapLock::new(()));
+        let l = Arc::new(VmaLock::new());
+        l.mark_attached();
+        l.try_read(mm.seq()).unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let h = {
+            let (mm, l, done) = (mm.clone(), l.clone(), done.clone());
+            std::thread::spawn(move || {
+                let w = mm.write();
+                l.write_lock(w.seq());
+                done.store(true, Ordering::SeqCst);
+                l.mark_detached();
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!done.load(Ordering::SeqCst), "writer must wait for the reader");
+        l.read_unlock();
+        h.join().unwrap();
+        assert_eq!(l.refcount(), 0);
+    }
+
+    #[test]
+    fn writer_excludes_readers() {
+        use std::sync::atomic::{AtomicBool, AtomicU32 as StdU32};
+        use std::sync::Arc;
+        let mm = Arc::new(MmapLock::new(()));
+        let l = Arc::new(VmaLock::new());
+        l.mark_attached();
+        let inside = Arc::new(StdU32::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let readers: Vec<_> = (0..3)
+            .map(|_| {
+                let (mm, l, inside, stop, reads) =
+                    (mm.clone(), l.clone(), inside.clone(), stop.clone(), reads.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        if l.try_read(mm.seq()).is_ok() {
+                            inside.fetch_add(1, Ordering::SeqCst);
+                            reads.fetch_add(1, Ordering::Relaxed);
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                            l.read_unlock();
+                        }
+                    }
+                })
+            })
+            .collect();
+        let t0 = std::time::Instant::now();
+        let mut rounds = 0;
+        while rounds < 2000 || (reads.load(Ordering::Relaxed) < 1000 && t0.elapsed().as_secs() < 5) {
+            let w = mm.write();
+            l.write_lock(w.seq());
+            assert_eq!(inside.load(Ordering::SeqCst), 0, "a reader is inside a write-locked VMA");
+            drop(w);
+            rounds += 1;
+            std::thread::yield_now();
+        }
+        stop.store(true, Ordering::Relaxed);
+        for h in readers {
+            h.join().unwrap();
+        }
+        assert!(reads.load(Ordering::Relaxed) > 0);
+        assert_eq!(l.refcount(), 1);
+    }
+}

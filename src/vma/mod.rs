@@ -1,2 +1,423 @@
-//! Virtual memory areas (being written).
+//! Virtual memory areas: the VMA object, its flags, its refcount lock
+//! ([`lock`]), its anon_vma, and the type-stable cache of VMA objects.
+//!
+//! # Locking
+//!
+//! A VMA's fields are written only by a writer that holds the mmap_lock for
+//! write *and* has write-locked this VMA (or while the VMA is detached and
+//! so unreachable for new readers). They are read by
+//! - writers under the mmap_lock,
+//! - fault-path readers that hold the VMA read lock (they re-validate
+//!   `mm_id`, `start` and `end` first, because the object may have been
+//!   recycled between the tree lookup and the lock),
+//! - racing readers that merely look (`is_attached`, the lock words).
+//!
+//! Every field is an atomic so that a stale reader of a recycled object
+//! reads *some* value, never a torn one; the lock protocol decides whether
+//! it may use it. The two set-once fields (`anon_vma`, `shmem`) are raw
+//! `Arc` pointers that change only while the VMA is detached, except that a
+//! fault may fill an empty `anon_vma` with a compare-and-swap.
+
+pub mod anon;
 pub mod lock;
+mod pool;
+
+pub use anon::AnonVma;
+pub(crate) use pool::{VmaPool, VmaRef};
+
+use crate::addr::{Range, PAGE_SHIFT};
+use crate::mm::Prot;
+use crate::phys::{FrameAllocator, Pfn};
+use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Arc, Ordering};
+use bitflags::bitflags;
+use lock::VmaLock;
+
+bitflags! {
+    /// A VMA's flags (`VM_*`), with Linux's meanings.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct VmFlags: u32 {
+        /// Readable.
+        const READ = 0x1;
+        /// Writable.
+        const WRITE = 0x2;
+        /// Executable.
+        const EXEC = 0x4;
+        /// Shared mapping.
+        const SHARED = 0x8;
+        /// mprotect may add READ.
+        const MAYREAD = 0x10;
+        /// mprotect may add WRITE.
+        const MAYWRITE = 0x20;
+        /// mprotect may add EXEC.
+        const MAYEXEC = 0x40;
+        /// Mapped MAP_SHARED.
+        const MAYSHARE = 0x80;
+        /// Grows down (a stack).
+        const GROWSDOWN = 0x100;
+        /// Charged against the commit limit (private writable).
+        const ACCOUNT = 0x10_0000;
+        /// Mapped with MAP_NORESERVE.
+        const NORESERVE = 0x20_0000;
+        /// Soft-dirty tracking bit; ignored when merging.
+        const SOFTDIRTY = 0x800_0000;
+    }
+}
+
+impl VmFlags {
+    /// The access bits (READ, WRITE, EXEC).
+    pub const ACCESS: VmFlags = VmFlags::READ.union(VmFlags::WRITE).union(VmFlags::EXEC);
+    /// The MAY bits a fresh mapping gets.
+    pub const MAY: VmFlags = VmFlags::MAYREAD
+        .union(VmFlags::MAYWRITE)
+        .union(VmFlags::MAYEXEC);
+
+    /// The access bits of a protection.
+    pub fn from_prot(p: Prot) -> VmFlags {
+        VmFlags::from_bits_truncate(p.bits() & Prot::ACCESS.bits())
+    }
+
+    /// The protection these flags grant.
+    pub fn prot(self) -> Prot {
+        Prot::from_bits_truncate((self & VmFlags::ACCESS).bits())
+    }
+
+    /// Any access at all (Linux's `vma_is_accessible`).
+    pub fn accessible(self) -> bool {
+        self.intersects(VmFlags::ACCESS)
+    }
+}
+
+/// The backing object of a shared anonymous mapping (like shmem): a fixed
+/// number of pages, each allocated on first touch.
+pub struct Shmem {
+    /// Identity, printed as the inode number in `maps()`.
+    pub(crate) id: u64,
+    /// Frame of each page, [`Shmem::NO_FRAME`] until touched. The object
+    /// holds one reference on each frame; every PTE mapping it holds one
+    /// more.
+    pub(crate) pages: Box<[AtomicU32]>,
+    frames: Arc<FrameAllocator>,
+}
+
+impl Shmem {
+    /// Marks a page never touched.
+    pub(crate) const NO_FRAME: u32 = u32::MAX;
+
+    pub(crate) fn new(id: u64, npages: u64, frames: Arc<FrameAllocator>) -> Self {
+        Shmem {
+            id,
+            pages: (0..npages).map(|_| AtomicU32::new(Self::NO_FRAME)).collect(),
+            frames,
+        }
+    }
+
+    /// The frame of page `index`, allocated (zeroed) on first touch.
+    /// `None` when out of memory. The caller must check `index < npages`.
+    pub(crate) fn frame(&self, index: u64) -> Option<Pfn> {
+        let slot = &self.pages[index as usize];
+        let cur = slot.load(Ordering::Acquire);
+        if cur != Self::NO_FRAME {
+            return Some(cur);
+        }
+        let pfn = self.frames.alloc()?;
+        match slot.compare_exchange(Self::NO_FRAME, pfn, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => Some(pfn),
+            Err(winner) => {
+                self.frames.put(pfn);
+                Some(winner)
+            }
+        }
+    }
+
+    /// Size in pages.
+    pub(crate) fn npages(&self) -> u64 {
+        self.pages.len() as u64
+    }
+}
+
+/// A virtual memory area. Objects come from a type-stable cache: a freed
+/// VMA may be handed out again at once, so lock-free readers re-validate
+/// (see the module docs).
+pub struct Vma {
+    /// The refcount lock, on a cache line of its own.
+    pub(crate) lock: VmaLock,
+    mm_id: AtomicU64,
+    start: AtomicU64,
+    end: AtomicU64,
+    pgoff: AtomicU64,
+    flags: AtomicU32,
+    anon_vma: AtomicPtr<AnonVma>,
+    shmem: AtomicPtr<Shmem>,
+}
+
+impl Vma {
+    pub(crate) fn new_detached() -> Self {
+        Vma {
+            lock: VmaLock::new(),
+            mm_id: AtomicU64::new(0),
+            start: AtomicU64::new(0),
+            end: AtomicU64::new(0),
+            pgoff: AtomicU64::new(0),
+            flags: AtomicU32::new(0),
+            anon_vma: AtomicPtr::new(core::ptr::null_mut()),
+            shmem: AtomicPtr::new(core::ptr::null_mut()),
+        }
+    }
+
+    /// The address space this object currently belongs to.
+    #[inline]
+    pub(crate) fn mm_id(&self) -> u64 {
+        self.mm_id.load(Ordering::Relaxed)
+    }
+
+    /// First address.
+    #[inline]
+    pub fn start(&self) -> u64 {
+        self.start.load(Ordering::Relaxed)
+    }
+
+    /// First address past the end.
+    #[inline]
+    pub fn end(&self) -> u64 {
+        self.end.load(Ordering::Relaxed)
+    }
+
+    /// `[start, end)`.
+    #[inline]
+    pub fn range(&self) -> Range {
+        Range::new(self.start(), self.end())
+    }
+
+    /// Page offset of `start` in the backing object (`vm_pgoff`).
+    #[inline]
+    pub fn pgoff(&self) -> u64 {
+        self.pgoff.load(Ordering::Relaxed)
+    }
+
+    /// The flags.
+    #[inline]
+    pub fn flags(&self) -> VmFlags {
+        VmFlags::from_bits_retain(self.flags.load(Ordering::Relaxed))
+    }
+
+    /// Page offset of `addr` (inside the VMA) in the backing object.
+    #[inline]
+    pub(crate) fn pgoff_of(&self, addr: u64) -> u64 {
+        self.pgoff() + ((addr - self.start()) >> PAGE_SHIFT)
+    }
+
+    /// True for anonymous memory with no backing object.
+    #[inline]
+    pub(crate) fn is_anonymous(&self) -> bool {
+        self.shmem.load(Ordering::Relaxed).is_null()
+    }
+
+    pub(crate) fn set_range(&self, start: u64, end: u64, pgoff: u64) {
+        self.start.store(start, Ordering::Relaxed);
+        self.end.store(end, Ordering::Relaxed);
+        self.pgoff.store(pgoff, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_flags(&self, f: VmFlags) {
+        self.flags.store(f.bits(), Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_mm(&self, id: u64) {
+        self.mm_id.store(id, Ordering::Relaxed);
+    }
+
+    /// The anon_vma, if one was assigned. The reference is valid while the
+    /// caller holds the VMA (read lock, or the mmap_lock): it changes only
+    /// from none to some under a read lock, and back only while detached.
+    pub(crate) fn anon_vma(&self) -> Option<&AnonVma> {
+        let p = self.anon_vma.load(Ordering::Acquire);
+        // SAFETY: a non-null pointer came from `Arc::into_raw` in
+        // `set_anon_vma`/`install_anon_vma`; that strong count is released
+        // only by `clear_backing`, which runs while the VMA is detached and
+        // so not held by our caller (see the method's contract).
+        unsafe { p.as_ref() }
+    }
+
+    /// The anon_vma as an owned handle.
+    pub(crate) fn anon_vma_arc(&self) -> Option<Arc<AnonVma>> {
+        let p = self.anon_vma.load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: `p` came from `Arc::into_raw` and the VMA still owns that
+        // count (caller holds the VMA); bump it before making an Arc.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Some(Arc::from_raw(p))
+        }
+    }
+
+    /// Sets the anon_vma of a VMA nobody else can see (detached) or that
+    /// is write-locked.
+    pub(crate) fn set_anon_vma(&self, a: Option<Arc<AnonVma>>) {
+        let new = a.map_or(core::ptr::null_mut(), |a| Arc::into_raw(a) as *mut AnonVma);
+        let old = self.anon_vma.swap(new, Ordering::AcqRel);
+        if !old.is_null() {
+            // SAFETY: `old` came from `Arc::into_raw`; the swap took it out
+            // of the VMA, so this is its only release. Readers that could
+            // still use it hold the VMA, which the caller excludes.
+            unsafe { drop(Arc::from_raw(old)) };
+        }
+    }
+
+    /// Fills an empty anon_vma (fault path, racing other faults of the same
+    /// VMA). Returns the anon_vma now installed.
+    pub(crate) fn install_anon_vma(&self, a: Arc<AnonVma>) -> &AnonVma {
+        let new = Arc::into_raw(a) as *mut AnonVma;
+        match self.anon_vma.compare_exchange(
+            core::ptr::null_mut(),
+            new,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            // SAFETY: we just published `new`; it stays alive while the
+            // VMA holds it (see `anon_vma`).
+            Ok(_) => unsafe { &*new },
+            Err(existing) => {
+                // SAFETY: `new` was never published; we own its count.
+                unsafe { drop(Arc::from_raw(new)) };
+                // SAFETY: `existing` is non-null and owned by the VMA.
+                unsafe { &*existing }
+            }
+        }
+    }
+
+    /// The shared backing object, if any (valid while the caller holds the
+    /// VMA, as for `anon_vma`).
+    pub(crate) fn shmem(&self) -> Option<&Shmem> {
+        let p = self.shmem.load(Ordering::Acquire);
+        // SAFETY: as in `anon_vma`: set from `Arc::into_raw` while detached
+        // and released only while detached.
+        unsafe { p.as_ref() }
+    }
+
+    /// The shared backing object as an owned handle.
+    pub(crate) fn shmem_arc(&self) -> Option<Arc<Shmem>> {
+        let p = self.shmem.load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: as in `anon_vma_arc`.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Some(Arc::from_raw(p))
+        }
+    }
+
+    /// Sets the backing object of a detached VMA.
+    pub(crate) fn set_shmem(&self, s: Option<Arc<Shmem>>) {
+        let new = s.map_or(core::ptr::null_mut(), |s| Arc::into_raw(s) as *mut Shmem);
+        let old = self.shmem.swap(new, Ordering::AcqRel);
+        if !old.is_null() {
+            // SAFETY: as in `set_anon_vma`.
+            unsafe { drop(Arc::from_raw(old)) };
+        }
+    }
+
+    /// A public snapshot of this VMA.
+    pub(crate) fn info(&self, heap: bool) -> VmaInfo {
+        let f = self.flags();
+        VmaInfo {
+            start: self.start(),
+            end: self.end(),
+            prot: f.prot(),
+            flags: f,
+            shared: f.contains(VmFlags::SHARED) || f.contains(VmFlags::MAYSHARE),
+            growsdown: f.contains(VmFlags::GROWSDOWN),
+            pgoff: self.pgoff(),
+            anon_vma: !self.anon_vma.load(Ordering::Relaxed).is_null(),
+            shmem_id: self.shmem().map(|s| s.id),
+            heap,
+        }
+    }
+}
+
+impl Drop for Shmem {
+    fn drop(&mut self) {
+        for p in self.pages.iter() {
+            let pfn = p.load(Ordering::Relaxed);
+            if pfn != Self::NO_FRAME {
+                self.frames.put(pfn);
+            }
+        }
+    }
+}
+
+impl Drop for Vma {
+    fn drop(&mut self) {
+        self.set_anon_vma(None);
+        self.set_shmem(None);
+    }
+}
+
+/// A snapshot of one VMA, as `vmas()` returns it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VmaInfo {
+    /// First address.
+    pub start: u64,
+    /// First address past the end.
+    pub end: u64,
+    /// Protection.
+    pub prot: Prot,
+    /// All flags.
+    pub flags: VmFlags,
+    /// A shared mapping.
+    pub shared: bool,
+    /// A growsdown (stack) mapping.
+    pub growsdown: bool,
+    /// Page offset in the backing object (`vm_pgoff`).
+    pub pgoff: u64,
+    /// An anon_vma has been assigned (the VMA was written to).
+    pub anon_vma: bool,
+    /// Identity of the shared backing object, if any.
+    pub shmem_id: Option<u64>,
+    /// This is the brk heap.
+    pub heap: bool,
+}
+
+impl VmaInfo {
+    /// `[start, end)`.
+    pub fn range(&self) -> Range {
+        Range::new(self.start, self.end)
+    }
+
+    /// The line `/proc/pid/maps` prints for this VMA (no newline).
+    pub fn maps_line(&self) -> String {
+        let p = |b: bool, c: char| if b { c } else { '-' };
+        let perms = format!(
+            "{}{}{}{}",
+            p(self.prot.contains(Prot::READ), 'r'),
+            p(self.prot.contains(Prot::WRITE), 'w'),
+            p(self.prot.contains(Prot::EXEC), 'x'),
+            if self.shared { 's' } else { 'p' }
+        );
+        let head = match self.shmem_id {
+            Some(ino) => format!(
+                "{:08x}-{:08x} {} {:08x} 00:01 {}",
+                self.start,
+                self.end,
+                perms,
+                self.pgoff << PAGE_SHIFT,
+                ino
+            ),
+            None => format!("{:08x}-{:08x} {} 00000000 00:00 0", self.start, self.end, perms),
+        };
+        let path = if self.shmem_id.is_some() {
+            "/dev/zero (deleted)"
+        } else if self.heap {
+            "[heap]"
+        } else {
+            ""
+        };
+        if path.is_empty() {
+            format!("{head} ")
+        } else {
+            format!("{head:<72} {path}")
+        }
+    }
+}

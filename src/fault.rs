@@ -1,0 +1,362 @@
+//! The page-fault path.
+//!
+//! Per-VMA mode (Linux 6.4+): pin the epoch, find the VMA in the tree
+//! without locks, read-trylock it, re-validate it (the object may have been
+//! recycled for another range or address space), check the access, then
+//! walk and populate the page table, all without the mmap_lock. Whatever
+//! cannot finish that way — the VMA is write-locked, the lookup raced a
+//! writer, the VMA first needs an anon_vma and the mmap_lock cannot be
+//! try-locked — is retried under the mmap_lock read side, which also
+//! handles stack growth. Every outcome is counted in [`crate::Stats`].
+//!
+//! Frames: a read fault on private anonymous memory maps the shared zero
+//! page (no frame, no anon_vma, like Linux); the first write gives the VMA
+//! its anon_vma and the page a zeroed frame; a write to a read-only entry
+//! of a writable VMA reuses the frame if this entry holds its only
+//! reference, else copies it (copy-on-write).
+
+use crate::addr::{pages, page_align_down, PAGE_SIZE};
+use crate::error::FaultError;
+use crate::mm::edit::Edit;
+use crate::mm::{next_id, Access, AddressSpace, FaultLocking};
+use crate::phys::Pfn;
+use crate::pt::{Pte, PteFlags};
+use crate::stats::Event;
+use crate::sync::Arc;
+use crate::vma::lock::ReadLockError;
+use crate::vma::{AnonVma, VmFlags, Vma, VmaRef};
+
+/// The frame number that stands for the shared zero page: never
+/// allocated, never freed, reads as zeros.
+pub(crate) const ZERO_PFN: Pfn = Pfn::MAX;
+
+/// Lookups that found a detached VMA before the per-VMA path gives up.
+const MAX_REWALKS: u32 = 8;
+
+/// Page-table flags for a VMA's flags (x86-64: any access implies read).
+pub(crate) fn pte_flags(vf: VmFlags) -> PteFlags {
+    let mut f = PteFlags::PRESENT;
+    if vf.accessible() {
+        f |= PteFlags::USER;
+    }
+    if vf.contains(VmFlags::WRITE) {
+        f |= PteFlags::WRITE;
+    }
+    f
+}
+
+/// True if `flags` allow `access` (Linux's `access_error`, inverted).
+fn access_ok(flags: VmFlags, access: Access) -> bool {
+    match access {
+        Access::Read => flags.accessible(),
+        Access::Write => flags.contains(VmFlags::WRITE),
+        Access::Exec => flags.contains(VmFlags::EXEC),
+    }
+}
+
+/// Why a step could not finish.
+enum Step {
+    /// Retry under the mmap_lock; the event says why.
+    Retry(Event),
+    /// The fault fails.
+    Fail(FaultError),
+}
+
+fn count_failure(mm: &AddressSpace, e: FaultError) -> FaultError {
+    mm.stats.inc(match e {
+        FaultError::NoMapping => Event::segv_maperr,
+        FaultError::AccessDenied => Event::segv_accerr,
+        FaultError::Bus => Event::sigbus,
+        FaultError::OutOfMemory => Event::fault_oom,
+    });
+    e
+}
+
+/// The fault entry point.
+pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(), FaultError> {
+    mm.tlb.note_cpu();
+    if addr >= mm.cfg.task_size {
+        return Err(count_failure(mm, FaultError::NoMapping));
+    }
+    if mm.cfg.fault_locking == FaultLocking::PerVma {
+        match per_vma(mm, addr, access) {
+            Ok(r) => return r,
+            Err(why) => mm.stats.inc(why),
+        }
+    }
+    under_mmap_lock(mm, addr, access)
+}
+
+/// The per-VMA attempt: `Err(reason)` means "retry under the mmap_lock".
+fn per_vma(mm: &AddressSpace, addr: u64, access: Access) -> Result<Result<(), FaultError>, Event> {
+    let vma = lock_vma_under_rcu(mm, addr)?;
+    if !access_ok(vma.flags(), access) {
+        vma.lock.read_unlock();
+        return Ok(Err(count_failure(mm, FaultError::AccessDenied)));
+    }
+    let r = do_fault(mm, &vma, addr, access, true);
+    vma.lock.read_unlock();
+    match r {
+        Ok(()) => {
+            mm.stats.inc(Event::fault_per_vma);
+            Ok(Ok(()))
+        }
+        Err(Step::Retry(why)) => Err(why),
+        Err(Step::Fail(e)) => Ok(Err(count_failure(mm, e))),
+    }
+}
+
+/// Finds and read-locks the VMA covering `addr` without the mmap_lock
+/// (Linux's `lock_vma_under_rcu`).
+fn lock_vma_under_rcu(mm: &AddressSpace, addr: u64) -> Result<VmaRef, Event> {
+    let g = mm.tree.pin();
+    let seq = mm.mmap_lock.seq();
+    let mut rewalks = 0;
+    let vma = loop {
+        let Some((_, v)) = mm.tree.find(addr, &g) else {
+            return Err(Event::retry_no_vma);
+        };
+        let v = *v;
+        match v.lock.try_read(seq) {
+            Ok(()) => break v,
+            Err(ReadLockError::Detached) => {
+                // Removed under us: the tree has changed, walk it again.
+                mm.stats.inc(Event::retry_detached);
+                rewalks += 1;
+                if rewalks >= MAX_REWALKS {
+                    return Err(Event::retry_no_vma);
+                }
+            }
+            Err(ReadLockError::WriteLocked) => return Err(Event::retry_write_locked),
+            Err(ReadLockError::Overflow) => return Err(Event::retry_overflow),
+        }
+    };
+    // The object may have been recycled between the lookup and the lock:
+    // it must still belong to this address space and cover `addr`.
+    if vma.mm_id() != mm.id || !vma.range().contains(addr) {
+        vma.lock.read_unlock();
+        return Err(Event::retry_revalidate);
+    }
+    Ok(vma)
+}
+
+/// The fault under the mmap_lock read side (the MmapLock mode, and the
+/// fallback of the per-VMA mode). Grows stacks.
+fn under_mmap_lock(mm: &AddressSpace, addr: u64, access: Access) -> Result<(), FaultError> {
+    loop {
+        let st = mm.mmap_lock.read();
+        let g = mm.tree.pin();
+        let Some((_, v)) = mm.tree.find_after(addr, &g) else {
+            return Err(count_failure(mm, FaultError::NoMapping));
+        };
+        let v = *v;
+        if v.start() > addr {
+            if !v.flags().contains(VmFlags::GROWSDOWN) {
+                return Err(count_failure(mm, FaultError::NoMapping));
+            }
+            drop(g);
+            drop(st);
+            if !expand_stack(mm, addr) {
+                return Err(count_failure(mm, FaultError::NoMapping));
+            }
+            continue;
+        }
+        if !access_ok(v.flags(), access) {
+            return Err(count_failure(mm, FaultError::AccessDenied));
+        }
+        let r = do_fault(mm, &v, addr, access, false);
+        drop(st);
+        return match r {
+            Ok(()) => {
+                mm.stats.inc(Event::fault_mmap_lock);
+                Ok(())
+            }
+            Err(Step::Fail(e)) => Err(count_failure(mm, e)),
+            // Under the mmap_lock nothing asks for a retry; be safe anyway.
+            Err(Step::Retry(_)) => continue,
+        };
+    }
+}
+
+/// Grows the growsdown VMA above `addr` down to cover it, keeping the
+/// stack guard gap to the mapping below. Takes the mmap_lock for write.
+fn expand_stack(mm: &AddressSpace, addr: u64) -> bool {
+    let mut ed = Edit::begin(mm);
+    let Some(v) = ed.find_after(addr) else {
+        return false;
+    };
+    if v.start() <= addr {
+        return true; // someone else grew it
+    }
+    if !v.flags().contains(VmFlags::GROWSDOWN) {
+        return false;
+    }
+    let new_start = page_align_down(addr);
+    if new_start < mm.cfg.mmap_min_addr {
+        return false;
+    }
+    if let Some(prev) = ed.prev(v.start()) {
+        if prev.end() > new_start {
+            return false;
+        }
+        if !prev.flags().contains(VmFlags::GROWSDOWN)
+            && prev.flags().accessible()
+            && new_start - prev.end() < mm.cfg.stack_guard_gap
+        {
+            return false;
+        }
+    }
+    let Some(pgoff) = v.pgoff().checked_sub(pages(v.start() - new_start)) else {
+        return false;
+    };
+    ed.lock(v);
+    ed.set_range(v, new_start, v.end(), pgoff);
+    true
+}
+
+/// Gives `vma` an anon_vma (Linux's `anon_vma_prepare`): reuse a
+/// neighbour's where the two could merge but for their protection, else a
+/// new one. Under the per-VMA lock this needs the mmap_lock read side for
+/// the neighbours, and only try-locks it.
+fn anon_vma_prepare<'v>(mm: &AddressSpace, vma: &'v Vma, vma_locked: bool) -> Result<&'v AnonVma, Step> {
+    if let Some(a) = vma.anon_vma() {
+        return Ok(a);
+    }
+    let _st = if vma_locked {
+        match mm.mmap_lock.try_read() {
+            Some(st) => Some(st),
+            None => return Err(Step::Retry(Event::retry_anon_vma)),
+        }
+    } else {
+        None
+    };
+    let g = mm.tree.pin();
+    let compatible = |a: &Vma, b: &Vma| {
+        a.end() == b.start()
+            && a.is_anonymous()
+            && b.is_anonymous()
+            && (a.flags() ^ b.flags())
+                .difference(VmFlags::ACCESS | VmFlags::SOFTDIRTY)
+                .is_empty()
+            && b.pgoff() == a.pgoff() + pages(a.end() - a.start())
+    };
+    let mut found: Option<Arc<AnonVma>> = None;
+    if let Some((_, next)) = mm.tree.next(vma.end(), &g) {
+        if compatible(vma, next) {
+            found = next.anon_vma_arc();
+        }
+    }
+    if found.is_none() {
+        if let Some((_, prev)) = mm.tree.prev(vma.start(), &g) {
+            if compatible(prev, vma) {
+                found = prev.anon_vma_arc();
+            }
+        }
+    }
+    let a = found.unwrap_or_else(|| Arc::new(AnonVma::new(next_id())));
+    Ok(vma.install_anon_vma(a))
+}
+
+/// Populates the page of `addr` in `vma` for `access` (already checked).
+fn do_fault(mm: &AddressSpace, vma: &Vma, addr: u64, access: Access, vma_locked: bool) -> Result<(), Step> {
+    let page = page_align_down(addr);
+    let g = mm.pt.pin();
+    let flags = vma.flags();
+    for _ in 0..4 {
+        let pte = mm.pt.lookup(page, &g);
+        if pte.is_present() {
+            if access != Access::Write || pte.is_writable() {
+                mm.stats.inc(Event::fault_spurious);
+                return Ok(());
+            }
+            if wp_fault(mm, vma, page, pte, vma_locked, &g)? {
+                return Ok(());
+            }
+            continue;
+        }
+        let new = if let Some(shm) = vma.shmem() {
+            let idx = vma.pgoff_of(page);
+            if idx >= shm.npages() {
+                return Err(Step::Fail(FaultError::Bus));
+            }
+            let pfn = shm.frame(idx).ok_or(Step::Fail(FaultError::OutOfMemory))?;
+            mm.frames.get(pfn);
+            Pte::new(pfn, pte_flags(flags))
+        } else if access != Access::Write {
+            Pte::new(ZERO_PFN, pte_flags(flags) - PteFlags::WRITE)
+        } else {
+            anon_vma_prepare(mm, vma, vma_locked)?;
+            let pfn = alloc_frame(mm)?;
+            Pte::new(pfn, pte_flags(flags) | PteFlags::DIRTY | PteFlags::ACCESSED)
+        };
+        match mm.pt.install(page, new, &g) {
+            Ok(()) => return Ok(()),
+            Err(_) => {
+                // Raced with another fault on the same page (or the address
+                // cannot be mapped): drop our frame reference, look again.
+                if new.pfn() != ZERO_PFN {
+                    mm.frames.put(new.pfn());
+                }
+                if !mm.pt.lookup(page, &g).is_present() {
+                    return Err(Step::Fail(FaultError::NoMapping));
+                }
+            }
+        }
+    }
+    mm.stats.inc(Event::fault_spurious);
+    Ok(())
+}
+
+fn alloc_frame(mm: &AddressSpace) -> Result<Pfn, Step> {
+    mm.frames.alloc().ok_or(Step::Fail(FaultError::OutOfMemory))
+}
+
+/// A write to a present, read-only entry of a writable VMA. Returns false
+/// if the entry changed under us (look again).
+fn wp_fault(
+    mm: &AddressSpace,
+    vma: &Vma,
+    page: u64,
+    pte: Pte,
+    vma_locked: bool,
+    g: &crate::reclaim::Guard,
+) -> Result<bool, Step> {
+    let writable = pte.flags() | PteFlags::WRITE | PteFlags::DIRTY | PteFlags::ACCESSED;
+    if vma.shmem().is_some() {
+        return Ok(mm.pt.update(page, g, |cur| (cur == pte).then(|| Pte::new(pte.pfn(), writable))).is_some());
+    }
+    anon_vma_prepare(mm, vma, vma_locked)?;
+    let old = pte.pfn();
+    if old != ZERO_PFN && !pte.flags().contains(PteFlags::COW) && mm.frames.refcount(old) == 1 {
+        // Our entry holds the only reference: write in place.
+        let ok = mm.pt.update(page, g, |cur| (cur == pte).then(|| Pte::new(old, writable))).is_some();
+        if ok {
+            mm.stats.inc(Event::cow_reuses);
+        }
+        return Ok(ok);
+    }
+    let new = if old == ZERO_PFN {
+        alloc_frame(mm)?
+    } else {
+        let n = mm.frames.alloc_uninit().ok_or(Step::Fail(FaultError::OutOfMemory))?;
+        mm.frames.copy(n, old);
+        n
+    };
+    let flags = (pte.flags() - PteFlags::COW) | PteFlags::WRITE | PteFlags::DIRTY | PteFlags::ACCESSED;
+    let ok = mm.pt.update(page, g, |cur| (cur == pte).then(|| Pte::new(new, flags))).is_some();
+    if !ok {
+        mm.frames.put(new);
+        return Ok(false);
+    }
+    if old != ZERO_PFN {
+        mm.stats.inc(Event::cow_copies);
+        // The old translation must be gone everywhere before the frame
+        // reference is dropped.
+        let mut gather = crate::tlb::Gather::new(&mm.tlb, &mm.stats, &mm.frames);
+        gather.add_page(page);
+        gather.free_frame(old);
+        gather.flush();
+    }
+    let _ = PAGE_SIZE;
+    Ok(true)
+}

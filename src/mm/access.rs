@@ -1,0 +1,97 @@
+//! read/write: user-mode loads and stores.
+
+use super::{Access, AddressSpace};
+use crate::error::{Error, Result};
+use crate::fault::ZERO_PFN;
+use crate::phys::Pfn;
+use crate::pt::PteFlags;
+use crate::addr::{Range, PAGE_SIZE};
+
+impl AddressSpace {
+    /// Reads `buf.len()` bytes at `addr` like user-mode loads: pages fault
+    /// in on demand; `EFAULT` if a page is unmapped or not readable (bytes
+    /// of earlier pages may already be in `buf`, as after a real fault).
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        let frames = &self.frames;
+        self.copy_user(addr, buf.len(), Access::Read, |pfn, off, b, n| {
+            if pfn == ZERO_PFN {
+                buf[b..b + n].fill(0);
+            } else {
+                frames.read(pfn, off, &mut buf[b..b + n]);
+            }
+        })
+    }
+
+    /// Writes `data` at `addr` like user-mode stores: pages fault in on
+    /// demand. `EFAULT`, writing nothing, if a mapped page in the range is
+    /// not writable; `EFAULT` at the first unmapped page otherwise (the
+    /// pages before it are written, as by a real `memcpy`).
+    pub fn write(&self, addr: u64, data: &[u8]) -> Result<()> {
+        let frames = &self.frames;
+        self.copy_user(addr, data.len(), Access::Write, |pfn, off, b, n| {
+            frames.write(pfn, off, &data[b..b + n]);
+        })
+    }
+
+    /// Walks `[addr, addr + len)` page by page; `f(pfn, offset in page,
+    /// offset in buffer, bytes)` copies while the translation is pinned.
+    fn copy_user(
+        &self,
+        addr: u64,
+        len: usize,
+        access: Access,
+        mut f: impl FnMut(Pfn, usize, usize, usize),
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let end = addr.checked_add(len as u64).ok_or(Error::Fault)?;
+        if end > self.cfg.task_size {
+            return Err(Error::Fault);
+        }
+        self.precheck(Range::new(addr, end), access)?;
+        let write = access == Access::Write;
+        let mut a = addr;
+        while a < end {
+            let page = a & !(PAGE_SIZE - 1);
+            let off = (a - page) as usize;
+            let n = ((page + PAGE_SIZE).min(end) - a) as usize;
+            let b = (a - addr) as usize;
+            loop {
+                let g = self.pt.pin();
+                let acc = self.tlb.begin_access();
+                let pte = self.pt.lookup(page, &g);
+                let f_ok = pte.is_present()
+                    && pte.flags().contains(PteFlags::USER)
+                    && (!write || pte.flags().contains(PteFlags::WRITE));
+                if f_ok {
+                    f(pte.pfn(), off, b, n);
+                    break;
+                }
+                drop(acc);
+                drop(g);
+                self.fault(page, access).map_err(|e| e.as_error())?;
+            }
+            a += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Fails with `EFAULT` before touching anything if a mapped part of
+    /// `r` forbids `access` (holes are left to the fault path, which may
+    /// grow a stack into them).
+    fn precheck(&self, r: Range, access: Access) -> Result<()> {
+        let g = self.tree.pin();
+        for (_, v) in self.tree.range(r, &g) {
+            let f = v.flags();
+            let ok = match access {
+                Access::Write => f.contains(crate::vma::VmFlags::WRITE),
+                _ => f.accessible(),
+            };
+            if !ok {
+                return Err(Error::Fault);
+            }
+        }
+        Ok(())
+    }
+}

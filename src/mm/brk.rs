@@ -1,0 +1,77 @@
+//! brk: the heap.
+
+use super::edit::Edit;
+use super::AddressSpace;
+use crate::addr::{page_align_up, Range, PAGE_SHIFT, PAGE_SIZE};
+use crate::error::Result;
+use crate::vma::VmFlags;
+
+/// Flags of the heap VMA (x86-64's VM_DATA_DEFAULT_FLAGS plus accounting).
+pub(crate) const BRK_FLAGS: VmFlags = VmFlags::READ
+    .union(VmFlags::WRITE)
+    .union(VmFlags::MAY)
+    .union(VmFlags::ACCOUNT);
+
+impl AddressSpace {
+    /// Moves the program break, like `brk(2)`: returns the new break, or
+    /// the old one if the move is not possible (below the heap start, into
+    /// another mapping or its guard, past the map-count limit). `brk(0)`
+    /// returns the current break. The `Result` is always `Ok`; it is kept
+    /// for uniformity with the other calls.
+    pub fn brk(&self, addr: u64) -> Result<u64> {
+        let mut ed = Edit::begin(self);
+        let old = ed.st.brk;
+        if addr < ed.st.start_brk {
+            return Ok(old);
+        }
+        let (Some(newbrk), Some(oldbrk)) = (page_align_up(addr), page_align_up(old)) else {
+            return Ok(old);
+        };
+        if newbrk > self.cfg.task_size {
+            return Ok(old);
+        }
+        if newbrk == oldbrk {
+            ed.st.brk = addr;
+            return Ok(addr);
+        }
+        if newbrk < oldbrk {
+            // Shrink: unmap the tail of the heap (which must be there).
+            if ed.find_after(newbrk).is_none_or(|v| v.start() >= oldbrk) {
+                return Ok(old);
+            }
+            if ed.unmap(Range::new(newbrk, oldbrk)).is_err() {
+                return Ok(old);
+            }
+            ed.st.brk = addr;
+            return Ok(addr);
+        }
+        // Grow: stay one page below the next mapping (and its guard gap).
+        if let Some(next) = ed.find_after(oldbrk) {
+            if next.start() < newbrk + PAGE_SIZE + self.cfg.stack_guard_gap
+                && newbrk + PAGE_SIZE > self.vm_start_gap(next)
+            {
+                return Ok(old);
+            }
+        }
+        let heap = ed
+            .ending_at(oldbrk)
+            .filter(|v| v.start() >= ed.st.start_brk && super::edit::flags_mergeable(v.flags(), BRK_FLAGS));
+        match heap {
+            Some(v) => {
+                // Only the end moves: nothing else changes owner.
+                ed.lock(v);
+                ed.set_range(v, v.start(), newbrk, v.pgoff());
+            }
+            None => {
+                if ed.st.map_count >= self.cfg.max_map_count {
+                    return Ok(old);
+                }
+                let r = Range::new(oldbrk, newbrk);
+                let v = ed.new_vma(r, oldbrk >> PAGE_SHIFT, BRK_FLAGS | VmFlags::SOFTDIRTY, None, None);
+                ed.insert(v);
+            }
+        }
+        ed.st.brk = addr;
+        Ok(addr)
+    }
+}

@@ -1,0 +1,444 @@
+//! The editing context of an mmap_lock writer, and the VMA edits every
+//! operation shares: create, split, merge, expand, remove, zap.
+//!
+//! Every edit follows the same protocol: write-lock each VMA it changes
+//! (waiting out its readers), publish the new tree (each store is atomic
+//! for lock-free readers, so an address covered before and after never
+//! looks unmapped), then update the VMA's own fields, then detach what was
+//! removed. New VMAs are write-locked before they are attached, so no
+//! fault uses them until the mmap_lock is released.
+
+use super::mmap_lock::MmapWriteGuard;
+use super::{AddressSpace, MmState};
+use crate::addr::{pages, Range};
+use crate::error::{Error, Result};
+use crate::fault::ZERO_PFN;
+use crate::reclaim::Guard;
+use crate::stats::Event;
+use crate::sync::Arc;
+use crate::tlb::Gather;
+use crate::tree::TreeWriter;
+use crate::vma::{AnonVma, Shmem, VmFlags, Vma, VmaRef};
+
+/// An mmap_lock writer's view of the address space.
+pub(crate) struct Edit<'a> {
+    pub(crate) mm: &'a AddressSpace,
+    pub(crate) st: MmapWriteGuard<'a, MmState>,
+    pub(crate) w: TreeWriter<'a, VmaRef>,
+    pub(crate) g: Guard,
+}
+
+/// Flags equal for merging purposes (soft-dirty ignored).
+pub(crate) fn flags_mergeable(a: VmFlags, b: VmFlags) -> bool {
+    (a ^ b).difference(VmFlags::SOFTDIRTY).is_empty()
+}
+
+/// Linux's `is_mergeable_anon_vma` without fork history: two anon_vmas
+/// are compatible if they are the same, or if either side has none yet.
+pub(crate) fn anon_compatible(a: Option<&AnonVma>, b: Option<&AnonVma>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => core::ptr::eq(a, b),
+        _ => true,
+    }
+}
+
+fn same_shmem(a: Option<&Shmem>, b: Option<&Shmem>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => core::ptr::eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+/// What a range about to be merged looks like.
+#[derive(Clone, Copy)]
+pub(crate) struct Proto<'p> {
+    pub(crate) flags: VmFlags,
+    pub(crate) anon: Option<&'p AnonVma>,
+    pub(crate) shmem: Option<&'p Shmem>,
+}
+
+impl Proto<'_> {
+    /// `prev` may absorb a range starting at `prev.end()` with page offset
+    /// `pgoff` (Linux's `can_vma_merge_after`).
+    fn merges_after(&self, prev: &Vma, pgoff: u64) -> bool {
+        flags_mergeable(prev.flags(), self.flags)
+            && same_shmem(prev.shmem(), self.shmem)
+            && anon_compatible(prev.anon_vma(), self.anon)
+            && prev.pgoff() + pages(prev.range().len()) == pgoff
+    }
+
+    /// `next` may absorb a range of `len` bytes ending at `next.start()`
+    /// with page offset `pgoff` (Linux's `can_vma_merge_before`).
+    fn merges_before(&self, next: &Vma, pgoff: u64, len: u64) -> bool {
+        flags_mergeable(next.flags(), self.flags)
+            && same_shmem(next.shmem(), self.shmem)
+            && anon_compatible(next.anon_vma(), self.anon)
+            && pgoff + pages(len) == next.pgoff()
+    }
+}
+
+impl<'a> Edit<'a> {
+    /// Takes the mmap_lock for write.
+    pub(crate) fn begin(mm: &'a AddressSpace) -> Self {
+        let st = mm.mmap_lock.write();
+        let w = mm.tree.writer();
+        let g = mm.tree.pin();
+        Edit { mm, st, w, g }
+    }
+
+    /// The VMA containing `addr`.
+    pub(crate) fn find(&self, addr: u64) -> Option<VmaRef> {
+        self.w.find(addr, &self.g).map(|(_, v)| *v)
+    }
+
+    /// The first VMA ending above `addr` (Linux's `find_vma`).
+    pub(crate) fn find_after(&self, addr: u64) -> Option<VmaRef> {
+        self.w.find_after(addr, &self.g).map(|(_, v)| *v)
+    }
+
+    /// The last VMA ending at or below `addr`.
+    pub(crate) fn prev(&self, addr: u64) -> Option<VmaRef> {
+        self.w.prev(addr, &self.g).map(|(_, v)| *v)
+    }
+
+    /// The VMA ending exactly at `addr`.
+    pub(crate) fn ending_at(&self, addr: u64) -> Option<VmaRef> {
+        self.prev(addr).filter(|v| v.end() == addr)
+    }
+
+    /// The VMA starting exactly at `addr`.
+    pub(crate) fn starting_at(&self, addr: u64) -> Option<VmaRef> {
+        self.find(addr).filter(|v| v.start() == addr)
+    }
+
+    /// The VMAs intersecting `r`, in order.
+    pub(crate) fn vmas_in(&self, r: Range) -> Vec<VmaRef> {
+        self.w.range(r, &self.g).map(|(_, v)| *v).collect()
+    }
+
+    /// Write-locks `v`: waits for its readers, and keeps new ones out until
+    /// the mmap_lock is released.
+    pub(crate) fn lock(&self, v: VmaRef) {
+        v.lock.write_lock(self.st.seq());
+    }
+
+    /// A new, detached, write-locked VMA.
+    pub(crate) fn new_vma(
+        &mut self,
+        r: Range,
+        pgoff: u64,
+        flags: VmFlags,
+        anon: Option<Arc<AnonVma>>,
+        shmem: Option<Arc<Shmem>>,
+    ) -> VmaRef {
+        let (v, reused) = self.mm.pool.alloc();
+        if reused {
+            self.mm.stats.inc(Event::vma_reused);
+        }
+        v.set_mm(self.mm.id);
+        v.set_range(r.start, r.end, pgoff);
+        v.set_flags(flags);
+        v.set_anon_vma(anon);
+        v.set_shmem(shmem);
+        self.lock(v);
+        v
+    }
+
+    /// Attaches a new VMA over a range no VMA covers.
+    pub(crate) fn insert(&mut self, v: VmaRef) {
+        v.lock.mark_attached();
+        self.w.store(v.range(), v);
+        self.st.map_count += 1;
+    }
+
+    /// Removes a VMA whose range is no longer in the tree (or erases it),
+    /// waits out transient readers and recycles the object.
+    pub(crate) fn detach(&mut self, v: VmaRef, erase: bool) {
+        self.lock(v);
+        if erase {
+            let r = v.range();
+            // Erase only what still maps to `v`: a survivor may already
+            // have been stored over part of it.
+            let parts: Vec<Range> = self
+                .w
+                .range(r, &self.g)
+                .filter(|(_, x)| **x == v)
+                .map(|(r, _)| r)
+                .collect();
+            for p in parts {
+                self.w.erase(p);
+            }
+        }
+        v.lock.mark_detached();
+        self.st.map_count -= 1;
+        self.mm.pool.free(v);
+    }
+
+    /// Changes `v`'s range to `[start, end)` (with `pgoff` for `start`),
+    /// storing the part it gains. The caller has write-locked `v` and makes
+    /// sure the gained part is free or belongs to VMAs it is removing.
+    pub(crate) fn set_range(&mut self, v: VmaRef, start: u64, end: u64, pgoff: u64) {
+        let old = v.range();
+        self.w.store(Range::new(start, end), v);
+        // A shrink: the lost parts were overwritten by the caller's stores,
+        // or must be erased now.
+        if old.start < start {
+            self.erase_if_owner(Range::new(old.start, start.min(old.end)), v);
+        }
+        if end < old.end {
+            self.erase_if_owner(Range::new(end.max(old.start), old.end), v);
+        }
+        v.set_range(start, end, pgoff);
+    }
+
+    fn erase_if_owner(&mut self, r: Range, v: VmaRef) {
+        if r.is_empty() {
+            return;
+        }
+        let parts: Vec<Range> = self
+            .w
+            .range(r, &self.g)
+            .filter(|(_, x)| **x == v)
+            .map(|(p, _)| p.intersect(&r).unwrap_or(p))
+            .collect();
+        for p in parts {
+            self.w.erase(p);
+        }
+    }
+
+    /// Splits `v` at `at` (strictly inside it); `v` keeps the lower part and
+    /// the new VMA, returned, the upper. `check_count` applies Linux's
+    /// `split_vma` limit (`map_count >= max_map_count` fails).
+    pub(crate) fn split(&mut self, v: VmaRef, at: u64, check_count: bool) -> Result<VmaRef> {
+        debug_assert!(v.start() < at && at < v.end());
+        if check_count && self.st.map_count >= self.mm.cfg.max_map_count {
+            return Err(Error::NoMem);
+        }
+        self.lock(v);
+        let upper = Range::new(at, v.end());
+        let n = self.new_vma(upper, v.pgoff_of(at), v.flags(), v.anon_vma_arc(), v.shmem_arc());
+        n.lock.mark_attached();
+        // One store moves [at, end) from v to n atomically for readers.
+        self.w.store(upper, n);
+        self.st.map_count += 1;
+        v.set_range(v.start(), at, v.pgoff());
+        Ok(n)
+    }
+
+    /// Gives `v` an anon_vma from `from` if it has none (Linux's
+    /// `dup_anon_vma` when a merge joins them).
+    fn inherit_anon(v: VmaRef, from: Option<Arc<AnonVma>>) {
+        if v.anon_vma().is_none() {
+            if let Some(a) = from {
+                v.set_anon_vma(Some(a));
+            }
+        }
+    }
+
+    /// Maps a new range `r` with no VMA in it: merges with the neighbours
+    /// where Linux would (`vma_merge_new_range`), else inserts a new VMA.
+    /// Returns the VMA that covers `r`.
+    pub(crate) fn map_new(
+        &mut self,
+        r: Range,
+        pgoff: u64,
+        flags: VmFlags,
+        anon: Option<Arc<AnonVma>>,
+        shmem: Option<Arc<Shmem>>,
+    ) -> VmaRef {
+        let proto = Proto {
+            flags,
+            anon: anon.as_deref(),
+            shmem: shmem.as_deref(),
+        };
+        let prev = self.ending_at(r.start);
+        let next = self.starting_at(r.end);
+        let left = prev.is_some_and(|p| proto.merges_after(&p, pgoff));
+        let mut right = next.is_some_and(|n| proto.merges_before(&n, pgoff, r.len()));
+        if left && right {
+            // Deleting next also needs prev and next compatible.
+            let (p, n) = (prev.unwrap(), next.unwrap());
+            right = anon_compatible(p.anon_vma(), n.anon_vma());
+        }
+        match (left, right) {
+            (true, true) => {
+                let (p, n) = (prev.unwrap(), next.unwrap());
+                self.lock(p);
+                self.lock(n);
+                Self::inherit_anon(p, anon.or_else(|| n.anon_vma_arc()));
+                self.set_range(p, p.start(), n.end(), p.pgoff());
+                self.detach(n, false);
+                p
+            }
+            (true, false) => {
+                let p = prev.unwrap();
+                self.lock(p);
+                Self::inherit_anon(p, anon);
+                self.set_range(p, p.start(), r.end, p.pgoff());
+                p
+            }
+            (false, true) => {
+                let n = next.unwrap();
+                self.lock(n);
+                Self::inherit_anon(n, anon);
+                self.set_range(n, r.start, n.end(), pgoff);
+                n
+            }
+            (false, false) => {
+                let v = self.new_vma(r, pgoff, flags, anon, shmem);
+                self.insert(v);
+                v
+            }
+        }
+    }
+
+    /// Applies new flags to `[s, e)` inside `v`, merging with neighbours
+    /// where Linux would (`vma_merge_existing_range`), else splitting.
+    /// Returns the VMA that now covers `[s, e)`.
+    pub(crate) fn modify_flags(&mut self, v: VmaRef, s: u64, e: u64, flags: VmFlags) -> Result<VmaRef> {
+        let left_side = s == v.start();
+        let right_side = e == v.end();
+        let pgoff = v.pgoff_of(s);
+        let anon = v.anon_vma_arc();
+        let shmem = v.shmem_arc();
+        let proto = Proto {
+            flags,
+            anon: anon.as_deref(),
+            shmem: shmem.as_deref(),
+        };
+        let prev = if left_side { self.ending_at(s) } else { None };
+        let next = if right_side { self.starting_at(e) } else { None };
+        let left = prev.is_some_and(|p| proto.merges_after(&p, pgoff));
+        let mut right = next.is_some_and(|n| proto.merges_before(&n, pgoff, e - s));
+        if left && right {
+            let (p, n) = (prev.unwrap(), next.unwrap());
+            right = anon_compatible(p.anon_vma(), n.anon_vma());
+        }
+        self.lock(v);
+        match (left, right) {
+            (true, true) => {
+                let (p, n) = (prev.unwrap(), next.unwrap());
+                self.lock(p);
+                self.lock(n);
+                Self::inherit_anon(p, anon.or_else(|| n.anon_vma_arc()));
+                self.set_range(p, p.start(), n.end(), p.pgoff());
+                self.detach(v, false);
+                self.detach(n, false);
+                Ok(p)
+            }
+            (true, false) => {
+                let p = prev.unwrap();
+                self.lock(p);
+                Self::inherit_anon(p, anon);
+                self.set_range(p, p.start(), e, p.pgoff());
+                if right_side {
+                    self.detach(v, false);
+                } else {
+                    v.set_range(e, v.end(), v.pgoff_of(e));
+                }
+                Ok(p)
+            }
+            (false, true) => {
+                let n = next.unwrap();
+                self.lock(n);
+                Self::inherit_anon(n, anon);
+                self.set_range(n, s, n.end(), pgoff);
+                if left_side {
+                    self.detach(v, false);
+                } else {
+                    v.set_range(v.start(), s, v.pgoff());
+                }
+                Ok(n)
+            }
+            (false, false) => {
+                let mut mid = v;
+                if s > v.start() {
+                    mid = self.split(v, s, true)?;
+                }
+                if e < mid.end() {
+                    self.split(mid, e, true)?;
+                }
+                mid.set_flags(flags);
+                Ok(mid)
+            }
+        }
+    }
+
+    /// Zaps the page-table entries of `r` into `gather`: translations are
+    /// flushed and frame references dropped when the gather flushes.
+    pub(crate) fn zap(&self, r: Range, gather: &mut Gather<'_>) {
+        zap_range(self.mm, r, gather);
+    }
+
+    /// Frees the page tables of the hole around `r` (no VMA covers any of
+    /// it any more): from the end of the VMA before to the start of the one
+    /// after.
+    pub(crate) fn free_pgtables(&self, r: Range) {
+        let floor = self.prev(r.start).map_or(0, |p| p.end());
+        let ceiling = self.find_after(r.start).map_or(u64::MAX, |n| n.start());
+        let g = self.mm.pt.pin();
+        self.mm.pt.free_tables(Range::new(floor, ceiling), &g);
+    }
+
+    /// A gather bound to this address space.
+    pub(crate) fn gather(&self) -> Gather<'a> {
+        Gather::new(&self.mm.tlb, &self.mm.stats, &self.mm.frames)
+    }
+
+    /// Unmaps `[start, end)` (page-aligned, inside the task): Linux's
+    /// `do_vmi_munmap` after argument checks. Splits at both ends, removes
+    /// every VMA inside, zaps their pages and frees page tables.
+    pub(crate) fn unmap(&mut self, r: Range) -> Result<()> {
+        let Some(first) = self.find_after(r.start) else {
+            return Ok(());
+        };
+        if first.start() >= r.end {
+            return Ok(());
+        }
+        // A middle split needs one more VMA; head/tail-only unmaps may run
+        // at the limit.
+        if first.start() < r.start
+            && r.end < first.end()
+            && self.st.map_count >= self.mm.cfg.max_map_count
+        {
+            return Err(Error::NoMem);
+        }
+        if first.start() < r.start {
+            self.split(first, r.start, false)?;
+        }
+        if let Some(last) = self.find(r.end - 1) {
+            if last.end() > r.end {
+                self.split(last, r.end, false)?;
+            }
+        }
+        let victims = self.vmas_in(r);
+        for &v in &victims {
+            self.lock(v);
+        }
+        // Point of no return: one store clears the range for readers.
+        self.w.erase(r);
+        {
+            let mut gather = self.gather();
+            self.zap(r, &mut gather);
+            gather.flush();
+        }
+        for v in victims {
+            self.detach(v, false);
+        }
+        self.free_pgtables(r);
+        Ok(())
+    }
+}
+
+/// Zaps `r`'s entries into `gather` (also used under the mmap_lock read
+/// side by madvise).
+pub(crate) fn zap_range(mm: &AddressSpace, r: Range, gather: &mut Gather<'_>) {
+    let g = mm.pt.pin();
+    mm.pt.zap_range(r, &g, |va, pte| {
+        gather.add_page(va);
+        if pte.pfn() != ZERO_PFN {
+            gather.free_frame(pte.pfn());
+        }
+    });
+}

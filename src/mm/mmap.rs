@@ -1,0 +1,211 @@
+//! mmap: argument checks in Linux's order, placement, and the new VMA.
+
+use super::edit::Edit;
+use super::{next_id, AddressSpace, MapFlags, Prot};
+use crate::addr::{is_page_aligned, page_align_up, Range, PAGE_SHIFT, PAGE_SIZE};
+use crate::error::{Error, Result};
+use crate::sync::Arc;
+use crate::vma::{Shmem, VmFlags, VmaRef};
+
+impl AddressSpace {
+    /// Maps `len` bytes of anonymous memory, like `mmap(2)`.
+    ///
+    /// `addr` is a hint (0 for none) unless `FIXED` or `FIXED_NOREPLACE`
+    /// is given. Returns the address of the mapping.
+    ///
+    /// Errors, in Linux's order: `EINVAL` for flags aspace does not know
+    /// (Linux ignores unknown bits for `MAP_PRIVATE`; aspace rejects them)
+    /// or unknown protection bits, and for zero `len`; `ENOMEM` when the
+    /// page-rounded length overflows, the map count is at its limit, the
+    /// length or a fixed range exceeds the task size, or no gap fits;
+    /// `EINVAL` for an unaligned fixed address; `EPERM` for a fixed address
+    /// below `mmap_min_addr`; `EEXIST` when `FIXED_NOREPLACE` overlaps a
+    /// mapping; `EINVAL` when neither `SHARED` nor `PRIVATE` is given, or
+    /// `GROWSDOWN` is combined with `SHARED`. `SHARED | PRIVATE` is Linux's
+    /// `MAP_SHARED_VALIDATE`: a shared mapping.
+    pub fn mmap(&self, addr: u64, len: u64, prot: Prot, flags: MapFlags) -> Result<u64> {
+        if !MapFlags::all().contains(flags) {
+            return Err(Error::Inval);
+        }
+        if prot.intersects(Prot::GROWSDOWN | Prot::GROWSUP) || !Prot::all().contains(prot) {
+            return Err(Error::Inval);
+        }
+        if len == 0 {
+            return Err(Error::Inval);
+        }
+        let len = page_align_up(len).ok_or(Error::NoMem)?;
+        let fixed = flags.intersects(MapFlags::FIXED | MapFlags::FIXED_NOREPLACE);
+        let mut ed = Edit::begin(self);
+        // Linux checks `map_count > max`; we keep the inclusive rule
+        // (the count never exceeds the limit), as Linux since late 2025.
+        if ed.st.map_count >= self.cfg.max_map_count {
+            return Err(Error::NoMem);
+        }
+        let addr = self.get_unmapped_area(&ed, addr, len, fixed, flags)?;
+        if addr < self.cfg.mmap_min_addr {
+            return Err(Error::Perm);
+        }
+        let r = Range::new(addr, addr + len);
+        if flags.contains(MapFlags::FIXED_NOREPLACE) && ed.find_after(addr).is_some_and(|v| v.start() < r.end) {
+            return Err(Error::Exist);
+        }
+        let shared = flags.contains(MapFlags::SHARED);
+        if !shared && !flags.contains(MapFlags::PRIVATE) {
+            return Err(Error::Inval);
+        }
+        if shared && flags.contains(MapFlags::GROWSDOWN) {
+            return Err(Error::Inval);
+        }
+
+        let mut vf = VmFlags::from_prot(prot) | VmFlags::MAY;
+        if shared {
+            vf |= VmFlags::SHARED | VmFlags::MAYSHARE;
+        }
+        if flags.contains(MapFlags::GROWSDOWN) {
+            vf |= VmFlags::GROWSDOWN;
+        }
+        if flags.contains(MapFlags::NORESERVE) {
+            vf |= VmFlags::NORESERVE;
+        }
+        // Private writable memory is charged (Linux's accountable_mapping).
+        if !shared && vf.contains(VmFlags::WRITE) && !vf.contains(VmFlags::NORESERVE) {
+            vf |= VmFlags::ACCOUNT;
+        }
+
+        // MAP_FIXED replaces what is there, data included.
+        if fixed {
+            ed.unmap(r)?;
+            if ed.st.map_count >= self.cfg.max_map_count {
+                return Err(Error::NoMem);
+            }
+        }
+        let vma = if shared {
+            let obj = Arc::new(Shmem::new(next_id(), len >> PAGE_SHIFT, self.frames.clone()));
+            let v = ed.new_vma(r, 0, vf, None, Some(obj));
+            ed.insert(v);
+            v
+        } else {
+            ed.map_new(r, addr >> PAGE_SHIFT, vf, None, None)
+        };
+        let populate = flags.contains(MapFlags::POPULATE);
+        let _ = vma;
+        drop(ed);
+        if populate {
+            self.populate(r, vf);
+        }
+        Ok(addr)
+    }
+
+    /// Faults in every page of `r` as `MAP_POPULATE` does: write faults for
+    /// private writable memory (breaking copy-on-write), read faults
+    /// otherwise, nothing for inaccessible memory. Errors are ignored, as
+    /// in Linux (mmap still succeeds).
+    pub(crate) fn populate(&self, r: Range, vf: VmFlags) {
+        if !vf.accessible() {
+            return;
+        }
+        let access = if vf.contains(VmFlags::WRITE) && !vf.contains(VmFlags::SHARED) {
+            super::Access::Write
+        } else {
+            super::Access::Read
+        };
+        let mut a = r.start;
+        while a < r.end {
+            if self.fault(a, access).is_err() {
+                break;
+            }
+            a += PAGE_SIZE;
+        }
+    }
+
+    /// Linux's `get_unmapped_area`: a fixed address as given, a usable
+    /// hint, or a top-down search below `mmap_base` (then bottom-up).
+    pub(crate) fn get_unmapped_area(
+        &self,
+        ed: &Edit<'_>,
+        hint: u64,
+        len: u64,
+        fixed: bool,
+        flags: MapFlags,
+    ) -> Result<u64> {
+        let task = self.cfg.task_size;
+        if len > task {
+            return Err(Error::NoMem);
+        }
+        if fixed {
+            if hint > task - len {
+                return Err(Error::NoMem);
+            }
+            if !is_page_aligned(hint) {
+                return Err(Error::Inval);
+            }
+            return Ok(hint);
+        }
+        let min = self.cfg.mmap_min_addr.max(PAGE_SIZE);
+        if hint != 0 {
+            // round_hint_to_min, then the arch code rounds down.
+            let h = if hint < self.cfg.mmap_min_addr {
+                page_align_up(self.cfg.mmap_min_addr).unwrap_or(0)
+            } else {
+                hint & !(PAGE_SIZE - 1)
+            };
+            if h >= min && h <= task - len && self.range_usable(ed, Range::new(h, h + len)) {
+                return Ok(h);
+            }
+        }
+        let _ = flags;
+        self.unmapped_area_topdown(ed, len, min)
+            .or_else(|| self.unmapped_area_bottomup(ed, len))
+            .ok_or(Error::NoMem)
+    }
+
+    /// True if `r` is free and respects the stack guard gaps of its
+    /// neighbours (`vm_start_gap(next)` / `vm_end_gap(prev)`).
+    fn range_usable(&self, ed: &Edit<'_>, r: Range) -> bool {
+        match ed.find_after(r.start) {
+            Some(next) => r.end <= self.vm_start_gap(next) && next.start() >= r.end,
+            None => true,
+        }
+    }
+
+    /// Where `v` starts, counting the guard gap below a growsdown VMA.
+    pub(crate) fn vm_start_gap(&self, v: VmaRef) -> u64 {
+        if v.flags().contains(VmFlags::GROWSDOWN) {
+            v.start().saturating_sub(self.cfg.stack_guard_gap)
+        } else {
+            v.start()
+        }
+    }
+
+    fn unmapped_area_topdown(&self, ed: &Edit<'_>, len: u64, low: u64) -> Option<u64> {
+        let mut high = self.cfg.mmap_base.min(self.cfg.task_size);
+        loop {
+            if high < low || high - low < len {
+                return None;
+            }
+            let s = ed.w.gap_highest(low, high, len, PAGE_SIZE, &ed.g)?;
+            match ed.find_after(s) {
+                Some(next) if s + len > self.vm_start_gap(next) => {
+                    // The gap below a stack is shortened by its guard gap.
+                    high = self.vm_start_gap(next);
+                }
+                _ => return Some(s),
+            }
+        }
+    }
+
+    fn unmapped_area_bottomup(&self, ed: &Edit<'_>, len: u64) -> Option<u64> {
+        let mut low = self.cfg.mmap_base.max(self.cfg.mmap_min_addr).max(PAGE_SIZE);
+        let high = self.cfg.task_size;
+        loop {
+            if high < low || high - low < len {
+                return None;
+            }
+            let s = ed.w.gap_lowest(low, high, len, PAGE_SIZE, &ed.g)?;
+            match ed.find_after(s) {
+                Some(next) if s + len > self.vm_start_gap(next) => low = next.end(),
+                _ => return Some(s),
+            }
+        }
+    }
+}

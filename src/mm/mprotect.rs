@@ -1,0 +1,130 @@
+//! mprotect: per-VMA changes with Linux's partial effects.
+
+use super::edit::Edit;
+use super::{AddressSpace, Prot};
+use crate::addr::{is_page_aligned, page_align_up, Range};
+use crate::error::{Error, Result};
+use crate::fault::{pte_flags, ZERO_PFN};
+use crate::pt::{Pte, PteFlags};
+use crate::vma::{VmFlags, VmaRef};
+
+impl AddressSpace {
+    /// Changes the protection of `[addr, addr + len)`, like `mprotect(2)`.
+    ///
+    /// VMAs are split and merged as Linux does. Over a hole the VMAs before
+    /// the hole are changed and the call then fails with `ENOMEM`, also as
+    /// Linux does. Errors: `EINVAL` for an unaligned address, unknown bits
+    /// or both GROWSDOWN and GROWSUP (GROWSUP does not exist on x86-64);
+    /// `ENOMEM` for an overflowing range, a range starting in a hole, or a
+    /// split past `max_map_count`; `EACCES` for a protection the mapping
+    /// may not get.
+    pub fn mprotect(&self, addr: u64, len: u64, prot: Prot) -> Result<()> {
+        let grows = prot & (Prot::GROWSDOWN | Prot::GROWSUP);
+        if grows == (Prot::GROWSDOWN | Prot::GROWSUP) {
+            return Err(Error::Inval);
+        }
+        if !is_page_aligned(addr) {
+            return Err(Error::Inval);
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let len = page_align_up(len).unwrap_or(0);
+        let end = addr.wrapping_add(len);
+        if len == 0 || end <= addr {
+            return Err(Error::NoMem);
+        }
+        if !Prot::all().contains(prot) {
+            return Err(Error::Inval);
+        }
+        let want = VmFlags::from_prot(prot);
+        let mut ed = Edit::begin(self);
+        let Some(mut vma) = ed.find_after(addr) else {
+            return Err(Error::NoMem);
+        };
+        let mut start = addr;
+        if grows.contains(Prot::GROWSDOWN) {
+            if vma.start() >= end {
+                return Err(Error::NoMem);
+            }
+            start = vma.start();
+            if !vma.flags().contains(VmFlags::GROWSDOWN) {
+                return Err(Error::Inval);
+            }
+        } else {
+            if vma.start() > start {
+                return Err(Error::NoMem);
+            }
+            if grows.contains(Prot::GROWSUP) {
+                // x86-64 has no VM_GROWSUP mappings.
+                return Err(Error::Inval);
+            }
+        }
+        let mut nstart = start;
+        let mut gather = ed.gather();
+        loop {
+            let old = vma.flags();
+            let newflags = old.difference(VmFlags::ACCESS) | want;
+            // New access bits need the matching MAY bits (VM_MAY* = VM_* << 4).
+            let may = VmFlags::from_bits_truncate((newflags.bits() >> 4) & VmFlags::ACCESS.bits());
+            if !newflags.intersection(VmFlags::ACCESS).difference(may).is_empty() {
+                return Err(Error::Acces);
+            }
+            let tmp = vma.end().min(end);
+            let cur = Self::mprotect_fixup(&mut ed, vma, nstart, tmp, newflags)?;
+            self.change_protection(Range::new(nstart, tmp), cur, &mut gather);
+            nstart = tmp;
+            if nstart >= end {
+                break;
+            }
+            match ed.find_after(nstart) {
+                Some(next) if next.start() == nstart => vma = next,
+                _ => return Err(Error::NoMem),
+            }
+        }
+        gather.flush();
+        Ok(())
+    }
+
+    /// Linux's `mprotect_fixup`: accounting flag, then merge or split.
+    fn mprotect_fixup(ed: &mut Edit<'_>, vma: VmaRef, s: u64, e: u64, mut newflags: VmFlags) -> Result<VmaRef> {
+        let old = vma.flags();
+        if newflags == old {
+            return Ok(vma);
+        }
+        if newflags.contains(VmFlags::WRITE) {
+            if !old.intersects(VmFlags::ACCOUNT | VmFlags::WRITE | VmFlags::SHARED | VmFlags::NORESERVE) {
+                newflags |= VmFlags::ACCOUNT;
+            }
+        } else if old.contains(VmFlags::ACCOUNT) && vma.is_anonymous() && vma.anon_vma().is_none() {
+            // Nothing was charged for pages yet: drop the charge.
+            newflags.remove(VmFlags::ACCOUNT);
+        }
+        ed.modify_flags(vma, s, e, newflags)
+    }
+
+    /// Rewrites the present entries of `r` for the flags of `vma`; pages
+    /// lose write access at once, and gain it only where the frame is the
+    /// VMA's own (not the zero page, not shared copy-on-write).
+    fn change_protection(&self, r: Range, vma: VmaRef, gather: &mut crate::tlb::Gather<'_>) {
+        let flags = vma.flags();
+        let shared = flags.contains(VmFlags::SHARED);
+        let g = self.pt.pin();
+        let frames = &self.frames;
+        self.pt.change_range(r, &g, |va, pte| {
+            let mut f = pte_flags(flags);
+            if f.contains(PteFlags::WRITE)
+                && !shared
+                && (pte.pfn() == ZERO_PFN || pte.flags().contains(PteFlags::COW) || frames.refcount(pte.pfn()) != 1)
+            {
+                f.remove(PteFlags::WRITE);
+            }
+            f |= pte.flags() & (PteFlags::COW | PteFlags::ACCESSED | PteFlags::DIRTY);
+            let new = Pte::new(pte.pfn(), f);
+            if new != pte {
+                gather.add_page(va);
+            }
+            new
+        });
+    }
+}

@@ -1,0 +1,365 @@
+//! Immutable B-tree nodes and the functional (path-copying) edits on them.
+//!
+//! A node is never changed once another thread may see it. An edit builds
+//! new nodes along the path from the root to the leaf it changes, sharing
+//! every untouched subtree, and records each node it replaced in a garbage
+//! list; the tree publishes the new root with one atomic store and then
+//! retires the garbage through its reclaimer.
+//!
+//! Every child slot of an internal node carries a summary of its subtree:
+//! the first start, the last end, and the largest hole between two
+//! consecutive entries inside it. The hole between two children is
+//! `first[i + 1] - last[i]`. Summaries depend only on the subtree's
+//! contents, so a path copy recomputes exactly the path.
+
+use crate::addr::Range;
+
+/// Maximum entries in a leaf / children in an internal node.
+pub(crate) const B: usize = 16;
+/// Minimum fill of a non-root node.
+pub(crate) const MIN: usize = B / 2;
+
+pub(crate) type NodePtr<V> = *const Node<V>;
+
+/// A leaf: up to `B` entries sorted by start.
+pub(crate) struct Leaf<V> {
+    pub(crate) len: usize,
+    pub(crate) starts: [u64; B],
+    pub(crate) ends: [u64; B],
+    pub(crate) vals: [Option<V>; B],
+}
+
+/// An internal node: up to `B` children with their summaries.
+pub(crate) struct Internal<V> {
+    pub(crate) len: usize,
+    pub(crate) firsts: [u64; B],
+    pub(crate) lasts: [u64; B],
+    pub(crate) gaps: [u64; B],
+    pub(crate) kids: [NodePtr<V>; B],
+}
+
+/// A tree node.
+pub(crate) enum Node<V> {
+    Leaf(Leaf<V>),
+    Internal(Internal<V>),
+}
+
+// SAFETY: a node owns its values and only points to other nodes of the
+// same tree; moving it to the reclaiming thread drops `V`s there (needs
+// Send) and touches no child.
+unsafe impl<V: Send> Send for Node<V> {}
+
+/// Summary of a subtree: first start, last end, largest inner hole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Summary {
+    pub(crate) first: u64,
+    pub(crate) last: u64,
+    pub(crate) gap: u64,
+}
+
+/// Borrows a node behind a pointer.
+///
+/// # Safety
+/// `p` must point to a live node for `'a`: reachable from a root the
+/// caller loaded while pinned (readers), or owned by the writer.
+#[inline(always)]
+pub(crate) unsafe fn node<'a, V>(p: NodePtr<V>) -> &'a Node<V> {
+    // SAFETY: guaranteed by the caller.
+    unsafe { &*p }
+}
+
+impl<V: Clone> Leaf<V> {
+    fn empty() -> Self {
+        Leaf {
+            len: 0,
+            starts: [0; B],
+            ends: [0; B],
+            vals: core::array::from_fn(|_| None),
+        }
+    }
+
+    fn from_entries(es: &[(u64, u64, V)]) -> Self {
+        let mut l = Self::empty();
+        for (i, (s, e, v)) in es.iter().enumerate() {
+            l.starts[i] = *s;
+            l.ends[i] = *e;
+            l.vals[i] = Some(v.clone());
+        }
+        l.len = es.len();
+        l
+    }
+
+    fn entries(&self) -> Vec<(u64, u64, V)> {
+        (0..self.len)
+            .map(|i| (self.starts[i], self.ends[i], self.vals[i].clone().expect("slot below len holds a value")))
+            .collect()
+    }
+}
+
+impl<V> Internal<V> {
+    fn from_kids(kids: &[(NodePtr<V>, Summary)]) -> Self {
+        let mut n = Internal {
+            len: kids.len(),
+            firsts: [0; B],
+            lasts: [0; B],
+            gaps: [0; B],
+            kids: [core::ptr::null(); B],
+        };
+        for (i, (p, s)) in kids.iter().enumerate() {
+            n.kids[i] = *p;
+            n.firsts[i] = s.first;
+            n.lasts[i] = s.last;
+            n.gaps[i] = s.gap;
+        }
+        n
+    }
+
+    fn kid_list(&self) -> Vec<(NodePtr<V>, Summary)> {
+        (0..self.len)
+            .map(|i| {
+                (
+                    self.kids[i],
+                    Summary {
+                        first: self.firsts[i],
+                        last: self.lasts[i],
+                        gap: self.gaps[i],
+                    },
+                )
+            })
+            .collect()
+    }
+}
+
+impl<V> Node<V> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Node::Leaf(l) => l.len,
+            Node::Internal(n) => n.len,
+        }
+    }
+
+    /// The summary of this node's subtree (non-empty nodes only).
+    pub(crate) fn summary(&self) -> Summary {
+        match self {
+            Node::Leaf(l) => {
+                let mut gap = 0;
+                for i in 1..l.len {
+                    gap = gap.max(l.starts[i] - l.ends[i - 1]);
+                }
+                Summary {
+                    first: l.starts[0],
+                    last: l.ends[l.len - 1],
+                    gap,
+                }
+            }
+            Node::Internal(n) => {
+                let mut gap = n.gaps[0];
+                for i in 1..n.len {
+                    gap = gap.max(n.gaps[i]).max(n.firsts[i] - n.lasts[i - 1]);
+                }
+                Summary {
+                    first: n.firsts[0],
+                    last: n.lasts[n.len - 1],
+                    gap,
+                }
+            }
+        }
+    }
+}
+
+/// Allocates a node and returns its pointer and summary.
+fn publish_node<V>(n: Node<V>) -> (NodePtr<V>, Summary) {
+    let s = n.summary();
+    (Box::into_raw(Box::new(n)) as NodePtr<V>, s)
+}
+
+/// Splits a list into nodes of at most `B` items, as evenly as possible.
+fn chunks<T: Clone>(items: &[T]) -> Vec<Vec<T>> {
+    let n = items.len().div_ceil(B).max(1);
+    let base = items.len() / n;
+    let extra = items.len() % n;
+    let mut out = Vec::with_capacity(n);
+    let mut at = 0;
+    for i in 0..n {
+        let k = base + usize::from(i < extra);
+        out.push(items[at..at + k].to_vec());
+        at += k;
+    }
+    out
+}
+
+/// The functional edits. `garbage` collects every node replaced.
+pub(crate) struct Editor<V> {
+    pub(crate) garbage: Vec<NodePtr<V>>,
+}
+
+impl<V: Clone> Editor<V> {
+    pub(crate) fn new() -> Self {
+        Editor { garbage: Vec::new() }
+    }
+
+    /// Inserts `[s, e) -> v` (which overlaps nothing) into the tree rooted
+    /// at `root`; returns the new root.
+    pub(crate) fn insert(&mut self, root: NodePtr<V>, s: u64, e: u64, v: V) -> NodePtr<V> {
+        if root.is_null() {
+            return publish_node(Node::Leaf(Leaf::from_entries(&[(s, e, v)]))).0;
+        }
+        let parts = self.insert_rec(root, s, e, v);
+        if parts.len() == 1 {
+            parts[0].0
+        } else {
+            self.grow_root(parts)
+        }
+    }
+
+    fn grow_root(&mut self, mut parts: Vec<(NodePtr<V>, Summary)>) -> NodePtr<V> {
+        while parts.len() > 1 {
+            parts = chunks(&parts)
+                .into_iter()
+                .map(|c| publish_node(Node::Internal(Internal::from_kids(&c))))
+                .collect();
+        }
+        parts[0].0
+    }
+
+    fn insert_rec(&mut self, p: NodePtr<V>, s: u64, e: u64, v: V) -> Vec<(NodePtr<V>, Summary)> {
+        self.garbage.push(p);
+        // SAFETY: `p` is reachable from the writer's working root; the
+        // writer is the only one who frees nodes, and only after publish.
+        match unsafe { node(p) } {
+            Node::Leaf(l) => {
+                let mut es = l.entries();
+                let at = es.partition_point(|x| x.0 < s);
+                es.insert(at, (s, e, v));
+                chunks(&es)
+                    .into_iter()
+                    .map(|c| publish_node(Node::Leaf(Leaf::from_entries(&c))))
+                    .collect()
+            }
+            Node::Internal(n) => {
+                let i = n.firsts[..n.len].partition_point(|&f| f <= s).saturating_sub(1);
+                let mut kids = n.kid_list();
+                let repl = self.insert_rec(n.kids[i], s, e, v);
+                kids.splice(i..=i, repl);
+                chunks(&kids)
+                    .into_iter()
+                    .map(|c| publish_node(Node::Internal(Internal::from_kids(&c))))
+                    .collect()
+            }
+        }
+    }
+
+    /// Removes the entry starting at `s` (which must exist); returns the
+    /// new root (null when the tree becomes empty).
+    pub(crate) fn remove(&mut self, root: NodePtr<V>, s: u64) -> NodePtr<V> {
+        let mut r = self.remove_rec(root, s);
+        // Collapse single-child internal roots.
+        while let Some((p, _)) = r {
+            // SAFETY: `p` was just built by this editor.
+            match unsafe { node(p) } {
+                Node::Internal(n) if n.len == 1 => {
+                    self.garbage.push(p);
+                    r = Some((n.kids[0], Summary { first: n.firsts[0], last: n.lasts[0], gap: n.gaps[0] }));
+                }
+                _ => break,
+            }
+        }
+        r.map_or(core::ptr::null(), |(p, _)| p)
+    }
+
+    fn remove_rec(&mut self, p: NodePtr<V>, s: u64) -> Option<(NodePtr<V>, Summary)> {
+        self.garbage.push(p);
+        // SAFETY: as in `insert_rec`.
+        match unsafe { node(p) } {
+            Node::Leaf(l) => {
+                let mut es = l.entries();
+                let at = es.iter().position(|x| x.0 == s).expect("removed entry exists");
+                es.remove(at);
+                (!es.is_empty()).then(|| publish_node(Node::Leaf(Leaf::from_entries(&es))))
+            }
+            Node::Internal(n) => {
+                let i = n.firsts[..n.len].partition_point(|&f| f <= s).saturating_sub(1);
+                let mut kids = n.kid_list();
+                match self.remove_rec(n.kids[i], s) {
+                    None => {
+                        kids.remove(i);
+                    }
+                    Some(k) => {
+                        kids[i] = k;
+                        self.rebalance(&mut kids, i);
+                    }
+                }
+                (!kids.is_empty()).then(|| publish_node(Node::Internal(Internal::from_kids(&kids))))
+            }
+        }
+    }
+
+    /// If child `i` is under-full, merges it with a neighbour (or shares
+    /// their items evenly when both do not fit in one node).
+    fn rebalance(&mut self, kids: &mut Vec<(NodePtr<V>, Summary)>, i: usize) {
+        // SAFETY: the child was just built by this editor.
+        if kids.len() < 2 || unsafe { node(kids[i].0) }.len() >= MIN {
+            return;
+        }
+        let j = if i + 1 < kids.len() { i + 1 } else { i - 1 };
+        let (a, b) = (i.min(j), i.max(j));
+        // SAFETY: both are live nodes of the working tree.
+        let (na, nb) = unsafe { (node(kids[a].0), node(kids[b].0)) };
+        self.garbage.push(kids[a].0);
+        self.garbage.push(kids[b].0);
+        let repl: Vec<(NodePtr<V>, Summary)> = match (na, nb) {
+            (Node::Leaf(x), Node::Leaf(y)) => {
+                let mut es = x.entries();
+                es.extend(y.entries());
+                chunks(&es)
+                    .into_iter()
+                    .map(|c| publish_node(Node::Leaf(Leaf::from_entries(&c))))
+                    .collect()
+            }
+            (Node::Internal(x), Node::Internal(y)) => {
+                let mut ks = x.kid_list();
+                ks.extend(y.kid_list());
+                chunks(&ks)
+                    .into_iter()
+                    .map(|c| publish_node(Node::Internal(Internal::from_kids(&c))))
+                    .collect()
+            }
+            _ => unreachable!("siblings are at the same height"),
+        };
+        kids.splice(a..=b, repl);
+    }
+}
+
+/// Frees a whole subtree (the tree is being dropped: nobody can see it).
+///
+/// # Safety
+/// `p` must be owned by the caller and reachable by nobody else.
+pub(crate) unsafe fn free_subtree<V>(p: NodePtr<V>) {
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: the caller owns the subtree; every node came from Box::into_raw.
+    let b = unsafe { Box::from_raw(p as *mut Node<V>) };
+    if let Node::Internal(n) = &*b {
+        for &k in &n.kids[..n.len] {
+            // SAFETY: children of an owned node are owned too.
+            unsafe { free_subtree(k) };
+        }
+    }
+}
+
+/// Frees one node, not its children (they are shared with the new tree or
+/// retired separately).
+///
+/// # Safety
+/// `p` came from `Box::into_raw` and nobody can reach it any more.
+pub(crate) unsafe fn free_node<V>(p: *mut Node<V>) {
+    // SAFETY: guaranteed by the caller.
+    drop(unsafe { Box::from_raw(p) });
+}
+
+/// Half-open range helper for the reader code.
+#[inline]
+pub(crate) fn entry(l: &Leaf<impl Sized>, i: usize) -> Range {
+    Range::new(l.starts[i], l.ends[i])
+}
