@@ -47,7 +47,11 @@ fn lookup_vs_detach_and_reuse() {
         assert!(mm.stats().vma_reused >= 1, "the object was recycled");
         let mut x = [0u8; 1];
         assert_eq!(mm.read(A, &mut x), Err(Error::Fault));
-        assert_eq!(mm.frames_used(), 0, "no frame behind the unmapped page or the new VMA");
+        assert_eq!(
+            mm.frames_used(),
+            0,
+            "no frame behind the unmapped page or the new VMA"
+        );
     });
 }
 

@@ -104,7 +104,9 @@ impl FrameAllocator {
         FrameAllocator {
             budget,
             zero_new,
-            chunks: (0..nchunks).map(|_| AtomicPtr::new(core::ptr::null_mut())).collect(),
+            chunks: (0..nchunks)
+                .map(|_| AtomicPtr::new(core::ptr::null_mut()))
+                .collect(),
             grow: Mutex::new(()),
             pool: Mutex::new(Pool {
                 free: Vec::new(),
@@ -235,7 +237,10 @@ impl FrameAllocator {
         let c = self.chunk(pfn);
         // SAFETY: the offset is below the chunk's size because
         // pfn % CHUNK_FRAMES < CHUNK_FRAMES.
-        unsafe { c.mem.add((pfn as usize % CHUNK_FRAMES) * PAGE_SIZE as usize) }
+        unsafe {
+            c.mem
+                .add((pfn as usize % CHUNK_FRAMES) * PAGE_SIZE as usize)
+        }
     }
 
     #[inline]
@@ -287,7 +292,10 @@ impl FrameAllocator {
         let end = (offset.saturating_add(buf.len())).min(PAGE_SIZE as usize);
         let mut pos = offset;
         while pos < end {
-            let w = self.word(pfn, pos / 8).load(Ordering::Relaxed).to_le_bytes();
+            let w = self
+                .word(pfn, pos / 8)
+                .load(Ordering::Relaxed)
+                .to_le_bytes();
             let lo = pos % 8;
             let n = (8 - lo).min(end - pos);
             buf[pos - offset..pos - offset + n].copy_from_slice(&w[lo..lo + n]);
@@ -305,7 +313,10 @@ impl FrameAllocator {
             let n = (8 - lo).min(end - pos);
             let src = &data[pos - offset..pos - offset + n];
             if n == 8 {
-                word.store(u64::from_le_bytes(src.try_into().expect("8 bytes")), Ordering::Relaxed);
+                word.store(
+                    u64::from_le_bytes(src.try_into().expect("8 bytes")),
+                    Ordering::Relaxed,
+                );
             } else {
                 let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
                     let mut b = old.to_le_bytes();
@@ -406,7 +417,11 @@ mod tests {
         }
         let mut one = [0u8; 3];
         f.read(a, 2, &mut one);
-        assert_eq!(one, [1, 2, 3], "the write at offset 1 left data[1..4] at 2..5");
+        assert_eq!(
+            one,
+            [1, 2, 3],
+            "the write at offset 1 left data[1..4] at 2..5"
+        );
         f.put(a);
         let b = f.alloc().unwrap();
         assert_eq!(a, b);

@@ -46,7 +46,9 @@ impl AddressSpace {
             return Err(Error::Perm);
         }
         let r = Range::new(addr, addr + len);
-        if flags.contains(MapFlags::FIXED_NOREPLACE) && ed.find_after(addr).is_some_and(|v| v.start() < r.end) {
+        if flags.contains(MapFlags::FIXED_NOREPLACE)
+            && ed.find_after(addr).is_some_and(|v| v.start() < r.end)
+        {
             return Err(Error::Exist);
         }
         let shared = flags.contains(MapFlags::SHARED);
@@ -80,7 +82,11 @@ impl AddressSpace {
             }
         }
         let vma = if shared {
-            let obj = Arc::new(Shmem::new(next_id(), len >> PAGE_SHIFT, self.frames.clone()));
+            let obj = Arc::new(Shmem::new(
+                next_id(),
+                len >> PAGE_SHIFT,
+                self.frames.clone(),
+            ));
             let v = ed.new_vma(r, 0, vf, None, Some(obj));
             ed.insert(v);
             v
@@ -195,7 +201,11 @@ impl AddressSpace {
     }
 
     fn unmapped_area_bottomup(&self, ed: &Edit<'_>, len: u64) -> Option<u64> {
-        let mut low = self.cfg.mmap_base.max(self.cfg.mmap_min_addr).max(PAGE_SIZE);
+        let mut low = self
+            .cfg
+            .mmap_base
+            .max(self.cfg.mmap_min_addr)
+            .max(PAGE_SIZE);
         let high = self.cfg.task_size;
         loop {
             if high < low || high - low < len {

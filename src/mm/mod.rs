@@ -52,7 +52,7 @@ use crate::phys::FrameAllocator;
 use crate::pt::PageTable;
 use crate::reclaim::Reclaimer;
 use crate::stats::{StatCounters, Stats};
-use crate::sync::{AtomicU64, Arc, Ordering};
+use crate::sync::{Arc, AtomicU64, Ordering};
 use crate::tlb::TlbState;
 use crate::tree::RangeTree;
 use crate::vma::{VmaInfo, VmaPool, VmaRef};
@@ -244,6 +244,6 @@ impl Drop for AddressSpace {
         }
         gather.flush();
         drop(w);
-        self.pt.free_tables(Range::new(0, u64::MAX & !(PAGE_SIZE - 1)), &g);
+        self.pt.free_tables(Range::new(0, !(PAGE_SIZE - 1)), &g);
     }
 }

@@ -28,7 +28,14 @@ impl AddressSpace {
     /// mapped or the old range crosses the end of its VMA; `ENOMEM` if a
     /// grow cannot be done in place and `MAYMOVE` is not given, no room is
     /// found, or the map count is too close to its limit.
-    pub fn mremap(&self, old_addr: u64, old_len: u64, new_len: u64, flags: MremapFlags, new_addr: u64) -> Result<u64> {
+    pub fn mremap(
+        &self,
+        old_addr: u64,
+        old_len: u64,
+        new_len: u64,
+        flags: MremapFlags,
+        new_addr: u64,
+    ) -> Result<u64> {
         let task = self.cfg.task_size;
         if !MremapFlags::all().contains(flags) {
             return Err(Error::Inval);
@@ -95,7 +102,11 @@ impl AddressSpace {
         if !flags.contains(MremapFlags::MAYMOVE) {
             return Err(Error::NoMem);
         }
-        let mflags = if shared { MapFlags::SHARED } else { MapFlags::PRIVATE };
+        let mflags = if shared {
+            MapFlags::SHARED
+        } else {
+            MapFlags::PRIVATE
+        };
         let dst = self.get_unmapped_area(&ed, 0, new_len, false, mflags)?;
         self.move_vma(&mut ed, vma, old_addr, old_len, new_len, dst, flags)
     }
@@ -138,7 +149,11 @@ impl AddressSpace {
         let dst = if flags.contains(MremapFlags::FIXED) {
             new_addr
         } else {
-            let mflags = if shared { MapFlags::SHARED } else { MapFlags::PRIVATE };
+            let mflags = if shared {
+                MapFlags::SHARED
+            } else {
+                MapFlags::PRIVATE
+            };
             self.get_unmapped_area(ed, new_addr, new_len, false, mflags)?
         };
         self.move_vma(ed, vma, old_addr, old_len, new_len, dst, flags)

@@ -186,7 +186,12 @@ impl PageTable {
                 None if !create => return None,
                 None => {
                     let new = Box::into_raw(Table::new());
-                    match e.compare_exchange(0, new as u64 | TABLE_BIT, Ordering::AcqRel, Ordering::Acquire) {
+                    match e.compare_exchange(
+                        0,
+                        new as u64 | TABLE_BIT,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
                         Ok(_) => {
                             self.tables.local().fetch_add(1, Ordering::Relaxed);
                             // SAFETY: we just published `new`; see `child`.
@@ -384,7 +389,8 @@ impl PageTable {
                 // so only walkers pinned before now can reach it, and the
                 // reclaimer frees it after they are gone. We own it.
                 unsafe {
-                    self.reclaimer.retire_with(g, ptr, |p| drop(Box::from_raw(p)));
+                    self.reclaimer
+                        .retire_with(g, ptr, |p| drop(Box::from_raw(p)));
                 }
             }
         }
@@ -392,7 +398,12 @@ impl PageTable {
 
     /// Table pages in use, the root included.
     pub fn table_pages(&self) -> u64 {
-        1 + self.tables.iter().map(|c| c.load(Ordering::Relaxed)).sum::<i64>().max(0) as u64
+        1 + self
+            .tables
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum::<i64>()
+            .max(0) as u64
     }
 
     /// Bytes of table pages in use (4 KiB each, as on x86-64).
@@ -443,11 +454,15 @@ mod tests {
         assert_eq!(p.install(va, Pte::new(1, PteFlags::USER), &g), Err(e));
         assert_eq!(p.lookup(va, &g).pfn(), 42);
         assert!(p.lookup(va, &g).is_writable());
-        let ro = p.update(va, &g, |old| Some(Pte::new(old.pfn(), PteFlags::USER))).unwrap();
+        let ro = p
+            .update(va, &g, |old| Some(Pte::new(old.pfn(), PteFlags::USER)))
+            .unwrap();
         assert!(!ro.is_writable());
         assert_eq!(p.table_pages(), 4);
         let mut zapped = vec![];
-        p.zap_range(Range::new(va - PAGE_SIZE, va + PAGE_SIZE), &g, |a, pte| zapped.push((a, pte.pfn())));
+        p.zap_range(Range::new(va - PAGE_SIZE, va + PAGE_SIZE), &g, |a, pte| {
+            zapped.push((a, pte.pfn()))
+        });
         assert_eq!(zapped, vec![(va, 42)]);
         assert_eq!(p.lookup(va, &g), Pte::NONE);
         p.free_tables(Range::new(0, 1 << 47), &g);
@@ -460,10 +475,13 @@ mod tests {
         let g = p.pin();
         let base = (1u64 << 30) - 4 * PAGE_SIZE; // crosses a 1 GiB boundary
         for i in 0..8 {
-            p.install(base + i * PAGE_SIZE, Pte::new(i as Pfn, PteFlags::USER), &g).unwrap();
+            p.install(base + i * PAGE_SIZE, Pte::new(i as Pfn, PteFlags::USER), &g)
+                .unwrap();
         }
         let mut seen = vec![];
-        p.for_each_present(Range::new(0, 1 << 40), &g, |va, pte| seen.push((va, pte.pfn())));
+        p.for_each_present(Range::new(0, 1 << 40), &g, |va, pte| {
+            seen.push((va, pte.pfn()))
+        });
         assert_eq!(seen.len(), 8);
         assert!(seen.windows(2).all(|w| w[0].0 < w[1].0));
         p.change_range(Range::new(base, base + 8 * PAGE_SIZE), &g, |_, pte| {
@@ -491,8 +509,13 @@ mod tests {
         let p = pt();
         let g = p.pin();
         assert_eq!(p.lookup(1 << 48, &g), Pte::NONE);
-        assert_eq!(p.install(u64::MAX & !0xfff, Pte::new(1, PteFlags::USER), &g), Err(Pte::NONE));
-        p.zap_range(Range::new(1 << 47, u64::MAX), &g, |_, _| panic!("nothing there"));
+        assert_eq!(
+            p.install(!0xfff, Pte::new(1, PteFlags::USER), &g),
+            Err(Pte::NONE)
+        );
+        p.zap_range(Range::new(1 << 47, u64::MAX), &g, |_, _| {
+            panic!("nothing there")
+        });
     }
 
     #[test]
@@ -506,7 +529,9 @@ mod tests {
                     let g = p.pin();
                     let mut wins = 0;
                     for i in 0..2048u64 {
-                        if p.install(0x1000_0000 + i * PAGE_SIZE, Pte::new(t, PteFlags::USER), &g).is_ok() {
+                        if p.install(0x1000_0000 + i * PAGE_SIZE, Pte::new(t, PteFlags::USER), &g)
+                            .is_ok()
+                        {
                             wins += 1;
                         }
                     }
