@@ -175,3 +175,10 @@ mod imp {
 }
 
 pub use imp::*;
+
+/// Atomics for statistics and other counters that take part in no
+/// synchronization protocol: plain `std` atomics even under loom, so that
+/// models do not spend their branch budget on bookkeeping.
+pub mod counter {
+    pub use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+}

@@ -15,7 +15,8 @@ use crate::addr::{Range, PAGE_SHIFT, PAGE_SIZE};
 use crate::percpu::PerCpu;
 use crate::phys::Pfn;
 use crate::reclaim::{Guard, Reclaimer};
-use crate::sync::{AtomicI64, AtomicU64, Mutex, Ordering};
+use crate::sync::counter::AtomicI64;
+use crate::sync::{AtomicU32, AtomicU64, Mutex, Ordering};
 use bitflags::bitflags;
 
 bitflags! {
@@ -95,9 +96,12 @@ const VA_BITS: u32 = PAGE_SHIFT + 9 * LEVELS;
 /// Marks an upper-level entry as pointing to a table.
 const TABLE_BIT: u64 = 1;
 
-/// One table page. The lock is used only at level 0.
+/// One table page. The lock is used only at level 0. `used` counts
+/// non-empty entries (changed under the lock at level 0, by the installing
+/// CAS and the unlinking writer above), so emptiness needs no scan.
 struct Table {
     entries: Box<[AtomicU64]>,
+    used: AtomicU32,
     lock: Mutex<()>,
 }
 
@@ -105,12 +109,13 @@ impl Table {
     fn new() -> Box<Table> {
         Box::new(Table {
             entries: (0..ENTRIES).map(|_| AtomicU64::new(0)).collect(),
+            used: AtomicU32::new(0),
             lock: Mutex::new(()),
         })
     }
 
     fn is_empty(&self) -> bool {
-        self.entries.iter().all(|e| e.load(Ordering::Relaxed) == 0)
+        self.used.load(Ordering::Acquire) == 0
     }
 }
 
@@ -193,7 +198,10 @@ impl PageTable {
                         Ordering::Acquire,
                     ) {
                         Ok(_) => {
-                            self.tables.local().fetch_add(1, Ordering::Relaxed);
+                            t.used.fetch_add(1, Ordering::Relaxed);
+                            self.tables
+                                .local()
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             // SAFETY: we just published `new`; see `child`.
                             unsafe { &*new }
                         }
@@ -231,6 +239,7 @@ impl PageTable {
             return Err(Pte(cur));
         }
         e.store(pte.0, Ordering::Release);
+        t.used.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -241,8 +250,18 @@ impl PageTable {
         let t = self.pte_table(va, false, g)?;
         let e = &t.entries[index(va, 0)];
         let _l = t.lock.lock();
-        let new = f(Pte(e.load(Ordering::Relaxed)))?;
+        let old = e.load(Ordering::Relaxed);
+        let new = f(Pte(old))?;
         e.store(new.0, Ordering::Release);
+        match (old != 0, new.0 != 0) {
+            (false, true) => {
+                t.used.fetch_add(1, Ordering::Relaxed);
+            }
+            (true, false) => {
+                t.used.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
         Some(new)
     }
 
@@ -284,6 +303,7 @@ impl PageTable {
                 let old = e.load(Ordering::Relaxed);
                 if old != 0 {
                     e.store(0, Ordering::Release);
+                    t.used.fetch_sub(1, Ordering::Relaxed);
                     f(va, Pte(old));
                 }
                 va += PAGE_SIZE;
@@ -383,7 +403,10 @@ impl PageTable {
             self.free_in(child, level - 1, lo, r, g);
             if lo >= r.start && hi <= r.end && child.is_empty() {
                 let v = e.swap(0, Ordering::AcqRel);
-                self.tables.local().fetch_sub(1, Ordering::Relaxed);
+                t.used.fetch_sub(1, Ordering::Relaxed);
+                self.tables
+                    .local()
+                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                 let ptr = (v & !TABLE_BIT) as *mut Table;
                 // SAFETY: the entry held this table; the swap unlinked it,
                 // so only walkers pinned before now can reach it, and the

@@ -339,6 +339,13 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
             .or_else(|| q.fit_high(0, s.first))
     }
 
+    /// Asks the reclaimer to free what it can now (epoch: flush this
+    /// thread's deferred frees and try to advance the epoch).
+    pub fn collect(&self) {
+        let g = self.reclaimer.pin();
+        self.reclaimer.flush(&g);
+    }
+
     /// Takes the writer side. Writers are serialized; readers are not
     /// blocked.
     pub fn writer(&self) -> TreeWriter<'_, V> {
