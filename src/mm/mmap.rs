@@ -21,8 +21,9 @@ impl AddressSpace {
     /// `EINVAL` for an unaligned fixed address; `EPERM` for a fixed address
     /// below `mmap_min_addr`; `EEXIST` when `FIXED_NOREPLACE` overlaps a
     /// mapping; `EINVAL` when neither `SHARED` nor `PRIVATE` is given, or
-    /// `GROWSDOWN` is combined with `SHARED`. `SHARED | PRIVATE` is Linux's
-    /// `MAP_SHARED_VALIDATE`: a shared mapping.
+    /// `GROWSDOWN` is combined with `SHARED`; `EINVAL` also for
+    /// `SHARED | PRIVATE` (Linux's `MAP_SHARED_VALIDATE`, which anonymous
+    /// mappings do not accept).
     pub fn mmap(&self, addr: u64, len: u64, prot: Prot, flags: MapFlags) -> Result<u64> {
         if !MapFlags::all().contains(flags) {
             return Err(Error::Inval);
@@ -51,8 +52,10 @@ impl AddressSpace {
         {
             return Err(Error::Exist);
         }
+        // Anonymous memory takes exactly one of SHARED and PRIVATE (Linux's
+        // MAP_SHARED_VALIDATE, both bits, is for files only).
         let shared = flags.contains(MapFlags::SHARED);
-        if !shared && !flags.contains(MapFlags::PRIVATE) {
+        if shared == flags.contains(MapFlags::PRIVATE) {
             return Err(Error::Inval);
         }
         if shared && flags.contains(MapFlags::GROWSDOWN) {

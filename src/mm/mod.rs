@@ -211,10 +211,11 @@ impl AddressSpace {
         self.pool.allocated()
     }
 
-    /// Bytes of metadata one VMA costs: the object itself plus its share of
-    /// the tree (one slot: a pivot and a pointer).
-    pub fn vma_metadata_bytes() -> usize {
-        core::mem::size_of::<crate::vma::Vma>() + 16
+    /// Bytes of metadata per VMA now: the VMA object plus its share of the
+    /// tree's nodes.
+    pub fn metadata_bytes_per_vma(&self) -> usize {
+        let n = self.tree.len().max(1);
+        core::mem::size_of::<crate::vma::Vma>() + self.tree.memory_bytes() / n
     }
 
     #[allow(dead_code)]

@@ -60,8 +60,7 @@ impl AddressSpace {
             if flags.contains(MremapFlags::DONTUNMAP) && old_len != new_len {
                 return Err(Error::Inval);
             }
-            if flags.contains(MremapFlags::FIXED)
-                && Range::new(old_addr, old_addr.saturating_add(old_len))
+            if Range::new(old_addr, old_addr.saturating_add(old_len))
                     .overlaps(&Range::new(new_addr, new_addr + new_len))
             {
                 return Err(Error::Inval);
@@ -73,16 +72,11 @@ impl AddressSpace {
         let Some(vma) = ed.find(old_addr) else {
             return Err(Error::Fault);
         };
-        let shared = vma.flags().contains(VmFlags::MAYSHARE);
-        if old_len == 0 && !shared {
-            return Err(Error::Inval);
-        }
-        if old_len > vma.end() - old_addr {
-            return Err(Error::Fault);
-        }
         if implies_new {
             return self.mremap_to(&mut ed, old_addr, old_len, new_len, flags, new_addr);
         }
+        // Calls that map nothing new skip the remaining checks: a shrink
+        // unmaps the tail like munmap (it may span VMAs).
         if new_len == old_len {
             return Ok(old_addr);
         }
@@ -90,6 +84,8 @@ impl AddressSpace {
             ed.unmap(Range::new(old_addr + new_len, old_addr + old_len))?;
             return Ok(old_addr);
         }
+        let shared = vma.flags().contains(VmFlags::MAYSHARE);
+        Self::check_old_range(vma, old_addr, old_len)?;
         // Grow: in place if the mapping ends the VMA and the pages after
         // it are free.
         let delta = new_len - old_len;
@@ -109,6 +105,19 @@ impl AddressSpace {
         };
         let dst = self.get_unmapped_area(&ed, 0, new_len, false, mflags)?;
         self.move_vma(&mut ed, vma, old_addr, old_len, new_len, dst, flags)
+    }
+
+    /// Checks for calls that map something new: a zero old length only
+    /// duplicates shared mappings, and the old range must not cross the end
+    /// of its VMA.
+    fn check_old_range(vma: VmaRef, old_addr: u64, old_len: u64) -> Result<()> {
+        if old_len == 0 && !vma.flags().contains(VmFlags::MAYSHARE) {
+            return Err(Error::Inval);
+        }
+        if old_len > vma.end() - old_addr {
+            return Err(Error::Fault);
+        }
+        Ok(())
     }
 
     /// True if `vma` can grow by `delta` bytes at its end.
@@ -145,6 +154,7 @@ impl AddressSpace {
         let Some(vma) = ed.find(old_addr) else {
             return Err(Error::Fault);
         };
+        Self::check_old_range(vma, old_addr, old_len)?;
         let shared = vma.flags().contains(VmFlags::MAYSHARE);
         let dst = if flags.contains(MremapFlags::FIXED) {
             new_addr

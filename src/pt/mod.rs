@@ -119,8 +119,9 @@ impl Table {
     }
 }
 
-/// Bytes one table page stands for (a real one is 4 KiB).
-const TABLE_BYTES: u64 = PAGE_SIZE;
+/// Bytes one table costs here: its 512 entries (a real x86-64 table page
+/// is exactly these 4 KiB) plus the header with its lock and count.
+const TABLE_BYTES: u64 = PAGE_SIZE + core::mem::size_of::<Table>() as u64;
 
 /// Span of one entry at `level` (level 0: a page).
 const fn entry_span(level: u32) -> u64 {
@@ -429,7 +430,8 @@ impl PageTable {
             .max(0) as u64
     }
 
-    /// Bytes of table pages in use (4 KiB each, as on x86-64).
+    /// Bytes of table pages in use (4 KiB of entries each, as on x86-64,
+    /// plus a small header).
     pub fn table_bytes(&self) -> u64 {
         self.table_pages() * TABLE_BYTES
     }

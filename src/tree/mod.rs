@@ -278,6 +278,20 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
         self.len() == 0
     }
 
+    /// Bytes of node memory reachable from the current root.
+    pub fn memory_bytes(&self) -> usize {
+        fn rec<V>(n: &Node<V>) -> usize {
+            core::mem::size_of::<Node<V>>()
+                + match n {
+                    // SAFETY: as in `find` (the caller's pin below).
+                    Node::Internal(x) => x.kids[..x.len].iter().map(|&k| rec(unsafe { node(k) })).sum(),
+                    Node::Leaf(_) => 0,
+                }
+        }
+        let g = self.pin();
+        self.root(&g).map_or(0, rec)
+    }
+
     /// Levels of nodes (0 for an empty tree, 1 for a single leaf).
     pub fn height(&self) -> usize {
         let g = self.pin();
