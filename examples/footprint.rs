@@ -15,7 +15,13 @@ fn main() {
     let n = 10_000u64;
     for i in 0..n {
         let prot = if i % 2 == 0 { rw } else { Prot::READ };
-        mm.mmap(base + i * PAGE_SIZE, PAGE_SIZE, prot, anon | MapFlags::FIXED).unwrap();
+        mm.mmap(
+            base + i * PAGE_SIZE,
+            PAGE_SIZE,
+            prot,
+            anon | MapFlags::FIXED,
+        )
+        .unwrap();
     }
     assert_eq!(mm.map_count(), n as usize);
     let per_vma = mm.metadata_bytes_per_vma();
@@ -27,7 +33,11 @@ fn main() {
     );
 
     // Dense: populate 1 GiB.
-    let mm = AddressSpace::new(Config { zero_pages: false, memory_budget: 2 << 30, ..Config::default() });
+    let mm = AddressSpace::new(Config {
+        zero_pages: false,
+        memory_budget: 2 << 30,
+        ..Config::default()
+    });
     let len = 1u64 << 30;
     let a = mm.mmap(0, len, rw, anon).unwrap();
     for p in 0..len / PAGE_SIZE {

@@ -77,7 +77,8 @@ impl AddressSpace {
             let tmp = vma.end().min(end);
             let cur = Self::mprotect_fixup(&mut ed, vma, nstart, tmp, newflags)?;
             self.change_protection(Range::new(nstart, tmp), cur, &mut gather);
-            nstart = tmp;
+            // A merge may have carried the changed VMA past `tmp`.
+            nstart = tmp.max(cur.end());
             if nstart >= end {
                 break;
             }

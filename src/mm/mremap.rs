@@ -61,7 +61,7 @@ impl AddressSpace {
                 return Err(Error::Inval);
             }
             if Range::new(old_addr, old_addr.saturating_add(old_len))
-                    .overlaps(&Range::new(new_addr, new_addr + new_len))
+                .overlaps(&Range::new(new_addr, new_addr + new_len))
             {
                 return Err(Error::Inval);
             }
@@ -72,11 +72,22 @@ impl AddressSpace {
         let Some(vma) = ed.find(old_addr) else {
             return Err(Error::Fault);
         };
+        // A FIXED move of the same size may span several VMAs (Linux
+        // 6.17+): each piece moves to the same offset at the target, holes
+        // stay holes.
+        if flags.contains(MremapFlags::FIXED) && old_len == new_len {
+            return self.remap_move(&mut ed, old_addr, old_len, flags, new_addr);
+        }
+        // Only calls that will map something new (a grow, FIXED,
+        // DONTUNMAP) check the old range, as far as it survives a shrink;
+        // a plain shrink unmaps the tail like munmap (it may span VMAs) and
+        // a same-size call does nothing.
+        if implies_new || new_len > old_len {
+            Self::check_old_range(vma, old_addr, old_len.min(new_len))?;
+        }
         if implies_new {
             return self.mremap_to(&mut ed, old_addr, old_len, new_len, flags, new_addr);
         }
-        // Calls that map nothing new skip the remaining checks: a shrink
-        // unmaps the tail like munmap (it may span VMAs).
         if new_len == old_len {
             return Ok(old_addr);
         }
@@ -85,7 +96,6 @@ impl AddressSpace {
             return Ok(old_addr);
         }
         let shared = vma.flags().contains(VmFlags::MAYSHARE);
-        Self::check_old_range(vma, old_addr, old_len)?;
         // Grow: in place if the mapping ends the VMA and the pages after
         // it are free.
         let delta = new_len - old_len;
@@ -105,6 +115,28 @@ impl AddressSpace {
         };
         let dst = self.get_unmapped_area(&ed, 0, new_len, false, mflags)?;
         self.move_vma(&mut ed, vma, old_addr, old_len, new_len, dst, flags)
+    }
+
+    /// Moves every VMA piece of `[old_addr, old_addr + len)` to the same
+    /// offset from `new_addr`; the first piece must start at `old_addr`.
+    fn remap_move(
+        &self,
+        ed: &mut Edit<'_>,
+        old_addr: u64,
+        len: u64,
+        flags: MremapFlags,
+        new_addr: u64,
+    ) -> Result<u64> {
+        let pieces: Vec<Range> = ed
+            .vmas_in(Range::new(old_addr, old_addr + len))
+            .iter()
+            .filter_map(|v| v.range().intersect(&Range::new(old_addr, old_addr + len)))
+            .collect();
+        for p in pieces {
+            let dst = new_addr + (p.start - old_addr);
+            self.mremap_to(ed, p.start, p.len(), p.len(), flags, dst)?;
+        }
+        Ok(new_addr)
     }
 
     /// Checks for calls that map something new: a zero old length only
@@ -128,10 +160,10 @@ impl AddressSpace {
         if end > self.cfg.task_size {
             return false;
         }
-        match ed.find_after(vma.end()) {
-            Some(next) => next.start() >= end && self.vm_start_gap(next) >= end,
-            None => true,
-        }
+        // Only an intersecting VMA stops it: like a MAP_FIXED placement,
+        // the growth ignores the stack guard gap of a VMA above.
+        ed.find_after(vma.end())
+            .is_none_or(|next| next.start() >= end)
     }
 
     /// The FIXED / DONTUNMAP cases.
@@ -154,7 +186,6 @@ impl AddressSpace {
         let Some(vma) = ed.find(old_addr) else {
             return Err(Error::Fault);
         };
-        Self::check_old_range(vma, old_addr, old_len)?;
         let shared = vma.flags().contains(VmFlags::MAYSHARE);
         let dst = if flags.contains(MremapFlags::FIXED) {
             new_addr
@@ -217,13 +248,13 @@ impl AddressSpace {
             return Ok(dst);
         }
         if flags.contains(MremapFlags::DONTUNMAP) {
-            // The old VMA stays, empty; it is no longer charged, and if it
-            // moved whole it no longer owns the anon_vma.
+            // The old VMA stays, empty (and still charged: Linux puts the
+            // charge back); if it moved whole it no longer owns the
+            // anon_vma.
             let Some(old) = ed.find(old_addr) else {
                 return Ok(dst);
             };
             ed.lock(old);
-            old.set_flags(old.flags() - VmFlags::ACCOUNT);
             if old.start() == old_addr && old.end() == old_addr + old_len {
                 old.set_anon_vma(None);
             }

@@ -284,7 +284,10 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
             core::mem::size_of::<Node<V>>()
                 + match n {
                     // SAFETY: as in `find` (the caller's pin below).
-                    Node::Internal(x) => x.kids[..x.len].iter().map(|&k| rec(unsafe { node(k) })).sum(),
+                    Node::Internal(x) => x.kids[..x.len]
+                        .iter()
+                        .map(|&k| rec(unsafe { node(k) }))
+                        .sum(),
                     Node::Leaf(_) => 0,
                 }
         }
