@@ -355,8 +355,7 @@ impl Target for KernelTarget {
         let placing = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) as u32 != 0;
         if placing {
             // get_unmapped_area rejects a fixed range past the task size.
-            let fails_early =
-                page_align(len).map_or(true, |l| l > TASK_SIZE || addr > TASK_SIZE - l);
+            let fails_early = page_align(len).is_none_or(|l| l > TASK_SIZE || addr > TASK_SIZE - l);
             self.assert_safe("mmap", &[(addr, len)], fails_early);
         }
         // SAFETY: a fixed placement lies inside the region this target
@@ -409,7 +408,7 @@ impl Target for KernelTarget {
         let fixedish = flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) as u32 != 0;
         let fails_early = flags & !known != 0
             || old % PAGE != 0
-            || page_align(new_len).map_or(true, |l| l == 0)
+            || page_align(new_len).is_none_or(|l| l == 0)
             || (fixedish && (flags & libc::MREMAP_MAYMOVE as u32 == 0 || new_addr % PAGE != 0));
         let mut ranges = vec![(old, old_len)];
         if flags & libc::MREMAP_FIXED as u32 != 0 {
