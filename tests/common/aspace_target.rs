@@ -1,0 +1,151 @@
+//! aspace as a [`Target`].
+
+use super::{normalize, Region, Res, Target, Vma, GUARD_FLAGS, GUARD_PROT, PAGE};
+use aspace::{AddressSpace, Advice, Config, MapFlags, MremapFlags, Prot, VmFlags};
+
+/// Where aspace-only tests put their region (the kernel harness picks its
+/// own address; a paired aspace target uses the same one).
+pub const DEFAULT_REGION_START: u64 = 0x2000_0000_0000;
+
+/// An [`AddressSpace`] with Linux x86-64's default layout and the region's
+/// guard pages mapped like on the kernel side.
+pub struct AspaceTarget {
+    pub mm: AddressSpace,
+    region: Region,
+}
+
+impl AspaceTarget {
+    /// Default configuration.
+    pub fn new(region: Region) -> AspaceTarget {
+        Self::with_config(region, Config::default())
+    }
+
+    /// A given configuration; the guard pages are mapped as on the kernel.
+    pub fn with_config(region: Region, cfg: Config) -> AspaceTarget {
+        let mm = AddressSpace::new(cfg);
+        for g in [region.start, region.hi] {
+            let got = mm.mmap(
+                g,
+                PAGE,
+                Prot::from_bits_retain(GUARD_PROT),
+                MapFlags::from_bits_retain(GUARD_FLAGS),
+            );
+            assert_eq!(got, Ok(g), "aspace guard page");
+        }
+        AspaceTarget { mm, region }
+    }
+}
+
+fn errno<T>(r: aspace::Result<T>) -> Res<T> {
+    r.map_err(|e| e.errno())
+}
+
+/// aspace's flags as `/proc/pid/smaps` mnemonics.
+pub fn mnemonics(f: VmFlags) -> Vec<String> {
+    let table = [
+        (VmFlags::READ, "rd"),
+        (VmFlags::WRITE, "wr"),
+        (VmFlags::EXEC, "ex"),
+        (VmFlags::SHARED, "sh"),
+        (VmFlags::MAYREAD, "mr"),
+        (VmFlags::MAYWRITE, "mw"),
+        (VmFlags::MAYEXEC, "me"),
+        (VmFlags::MAYSHARE, "ms"),
+        (VmFlags::GROWSDOWN, "gd"),
+        (VmFlags::ACCOUNT, "ac"),
+        (VmFlags::NORESERVE, "nr"),
+    ];
+    let mut v: Vec<String> = table
+        .iter()
+        .filter(|(b, _)| f.contains(*b))
+        .map(|(_, m)| m.to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+impl Target for AspaceTarget {
+    fn name(&self) -> &'static str {
+        "aspace"
+    }
+
+    fn region(&self) -> Region {
+        self.region
+    }
+
+    fn mmap(&mut self, addr: u64, len: u64, prot: u32, flags: u32) -> Res<u64> {
+        errno(
+            self.mm
+                .mmap(addr, len, Prot::from_bits_retain(prot), MapFlags::from_bits_retain(flags)),
+        )
+    }
+
+    fn munmap(&mut self, addr: u64, len: u64) -> Res<()> {
+        errno(self.mm.munmap(addr, len))
+    }
+
+    fn mprotect(&mut self, addr: u64, len: u64, prot: u32) -> Res<()> {
+        errno(self.mm.mprotect(addr, len, Prot::from_bits_retain(prot)))
+    }
+
+    fn mremap(&mut self, old: u64, old_len: u64, new_len: u64, flags: u32, new_addr: u64) -> Res<u64> {
+        errno(
+            self.mm
+                .mremap(old, old_len, new_len, MremapFlags::from_bits_retain(flags), new_addr),
+        )
+    }
+
+    fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> Res<()> {
+        let advice = match advice {
+            0 => Advice::Normal,
+            4 => Advice::DontNeed,
+            a => panic!("madvise advice {a} is not part of aspace's API"),
+        };
+        errno(self.mm.madvise(addr, len, advice))
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> Res<()> {
+        errno(self.mm.write(addr, data))
+    }
+
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> Res<()> {
+        errno(self.mm.read(addr, buf))
+    }
+
+    fn unmap_outside(&mut self, addr: u64, len: u64) -> Res<()> {
+        errno(self.mm.munmap(addr, len))
+    }
+
+    fn layout(&mut self) -> Vec<Vma> {
+        let r = self.region;
+        normalize(
+            self.mm
+                .vmas()
+                .into_iter()
+                .filter(|v| v.start >= r.start && v.end <= r.end)
+                .map(|v| {
+                    let line = v.maps_line();
+                    let mut parsed = super::kernel::parse_maps_line(&line)
+                        .unwrap_or_else(|| panic!("aspace maps line does not parse: {line:?}"));
+                    // Compare the object identity aspace reports, whatever
+                    // it prints as the inode.
+                    parsed.obj = v.shmem_id;
+                    assert_eq!((parsed.start, parsed.end), (v.start, v.end), "maps line {line:?}");
+                    parsed
+                })
+                .collect(),
+        )
+    }
+
+    fn vm_flags(&mut self) -> Option<Vec<(u64, u64, Vec<String>)>> {
+        let r = self.region;
+        Some(
+            self.mm
+                .vmas()
+                .into_iter()
+                .filter(|v| v.start >= r.start && v.end <= r.end)
+                .map(|v| (v.start, v.end, mnemonics(v.flags)))
+                .collect(),
+        )
+    }
+}

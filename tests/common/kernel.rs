@@ -1,0 +1,489 @@
+//! The real kernel as a [`Target`]: libc calls on a region of this process.
+//!
+//! # The region
+//!
+//! [`KernelTarget::new`] claims `pages + 2` pages at a fixed address in
+//! `0x2000_0000_0000..` (below the PIE, the brk heap and the top-down mmap
+//! area, so neither this process's allocator nor another test thread ever
+//! places anything there by itself) with `MAP_FIXED_NOREPLACE`, then unmaps
+//! the interior so that it is a real hole, and keeps one guard page at each
+//! end (shared anonymous, read-only: it never merges with anything). Every
+//! operation a test issues is checked by [`KernelTarget::assert_safe`]
+//! before it reaches the kernel: anything that could change memory must lie
+//! inside the interior, or have a shape the kernel rejects before it
+//! changes anything (unaligned address, overflowing length, above the task
+//! size). An operation that would break that rule is a bug of the test and
+//! panics before the system call.
+//!
+//! # Loads and stores
+//!
+//! `read`/`write` go through a pipe: `write(pipe, addr, n)` makes the kernel
+//! load from `addr` (`copy_from_user`) and `read(pipe, addr, n)` makes it
+//! store to `addr` (`copy_to_user`). Those faults take the same path as
+//! user-mode loads and stores (`do_user_addr_fault`: VMA lookup, access
+//! check, stack expansion, read faults mapping the zero page, write faults
+//! assigning an anon_vma, SIGBUS past a shared object becoming `EFAULT`),
+//! but a bad address returns `EFAULT` instead of killing the test. Copies
+//! are done one page at a time, stopping at the first page that faults:
+//! like a real `memcpy`, the pages before it are already written.
+
+use super::{page_align, Region, Res, Target, Vma, PAGE, TASK_SIZE};
+use std::io::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Once;
+
+/// First address tried for regions.
+const REGION_BASE: u64 = 0x2000_0000_0000;
+/// Distance between the regions of two targets.
+const REGION_STRIDE: u64 = 1 << 32;
+
+static NEXT_SLOT: AtomicU64 = AtomicU64::new(0);
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// The running kernel's release (`uname -r`).
+pub fn kernel_release() -> String {
+    // SAFETY: utsname is plain old data; all-zero bytes are a valid value.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid, writable utsname that uname fills in.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return "unknown".into();
+    }
+    let bytes: Vec<u8> = u
+        .release
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Prints the kernel version once per test binary, straight to stderr (not
+/// through the test harness's capture, so it shows in every run).
+pub fn banner() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let _ = writeln!(
+            std::io::stderr(),
+            "kernel under comparison: Linux {} (uname -r)",
+            kernel_release()
+        );
+    });
+}
+
+/// Says why the kernel side is skipped, once per reason, and returns None.
+fn skip<T>(why: &str) -> Option<T> {
+    let _ = writeln!(
+        std::io::stderr(),
+        "kernel side skipped: {why}; only aspace runs"
+    );
+    None
+}
+
+/// The real kernel, operating on a reserved region of this process.
+pub struct KernelTarget {
+    region: Region,
+    /// Pipe used for kernel-mode copies: [read end, write end].
+    pipe: [libc::c_int; 2],
+    /// The last mapping the kernel placed outside the region (address,
+    /// length), which only [`Target::unmap_outside`] may remove.
+    outside: Option<(u64, u64)>,
+}
+
+impl KernelTarget {
+    /// Claims a region with `pages` interior pages, or explains on stderr
+    /// why the kernel cannot be used here and returns None.
+    pub fn new(pages: u64) -> Option<KernelTarget> {
+        if !cfg!(all(target_os = "linux", target_arch = "x86_64")) {
+            return skip("not Linux x86-64");
+        }
+        banner();
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let ps = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if ps != PAGE as libc::c_long {
+            return skip(&format!("page size is {ps}, not 4096"));
+        }
+        if let Err(e) = std::fs::read_to_string("/proc/self/maps") {
+            return skip(&format!("/proc/self/maps unreadable: {e}"));
+        }
+        let total = (pages + 2) * PAGE;
+        let mut claimed = None;
+        for _ in 0..64 {
+            let slot = NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % 4096;
+            let want = REGION_BASE + slot * REGION_STRIDE;
+            // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing
+            // mapping; it only creates a new inaccessible one if the whole
+            // range is free. No Rust object lives in a free range.
+            let p = unsafe {
+                libc::mmap(
+                    want as *mut libc::c_void,
+                    total as usize,
+                    libc::PROT_NONE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                match errno() {
+                    libc::EEXIST => continue,
+                    e => return skip(&format!("mmap of the test region failed, errno {e}")),
+                }
+            }
+            if p as u64 != want {
+                // A kernel before 4.17 takes MAP_FIXED_NOREPLACE as a hint.
+                // SAFETY: `p` is the mapping the kernel just made for us.
+                unsafe { libc::munmap(p, total as usize) };
+                return skip("MAP_FIXED_NOREPLACE not supported (kernel < 4.17)");
+            }
+            claimed = Some(want);
+            break;
+        }
+        let Some(start) = claimed else {
+            return skip("no free slot for the test region");
+        };
+        let region = Region::new(start, pages);
+        let mut fds = [0; 2];
+        // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            // SAFETY: the region is ours (claimed above).
+            unsafe { libc::munmap(start as *mut libc::c_void, total as usize) };
+            return skip("pipe2 failed");
+        }
+        let t = KernelTarget {
+            region,
+            pipe: fds,
+            outside: None,
+        };
+        // Turn the interior into a hole and put the guards in place.
+        // SAFETY: the interior lies in the region claimed above, where no
+        // Rust object lives.
+        let rc = unsafe { libc::munmap(region.lo as *mut libc::c_void, (region.hi - region.lo) as usize) };
+        assert_eq!(rc, 0, "munmap of the region interior");
+        for g in [region.start, region.hi] {
+            // SAFETY: MAP_FIXED on a guard page of the region claimed above
+            // (it replaces our own PROT_NONE reservation only).
+            let p = unsafe {
+                libc::mmap(
+                    g as *mut libc::c_void,
+                    PAGE as usize,
+                    super::GUARD_PROT as i32,
+                    super::GUARD_FLAGS as i32,
+                    -1,
+                    0,
+                )
+            };
+            assert_eq!(p as u64, g, "guard page mapping");
+        }
+        Some(t)
+    }
+
+    /// Panics unless the call can only change memory inside the region's
+    /// interior. `ranges` are (addr, len, fixed): ranges the call may change
+    /// if it succeeds; `fails_early` says the kernel rejects the call's
+    /// shape before changing anything.
+    fn assert_safe(&self, what: &str, ranges: &[(u64, u64)], fails_early: bool) {
+        if fails_early {
+            return;
+        }
+        for &(addr, len) in ranges {
+            let inside = match page_align(len) {
+                Some(l) => addr >= self.region.lo && addr <= self.region.hi && l <= self.region.hi - addr,
+                None => true, // PAGE_ALIGN(len) wraps to 0: every call rejects it
+            };
+            let harmless = addr % PAGE != 0 || len == 0 || addr >= TASK_SIZE;
+            assert!(
+                inside || harmless,
+                "test bug: {what} on {addr:#x}+{len:#x} could touch memory outside the test \
+                 region {:#x}..{:#x}",
+                self.region.lo,
+                self.region.hi
+            );
+        }
+    }
+
+    /// Reads from/stores to `addr` through the pipe, one page at a time.
+    fn copy(&mut self, addr: u64, len: usize, mut each: impl FnMut(&mut Self, u64, usize, usize) -> bool) -> Res<()> {
+        let mut a = addr;
+        let end = addr.checked_add(len as u64).ok_or(libc::EFAULT)?;
+        while a < end {
+            let n = ((a / PAGE + 1) * PAGE).min(end) - a;
+            if !each(self, a, (a - addr) as usize, n as usize) {
+                return Err(libc::EFAULT);
+            }
+            a += n;
+        }
+        Ok(())
+    }
+
+    /// Empties the pipe (after a copy that stopped half-way).
+    fn drain(&mut self) {
+        let mut scratch = [0u8; 4096];
+        loop {
+            let mut avail: libc::c_int = 0;
+            // SAFETY: FIONREAD stores an int into `avail`.
+            let rc = unsafe { libc::ioctl(self.pipe[0], libc::FIONREAD, &mut avail) };
+            if rc != 0 || avail <= 0 {
+                return;
+            }
+            let n = (avail as usize).min(scratch.len());
+            // SAFETY: reading into our own stack buffer of at least n bytes.
+            let r = unsafe { libc::read(self.pipe[0], scratch.as_mut_ptr().cast(), n) };
+            if r <= 0 {
+                return;
+            }
+        }
+    }
+
+    /// /proc/self/smaps `VmFlags` of every VMA inside the region, as
+    /// (start, end, sorted mnemonics).
+    pub fn smaps_flags(&self) -> Vec<(u64, u64, Vec<String>)> {
+        let text = std::fs::read_to_string("/proc/self/smaps").expect("read /proc/self/smaps");
+        let mut out = Vec::new();
+        let mut cur: Option<(u64, u64)> = None;
+        for line in text.lines() {
+            if let Some(v) = parse_maps_line(line) {
+                cur = (v.start >= self.region.start && v.end <= self.region.end).then_some((v.start, v.end));
+                self.check_straddle(v.start, v.end);
+            } else if let Some(rest) = line.strip_prefix("VmFlags:") {
+                if let Some((s, e)) = cur.take() {
+                    let mut f: Vec<String> = rest.split_whitespace().map(str::to_string).collect();
+                    f.sort();
+                    out.push((s, e, f));
+                }
+            }
+        }
+        out
+    }
+
+    fn check_straddle(&self, s: u64, e: u64) {
+        let r = &self.region;
+        let straddles = (s < r.start && e > r.start) || (s < r.end && e > r.end);
+        assert!(
+            !straddles,
+            "harness invariant broken: VMA {s:#x}-{e:#x} crosses the edge of the test region {:#x}-{:#x}",
+            r.start, r.end
+        );
+    }
+}
+
+/// Parses one `/proc/pid/maps` line into a [`Vma`] (shared-object identity
+/// = the inode, to be normalized by the caller).
+pub fn parse_maps_line(line: &str) -> Option<Vma> {
+    let mut it = line.split_whitespace();
+    let range = it.next()?;
+    let (s, e) = range.split_once('-')?;
+    let start = u64::from_str_radix(s, 16).ok()?;
+    let end = u64::from_str_radix(e, 16).ok()?;
+    let perms = it.next()?;
+    if perms.len() != 4 {
+        return None;
+    }
+    let offset = u64::from_str_radix(it.next()?, 16).ok()?;
+    let _dev = it.next()?;
+    let inode: u64 = it.next()?.parse().ok()?;
+    Some(Vma {
+        start,
+        end,
+        perms: perms.to_string(),
+        offset,
+        obj: (inode != 0).then_some(inode),
+    })
+}
+
+impl Drop for KernelTarget {
+    fn drop(&mut self) {
+        let r = self.region;
+        // SAFETY: the whole region is ours (claimed in new, never left);
+        // nothing else was mapped into it.
+        unsafe {
+            libc::munmap(r.start as *mut libc::c_void, (r.end - r.start) as usize);
+            libc::close(self.pipe[0]);
+            libc::close(self.pipe[1]);
+        }
+    }
+}
+
+impl KernelTarget {
+    /// The result of a call that returns an address; remembers a mapping
+    /// placed outside the region.
+    fn note_placement(&mut self, p: *mut libc::c_void, len: u64) -> Res<u64> {
+        if p == libc::MAP_FAILED {
+            return Err(errno());
+        }
+        let a = p as u64;
+        if !self.region.contains(a) {
+            self.outside = Some((a, page_align(len).expect("mapped length")));
+        }
+        Ok(a)
+    }
+}
+
+fn ret<T>(rc: bool, v: T) -> Res<T> {
+    if rc {
+        Ok(v)
+    } else {
+        Err(errno())
+    }
+}
+
+impl Target for KernelTarget {
+    fn name(&self) -> &'static str {
+        "kernel"
+    }
+
+    fn region(&self) -> Region {
+        self.region
+    }
+
+    fn mmap(&mut self, addr: u64, len: u64, prot: u32, flags: u32) -> Res<u64> {
+        let placing = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) as u32 != 0;
+        if placing {
+            // get_unmapped_area rejects a fixed range past the task size.
+            let fails_early = page_align(len).map_or(true, |l| l > TASK_SIZE || addr > TASK_SIZE - l);
+            self.assert_safe("mmap", &[(addr, len)], fails_early);
+        }
+        // SAFETY: a fixed placement lies inside the region this target
+        // reserved (checked above) where no Rust object lives; a hint never
+        // replaces anything. The kernel picks the address otherwise.
+        let p = unsafe { libc::mmap(addr as *mut libc::c_void, len as usize, prot as i32, flags as i32, -1, 0) };
+        self.note_placement(p, len)
+    }
+
+    fn munmap(&mut self, addr: u64, len: u64) -> Res<()> {
+        // munmap rejects a range past the task size before anything.
+        let fails_early = addr > TASK_SIZE || len > TASK_SIZE - addr;
+        self.assert_safe("munmap", &[(addr, len)], fails_early);
+        // SAFETY: the range is inside the reserved region (or the call is
+        // rejected before any effect), where no Rust object lives.
+        ret(unsafe { libc::munmap(addr as *mut libc::c_void, len as usize) } == 0, ())
+    }
+
+    fn mprotect(&mut self, addr: u64, len: u64, prot: u32) -> Res<()> {
+        self.assert_safe("mprotect", &[(addr, len)], false);
+        // SAFETY: the range is inside the reserved region (or the call is
+        // rejected before any effect); no Rust reference points there.
+        ret(unsafe { libc::mprotect(addr as *mut libc::c_void, len as usize, prot as i32) } == 0, ())
+    }
+
+    fn mremap(&mut self, old: u64, old_len: u64, new_len: u64, flags: u32, new_addr: u64) -> Res<u64> {
+        let known = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) as u32;
+        let fixedish = flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) as u32 != 0;
+        let fails_early = flags & !known != 0
+            || old % PAGE != 0
+            || page_align(new_len).map_or(true, |l| l == 0)
+            || (fixedish && (flags & libc::MREMAP_MAYMOVE as u32 == 0 || new_addr % PAGE != 0));
+        let mut ranges = vec![(old, old_len)];
+        if flags & libc::MREMAP_FIXED as u32 != 0 {
+            ranges.push((new_addr, new_len));
+        }
+        self.assert_safe("mremap", &ranges, fails_early);
+        // SAFETY: the old range, and a FIXED destination, are inside the
+        // reserved region (or the call fails before any effect); a
+        // non-fixed move goes where the kernel finds a free gap.
+        let p = unsafe {
+            libc::mremap(
+                old as *mut libc::c_void,
+                old_len as usize,
+                new_len as usize,
+                flags as i32,
+                new_addr as *mut libc::c_void,
+            )
+        };
+        self.note_placement(p, new_len)
+    }
+
+    fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> Res<()> {
+        self.assert_safe("madvise", &[(addr, len)], false);
+        // SAFETY: the range is inside the reserved region (or the call is
+        // rejected before any effect); no Rust object lives there.
+        ret(unsafe { libc::madvise(addr as *mut libc::c_void, len as usize, advice) } == 0, ())
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> Res<()> {
+        let r = self.region;
+        let end = addr.checked_add(data.len() as u64);
+        assert!(
+            addr >= TASK_SIZE || (addr >= r.start && end.is_some_and(|e| e <= r.end)),
+            "test bug: store to {addr:#x}+{:#x} outside the test region {:#x}..{:#x}",
+            data.len(),
+            r.start,
+            r.end
+        );
+        let fds = self.pipe;
+        let r = self.copy(addr, data.len(), |_, a, off, n| {
+            // SAFETY: data[off..off + n] is a valid local buffer; the pipe
+            // is empty and holds 64 KiB, so this never blocks.
+            let w = unsafe { libc::write(fds[1], data[off..].as_ptr().cast(), n) };
+            assert_eq!(w, n as isize, "pipe write from a local buffer");
+            // SAFETY: the kernel stores into `a` with copy_to_user, which
+            // checks the mapping and returns EFAULT rather than faulting
+            // us; `a` is inside the reserved region, where no Rust object
+            // lives.
+            let r = unsafe { libc::read(fds[0], a as *mut libc::c_void, n) };
+            r == n as isize
+        });
+        if r.is_err() {
+            self.drain();
+        }
+        r
+    }
+
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> Res<()> {
+        let fds = self.pipe;
+        let len = buf.len();
+        let r = self.copy(addr, len, |_, a, off, n| {
+            // SAFETY: the kernel loads from `a` with copy_from_user, which
+            // returns EFAULT instead of faulting us.
+            let w = unsafe { libc::write(fds[1], a as *const libc::c_void, n) };
+            if w != n as isize {
+                return false;
+            }
+            // SAFETY: buf[off..off + n] is a valid writable local buffer.
+            let r = unsafe { libc::read(fds[0], buf[off..].as_mut_ptr().cast(), n) };
+            assert_eq!(r, n as isize, "pipe read into a local buffer");
+            true
+        });
+        if r.is_err() {
+            self.drain();
+        }
+        r
+    }
+
+    fn unmap_outside(&mut self, addr: u64, len: u64) -> Res<()> {
+        assert_eq!(
+            self.outside.take(),
+            Some((addr, len)),
+            "test bug: unmap_outside of a range the kernel did not just place"
+        );
+        // SAFETY: the kernel created exactly this mapping for the previous
+        // call (a fresh area it chose); nothing of ours lives there.
+        ret(unsafe { libc::munmap(addr as *mut libc::c_void, len as usize) } == 0, ())
+    }
+
+    fn layout(&mut self) -> Vec<Vma> {
+        let text = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+        let mut out = Vec::new();
+        for line in text.lines() {
+            let Some(v) = parse_maps_line(line) else {
+                continue;
+            };
+            self.check_straddle(v.start, v.end);
+            if v.start >= self.region.start && v.end <= self.region.end {
+                out.push(v);
+            }
+        }
+        super::normalize(out)
+    }
+
+    fn vm_flags(&mut self) -> Option<Vec<(u64, u64, Vec<String>)>> {
+        Some(
+            self.smaps_flags()
+                .into_iter()
+                .map(|(s, e, f)| (s, e, super::comparable_flags(f)))
+                .collect(),
+        )
+    }
+}

@@ -1,0 +1,770 @@
+//! Differential test against the running kernel.
+//!
+//! Seeded random sequences of mmap / munmap / mprotect / mremap / madvise /
+//! stores / loads run on the real kernel (on a region of this process, see
+//! `common/kernel.rs`) and on an `aspace::AddressSpace` at the same
+//! addresses. After every call both sides must agree on:
+//!
+//! - the result: the returned address (inside the region), or the errno;
+//!   an address outside the region (the kernel's own placement, not
+//!   comparable) must be outside on both sides, and the first pages of that
+//!   mapping must load the same bytes (then both sides unmap it);
+//! - the VMA layout inside the region (boundaries, `rwxp/s`, the offset
+//!   column and the shared-object identity);
+//! - the VMA flags aspace models (`rd wr ex sh mr mw me ms gd ac nr` of
+//!   `/proc/self/smaps`);
+//! - the bytes loaded: every page ever stored to (followed through mremap
+//!   moves) is loaded on both sides every few calls and at the end, and
+//!   must give the same bytes or the same EFAULT.
+//!
+//! One allowance, on purpose: when a store spanning several pages fails,
+//! the kernel (like a real `memcpy`) has written the pages before the
+//! faulting one, while aspace may have written nothing. The harness then
+//! checks that those pages hold either the old bytes or the stored ones on
+//! the aspace side and copies the kernel's bytes over, so that both sides
+//! go on from the same state. Every such resync is counted in the output.
+//!
+//! Reproduce a failure: `KDIFF_SEED=<seed> cargo test --release --test
+//! kernel_diff -- --nocapture` (add `KDIFF_VERBOSE=1` to print every call).
+//! `KDIFF_SEQS` / `KDIFF_OPS` change the number of sequences / calls per
+//! sequence; `KDIFF_FIRST_SEED` the first seed.
+
+mod common;
+
+use common::ops::{apply, Op, Outcome};
+use common::*;
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::io::Write as _;
+
+/// Interior pages of the region.
+const PAGES: u64 = 384;
+/// Canonical region start: sequences are generated and printed for a region
+/// here and translated to wherever the kernel target's region is.
+const CANON: u64 = 0x2000_0000_0000;
+/// Sequences and calls per sequence by default (about 6000 calls).
+const DEFAULT_SEQS: u64 = 40;
+const DEFAULT_OPS: usize = 150;
+/// Loaded bytes are compared every this many calls (and at the end).
+const DATA_EVERY: usize = 4;
+/// Budget, in replayed calls, for shrinking a failing sequence.
+const SHRINK_BUDGET: usize = 40_000;
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+fn out(s: &str) {
+    // Straight to stderr: shows even when the harness captures output.
+    let _ = writeln!(std::io::stderr(), "{s}");
+}
+
+/// splitmix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+    /// True with probability `pct`%.
+    fn pct(&mut self, pct: u64) -> bool {
+        self.next() % 100 < pct
+    }
+    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
+        v[(self.next() % v.len() as u64) as usize]
+    }
+}
+
+/// Generates calls for the canonical region, aimed at the current layout.
+struct Gen {
+    rng: Rng,
+    r: Region,
+    /// Interior VMAs after the last call (canonical addresses).
+    vmas: Vec<Vma>,
+}
+
+impl Gen {
+    fn page(&mut self) -> u64 {
+        self.r.page(self.rng.range(0, PAGES - 1))
+    }
+
+    fn len_pages(&mut self) -> u64 {
+        match self.rng.next() % 20 {
+            0..=13 => self.rng.range(1, 8),
+            14..=17 => self.rng.range(9, 40),
+            _ => self.rng.range(41, 160),
+        }
+    }
+
+    /// A length in bytes: whole pages, sometimes an odd byte count.
+    fn len(&mut self) -> u64 {
+        let p = self.len_pages();
+        if self.rng.pct(12) {
+            p * PAGE - self.rng.range(1, PAGE - 1)
+        } else {
+            p * PAGE
+        }
+    }
+
+    /// Clamps `[addr, addr + len)` to the interior (keeps odd lengths odd;
+    /// leaves lengths whose page rounding overflows, which every call
+    /// rejects).
+    fn clamp(&self, addr: u64, len: u64) -> u64 {
+        let room = self.r.hi.saturating_sub(addr);
+        match page_align(len) {
+            Some(l) if l > room => room,
+            _ => len,
+        }
+    }
+
+    fn vma(&mut self) -> Option<Vma> {
+        let r = self.r;
+        let inner: Vec<&Vma> = self.vmas.iter().filter(|v| v.start >= r.lo && v.end <= r.hi).collect();
+        if inner.is_empty() {
+            None
+        } else {
+            Some(inner[(self.rng.next() % inner.len() as u64) as usize].clone())
+        }
+    }
+
+    /// A range: random, or aimed at an existing VMA (whole, part, or
+    /// reaching over its neighbours).
+    fn range(&mut self) -> (u64, u64) {
+        let aimed = if self.rng.pct(65) { self.vma() } else { None };
+        let (addr, len) = match aimed {
+            Some(v) => {
+                let pages = (v.end - v.start) / PAGE;
+                match self.rng.next() % 6 {
+                    0 | 1 => (v.start, v.end - v.start),
+                    2 => {
+                        // Strictly inside (or the whole, for one page).
+                        let s = self.rng.range(0, pages - 1);
+                        let e = self.rng.range(s + 1, pages);
+                        (v.start + s * PAGE, (e - s) * PAGE)
+                    }
+                    3 => {
+                        // From the middle, past the end.
+                        let s = self.rng.range(0, pages - 1);
+                        (v.start + s * PAGE, (pages - s + self.rng.range(1, 12)) * PAGE)
+                    }
+                    4 => {
+                        // From before the start, into the VMA.
+                        let before = self.rng.range(1, 12) * PAGE;
+                        let a = v.start.saturating_sub(before).max(self.r.lo);
+                        (a, v.start - a + self.rng.range(1, pages) * PAGE)
+                    }
+                    _ => {
+                        // Over several VMAs and holes.
+                        let a = v.start.saturating_sub(self.rng.range(0, 4) * PAGE).max(self.r.lo);
+                        (a, self.rng.range(pages, pages + 64) * PAGE)
+                    }
+                }
+            }
+            None => {
+                let a = self.page();
+                (a, self.len())
+            }
+        };
+        let len = if self.rng.pct(8) && len > PAGE {
+            len - self.rng.range(1, PAGE - 1)
+        } else {
+            len
+        };
+        (addr, self.clamp(addr, len))
+    }
+
+    /// A call shape the kernel rejects before doing anything:
+    /// (addr, len) that is unaligned, empty, overflowing, or past the task
+    /// size.
+    fn bad_range(&mut self) -> (u64, u64) {
+        let a = self.page();
+        match self.rng.next() % 6 {
+            0 => (a + self.rng.range(1, PAGE - 1), PAGE),
+            1 => (a, 0),
+            2 => (a, u64::MAX - self.rng.range(0, PAGE - 2)),
+            3 => (TASK_SIZE + self.rng.range(0, 4) * PAGE, PAGE),
+            4 => (u64::MAX & !(PAGE - 1), PAGE),
+            _ => (a + self.rng.range(1, PAGE - 1), 0),
+        }
+    }
+
+    fn prot(&mut self) -> u32 {
+        match self.rng.next() % 20 {
+            0..=8 => RW,
+            9..=12 => PROT_READ,
+            13..=14 => PROT_NONE,
+            15 => PROT_WRITE,
+            16 => PROT_EXEC,
+            17 => PROT_READ | PROT_EXEC,
+            _ => RW | PROT_EXEC,
+        }
+    }
+
+    fn mmap(&mut self) -> Op {
+        let prot = self.prot();
+        let mut flags = match self.rng.next() % 40 {
+            0..=29 => ANON,
+            30..=37 => SHARED_ANON,
+            38 => MAP_ANONYMOUS,                             // neither: EINVAL
+            _ => MAP_SHARED | MAP_PRIVATE | MAP_ANONYMOUS, // MAP_SHARED_VALIDATE
+        };
+        if self.rng.pct(8) {
+            flags |= MAP_POPULATE;
+        }
+        if self.rng.pct(10) {
+            flags |= MAP_NORESERVE;
+        }
+        if self.rng.pct(if flags & MAP_SHARED != 0 { 2 } else { 8 }) {
+            flags |= MAP_GROWSDOWN;
+        }
+        let (addr, len) = match self.rng.next() % 20 {
+            0..=11 => {
+                flags |= MAP_FIXED;
+                let a = self.page();
+                (a, self.len())
+            }
+            12..=13 => {
+                flags |= MAP_FIXED_NOREPLACE;
+                let a = self.page();
+                (a, self.len())
+            }
+            14..=16 => {
+                // A hint inside the region, sometimes unaligned.
+                let a = self.page();
+                let a = if self.rng.pct(20) { a + self.rng.range(1, PAGE - 1) } else { a };
+                (a, self.len())
+            }
+            17 => (0, self.len()),
+            _ => {
+                flags |= self.rng.pick(&[MAP_FIXED, MAP_FIXED_NOREPLACE, 0]);
+                let (a, l) = self.bad_range();
+                // Non-fixed with a huge length must fail: keep it > TASK_SIZE.
+                if flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) == 0 && l > PAGE {
+                    (a, u64::MAX - self.rng.range(0, 2 * PAGE))
+                } else {
+                    (a, l)
+                }
+            }
+        };
+        let len = if flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0 && addr >= self.r.lo && addr < self.r.hi {
+            self.clamp(addr, len)
+        } else {
+            len
+        };
+        Op::Mmap { addr, len, prot, flags }
+    }
+
+    fn munmap(&mut self) -> Op {
+        let (addr, len) = if self.rng.pct(8) { self.bad_range() } else { self.range() };
+        let len = if self.rng.pct(2) && addr < TASK_SIZE { TASK_SIZE } else { len };
+        Op::Munmap { addr, len }
+    }
+
+    fn mprotect(&mut self) -> Op {
+        let (addr, len) = if self.rng.pct(8) { self.bad_range() } else { self.range() };
+        let prot = match self.rng.next() % 50 {
+            0 => 0x10 | PROT_READ,                          // unknown bit: EINVAL
+            1 => 0x0100_0000 | PROT_READ,                   // PROT_GROWSDOWN
+            2 => 0x0300_0000 | PROT_READ,                   // both: EINVAL
+            _ => self.prot(),
+        };
+        Op::Mprotect { addr, len, prot }
+    }
+
+    fn madvise(&mut self) -> Op {
+        let (addr, len) = if self.rng.pct(8) { self.bad_range() } else { self.range() };
+        let advice = if self.rng.pct(85) { MADV_DONTNEED } else { MADV_NORMAL };
+        Op::Madvise { addr, len, advice }
+    }
+
+    fn mremap(&mut self) -> Op {
+        let (old, mut old_len) = match self.vma() {
+            Some(v) if self.rng.pct(85) => {
+                let pages = (v.end - v.start) / PAGE;
+                let s = if self.rng.pct(65) { 0 } else { self.rng.range(0, pages - 1) };
+                let old = v.start + s * PAGE;
+                let rest = pages - s;
+                let l = match self.rng.next() % 20 {
+                    0..=10 => rest * PAGE,
+                    11..=14 => self.rng.range(1, rest) * PAGE,
+                    15..=16 => (rest + self.rng.range(1, 8)) * PAGE, // crosses the VMA end
+                    17 => 0,
+                    _ => self.rng.range(1, rest) * PAGE - self.rng.range(1, PAGE - 1),
+                };
+                (old, l)
+            }
+            _ => {
+                let a = self.page();
+                (a, self.rng.range(1, 8) * PAGE)
+            }
+        };
+        let old = if self.rng.pct(3) { old + self.rng.range(1, PAGE - 1) } else { old };
+        old_len = self.clamp(old & !(PAGE - 1), old_len);
+        let base_len = page_align(old_len).unwrap().max(PAGE);
+        let mut new_len = match self.rng.next() % 40 {
+            0..=5 => old_len,
+            6..=15 => self.rng.range(1, (base_len / PAGE).max(1)) * PAGE,
+            16..=30 => base_len + self.rng.range(1, 8) * PAGE,
+            31..=34 => base_len + self.rng.range(9, 64) * PAGE,
+            35..=36 => base_len + self.rng.range(1, 3) * PAGE - self.rng.range(1, PAGE - 1),
+            37 => 0,
+            38 => u64::MAX - self.rng.range(0, PAGE - 2),
+            _ => base_len,
+        };
+        let flags = match self.rng.next() % 50 {
+            0..=11 => 0,
+            12..=25 => MREMAP_MAYMOVE,
+            26..=37 => MREMAP_MAYMOVE | MREMAP_FIXED,
+            38..=42 => MREMAP_MAYMOVE | MREMAP_DONTUNMAP,
+            43..=45 => MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP,
+            46 => MREMAP_FIXED,
+            47 => MREMAP_DONTUNMAP,
+            48 => 8 | MREMAP_MAYMOVE,
+            _ => MREMAP_FIXED | MREMAP_DONTUNMAP,
+        };
+        if flags & MREMAP_DONTUNMAP != 0 && self.rng.pct(85) {
+            new_len = old_len;
+        }
+        let mut new_addr = 0;
+        if flags & (MREMAP_FIXED | MREMAP_DONTUNMAP) != 0 {
+            new_addr = match self.rng.next() % 20 {
+                // Overlapping the old range.
+                0..=1 => (old & !(PAGE - 1)) + self.rng.range(0, 2) * PAGE,
+                2 => self.page() + self.rng.range(1, PAGE - 1),
+                _ => self.page(),
+            };
+            let fits = page_align(new_len).is_some_and(|l| l != 0 && new_addr <= self.r.hi && l <= self.r.hi - new_addr);
+            if !fits && flags & MREMAP_FIXED != 0 && new_addr % PAGE == 0 && flags & MREMAP_MAYMOVE != 0 {
+                // Keep a possible destination inside the interior.
+                new_len = match page_align(new_len) {
+                    Some(l) if l != 0 => (self.r.hi - new_addr).min(l),
+                    _ => new_len,
+                };
+                if new_len == 0 {
+                    new_len = PAGE;
+                    new_addr = self.r.lo;
+                }
+            }
+        } else if self.rng.pct(30) {
+            new_addr = self.page(); // ignored without FIXED
+        }
+        Op::Mremap { old, old_len, new_len, flags, new_addr }
+    }
+
+    fn access_range(&mut self) -> (u64, u64) {
+        let base = match self.vma() {
+            Some(v) if self.rng.pct(85) => v.start + self.rng.range(0, (v.end - v.start) / PAGE - 1) * PAGE,
+            _ => self.page(),
+        };
+        let off = if self.rng.pct(30) { self.rng.range(0, PAGE - 1) } else { 0 };
+        let len = match self.rng.next() % 10 {
+            0..=4 => self.rng.range(1, PAGE),
+            5..=8 => self.rng.range(1, 3) * PAGE,
+            _ => self.rng.range(1, 8) * PAGE,
+        };
+        let addr = base + off;
+        (addr, len.min(self.r.end - addr))
+    }
+
+    fn op(&mut self) -> Op {
+        match self.rng.next() % 100 {
+            0..=17 => self.mmap(),
+            18..=28 => self.munmap(),
+            29..=45 => self.mprotect(),
+            46..=62 => self.mremap(),
+            63..=70 => self.madvise(),
+            71..=90 => {
+                let (addr, len) = self.access_range();
+                Op::Write { addr, len, seed: self.rng.next() % 1000 }
+            }
+            _ => {
+                let (addr, len) = self.access_range();
+                Op::Read { addr, len }
+            }
+        }
+    }
+}
+
+/// Moves canonical-region addresses of `op` by `delta` (other addresses:
+/// 0, the task-size edge, ... stay as they are).
+fn rebase(op: Op, delta: u64) -> Op {
+    let span = CANON..CANON + (PAGES + 2) * PAGE;
+    let mv = |a: u64| if span.contains(&(a & !(PAGE - 1))) { a + delta } else { a };
+    match op {
+        Op::Mmap { addr, len, prot, flags } => Op::Mmap { addr: mv(addr), len, prot, flags },
+        Op::Munmap { addr, len } => Op::Munmap { addr: mv(addr), len },
+        Op::Mprotect { addr, len, prot } => Op::Mprotect { addr: mv(addr), len, prot },
+        Op::Mremap { old, old_len, new_len, flags, new_addr } => Op::Mremap {
+            old: mv(old),
+            old_len,
+            new_len,
+            flags,
+            new_addr: mv(new_addr),
+        },
+        Op::Madvise { addr, len, advice } => Op::Madvise { addr: mv(addr), len, advice },
+        Op::Write { addr, len, seed } => Op::Write { addr: mv(addr), len, seed },
+        Op::Read { addr, len } => Op::Read { addr: mv(addr), len },
+    }
+}
+
+/// Moves a layout back to canonical addresses.
+fn canon_layout(v: Vec<Vma>, delta: u64) -> Vec<Vma> {
+    v.into_iter()
+        .map(|mut m| {
+            m.start -= delta;
+            m.end -= delta;
+            m
+        })
+        .collect()
+}
+
+/// The pair of targets and what is compared after each call.
+struct Pair {
+    k: KernelTarget,
+    a: AspaceTarget,
+    delta: u64,
+    /// Canonical page addresses whose bytes are compared.
+    pages: BTreeSet<u64>,
+    /// Layout after the last call (canonical).
+    layout: Vec<Vma>,
+    resyncs: u64,
+    calls: u64,
+}
+
+/// A difference: what differs, with both sides' details.
+struct Diff {
+    step: usize,
+    what: String,
+}
+
+impl Pair {
+    fn new() -> Option<Pair> {
+        let k = KernelTarget::new(PAGES)?;
+        let region = k.region();
+        let a = AspaceTarget::new(region);
+        let mut p = Pair {
+            delta: region.start - CANON,
+            k,
+            a,
+            pages: BTreeSet::new(),
+            layout: Vec::new(),
+            resyncs: 0,
+            calls: 0,
+        };
+        p.layout = canon_layout(p.k.layout(), p.delta);
+        Some(p)
+    }
+
+    fn both_layouts(&mut self) -> String {
+        let mut s = String::from("  kernel layout:\n");
+        s += &dump(&mut self.k);
+        s += "  aspace layout:\n";
+        s += &dump(&mut self.a);
+        s
+    }
+
+    /// Runs one (canonical) call on both sides and compares.
+    fn step(&mut self, step: usize, op: Op, check_data: bool, verbose: bool) -> Result<(), Diff> {
+        let real = rebase(op, self.delta);
+        let ok = apply(&mut self.k, real);
+        let oa = apply(&mut self.a, real);
+        self.calls += 1;
+        if verbose {
+            out(&format!("  [{step:3}] {op:?} -> {ok:?}"));
+        }
+        if ok != oa {
+            return Err(Diff {
+                step,
+                what: format!(
+                    "result differs for {op:?}\n  kernel: {ok:?}\n  aspace: {oa:?}\n{}",
+                    self.both_layouts()
+                ),
+            });
+        }
+        if let (Op::Write { addr, len, .. }, Outcome::Err(_)) = (op, &ok) {
+            self.resync_failed_store(step, addr + self.delta, len)?;
+        }
+        let lk = self.k.layout();
+        let la = self.a.layout();
+        if lk != la {
+            return Err(Diff {
+                step,
+                what: format!("layout differs after {op:?} (result {ok:?})\n{}", self.both_layouts()),
+            });
+        }
+        let fk = self.k.vm_flags();
+        let fa = self.a.vm_flags();
+        if fk != fa {
+            let mut w = format!("VmFlags differ after {op:?} (result {ok:?})\n");
+            for (s, e, f) in fk.unwrap_or_default() {
+                let _ = writeln!(w, "  kernel {:x}-{:x} {}", s - self.delta, e - self.delta, f.join(" "));
+            }
+            for (s, e, f) in fa.unwrap_or_default() {
+                let _ = writeln!(w, "  aspace {:x}-{:x} {}", s - self.delta, e - self.delta, f.join(" "));
+            }
+            return Err(Diff { step, what: w });
+        }
+        self.layout = canon_layout(lk, self.delta);
+        self.track(op, &ok);
+        if check_data {
+            self.compare_pages(step)?;
+        }
+        Ok(())
+    }
+
+    /// Follows the pages to compare through stores and moves.
+    fn track(&mut self, op: Op, res: &Outcome) {
+        match (op, res) {
+            (Op::Write { addr, len, .. }, _) => {
+                let first = addr & !(PAGE - 1);
+                let mut p = first;
+                while p < addr + len {
+                    if p >= CANON && p < CANON + (PAGES + 2) * PAGE {
+                        self.pages.insert(p);
+                    }
+                    p += PAGE;
+                }
+            }
+            (Op::Mremap { old, old_len, new_len, .. }, Outcome::At(rel)) => {
+                let new = CANON + rel;
+                if new != old {
+                    let n = page_align(old_len.min(new_len)).unwrap_or(0);
+                    let moved: Vec<u64> = self.pages.range(old..old.saturating_add(n)).copied().collect();
+                    for p in moved {
+                        self.pages.insert(p - old + new);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Loads every tracked page on both sides.
+    fn compare_pages(&mut self, step: usize) -> Result<(), Diff> {
+        let pages: Vec<u64> = self.pages.iter().copied().collect();
+        for p in pages {
+            let real = p + self.delta;
+            let k = read_vec(&mut self.k, real, PAGE as usize);
+            let a = read_vec(&mut self.a, real, PAGE as usize);
+            if k != a {
+                let show = |r: &Res<Vec<u8>>| match r {
+                    Ok(b) => format!("{:?}", common::ops::Bytes(b.clone())),
+                    Err(e) => format!("errno {e}"),
+                };
+                let first = match (&k, &a) {
+                    (Ok(x), Ok(y)) => x.iter().zip(y).position(|(a, b)| a != b).map(|i| format!(" (first difference at byte {i:#x})")),
+                    _ => None,
+                }
+                .unwrap_or_default();
+                return Err(Diff {
+                    step,
+                    what: format!(
+                        "bytes of page {p:#x} differ{first}\n  kernel: {}\n  aspace: {}\n{}",
+                        show(&k),
+                        show(&a),
+                        self.both_layouts()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// After a failed store: the kernel may have written the pages before
+    /// the faulting one. aspace must hold, in each of them, either its old
+    /// bytes or exactly what the kernel holds; then the kernel's bytes are
+    /// copied over (see the module docs).
+    fn resync_failed_store(&mut self, step: usize, addr: u64, len: u64) -> Result<(), Diff> {
+        let first = addr & !(PAGE - 1);
+        let mut p = first;
+        while p < addr + len {
+            let k = read_vec(&mut self.k, p, PAGE as usize);
+            let a = read_vec(&mut self.a, p, PAGE as usize);
+            match (k, a) {
+                (Ok(k), Ok(a)) if k != a => {
+                    // The aspace page must be untouched by the store: its
+                    // bytes outside the stored range equal the kernel's, and
+                    // the kernel got the store there.
+                    let s = addr.max(p) - p;
+                    let e = (addr + len).min(p + PAGE) - p;
+                    let outside_same = k[..s as usize] == a[..s as usize] && k[e as usize..] == a[e as usize..];
+                    if !outside_same {
+                        return Err(Diff {
+                            step,
+                            what: format!("after a failed store, page {p:#x} differs outside the stored bytes\n{}", self.both_layouts()),
+                        });
+                    }
+                    if let Err(e) = self.a.write(p, &k) {
+                        return Err(Diff {
+                            step,
+                            what: format!(
+                                "after a failed store the kernel wrote page {p:#x}, but aspace cannot store there (errno {e})\n{}",
+                                self.both_layouts()
+                            ),
+                        });
+                    }
+                    self.resyncs += 1;
+                }
+                (k, a) if k.is_ok() != a.is_ok() => {
+                    return Err(Diff {
+                        step,
+                        what: format!(
+                            "after a failed store, page {p:#x} loads on one side only (kernel {:?}, aspace {:?})\n{}",
+                            k.err(),
+                            a.err(),
+                            self.both_layouts()
+                        ),
+                    });
+                }
+                _ => {}
+            }
+            p += PAGE;
+        }
+        Ok(())
+    }
+}
+
+/// Runs `ops` (or generates `n` calls from `seed` when `ops` is None).
+/// Returns the calls run and the first difference.
+fn run(seed: u64, n: usize, fixed: Option<&[Op]>, verbose: bool) -> Option<(Vec<Op>, Option<Diff>, Pair)> {
+    let mut pair = Pair::new()?;
+    let mut gen = Gen {
+        rng: Rng(seed ^ 0x5EED_0000_0000),
+        r: Region::new(CANON, PAGES),
+        vmas: Vec::new(),
+    };
+    let mut done = Vec::new();
+    let total = fixed.map_or(n, |f| f.len());
+    for i in 0..total {
+        gen.vmas = pair.layout.clone();
+        let op = match fixed {
+            Some(f) => f[i],
+            None => gen.op(),
+        };
+        done.push(op);
+        let check = fixed.is_some() || i % DATA_EVERY == DATA_EVERY - 1 || i + 1 == total;
+        if let Err(d) = pair.step(i, op, check, verbose) {
+            return Some((done, Some(d), pair));
+        }
+    }
+    if let Err(d) = pair.compare_pages(total) {
+        return Some((done, Some(d), pair));
+    }
+    Some((done, None, pair))
+}
+
+/// Greedy shrinking: drops chunks of calls while a difference remains.
+fn shrink(ops: Vec<Op>, budget: &mut usize) -> Vec<Op> {
+    let fails = |ops: &[Op], budget: &mut usize| -> bool {
+        if *budget < ops.len() {
+            return false;
+        }
+        *budget -= ops.len();
+        matches!(run(0, 0, Some(ops), false), Some((_, Some(_), _)))
+    };
+    let mut cur = ops;
+    let mut chunk = (cur.len() / 2).max(1);
+    while chunk >= 1 && *budget > cur.len() {
+        let mut i = 0;
+        let mut progressed = false;
+        while i < cur.len() && *budget > cur.len() {
+            let mut cand = cur.clone();
+            let end = (i + chunk).min(cand.len());
+            // Never drop the failing (last) call.
+            if end == cand.len() {
+                break;
+            }
+            cand.drain(i..end);
+            if fails(&cand, budget) {
+                cur = cand;
+                progressed = true;
+            } else {
+                i += chunk;
+            }
+        }
+        if !progressed {
+            if chunk == 1 {
+                break;
+            }
+            chunk /= 2;
+        }
+    }
+    cur
+}
+
+fn report(seed: u64, ops: &[Op], d: &Diff) -> String {
+    let mut s = format!("seed {seed}: difference at call {}:\n{}\n  calls so far:\n", d.step, d.what);
+    for (i, op) in ops.iter().enumerate() {
+        let _ = writeln!(s, "    [{i:3}] {op:?}");
+    }
+    let _ = writeln!(
+        s,
+        "  reproduce: KDIFF_SEED={seed} KDIFF_VERBOSE=1 cargo test --release --test kernel_diff -- --nocapture"
+    );
+    s
+}
+
+#[test]
+fn kernel_and_aspace_agree_on_random_sequences() {
+    if Pair::new().is_none() {
+        return; // the reason was printed
+    }
+    let verbose = env_u64("KDIFF_VERBOSE").is_some_and(|v| v != 0);
+    let nops = env_u64("KDIFF_OPS").map_or(DEFAULT_OPS, |v| v as usize);
+    let seeds: Vec<u64> = match env_u64("KDIFF_SEED") {
+        Some(s) => vec![s],
+        None => {
+            let first = env_u64("KDIFF_FIRST_SEED").unwrap_or(1);
+            (first..first + env_u64("KDIFF_SEQS").unwrap_or(DEFAULT_SEQS)).collect()
+        }
+    };
+    let mut failures = Vec::new();
+    let mut calls = 0;
+    let mut resyncs = 0;
+    let mut shrink_budget = SHRINK_BUDGET;
+    for &seed in &seeds {
+        if verbose {
+            out(&format!("seed {seed}:"));
+        }
+        let (ops, diff, pair) = run(seed, nops, None, verbose).expect("kernel target");
+        calls += pair.calls;
+        resyncs += pair.resyncs;
+        if let Some(d) = diff {
+            let mut msg = report(seed, &ops, &d);
+            if shrink_budget > 0 {
+                let small = shrink(ops.clone(), &mut shrink_budget);
+                if small.len() < ops.len() {
+                    if let Some((small, Some(d2), _)) = run(0, 0, Some(&small), false) {
+                        let _ = writeln!(msg, "  shrunk to {} calls (replayed with data checks after every call):", small.len());
+                        let _ = writeln!(msg, "{}", d2.what);
+                        for (i, op) in small.iter().enumerate() {
+                            let _ = writeln!(msg, "    [{i:3}] {op:?}");
+                        }
+                    }
+                }
+            }
+            out(&msg);
+            failures.push(seed);
+        }
+    }
+    out(&format!(
+        "kernel_diff: {} sequences, {calls} calls compared, {resyncs} failed multi-page store(s) resynced, {} sequence(s) with differences",
+        seeds.len(),
+        failures.len()
+    ));
+    assert!(
+        failures.is_empty(),
+        "aspace differs from Linux {} in {} of {} sequences: seeds {failures:?} (details above)",
+        kernel::kernel_release(),
+        failures.len(),
+        seeds.len()
+    );
+}
