@@ -27,7 +27,8 @@
 //! Reproduce a failure: `KDIFF_SEED=<seed> cargo test --release --test
 //! kernel_diff -- --nocapture` (add `KDIFF_VERBOSE=1` to print every call).
 //! `KDIFF_SEQS` / `KDIFF_OPS` change the number of sequences / calls per
-//! sequence; `KDIFF_FIRST_SEED` the first seed.
+//! sequence; `KDIFF_FIRST_SEED` the first seed; `KDIFF_SHRINK_BUDGET` the
+//! number of replayed calls spent shrinking failing sequences (0: none).
 
 mod common;
 
@@ -127,7 +128,11 @@ impl Gen {
 
     fn vma(&mut self) -> Option<Vma> {
         let r = self.r;
-        let inner: Vec<&Vma> = self.vmas.iter().filter(|v| v.start >= r.lo && v.end <= r.hi).collect();
+        let inner: Vec<&Vma> = self
+            .vmas
+            .iter()
+            .filter(|v| v.start >= r.lo && v.end <= r.hi)
+            .collect();
         if inner.is_empty() {
             None
         } else {
@@ -153,7 +158,10 @@ impl Gen {
                     3 => {
                         // From the middle, past the end.
                         let s = self.rng.range(0, pages - 1);
-                        (v.start + s * PAGE, (pages - s + self.rng.range(1, 12)) * PAGE)
+                        (
+                            v.start + s * PAGE,
+                            (pages - s + self.rng.range(1, 12)) * PAGE,
+                        )
                     }
                     4 => {
                         // From before the start, into the VMA.
@@ -163,7 +171,10 @@ impl Gen {
                     }
                     _ => {
                         // Over several VMAs and holes.
-                        let a = v.start.saturating_sub(self.rng.range(0, 4) * PAGE).max(self.r.lo);
+                        let a = v
+                            .start
+                            .saturating_sub(self.rng.range(0, 4) * PAGE)
+                            .max(self.r.lo);
                         (a, self.rng.range(pages, pages + 64) * PAGE)
                     }
                 }
@@ -213,7 +224,7 @@ impl Gen {
         let mut flags = match self.rng.next() % 40 {
             0..=29 => ANON,
             30..=37 => SHARED_ANON,
-            38 => MAP_ANONYMOUS,                             // neither: EINVAL
+            38 => MAP_ANONYMOUS,                           // neither: EINVAL
             _ => MAP_SHARED | MAP_PRIVATE | MAP_ANONYMOUS, // MAP_SHARED_VALIDATE
         };
         if self.rng.pct(8) {
@@ -239,7 +250,11 @@ impl Gen {
             14..=16 => {
                 // A hint inside the region, sometimes unaligned.
                 let a = self.page();
-                let a = if self.rng.pct(20) { a + self.rng.range(1, PAGE - 1) } else { a };
+                let a = if self.rng.pct(20) {
+                    a + self.rng.range(1, PAGE - 1)
+                } else {
+                    a
+                };
                 (a, self.len())
             }
             17 => (0, self.len()),
@@ -254,34 +269,62 @@ impl Gen {
                 }
             }
         };
-        let len = if flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0 && addr >= self.r.lo && addr < self.r.hi {
+        let len = if flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0
+            && addr >= self.r.lo
+            && addr < self.r.hi
+        {
             self.clamp(addr, len)
         } else {
             len
         };
-        Op::Mmap { addr, len, prot, flags }
+        Op::Mmap {
+            addr,
+            len,
+            prot,
+            flags,
+        }
     }
 
     fn munmap(&mut self) -> Op {
-        let (addr, len) = if self.rng.pct(8) { self.bad_range() } else { self.range() };
-        let len = if self.rng.pct(2) && addr < TASK_SIZE { TASK_SIZE } else { len };
+        let (addr, len) = if self.rng.pct(8) {
+            self.bad_range()
+        } else {
+            self.range()
+        };
+        let len = if self.rng.pct(2) && addr < TASK_SIZE {
+            TASK_SIZE
+        } else {
+            len
+        };
         Op::Munmap { addr, len }
     }
 
     fn mprotect(&mut self) -> Op {
-        let (addr, len) = if self.rng.pct(8) { self.bad_range() } else { self.range() };
+        let (addr, len) = if self.rng.pct(8) {
+            self.bad_range()
+        } else {
+            self.range()
+        };
         let prot = match self.rng.next() % 50 {
-            0 => 0x10 | PROT_READ,                          // unknown bit: EINVAL
-            1 => 0x0100_0000 | PROT_READ,                   // PROT_GROWSDOWN
-            2 => 0x0300_0000 | PROT_READ,                   // both: EINVAL
+            0 => 0x10 | PROT_READ,        // unknown bit: EINVAL
+            1 => 0x0100_0000 | PROT_READ, // PROT_GROWSDOWN
+            2 => 0x0300_0000 | PROT_READ, // both: EINVAL
             _ => self.prot(),
         };
         Op::Mprotect { addr, len, prot }
     }
 
     fn madvise(&mut self) -> Op {
-        let (addr, len) = if self.rng.pct(8) { self.bad_range() } else { self.range() };
-        let advice = if self.rng.pct(85) { MADV_DONTNEED } else { MADV_NORMAL };
+        let (addr, len) = if self.rng.pct(8) {
+            self.bad_range()
+        } else {
+            self.range()
+        };
+        let advice = if self.rng.pct(85) {
+            MADV_DONTNEED
+        } else {
+            MADV_NORMAL
+        };
         Op::Madvise { addr, len, advice }
     }
 
@@ -289,7 +332,11 @@ impl Gen {
         let (old, mut old_len) = match self.vma() {
             Some(v) if self.rng.pct(85) => {
                 let pages = (v.end - v.start) / PAGE;
-                let s = if self.rng.pct(65) { 0 } else { self.rng.range(0, pages - 1) };
+                let s = if self.rng.pct(65) {
+                    0
+                } else {
+                    self.rng.range(0, pages - 1)
+                };
                 let old = v.start + s * PAGE;
                 let rest = pages - s;
                 let l = match self.rng.next() % 20 {
@@ -306,7 +353,11 @@ impl Gen {
                 (a, self.rng.range(1, 8) * PAGE)
             }
         };
-        let old = if self.rng.pct(3) { old + self.rng.range(1, PAGE - 1) } else { old };
+        let old = if self.rng.pct(3) {
+            old + self.rng.range(1, PAGE - 1)
+        } else {
+            old
+        };
         old_len = self.clamp(old & !(PAGE - 1), old_len);
         let base_len = page_align(old_len).unwrap().max(PAGE);
         let mut new_len = match self.rng.next() % 40 {
@@ -341,8 +392,13 @@ impl Gen {
                 2 => self.page() + self.rng.range(1, PAGE - 1),
                 _ => self.page(),
             };
-            let fits = page_align(new_len).is_some_and(|l| l != 0 && new_addr <= self.r.hi && l <= self.r.hi - new_addr);
-            if !fits && flags & MREMAP_FIXED != 0 && new_addr % PAGE == 0 && flags & MREMAP_MAYMOVE != 0 {
+            let fits = page_align(new_len)
+                .is_some_and(|l| l != 0 && new_addr <= self.r.hi && l <= self.r.hi - new_addr);
+            if !fits
+                && flags & MREMAP_FIXED != 0
+                && new_addr % PAGE == 0
+                && flags & MREMAP_MAYMOVE != 0
+            {
                 // Keep a possible destination inside the interior.
                 new_len = match page_align(new_len) {
                     Some(l) if l != 0 => (self.r.hi - new_addr).min(l),
@@ -356,15 +412,27 @@ impl Gen {
         } else if self.rng.pct(30) {
             new_addr = self.page(); // ignored without FIXED
         }
-        Op::Mremap { old, old_len, new_len, flags, new_addr }
+        Op::Mremap {
+            old,
+            old_len,
+            new_len,
+            flags,
+            new_addr,
+        }
     }
 
     fn access_range(&mut self) -> (u64, u64) {
         let base = match self.vma() {
-            Some(v) if self.rng.pct(85) => v.start + self.rng.range(0, (v.end - v.start) / PAGE - 1) * PAGE,
+            Some(v) if self.rng.pct(85) => {
+                v.start + self.rng.range(0, (v.end - v.start) / PAGE - 1) * PAGE
+            }
             _ => self.page(),
         };
-        let off = if self.rng.pct(30) { self.rng.range(0, PAGE - 1) } else { 0 };
+        let off = if self.rng.pct(30) {
+            self.rng.range(0, PAGE - 1)
+        } else {
+            0
+        };
         let len = match self.rng.next() % 10 {
             0..=4 => self.rng.range(1, PAGE),
             5..=8 => self.rng.range(1, 3) * PAGE,
@@ -383,7 +451,11 @@ impl Gen {
             63..=70 => self.madvise(),
             71..=90 => {
                 let (addr, len) = self.access_range();
-                Op::Write { addr, len, seed: self.rng.next() % 1000 }
+                Op::Write {
+                    addr,
+                    len,
+                    seed: self.rng.next() % 1000,
+                }
             }
             _ => {
                 let (addr, len) = self.access_range();
@@ -397,21 +469,61 @@ impl Gen {
 /// 0, the task-size edge, ... stay as they are).
 fn rebase(op: Op, delta: u64) -> Op {
     let span = CANON..CANON + (PAGES + 2) * PAGE;
-    let mv = |a: u64| if span.contains(&(a & !(PAGE - 1))) { a + delta } else { a };
+    let mv = |a: u64| {
+        if span.contains(&(a & !(PAGE - 1))) {
+            a + delta
+        } else {
+            a
+        }
+    };
     match op {
-        Op::Mmap { addr, len, prot, flags } => Op::Mmap { addr: mv(addr), len, prot, flags },
-        Op::Munmap { addr, len } => Op::Munmap { addr: mv(addr), len },
-        Op::Mprotect { addr, len, prot } => Op::Mprotect { addr: mv(addr), len, prot },
-        Op::Mremap { old, old_len, new_len, flags, new_addr } => Op::Mremap {
+        Op::Mmap {
+            addr,
+            len,
+            prot,
+            flags,
+        } => Op::Mmap {
+            addr: mv(addr),
+            len,
+            prot,
+            flags,
+        },
+        Op::Munmap { addr, len } => Op::Munmap {
+            addr: mv(addr),
+            len,
+        },
+        Op::Mprotect { addr, len, prot } => Op::Mprotect {
+            addr: mv(addr),
+            len,
+            prot,
+        },
+        Op::Mremap {
+            old,
+            old_len,
+            new_len,
+            flags,
+            new_addr,
+        } => Op::Mremap {
             old: mv(old),
             old_len,
             new_len,
             flags,
             new_addr: mv(new_addr),
         },
-        Op::Madvise { addr, len, advice } => Op::Madvise { addr: mv(addr), len, advice },
-        Op::Write { addr, len, seed } => Op::Write { addr: mv(addr), len, seed },
-        Op::Read { addr, len } => Op::Read { addr: mv(addr), len },
+        Op::Madvise { addr, len, advice } => Op::Madvise {
+            addr: mv(addr),
+            len,
+            advice,
+        },
+        Op::Write { addr, len, seed } => Op::Write {
+            addr: mv(addr),
+            len,
+            seed,
+        },
+        Op::Read { addr, len } => Op::Read {
+            addr: mv(addr),
+            len,
+        },
     }
 }
 
@@ -497,7 +609,10 @@ impl Pair {
         if lk != la {
             return Err(Diff {
                 step,
-                what: format!("layout differs after {op:?} (result {ok:?})\n{}", self.both_layouts()),
+                what: format!(
+                    "layout differs after {op:?} (result {ok:?})\n{}",
+                    self.both_layouts()
+                ),
             });
         }
         let fk = self.k.vm_flags();
@@ -505,10 +620,22 @@ impl Pair {
         if fk != fa {
             let mut w = format!("VmFlags differ after {op:?} (result {ok:?})\n");
             for (s, e, f) in fk.unwrap_or_default() {
-                let _ = writeln!(w, "  kernel {:x}-{:x} {}", s - self.delta, e - self.delta, f.join(" "));
+                let _ = writeln!(
+                    w,
+                    "  kernel {:x}-{:x} {}",
+                    s - self.delta,
+                    e - self.delta,
+                    f.join(" ")
+                );
             }
             for (s, e, f) in fa.unwrap_or_default() {
-                let _ = writeln!(w, "  aspace {:x}-{:x} {}", s - self.delta, e - self.delta, f.join(" "));
+                let _ = writeln!(
+                    w,
+                    "  aspace {:x}-{:x} {}",
+                    s - self.delta,
+                    e - self.delta,
+                    f.join(" ")
+                );
             }
             return Err(Diff { step, what: w });
         }
@@ -533,11 +660,23 @@ impl Pair {
                     p += PAGE;
                 }
             }
-            (Op::Mremap { old, old_len, new_len, .. }, Outcome::At(rel)) => {
+            (
+                Op::Mremap {
+                    old,
+                    old_len,
+                    new_len,
+                    ..
+                },
+                Outcome::At(rel),
+            ) => {
                 let new = CANON + rel;
                 if new != old {
                     let n = page_align(old_len.min(new_len)).unwrap_or(0);
-                    let moved: Vec<u64> = self.pages.range(old..old.saturating_add(n)).copied().collect();
+                    let moved: Vec<u64> = self
+                        .pages
+                        .range(old..old.saturating_add(n))
+                        .copied()
+                        .collect();
                     for p in moved {
                         self.pages.insert(p - old + new);
                     }
@@ -547,9 +686,16 @@ impl Pair {
         }
     }
 
-    /// Loads every tracked page on both sides.
+    /// Loads every tracked page that is mapped (a load from a hole could
+    /// grow a stack: the comparison must not change the layout) on both
+    /// sides.
     fn compare_pages(&mut self, step: usize) -> Result<(), Diff> {
-        let pages: Vec<u64> = self.pages.iter().copied().collect();
+        let pages: Vec<u64> = self
+            .pages
+            .iter()
+            .copied()
+            .filter(|&p| self.layout.iter().any(|v| v.start <= p && p < v.end))
+            .collect();
         for p in pages {
             let real = p + self.delta;
             let k = read_vec(&mut self.k, real, PAGE as usize);
@@ -560,7 +706,11 @@ impl Pair {
                     Err(e) => format!("errno {e}"),
                 };
                 let first = match (&k, &a) {
-                    (Ok(x), Ok(y)) => x.iter().zip(y).position(|(a, b)| a != b).map(|i| format!(" (first difference at byte {i:#x})")),
+                    (Ok(x), Ok(y)) => x
+                        .iter()
+                        .zip(y)
+                        .position(|(a, b)| a != b)
+                        .map(|i| format!(" (first difference at byte {i:#x})")),
                     _ => None,
                 }
                 .unwrap_or_default();
@@ -583,9 +733,15 @@ impl Pair {
     /// bytes or exactly what the kernel holds; then the kernel's bytes are
     /// copied over (see the module docs).
     fn resync_failed_store(&mut self, step: usize, addr: u64, len: u64) -> Result<(), Diff> {
+        // Only mapped pages: a load from a hole could grow a stack.
+        let mapped = self.k.layout();
         let first = addr & !(PAGE - 1);
         let mut p = first;
         while p < addr + len {
+            if !mapped.iter().any(|v| v.start <= p && p < v.end) {
+                p += PAGE;
+                continue;
+            }
             let k = read_vec(&mut self.k, p, PAGE as usize);
             let a = read_vec(&mut self.a, p, PAGE as usize);
             match (k, a) {
@@ -595,7 +751,8 @@ impl Pair {
                     // the kernel got the store there.
                     let s = addr.max(p) - p;
                     let e = (addr + len).min(p + PAGE) - p;
-                    let outside_same = k[..s as usize] == a[..s as usize] && k[e as usize..] == a[e as usize..];
+                    let outside_same =
+                        k[..s as usize] == a[..s as usize] && k[e as usize..] == a[e as usize..];
                     if !outside_same {
                         return Err(Diff {
                             step,
@@ -634,7 +791,12 @@ impl Pair {
 
 /// Runs `ops` (or generates `n` calls from `seed` when `ops` is None).
 /// Returns the calls run and the first difference.
-fn run(seed: u64, n: usize, fixed: Option<&[Op]>, verbose: bool) -> Option<(Vec<Op>, Option<Diff>, Pair)> {
+fn run(
+    seed: u64,
+    n: usize,
+    fixed: Option<&[Op]>,
+    verbose: bool,
+) -> Option<(Vec<Op>, Option<Diff>, Pair)> {
     let mut pair = Pair::new()?;
     let mut gen = Gen {
         rng: Rng(seed ^ 0x5EED_0000_0000),
@@ -701,7 +863,10 @@ fn shrink(ops: Vec<Op>, budget: &mut usize) -> Vec<Op> {
 }
 
 fn report(seed: u64, ops: &[Op], d: &Diff) -> String {
-    let mut s = format!("seed {seed}: difference at call {}:\n{}\n  calls so far:\n", d.step, d.what);
+    let mut s = format!(
+        "seed {seed}: difference at call {}:\n{}\n  calls so far:\n",
+        d.step, d.what
+    );
     for (i, op) in ops.iter().enumerate() {
         let _ = writeln!(s, "    [{i:3}] {op:?}");
     }
@@ -729,7 +894,7 @@ fn kernel_and_aspace_agree_on_random_sequences() {
     let mut failures = Vec::new();
     let mut calls = 0;
     let mut resyncs = 0;
-    let mut shrink_budget = SHRINK_BUDGET;
+    let mut shrink_budget = env_u64("KDIFF_SHRINK_BUDGET").map_or(SHRINK_BUDGET, |v| v as usize);
     for &seed in &seeds {
         if verbose {
             out(&format!("seed {seed}:"));
@@ -743,7 +908,11 @@ fn kernel_and_aspace_agree_on_random_sequences() {
                 let small = shrink(ops.clone(), &mut shrink_budget);
                 if small.len() < ops.len() {
                     if let Some((small, Some(d2), _)) = run(0, 0, Some(&small), false) {
-                        let _ = writeln!(msg, "  shrunk to {} calls (replayed with data checks after every call):", small.len());
+                        let _ = writeln!(
+                            msg,
+                            "  shrunk to {} calls (replayed with data checks after every call):",
+                            small.len()
+                        );
                         let _ = writeln!(msg, "{}", d2.what);
                         for (i, op) in small.iter().enumerate() {
                             let _ = writeln!(msg, "    [{i:3}] {op:?}");

@@ -74,10 +74,12 @@ impl Target for AspaceTarget {
     }
 
     fn mmap(&mut self, addr: u64, len: u64, prot: u32, flags: u32) -> Res<u64> {
-        errno(
-            self.mm
-                .mmap(addr, len, Prot::from_bits_retain(prot), MapFlags::from_bits_retain(flags)),
-        )
+        errno(self.mm.mmap(
+            addr,
+            len,
+            Prot::from_bits_retain(prot),
+            MapFlags::from_bits_retain(flags),
+        ))
     }
 
     fn munmap(&mut self, addr: u64, len: u64) -> Res<()> {
@@ -88,11 +90,21 @@ impl Target for AspaceTarget {
         errno(self.mm.mprotect(addr, len, Prot::from_bits_retain(prot)))
     }
 
-    fn mremap(&mut self, old: u64, old_len: u64, new_len: u64, flags: u32, new_addr: u64) -> Res<u64> {
-        errno(
-            self.mm
-                .mremap(old, old_len, new_len, MremapFlags::from_bits_retain(flags), new_addr),
-        )
+    fn mremap(
+        &mut self,
+        old: u64,
+        old_len: u64,
+        new_len: u64,
+        flags: u32,
+        new_addr: u64,
+    ) -> Res<u64> {
+        errno(self.mm.mremap(
+            old,
+            old_len,
+            new_len,
+            MremapFlags::from_bits_retain(flags),
+            new_addr,
+        ))
     }
 
     fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> Res<()> {
@@ -130,7 +142,11 @@ impl Target for AspaceTarget {
                     // Compare the object identity aspace reports, whatever
                     // it prints as the inode.
                     parsed.obj = v.shmem_id;
-                    assert_eq!((parsed.start, parsed.end), (v.start, v.end), "maps line {line:?}");
+                    assert_eq!(
+                        (parsed.start, parsed.end),
+                        (v.start, v.end),
+                        "maps line {line:?}"
+                    );
                     parsed
                 })
                 .collect(),

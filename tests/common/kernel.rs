@@ -160,7 +160,12 @@ impl KernelTarget {
         // Turn the interior into a hole and put the guards in place.
         // SAFETY: the interior lies in the region claimed above, where no
         // Rust object lives.
-        let rc = unsafe { libc::munmap(region.lo as *mut libc::c_void, (region.hi - region.lo) as usize) };
+        let rc = unsafe {
+            libc::munmap(
+                region.lo as *mut libc::c_void,
+                (region.hi - region.lo) as usize,
+            )
+        };
         assert_eq!(rc, 0, "munmap of the region interior");
         for g in [region.start, region.hi] {
             // SAFETY: MAP_FIXED on a guard page of the region claimed above
@@ -190,7 +195,9 @@ impl KernelTarget {
         }
         for &(addr, len) in ranges {
             let inside = match page_align(len) {
-                Some(l) => addr >= self.region.lo && addr <= self.region.hi && l <= self.region.hi - addr,
+                Some(l) => {
+                    addr >= self.region.lo && addr <= self.region.hi && l <= self.region.hi - addr
+                }
                 None => true, // PAGE_ALIGN(len) wraps to 0: every call rejects it
             };
             let harmless = addr % PAGE != 0 || len == 0 || addr >= TASK_SIZE;
@@ -205,7 +212,12 @@ impl KernelTarget {
     }
 
     /// Reads from/stores to `addr` through the pipe, one page at a time.
-    fn copy(&mut self, addr: u64, len: usize, mut each: impl FnMut(&mut Self, u64, usize, usize) -> bool) -> Res<()> {
+    fn copy(
+        &mut self,
+        addr: u64,
+        len: usize,
+        mut each: impl FnMut(&mut Self, u64, usize, usize) -> bool,
+    ) -> Res<()> {
         let mut a = addr;
         let end = addr.checked_add(len as u64).ok_or(libc::EFAULT)?;
         while a < end {
@@ -245,7 +257,8 @@ impl KernelTarget {
         let mut cur: Option<(u64, u64)> = None;
         for line in text.lines() {
             if let Some(v) = parse_maps_line(line) {
-                cur = (v.start >= self.region.start && v.end <= self.region.end).then_some((v.start, v.end));
+                cur = (v.start >= self.region.start && v.end <= self.region.end)
+                    .then_some((v.start, v.end));
                 self.check_straddle(v.start, v.end);
             } else if let Some(rest) = line.strip_prefix("VmFlags:") {
                 if let Some((s, e)) = cur.take() {
@@ -342,13 +355,23 @@ impl Target for KernelTarget {
         let placing = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) as u32 != 0;
         if placing {
             // get_unmapped_area rejects a fixed range past the task size.
-            let fails_early = page_align(len).map_or(true, |l| l > TASK_SIZE || addr > TASK_SIZE - l);
+            let fails_early =
+                page_align(len).map_or(true, |l| l > TASK_SIZE || addr > TASK_SIZE - l);
             self.assert_safe("mmap", &[(addr, len)], fails_early);
         }
         // SAFETY: a fixed placement lies inside the region this target
         // reserved (checked above) where no Rust object lives; a hint never
         // replaces anything. The kernel picks the address otherwise.
-        let p = unsafe { libc::mmap(addr as *mut libc::c_void, len as usize, prot as i32, flags as i32, -1, 0) };
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len as usize,
+                prot as i32,
+                flags as i32,
+                -1,
+                0,
+            )
+        };
         self.note_placement(p, len)
     }
 
@@ -358,17 +381,30 @@ impl Target for KernelTarget {
         self.assert_safe("munmap", &[(addr, len)], fails_early);
         // SAFETY: the range is inside the reserved region (or the call is
         // rejected before any effect), where no Rust object lives.
-        ret(unsafe { libc::munmap(addr as *mut libc::c_void, len as usize) } == 0, ())
+        ret(
+            unsafe { libc::munmap(addr as *mut libc::c_void, len as usize) } == 0,
+            (),
+        )
     }
 
     fn mprotect(&mut self, addr: u64, len: u64, prot: u32) -> Res<()> {
         self.assert_safe("mprotect", &[(addr, len)], false);
         // SAFETY: the range is inside the reserved region (or the call is
         // rejected before any effect); no Rust reference points there.
-        ret(unsafe { libc::mprotect(addr as *mut libc::c_void, len as usize, prot as i32) } == 0, ())
+        ret(
+            unsafe { libc::mprotect(addr as *mut libc::c_void, len as usize, prot as i32) } == 0,
+            (),
+        )
     }
 
-    fn mremap(&mut self, old: u64, old_len: u64, new_len: u64, flags: u32, new_addr: u64) -> Res<u64> {
+    fn mremap(
+        &mut self,
+        old: u64,
+        old_len: u64,
+        new_len: u64,
+        flags: u32,
+        new_addr: u64,
+    ) -> Res<u64> {
         let known = (libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) as u32;
         let fixedish = flags & (libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) as u32 != 0;
         let fails_early = flags & !known != 0
@@ -399,7 +435,10 @@ impl Target for KernelTarget {
         self.assert_safe("madvise", &[(addr, len)], false);
         // SAFETY: the range is inside the reserved region (or the call is
         // rejected before any effect); no Rust object lives there.
-        ret(unsafe { libc::madvise(addr as *mut libc::c_void, len as usize, advice) } == 0, ())
+        ret(
+            unsafe { libc::madvise(addr as *mut libc::c_void, len as usize, advice) } == 0,
+            (),
+        )
     }
 
     fn write(&mut self, addr: u64, data: &[u8]) -> Res<()> {
@@ -460,7 +499,10 @@ impl Target for KernelTarget {
         );
         // SAFETY: the kernel created exactly this mapping for the previous
         // call (a fresh area it chose); nothing of ours lives there.
-        ret(unsafe { libc::munmap(addr as *mut libc::c_void, len as usize) } == 0, ())
+        ret(
+            unsafe { libc::munmap(addr as *mut libc::c_void, len as usize) } == 0,
+            (),
+        )
     }
 
     fn layout(&mut self) -> Vec<Vma> {

@@ -153,7 +153,9 @@ pub fn normalize(mut v: Vec<Vma>) -> Vec<Vma> {
 }
 
 /// The `VmFlags` mnemonics of `/proc/pid/smaps` that aspace models.
-pub const MODELLED_FLAGS: [&str; 11] = ["rd", "wr", "ex", "sh", "mr", "mw", "me", "ms", "gd", "ac", "nr"];
+pub const MODELLED_FLAGS: [&str; 11] = [
+    "rd", "wr", "ex", "sh", "mr", "mw", "me", "ms", "gd", "ac", "nr",
+];
 
 /// Keeps only the modelled mnemonics, sorted.
 pub fn comparable_flags(mut f: Vec<String>) -> Vec<String> {
@@ -170,7 +172,14 @@ pub trait Target {
     fn mmap(&mut self, addr: u64, len: u64, prot: u32, flags: u32) -> Res<u64>;
     fn munmap(&mut self, addr: u64, len: u64) -> Res<()>;
     fn mprotect(&mut self, addr: u64, len: u64, prot: u32) -> Res<()>;
-    fn mremap(&mut self, old: u64, old_len: u64, new_len: u64, flags: u32, new_addr: u64) -> Res<u64>;
+    fn mremap(
+        &mut self,
+        old: u64,
+        old_len: u64,
+        new_len: u64,
+        flags: u32,
+        new_addr: u64,
+    ) -> Res<u64>;
     fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> Res<()>;
     /// Stores (write faults); EFAULT at the first page that cannot be
     /// written (the kernel side has written the pages before it).
@@ -207,7 +216,10 @@ pub fn rel_layout(t: &mut dyn Target) -> Vec<(i64, i64, String)> {
 #[track_caller]
 pub fn assert_layout(t: &mut dyn Target, want: &[(i64, i64, &str)]) {
     let got = rel_layout(t);
-    let want: Vec<(i64, i64, String)> = want.iter().map(|&(s, e, p)| (s, e, p.to_string())).collect();
+    let want: Vec<(i64, i64, String)> = want
+        .iter()
+        .map(|&(s, e, p)| (s, e, p.to_string()))
+        .collect();
     assert_eq!(
         got,
         want,
@@ -243,7 +255,8 @@ pub fn read_vec(t: &mut dyn Target, addr: u64, len: usize) -> Res<Vec<u8>> {
 pub fn pattern(seed: u64, addr: u64, len: usize) -> Vec<u8> {
     (0..len as u64)
         .map(|i| {
-            let x = (addr + i).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed.wrapping_mul(0xD1B5_4A32_D192_ED03);
+            let x = (addr + i).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ seed.wrapping_mul(0xD1B5_4A32_D192_ED03);
             (x >> 56) as u8 | 1 // never 0, so zero-fill is always visible
         })
         .collect()

@@ -7,15 +7,44 @@ use std::fmt;
 /// One call.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Op {
-    Mmap { addr: u64, len: u64, prot: u32, flags: u32 },
-    Munmap { addr: u64, len: u64 },
-    Mprotect { addr: u64, len: u64, prot: u32 },
-    Mremap { old: u64, old_len: u64, new_len: u64, flags: u32, new_addr: u64 },
-    Madvise { addr: u64, len: u64, advice: i32 },
+    Mmap {
+        addr: u64,
+        len: u64,
+        prot: u32,
+        flags: u32,
+    },
+    Munmap {
+        addr: u64,
+        len: u64,
+    },
+    Mprotect {
+        addr: u64,
+        len: u64,
+        prot: u32,
+    },
+    Mremap {
+        old: u64,
+        old_len: u64,
+        new_len: u64,
+        flags: u32,
+        new_addr: u64,
+    },
+    Madvise {
+        addr: u64,
+        len: u64,
+        advice: i32,
+    },
     /// Store `pattern(seed, addr, len)` at `addr`.
-    Write { addr: u64, len: u64, seed: u64 },
+    Write {
+        addr: u64,
+        len: u64,
+        seed: u64,
+    },
     /// Load `len` bytes at `addr`.
-    Read { addr: u64, len: u64 },
+    Read {
+        addr: u64,
+        len: u64,
+    },
 }
 
 fn prot_str(p: u32) -> String {
@@ -82,15 +111,28 @@ fn mremap_flags_str(f: u32) -> String {
 impl fmt::Debug for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            Op::Mmap { addr, len, prot, flags } => write!(
+            Op::Mmap {
+                addr,
+                len,
+                prot,
+                flags,
+            } => write!(
                 f,
                 "mmap({addr:#x}, {len:#x}, {}, {})",
                 prot_str(prot),
                 map_flags_str(flags)
             ),
             Op::Munmap { addr, len } => write!(f, "munmap({addr:#x}, {len:#x})"),
-            Op::Mprotect { addr, len, prot } => write!(f, "mprotect({addr:#x}, {len:#x}, {})", prot_str(prot)),
-            Op::Mremap { old, old_len, new_len, flags, new_addr } => write!(
+            Op::Mprotect { addr, len, prot } => {
+                write!(f, "mprotect({addr:#x}, {len:#x}, {})", prot_str(prot))
+            }
+            Op::Mremap {
+                old,
+                old_len,
+                new_len,
+                flags,
+                new_addr,
+            } => write!(
                 f,
                 "mremap({old:#x}, {old_len:#x}, {new_len:#x}, {}, {new_addr:#x})",
                 mremap_flags_str(flags)
@@ -103,7 +145,9 @@ impl fmt::Debug for Op {
                 };
                 write!(f, "madvise({addr:#x}, {len:#x}, {a})")
             }
-            Op::Write { addr, len, seed } => write!(f, "write({addr:#x}, {len:#x} bytes, pattern {seed})"),
+            Op::Write { addr, len, seed } => {
+                write!(f, "write({addr:#x}, {len:#x} bytes, pattern {seed})")
+            }
             Op::Read { addr, len } => write!(f, "read({addr:#x}, {len:#x} bytes)"),
         }
     }
@@ -115,10 +159,9 @@ pub struct Bytes(pub Vec<u8>);
 
 impl fmt::Debug for Bytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let h = self
-            .0
-            .iter()
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        let h = self.0.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        });
         let zero = self.0.iter().all(|&b| b == 0);
         write!(
             f,
@@ -165,8 +208,12 @@ pub fn apply(t: &mut dyn Target, op: Op) -> Outcome {
                 let mut b = vec![0u8; PAGE as usize];
                 pages.push(t.read(a + i * PAGE, &mut b).ok().map(|_| Bytes(b)));
             }
-            t.unmap_outside(a, len)
-                .unwrap_or_else(|e| panic!("[{}] munmap of the outside mapping {a:#x}: errno {e}", t.name()));
+            t.unmap_outside(a, len).unwrap_or_else(|e| {
+                panic!(
+                    "[{}] munmap of the outside mapping {a:#x}: errno {e}",
+                    t.name()
+                )
+            });
             Outcome::Outside(pages)
         }
     };
@@ -175,13 +222,24 @@ pub fn apply(t: &mut dyn Target, op: Op) -> Outcome {
         Err(e) => Outcome::Err(e),
     };
     match op {
-        Op::Mmap { addr, len, prot, flags } => {
+        Op::Mmap {
+            addr,
+            len,
+            prot,
+            flags,
+        } => {
             let res = t.mmap(addr, len, prot, flags);
             addr_result(t, res, len)
         }
         Op::Munmap { addr, len } => unit(t.munmap(addr, len)),
         Op::Mprotect { addr, len, prot } => unit(t.mprotect(addr, len, prot)),
-        Op::Mremap { old, old_len, new_len, flags, new_addr } => {
+        Op::Mremap {
+            old,
+            old_len,
+            new_len,
+            flags,
+            new_addr,
+        } => {
             let res = t.mremap(old, old_len, new_len, flags, new_addr);
             addr_result(t, res, new_len)
         }
