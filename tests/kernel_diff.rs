@@ -202,7 +202,7 @@ impl Gen {
             1 => (a, 0),
             2 => (a, u64::MAX - self.rng.range(0, PAGE - 2)),
             3 => (TASK_SIZE + self.rng.range(0, 4) * PAGE, PAGE),
-            4 => (u64::MAX & !(PAGE - 1), PAGE),
+            4 => (LAST_PAGE, PAGE),
             _ => (a + self.rng.range(1, PAGE - 1), 0),
         }
     }
@@ -654,7 +654,7 @@ impl Pair {
                 let first = addr & !(PAGE - 1);
                 let mut p = first;
                 while p < addr + len {
-                    if p >= CANON && p < CANON + (PAGES + 2) * PAGE {
+                    if (CANON..CANON + (PAGES + 2) * PAGE).contains(&p) {
                         self.pages.insert(p);
                     }
                     p += PAGE;

@@ -271,6 +271,18 @@ impl KernelTarget {
         out
     }
 
+    /// The raw `/proc/self/maps` lines of the region's VMAs.
+    pub fn maps_lines(&self) -> Vec<String> {
+        let text = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+        text.lines()
+            .filter(|l| {
+                parse_maps_line(l)
+                    .is_some_and(|v| v.start >= self.region.start && v.end <= self.region.end)
+            })
+            .map(str::to_string)
+            .collect()
+    }
+
     fn check_straddle(&self, s: u64, e: u64) {
         let r = &self.region;
         let straddles = (s < r.start && e > r.start) || (s < r.end && e > r.end);
@@ -518,6 +530,31 @@ impl Target for KernelTarget {
             }
         }
         super::normalize(out)
+    }
+
+    fn resident(&mut self, addr: u64, pages: u64) -> Option<Vec<bool>> {
+        let mut v = vec![0u8; pages as usize];
+        // SAFETY: mincore only reads page-table state of our own address
+        // space and writes one byte per page into `v`, which has `pages`
+        // bytes.
+        let rc = unsafe {
+            libc::mincore(
+                addr as *mut libc::c_void,
+                (pages * PAGE) as usize,
+                v.as_mut_ptr(),
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "mincore({addr:#x}, {pages} pages): errno {}",
+            errno()
+        );
+        Some(v.into_iter().map(|b| b & 1 != 0).collect())
+    }
+
+    fn aspace(&self) -> Option<&aspace::AddressSpace> {
+        None
     }
 
     fn vm_flags(&mut self) -> Option<Vec<(u64, u64, Vec<String>)>> {
