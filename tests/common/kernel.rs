@@ -60,6 +60,17 @@ pub fn kernel_release() -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// The running kernel's (major, minor) version, (0, 0) if unknown.
+pub fn kernel_version() -> (u32, u32) {
+    let rel = kernel_release();
+    let mut it = rel
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty());
+    let major = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let minor = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+    (major, minor)
+}
+
 /// Prints the kernel version once per test binary, straight to stderr (not
 /// through the test harness's capture, so it shows in every run).
 pub fn banner() {
