@@ -852,7 +852,7 @@ fn mremap_dontunmap_keeps_the_old_vma_flags() {
     // old mapping after MREMAP_DONTUNMAP remap"); the kernel side is
     // skipped on those two.
     let v = kernel::kernel_version();
-    let regressed = (6, 16) <= v && v < (6, 18);
+    let regressed = ((6, 16)..(6, 18)).contains(&v);
     on_both(32, |t| {
         if regressed && t.aspace().is_none() {
             return;
