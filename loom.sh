@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 export RUSTFLAGS="--cfg aspace_loom --cfg crossbeam_loom ${RUSTFLAGS:-}"
 export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
+export LOOM_MAX_BRANCHES="${LOOM_MAX_BRANCHES:-20000}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom"
 tests=$(sed -n 's/^name = "\(loom_[a-z_]*\)"$/\1/p' Cargo.toml)
 args=()

@@ -18,8 +18,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Split into three VMAs, then merge back.
     mm.mprotect(a + 4 * PAGE_SIZE, 4 * PAGE_SIZE, Prot::READ)?;
     println!("\nafter mprotect of 4 pages in the middle:\n{}", mm.maps());
-    println!("store to the read-only part: {:?}", mm.write(a + 5 * PAGE_SIZE, b"x"));
-    println!("fault there: {:?}", mm.fault(a + 5 * PAGE_SIZE, Access::Write));
+    println!(
+        "store to the read-only part: {:?}",
+        mm.write(a + 5 * PAGE_SIZE, b"x")
+    );
+    println!(
+        "fault there: {:?}",
+        mm.fault(a + 5 * PAGE_SIZE, Access::Write)
+    );
     mm.mprotect(a + 4 * PAGE_SIZE, 4 * PAGE_SIZE, rw)?;
 
     // Move it: page-table entries move, the data comes along.
@@ -31,7 +37,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     mm.write(shared, b"kept")?;
     mm.madvise(shared, PAGE_SIZE, Advice::DontNeed)?;
     mm.read(shared, &mut buf[..4])?;
-    println!("shared page after DONTNEED: {:?}", std::str::from_utf8(&buf[..4])?);
+    println!(
+        "shared page after DONTNEED: {:?}",
+        std::str::from_utf8(&buf[..4])?
+    );
 
     let heap = mm.brk(0)?;
     mm.brk(heap + 10 * PAGE_SIZE)?;

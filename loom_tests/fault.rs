@@ -2,12 +2,22 @@
 //! real AddressSpace through src/sync.rs (deferred reclamation, so the
 //! models explore the lock protocol rather than epoch internals).
 //!
-//! `./loom.sh fault` runs them.
+//! `./loom.sh fault` runs them. They drive the whole stack (tree, VMA
+//! locks, page table, frames, TLB gather), so they run with a preemption
+//! bound of 1 (about a minute on 2 cores); the lock-level models in
+//! `vma_lock.rs` explore deeper.
 #![cfg(aspace_loom)]
 
 use aspace::{Access, AddressSpace, Config, Error, FaultError, MapFlags, Prot, PAGE_SIZE};
 use loom::sync::Arc;
 use loom::thread;
+
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(1);
+    b.max_branches = 20_000;
+    b.check(f);
+}
 
 const A: u64 = 0x4000_0000;
 const B: u64 = 0x5000_0000;
@@ -35,7 +45,7 @@ fn rw() -> Prot {
 /// no longer covers, and never touches the new VMA.
 #[test]
 fn lookup_vs_detach_and_reuse() {
-    loom::model(|| {
+    model(|| {
         let mm = Arc::new(AddressSpace::new(cfg()));
         mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
         let m2 = mm.clone();
@@ -47,7 +57,11 @@ fn lookup_vs_detach_and_reuse() {
         assert!(mm.stats().vma_reused >= 1, "the object was recycled");
         let mut x = [0u8; 1];
         assert_eq!(mm.read(A, &mut x), Err(Error::Fault));
-        assert_eq!(mm.frames_used(), 0, "no frame behind the unmapped page or the new VMA");
+        assert_eq!(
+            mm.frames_used(),
+            0,
+            "no frame behind the unmapped page or the new VMA"
+        );
     });
 }
 
@@ -57,7 +71,7 @@ fn lookup_vs_detach_and_reuse() {
 /// address reads zero (the old frame's data is never seen again).
 #[test]
 fn fault_vs_munmap_same_page() {
-    loom::model(|| {
+    model(|| {
         let mm = Arc::new(AddressSpace::new(cfg()));
         mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
         let m2 = mm.clone();

@@ -15,7 +15,7 @@
 //! of a writable VMA reuses the frame if this entry holds its only
 //! reference, else copies it (copy-on-write).
 
-use crate::addr::{pages, page_align_down, PAGE_SIZE};
+use crate::addr::{page_align_down, pages, PAGE_SIZE};
 use crate::error::FaultError;
 use crate::mm::edit::Edit;
 use crate::mm::{next_id, Access, AddressSpace, FaultLocking};
@@ -218,7 +218,11 @@ fn expand_stack(mm: &AddressSpace, addr: u64) -> bool {
 /// neighbour's where the two could merge but for their protection, else a
 /// new one. Under the per-VMA lock this needs the mmap_lock read side for
 /// the neighbours, and only try-locks it.
-fn anon_vma_prepare<'v>(mm: &AddressSpace, vma: &'v Vma, vma_locked: bool) -> Result<&'v AnonVma, Step> {
+fn anon_vma_prepare<'v>(
+    mm: &AddressSpace,
+    vma: &'v Vma,
+    vma_locked: bool,
+) -> Result<&'v AnonVma, Step> {
     if let Some(a) = vma.anon_vma() {
         return Ok(a);
     }
@@ -258,7 +262,13 @@ fn anon_vma_prepare<'v>(mm: &AddressSpace, vma: &'v Vma, vma_locked: bool) -> Re
 }
 
 /// Populates the page of `addr` in `vma` for `access` (already checked).
-fn do_fault(mm: &AddressSpace, vma: &Vma, addr: u64, access: Access, vma_locked: bool) -> Result<(), Step> {
+fn do_fault(
+    mm: &AddressSpace,
+    vma: &Vma,
+    addr: u64,
+    access: Access,
+    vma_locked: bool,
+) -> Result<(), Step> {
     let page = page_align_down(addr);
     let g = mm.pt.pin();
     let flags = vma.flags();
@@ -323,13 +333,21 @@ fn wp_fault(
 ) -> Result<bool, Step> {
     let writable = pte.flags() | PteFlags::WRITE | PteFlags::DIRTY | PteFlags::ACCESSED;
     if vma.shmem().is_some() {
-        return Ok(mm.pt.update(page, g, |cur| (cur == pte).then(|| Pte::new(pte.pfn(), writable))).is_some());
+        return Ok(mm
+            .pt
+            .update(page, g, |cur| {
+                (cur == pte).then(|| Pte::new(pte.pfn(), writable))
+            })
+            .is_some());
     }
     anon_vma_prepare(mm, vma, vma_locked)?;
     let old = pte.pfn();
     if old != ZERO_PFN && !pte.flags().contains(PteFlags::COW) && mm.frames.refcount(old) == 1 {
         // Our entry holds the only reference: write in place.
-        let ok = mm.pt.update(page, g, |cur| (cur == pte).then(|| Pte::new(old, writable))).is_some();
+        let ok = mm
+            .pt
+            .update(page, g, |cur| (cur == pte).then(|| Pte::new(old, writable)))
+            .is_some();
         if ok {
             mm.stats.inc(Event::cow_reuses);
         }
@@ -338,12 +356,19 @@ fn wp_fault(
     let new = if old == ZERO_PFN {
         alloc_frame(mm)?
     } else {
-        let n = mm.frames.alloc_uninit().ok_or(Step::Fail(FaultError::OutOfMemory))?;
+        let n = mm
+            .frames
+            .alloc_uninit()
+            .ok_or(Step::Fail(FaultError::OutOfMemory))?;
         mm.frames.copy(n, old);
         n
     };
-    let flags = (pte.flags() - PteFlags::COW) | PteFlags::WRITE | PteFlags::DIRTY | PteFlags::ACCESSED;
-    let ok = mm.pt.update(page, g, |cur| (cur == pte).then(|| Pte::new(new, flags))).is_some();
+    let flags =
+        (pte.flags() - PteFlags::COW) | PteFlags::WRITE | PteFlags::DIRTY | PteFlags::ACCESSED;
+    let ok = mm
+        .pt
+        .update(page, g, |cur| (cur == pte).then(|| Pte::new(new, flags)))
+        .is_some();
     if !ok {
         mm.frames.put(new);
         return Ok(false);

@@ -14,7 +14,8 @@
 
 use crate::addr::PAGE_SIZE;
 use crate::percpu::PerCpu;
-use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Mutex, Ordering};
+use crate::sync::counter::AtomicU64 as CounterU64;
+use crate::sync::{AtomicPtr, AtomicU32, Mutex, Ordering};
 use std::alloc::Layout;
 
 /// A frame number.
@@ -61,8 +62,8 @@ struct Pool {
 
 #[derive(Default)]
 struct Counts {
-    allocs: AtomicU64,
-    frees: AtomicU64,
+    allocs: CounterU64,
+    frees: CounterU64,
 }
 
 /// The frame allocator.
@@ -74,7 +75,7 @@ pub struct FrameAllocator {
     pool: Mutex<Pool>,
     caches: PerCpu<Mutex<Vec<Pfn>>>,
     counts: PerCpu<Counts>,
-    reserved: AtomicU64,
+    reserved: CounterU64,
 }
 
 // SAFETY: chunk memory is only reached through atomic word accesses or by
@@ -104,7 +105,9 @@ impl FrameAllocator {
         FrameAllocator {
             budget,
             zero_new,
-            chunks: (0..nchunks).map(|_| AtomicPtr::new(core::ptr::null_mut())).collect(),
+            chunks: (0..nchunks)
+                .map(|_| AtomicPtr::new(core::ptr::null_mut()))
+                .collect(),
             grow: Mutex::new(()),
             pool: Mutex::new(Pool {
                 free: Vec::new(),
@@ -112,7 +115,7 @@ impl FrameAllocator {
             }),
             caches: PerCpu::new(|| Mutex::new(Vec::new())),
             counts: PerCpu::new(Counts::default),
-            reserved: AtomicU64::new(0),
+            reserved: CounterU64::new(0),
         }
     }
 
@@ -131,7 +134,10 @@ impl FrameAllocator {
     pub fn alloc_uninit(&self) -> Option<Pfn> {
         let pfn = self.take()?;
         self.refs(pfn).store(1, Ordering::Relaxed);
-        self.counts.local().allocs.fetch_add(1, Ordering::Relaxed);
+        self.counts
+            .local()
+            .allocs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Some(pfn)
     }
 
@@ -204,8 +210,10 @@ impl FrameAllocator {
                 });
                 p = Box::into_raw(chunk);
                 slot.store(p, Ordering::Release);
-                self.reserved
-                    .fetch_add(CHUNK_FRAMES as u64 * PAGE_SIZE, Ordering::Relaxed);
+                self.reserved.fetch_add(
+                    CHUNK_FRAMES as u64 * PAGE_SIZE,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
             }
         }
         // SAFETY: `p` is non-null, was published with Release after full
@@ -235,17 +243,21 @@ impl FrameAllocator {
         let c = self.chunk(pfn);
         // SAFETY: the offset is below the chunk's size because
         // pfn % CHUNK_FRAMES < CHUNK_FRAMES.
-        unsafe { c.mem.add((pfn as usize % CHUNK_FRAMES) * PAGE_SIZE as usize) }
+        unsafe {
+            c.mem
+                .add((pfn as usize % CHUNK_FRAMES) * PAGE_SIZE as usize)
+        }
     }
 
+    /// The frame's memory as 512 atomic words.
     #[inline]
-    fn word(&self, pfn: Pfn, i: usize) -> &std::sync::atomic::AtomicU64 {
-        debug_assert!(i < WORDS);
+    fn words(&self, pfn: Pfn) -> &[std::sync::atomic::AtomicU64; WORDS] {
         // SAFETY: the frame's memory is 4096 bytes, 4096-aligned (chunk
-        // layout), so word i < 512 is in bounds and 8-byte aligned; it
-        // lives as long as the allocator; all shared accesses to frame
-        // memory go through these 8-byte atomics.
-        unsafe { std::sync::atomic::AtomicU64::from_ptr(self.base(pfn).add(i * 8) as *mut u64) }
+        // layout), so it is exactly 512 aligned u64 words; AtomicU64 has
+        // u64's layout; the memory lives as long as the allocator (we
+        // borrow it); all shared accesses to frame memory go through these
+        // 8-byte atomics.
+        unsafe { &*(self.base(pfn) as *const [std::sync::atomic::AtomicU64; WORDS]) }
     }
 
     /// Adds a reference (another mapping shares the frame).
@@ -259,7 +271,10 @@ impl FrameAllocator {
         if self.refs(pfn).fetch_sub(1, Ordering::AcqRel) != 1 {
             return false;
         }
-        self.counts.local().frees.fetch_add(1, Ordering::Relaxed);
+        self.counts
+            .local()
+            .frees
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut c = self.caches.local().lock();
         c.push(pfn);
         if c.len() >= CACHE_MAX {
@@ -274,20 +289,49 @@ impl FrameAllocator {
         self.refs(pfn).load(Ordering::Acquire)
     }
 
-    /// Clears a frame the caller owns exclusively.
-    pub fn zero(&self, pfn: Pfn) {
-        for i in 0..WORDS {
-            self.word(pfn, i).store(0, Ordering::Relaxed);
+    /// Clears a frame just allocated (nobody else can reach it yet).
+    fn zero(&self, pfn: Pfn) {
+        // SAFETY: the frame was just taken from the free lists, so no page
+        // table maps it and no access through an old translation remains
+        // (frames are freed only after the TLB flush that removed their
+        // last translation): we are its only user. The 4096 bytes are in
+        // bounds of its chunk.
+        unsafe { core::ptr::write_bytes(self.base(pfn), 0, PAGE_SIZE as usize) };
+    }
+
+    /// Obtains and touches the memory for the first `bytes` of the budget
+    /// now, so that later allocations do not pay the host kernel's page
+    /// faults (benchmarks call this before measuring). Only frames never
+    /// handed out are touched.
+    pub fn prefault(&self, bytes: u64) {
+        let frames = (bytes / PAGE_SIZE).min(self.budget);
+        // Holding the pool lock keeps `fresh` still: no frame at or above
+        // it can be handed out meanwhile.
+        let pool = self.pool.lock();
+        let mut pfn = pool.fresh;
+        while pfn < frames {
+            let c = self.chunk_for(pfn as Pfn);
+            let first = pfn as usize % CHUNK_FRAMES;
+            for i in first..CHUNK_FRAMES {
+                // SAFETY: page i of this chunk is frame (pfn - first + i)
+                // >= fresh, never handed out (checked under the pool lock
+                // we hold), so nobody else accesses it; the offset is
+                // inside the chunk.
+                unsafe { core::ptr::write_volatile(c.mem.add(i * PAGE_SIZE as usize), 0u8) };
+            }
+            pfn += (CHUNK_FRAMES - first) as u64;
         }
+        drop(pool);
     }
 
     /// Copies `buf.len()` bytes from the frame at `offset` (clamped to the
     /// frame: bytes past its end are left untouched).
     pub fn read(&self, pfn: Pfn, offset: usize, buf: &mut [u8]) {
         let end = (offset.saturating_add(buf.len())).min(PAGE_SIZE as usize);
+        let words = self.words(pfn);
         let mut pos = offset;
         while pos < end {
-            let w = self.word(pfn, pos / 8).load(Ordering::Relaxed).to_le_bytes();
+            let w = words[pos / 8].load(Ordering::Relaxed).to_le_bytes();
             let lo = pos % 8;
             let n = (8 - lo).min(end - pos);
             buf[pos - offset..pos - offset + n].copy_from_slice(&w[lo..lo + n]);
@@ -298,14 +342,18 @@ impl FrameAllocator {
     /// Copies `data` into the frame at `offset` (clamped to the frame).
     pub fn write(&self, pfn: Pfn, offset: usize, data: &[u8]) {
         let end = (offset.saturating_add(data.len())).min(PAGE_SIZE as usize);
+        let words = self.words(pfn);
         let mut pos = offset;
         while pos < end {
-            let word = self.word(pfn, pos / 8);
+            let word = &words[pos / 8];
             let lo = pos % 8;
             let n = (8 - lo).min(end - pos);
             let src = &data[pos - offset..pos - offset + n];
             if n == 8 {
-                word.store(u64::from_le_bytes(src.try_into().expect("8 bytes")), Ordering::Relaxed);
+                word.store(
+                    u64::from_le_bytes(src.try_into().expect("8 bytes")),
+                    Ordering::Relaxed,
+                );
             } else {
                 let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
                     let mut b = old.to_le_bytes();
@@ -319,9 +367,9 @@ impl FrameAllocator {
 
     /// Copies a whole frame.
     pub fn copy(&self, dst: Pfn, src: Pfn) {
-        for i in 0..WORDS {
-            let v = self.word(src, i).load(Ordering::Relaxed);
-            self.word(dst, i).store(v, Ordering::Relaxed);
+        let (d, s) = (self.words(dst), self.words(src));
+        for (d, s) in d.iter().zip(s.iter()) {
+            d.store(s.load(Ordering::Relaxed), Ordering::Relaxed);
         }
     }
 
@@ -329,8 +377,8 @@ impl FrameAllocator {
     pub fn used(&self) -> u64 {
         let (mut a, mut f) = (0u64, 0u64);
         for c in self.counts.iter() {
-            a += c.allocs.load(Ordering::Relaxed);
-            f += c.frees.load(Ordering::Relaxed);
+            a += c.allocs.load(std::sync::atomic::Ordering::Relaxed);
+            f += c.frees.load(std::sync::atomic::Ordering::Relaxed);
         }
         a.saturating_sub(f)
     }
@@ -342,7 +390,7 @@ impl FrameAllocator {
 
     /// Bytes of memory obtained from the system so far.
     pub fn reserved_bytes(&self) -> u64 {
-        self.reserved.load(Ordering::Relaxed)
+        self.reserved.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -406,7 +454,11 @@ mod tests {
         }
         let mut one = [0u8; 3];
         f.read(a, 2, &mut one);
-        assert_eq!(one, [1, 2, 3], "the write at offset 1 left data[1..4] at 2..5");
+        assert_eq!(
+            one,
+            [1, 2, 3],
+            "the write at offset 1 left data[1..4] at 2..5"
+        );
         f.put(a);
         let b = f.alloc().unwrap();
         assert_eq!(a, b);

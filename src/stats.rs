@@ -6,7 +6,7 @@
 //! operations have finished, and a good estimate while they run.
 
 use crate::percpu::PerCpu;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::counter::{AtomicU64, Ordering};
 
 macro_rules! counters {
     ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {

@@ -15,7 +15,8 @@ pub use crossbeam_epoch as epoch;
 #[cfg(not(aspace_loom))]
 mod imp {
     pub use std::sync::atomic::{
-        fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+        fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
+        Ordering,
     };
     pub use std::sync::Arc;
     pub use std::thread;
@@ -81,7 +82,8 @@ mod imp {
 #[cfg(aspace_loom)]
 mod imp {
     pub use loom::sync::atomic::{
-        fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+        fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
+        Ordering,
     };
     pub use loom::sync::Arc;
     pub use loom::thread;
@@ -173,3 +175,10 @@ mod imp {
 }
 
 pub use imp::*;
+
+/// Atomics for statistics and other counters that take part in no
+/// synchronization protocol: plain `std` atomics even under loom, so that
+/// models do not spend their branch budget on bookkeeping.
+pub mod counter {
+    pub use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+}

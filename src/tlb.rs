@@ -132,7 +132,11 @@ pub(crate) struct Gather<'a> {
 }
 
 impl<'a> Gather<'a> {
-    pub(crate) fn new(tlb: &'a TlbState, stats: &'a StatCounters, frames: &'a FrameAllocator) -> Self {
+    pub(crate) fn new(
+        tlb: &'a TlbState,
+        stats: &'a StatCounters,
+        frames: &'a FrameAllocator,
+    ) -> Self {
         Gather {
             tlb,
             stats,

@@ -1,11 +1,11 @@
 //! read/write: user-mode loads and stores.
 
 use super::{Access, AddressSpace};
+use crate::addr::{Range, PAGE_SIZE};
 use crate::error::{Error, Result};
 use crate::fault::ZERO_PFN;
 use crate::phys::Pfn;
 use crate::pt::PteFlags;
-use crate::addr::{Range, PAGE_SIZE};
 
 impl AddressSpace {
     /// Reads `buf.len()` bytes at `addr` like user-mode loads: pages fault

@@ -53,9 +53,9 @@ impl AddressSpace {
                 return Ok(old);
             }
         }
-        let heap = ed
-            .ending_at(oldbrk)
-            .filter(|v| v.start() >= ed.st.start_brk && super::edit::flags_mergeable(v.flags(), BRK_FLAGS));
+        let heap = ed.ending_at(oldbrk).filter(|v| {
+            v.start() >= ed.st.start_brk && super::edit::flags_mergeable(v.flags(), BRK_FLAGS)
+        });
         match heap {
             Some(v) => {
                 // Only the end moves: nothing else changes owner.
@@ -67,7 +67,13 @@ impl AddressSpace {
                     return Ok(old);
                 }
                 let r = Range::new(oldbrk, newbrk);
-                let v = ed.new_vma(r, oldbrk >> PAGE_SHIFT, BRK_FLAGS | VmFlags::SOFTDIRTY, None, None);
+                let v = ed.new_vma(
+                    r,
+                    oldbrk >> PAGE_SHIFT,
+                    BRK_FLAGS | VmFlags::SOFTDIRTY,
+                    None,
+                    None,
+                );
                 ed.insert(v);
             }
         }

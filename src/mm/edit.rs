@@ -180,6 +180,13 @@ impl<'a> Edit<'a> {
     /// sure the gained part is free or belongs to VMAs it is removing.
     pub(crate) fn set_range(&mut self, v: VmaRef, start: u64, end: u64, pgoff: u64) {
         let old = v.range();
+        // Moving a start changes which pages the VMA's anon_vma maps where:
+        // rmap walkers must not see it half done (Linux's vma_adjust rule).
+        let anon = v.anon_vma_arc();
+        let _rmap = anon
+            .as_deref()
+            .filter(|_| start != old.start)
+            .map(|a| a.lock());
         self.w.store(Range::new(start, end), v);
         // A shrink: the lost parts were overwritten by the caller's stores,
         // or must be erased now.
@@ -216,8 +223,17 @@ impl<'a> Edit<'a> {
             return Err(Error::NoMem);
         }
         self.lock(v);
+        // Inserting a VMA that shares the anon_vma: take its lock.
+        let anon = v.anon_vma_arc();
+        let _rmap = anon.as_deref().map(|a| a.lock());
         let upper = Range::new(at, v.end());
-        let n = self.new_vma(upper, v.pgoff_of(at), v.flags(), v.anon_vma_arc(), v.shmem_arc());
+        let n = self.new_vma(
+            upper,
+            v.pgoff_of(at),
+            v.flags(),
+            v.anon_vma_arc(),
+            v.shmem_arc(),
+        );
         n.lock.mark_attached();
         // One store moves [at, end) from v to n atomically for readers.
         self.w.store(upper, n);
@@ -296,7 +312,13 @@ impl<'a> Edit<'a> {
     /// Applies new flags to `[s, e)` inside `v`, merging with neighbours
     /// where Linux would (`vma_merge_existing_range`), else splitting.
     /// Returns the VMA that now covers `[s, e)`.
-    pub(crate) fn modify_flags(&mut self, v: VmaRef, s: u64, e: u64, flags: VmFlags) -> Result<VmaRef> {
+    pub(crate) fn modify_flags(
+        &mut self,
+        v: VmaRef,
+        s: u64,
+        e: u64,
+        flags: VmFlags,
+    ) -> Result<VmaRef> {
         let left_side = s == v.start();
         let right_side = e == v.end();
         let pgoff = v.pgoff_of(s);
@@ -308,7 +330,11 @@ impl<'a> Edit<'a> {
             shmem: shmem.as_deref(),
         };
         let prev = if left_side { self.ending_at(s) } else { None };
-        let next = if right_side { self.starting_at(e) } else { None };
+        let next = if right_side {
+            self.starting_at(e)
+        } else {
+            None
+        };
         let left = prev.is_some_and(|p| proto.merges_after(&p, pgoff));
         let mut right = next.is_some_and(|n| proto.merges_before(&n, pgoff, e - s));
         if left && right {

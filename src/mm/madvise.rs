@@ -38,7 +38,9 @@ impl AddressSpace {
             if vr.start > cursor {
                 hole = true;
             }
-            let part = vr.intersect(&r).expect("range() yields intersecting entries");
+            let part = vr
+                .intersect(&r)
+                .expect("range() yields intersecting entries");
             cursor = part.end;
             if advice == Advice::DontNeed {
                 let _ = v.flags().contains(VmFlags::SHARED);

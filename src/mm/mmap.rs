@@ -21,8 +21,9 @@ impl AddressSpace {
     /// `EINVAL` for an unaligned fixed address; `EPERM` for a fixed address
     /// below `mmap_min_addr`; `EEXIST` when `FIXED_NOREPLACE` overlaps a
     /// mapping; `EINVAL` when neither `SHARED` nor `PRIVATE` is given, or
-    /// `GROWSDOWN` is combined with `SHARED`. `SHARED | PRIVATE` is Linux's
-    /// `MAP_SHARED_VALIDATE`: a shared mapping.
+    /// `GROWSDOWN` is combined with `SHARED`; `EINVAL` also for
+    /// `SHARED | PRIVATE` (Linux's `MAP_SHARED_VALIDATE`, which anonymous
+    /// mappings do not accept).
     pub fn mmap(&self, addr: u64, len: u64, prot: Prot, flags: MapFlags) -> Result<u64> {
         if !MapFlags::all().contains(flags) {
             return Err(Error::Inval);
@@ -46,11 +47,15 @@ impl AddressSpace {
             return Err(Error::Perm);
         }
         let r = Range::new(addr, addr + len);
-        if flags.contains(MapFlags::FIXED_NOREPLACE) && ed.find_after(addr).is_some_and(|v| v.start() < r.end) {
+        if flags.contains(MapFlags::FIXED_NOREPLACE)
+            && ed.find_after(addr).is_some_and(|v| v.start() < r.end)
+        {
             return Err(Error::Exist);
         }
+        // Anonymous memory takes exactly one of SHARED and PRIVATE (Linux's
+        // MAP_SHARED_VALIDATE, both bits, is for files only).
         let shared = flags.contains(MapFlags::SHARED);
-        if !shared && !flags.contains(MapFlags::PRIVATE) {
+        if shared == flags.contains(MapFlags::PRIVATE) {
             return Err(Error::Inval);
         }
         if shared && flags.contains(MapFlags::GROWSDOWN) {
@@ -80,7 +85,11 @@ impl AddressSpace {
             }
         }
         let vma = if shared {
-            let obj = Arc::new(Shmem::new(next_id(), len >> PAGE_SHIFT, self.frames.clone()));
+            let obj = Arc::new(Shmem::new(
+                next_id(),
+                len >> PAGE_SHIFT,
+                self.frames.clone(),
+            ));
             let v = ed.new_vma(r, 0, vf, None, Some(obj));
             ed.insert(v);
             v
@@ -195,7 +204,11 @@ impl AddressSpace {
     }
 
     fn unmapped_area_bottomup(&self, ed: &Edit<'_>, len: u64) -> Option<u64> {
-        let mut low = self.cfg.mmap_base.max(self.cfg.mmap_min_addr).max(PAGE_SIZE);
+        let mut low = self
+            .cfg
+            .mmap_base
+            .max(self.cfg.mmap_min_addr)
+            .max(PAGE_SIZE);
         let high = self.cfg.task_size;
         loop {
             if high < low || high - low < len {

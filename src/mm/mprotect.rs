@@ -67,7 +67,11 @@ impl AddressSpace {
             let newflags = old.difference(VmFlags::ACCESS) | want;
             // New access bits need the matching MAY bits (VM_MAY* = VM_* << 4).
             let may = VmFlags::from_bits_truncate((newflags.bits() >> 4) & VmFlags::ACCESS.bits());
-            if !newflags.intersection(VmFlags::ACCESS).difference(may).is_empty() {
+            if !newflags
+                .intersection(VmFlags::ACCESS)
+                .difference(may)
+                .is_empty()
+            {
                 return Err(Error::Acces);
             }
             let tmp = vma.end().min(end);
@@ -87,13 +91,21 @@ impl AddressSpace {
     }
 
     /// Linux's `mprotect_fixup`: accounting flag, then merge or split.
-    fn mprotect_fixup(ed: &mut Edit<'_>, vma: VmaRef, s: u64, e: u64, mut newflags: VmFlags) -> Result<VmaRef> {
+    fn mprotect_fixup(
+        ed: &mut Edit<'_>,
+        vma: VmaRef,
+        s: u64,
+        e: u64,
+        mut newflags: VmFlags,
+    ) -> Result<VmaRef> {
         let old = vma.flags();
         if newflags == old {
             return Ok(vma);
         }
         if newflags.contains(VmFlags::WRITE) {
-            if !old.intersects(VmFlags::ACCOUNT | VmFlags::WRITE | VmFlags::SHARED | VmFlags::NORESERVE) {
+            if !old.intersects(
+                VmFlags::ACCOUNT | VmFlags::WRITE | VmFlags::SHARED | VmFlags::NORESERVE,
+            ) {
                 newflags |= VmFlags::ACCOUNT;
             }
         } else if old.contains(VmFlags::ACCOUNT) && vma.is_anonymous() && vma.anon_vma().is_none() {
@@ -115,7 +127,9 @@ impl AddressSpace {
             let mut f = pte_flags(flags);
             if f.contains(PteFlags::WRITE)
                 && !shared
-                && (pte.pfn() == ZERO_PFN || pte.flags().contains(PteFlags::COW) || frames.refcount(pte.pfn()) != 1)
+                && (pte.pfn() == ZERO_PFN
+                    || pte.flags().contains(PteFlags::COW)
+                    || frames.refcount(pte.pfn()) != 1)
             {
                 f.remove(PteFlags::WRITE);
             }

@@ -28,7 +28,14 @@ impl AddressSpace {
     /// mapped or the old range crosses the end of its VMA; `ENOMEM` if a
     /// grow cannot be done in place and `MAYMOVE` is not given, no room is
     /// found, or the map count is too close to its limit.
-    pub fn mremap(&self, old_addr: u64, old_len: u64, new_len: u64, flags: MremapFlags, new_addr: u64) -> Result<u64> {
+    pub fn mremap(
+        &self,
+        old_addr: u64,
+        old_len: u64,
+        new_len: u64,
+        flags: MremapFlags,
+        new_addr: u64,
+    ) -> Result<u64> {
         let task = self.cfg.task_size;
         if !MremapFlags::all().contains(flags) {
             return Err(Error::Inval);
@@ -53,8 +60,7 @@ impl AddressSpace {
             if flags.contains(MremapFlags::DONTUNMAP) && old_len != new_len {
                 return Err(Error::Inval);
             }
-            if flags.contains(MremapFlags::FIXED)
-                && Range::new(old_addr, old_addr.saturating_add(old_len))
+            if Range::new(old_addr, old_addr.saturating_add(old_len))
                     .overlaps(&Range::new(new_addr, new_addr + new_len))
             {
                 return Err(Error::Inval);
@@ -66,16 +72,11 @@ impl AddressSpace {
         let Some(vma) = ed.find(old_addr) else {
             return Err(Error::Fault);
         };
-        let shared = vma.flags().contains(VmFlags::MAYSHARE);
-        if old_len == 0 && !shared {
-            return Err(Error::Inval);
-        }
-        if old_len > vma.end() - old_addr {
-            return Err(Error::Fault);
-        }
         if implies_new {
             return self.mremap_to(&mut ed, old_addr, old_len, new_len, flags, new_addr);
         }
+        // Calls that map nothing new skip the remaining checks: a shrink
+        // unmaps the tail like munmap (it may span VMAs).
         if new_len == old_len {
             return Ok(old_addr);
         }
@@ -83,6 +84,8 @@ impl AddressSpace {
             ed.unmap(Range::new(old_addr + new_len, old_addr + old_len))?;
             return Ok(old_addr);
         }
+        let shared = vma.flags().contains(VmFlags::MAYSHARE);
+        Self::check_old_range(vma, old_addr, old_len)?;
         // Grow: in place if the mapping ends the VMA and the pages after
         // it are free.
         let delta = new_len - old_len;
@@ -95,9 +98,26 @@ impl AddressSpace {
         if !flags.contains(MremapFlags::MAYMOVE) {
             return Err(Error::NoMem);
         }
-        let mflags = if shared { MapFlags::SHARED } else { MapFlags::PRIVATE };
+        let mflags = if shared {
+            MapFlags::SHARED
+        } else {
+            MapFlags::PRIVATE
+        };
         let dst = self.get_unmapped_area(&ed, 0, new_len, false, mflags)?;
         self.move_vma(&mut ed, vma, old_addr, old_len, new_len, dst, flags)
+    }
+
+    /// Checks for calls that map something new: a zero old length only
+    /// duplicates shared mappings, and the old range must not cross the end
+    /// of its VMA.
+    fn check_old_range(vma: VmaRef, old_addr: u64, old_len: u64) -> Result<()> {
+        if old_len == 0 && !vma.flags().contains(VmFlags::MAYSHARE) {
+            return Err(Error::Inval);
+        }
+        if old_len > vma.end() - old_addr {
+            return Err(Error::Fault);
+        }
+        Ok(())
     }
 
     /// True if `vma` can grow by `delta` bytes at its end.
@@ -134,11 +154,16 @@ impl AddressSpace {
         let Some(vma) = ed.find(old_addr) else {
             return Err(Error::Fault);
         };
+        Self::check_old_range(vma, old_addr, old_len)?;
         let shared = vma.flags().contains(VmFlags::MAYSHARE);
         let dst = if flags.contains(MremapFlags::FIXED) {
             new_addr
         } else {
-            let mflags = if shared { MapFlags::SHARED } else { MapFlags::PRIVATE };
+            let mflags = if shared {
+                MapFlags::SHARED
+            } else {
+                MapFlags::PRIVATE
+            };
             self.get_unmapped_area(ed, new_addr, new_len, false, mflags)?
         };
         self.move_vma(ed, vma, old_addr, old_len, new_len, dst, flags)

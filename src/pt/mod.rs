@@ -15,7 +15,8 @@ use crate::addr::{Range, PAGE_SHIFT, PAGE_SIZE};
 use crate::percpu::PerCpu;
 use crate::phys::Pfn;
 use crate::reclaim::{Guard, Reclaimer};
-use crate::sync::{AtomicI64, AtomicU64, Mutex, Ordering};
+use crate::sync::counter::AtomicI64;
+use crate::sync::{AtomicU32, AtomicU64, Mutex, Ordering};
 use bitflags::bitflags;
 
 bitflags! {
@@ -95,9 +96,12 @@ const VA_BITS: u32 = PAGE_SHIFT + 9 * LEVELS;
 /// Marks an upper-level entry as pointing to a table.
 const TABLE_BIT: u64 = 1;
 
-/// One table page. The lock is used only at level 0.
+/// One table page. The lock is used only at level 0. `used` counts
+/// non-empty entries (changed under the lock at level 0, by the installing
+/// CAS and the unlinking writer above), so emptiness needs no scan.
 struct Table {
     entries: Box<[AtomicU64]>,
+    used: AtomicU32,
     lock: Mutex<()>,
 }
 
@@ -105,17 +109,19 @@ impl Table {
     fn new() -> Box<Table> {
         Box::new(Table {
             entries: (0..ENTRIES).map(|_| AtomicU64::new(0)).collect(),
+            used: AtomicU32::new(0),
             lock: Mutex::new(()),
         })
     }
 
     fn is_empty(&self) -> bool {
-        self.entries.iter().all(|e| e.load(Ordering::Relaxed) == 0)
+        self.used.load(Ordering::Acquire) == 0
     }
 }
 
-/// Bytes one table page stands for (a real one is 4 KiB).
-const TABLE_BYTES: u64 = PAGE_SIZE;
+/// Bytes one table costs here: its 512 entries (a real x86-64 table page
+/// is exactly these 4 KiB) plus the header with its lock and count.
+const TABLE_BYTES: u64 = PAGE_SIZE + core::mem::size_of::<Table>() as u64;
 
 /// Span of one entry at `level` (level 0: a page).
 const fn entry_span(level: u32) -> u64 {
@@ -186,9 +192,17 @@ impl PageTable {
                 None if !create => return None,
                 None => {
                     let new = Box::into_raw(Table::new());
-                    match e.compare_exchange(0, new as u64 | TABLE_BIT, Ordering::AcqRel, Ordering::Acquire) {
+                    match e.compare_exchange(
+                        0,
+                        new as u64 | TABLE_BIT,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
                         Ok(_) => {
-                            self.tables.local().fetch_add(1, Ordering::Relaxed);
+                            t.used.fetch_add(1, Ordering::Relaxed);
+                            self.tables
+                                .local()
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             // SAFETY: we just published `new`; see `child`.
                             unsafe { &*new }
                         }
@@ -226,6 +240,7 @@ impl PageTable {
             return Err(Pte(cur));
         }
         e.store(pte.0, Ordering::Release);
+        t.used.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -236,8 +251,18 @@ impl PageTable {
         let t = self.pte_table(va, false, g)?;
         let e = &t.entries[index(va, 0)];
         let _l = t.lock.lock();
-        let new = f(Pte(e.load(Ordering::Relaxed)))?;
+        let old = e.load(Ordering::Relaxed);
+        let new = f(Pte(old))?;
         e.store(new.0, Ordering::Release);
+        match (old != 0, new.0 != 0) {
+            (false, true) => {
+                t.used.fetch_add(1, Ordering::Relaxed);
+            }
+            (true, false) => {
+                t.used.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
         Some(new)
     }
 
@@ -279,6 +304,7 @@ impl PageTable {
                 let old = e.load(Ordering::Relaxed);
                 if old != 0 {
                     e.store(0, Ordering::Release);
+                    t.used.fetch_sub(1, Ordering::Relaxed);
                     f(va, Pte(old));
                 }
                 va += PAGE_SIZE;
@@ -378,13 +404,17 @@ impl PageTable {
             self.free_in(child, level - 1, lo, r, g);
             if lo >= r.start && hi <= r.end && child.is_empty() {
                 let v = e.swap(0, Ordering::AcqRel);
-                self.tables.local().fetch_sub(1, Ordering::Relaxed);
+                t.used.fetch_sub(1, Ordering::Relaxed);
+                self.tables
+                    .local()
+                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                 let ptr = (v & !TABLE_BIT) as *mut Table;
                 // SAFETY: the entry held this table; the swap unlinked it,
                 // so only walkers pinned before now can reach it, and the
                 // reclaimer frees it after they are gone. We own it.
                 unsafe {
-                    self.reclaimer.retire_with(g, ptr, |p| drop(Box::from_raw(p)));
+                    self.reclaimer
+                        .retire_with(g, ptr, |p| drop(Box::from_raw(p)));
                 }
             }
         }
@@ -392,10 +422,16 @@ impl PageTable {
 
     /// Table pages in use, the root included.
     pub fn table_pages(&self) -> u64 {
-        1 + self.tables.iter().map(|c| c.load(Ordering::Relaxed)).sum::<i64>().max(0) as u64
+        1 + self
+            .tables
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum::<i64>()
+            .max(0) as u64
     }
 
-    /// Bytes of table pages in use (4 KiB each, as on x86-64).
+    /// Bytes of table pages in use (4 KiB of entries each, as on x86-64,
+    /// plus a small header).
     pub fn table_bytes(&self) -> u64 {
         self.table_pages() * TABLE_BYTES
     }
@@ -443,11 +479,15 @@ mod tests {
         assert_eq!(p.install(va, Pte::new(1, PteFlags::USER), &g), Err(e));
         assert_eq!(p.lookup(va, &g).pfn(), 42);
         assert!(p.lookup(va, &g).is_writable());
-        let ro = p.update(va, &g, |old| Some(Pte::new(old.pfn(), PteFlags::USER))).unwrap();
+        let ro = p
+            .update(va, &g, |old| Some(Pte::new(old.pfn(), PteFlags::USER)))
+            .unwrap();
         assert!(!ro.is_writable());
         assert_eq!(p.table_pages(), 4);
         let mut zapped = vec![];
-        p.zap_range(Range::new(va - PAGE_SIZE, va + PAGE_SIZE), &g, |a, pte| zapped.push((a, pte.pfn())));
+        p.zap_range(Range::new(va - PAGE_SIZE, va + PAGE_SIZE), &g, |a, pte| {
+            zapped.push((a, pte.pfn()))
+        });
         assert_eq!(zapped, vec![(va, 42)]);
         assert_eq!(p.lookup(va, &g), Pte::NONE);
         p.free_tables(Range::new(0, 1 << 47), &g);
@@ -460,10 +500,13 @@ mod tests {
         let g = p.pin();
         let base = (1u64 << 30) - 4 * PAGE_SIZE; // crosses a 1 GiB boundary
         for i in 0..8 {
-            p.install(base + i * PAGE_SIZE, Pte::new(i as Pfn, PteFlags::USER), &g).unwrap();
+            p.install(base + i * PAGE_SIZE, Pte::new(i as Pfn, PteFlags::USER), &g)
+                .unwrap();
         }
         let mut seen = vec![];
-        p.for_each_present(Range::new(0, 1 << 40), &g, |va, pte| seen.push((va, pte.pfn())));
+        p.for_each_present(Range::new(0, 1 << 40), &g, |va, pte| {
+            seen.push((va, pte.pfn()))
+        });
         assert_eq!(seen.len(), 8);
         assert!(seen.windows(2).all(|w| w[0].0 < w[1].0));
         p.change_range(Range::new(base, base + 8 * PAGE_SIZE), &g, |_, pte| {
@@ -491,8 +534,13 @@ mod tests {
         let p = pt();
         let g = p.pin();
         assert_eq!(p.lookup(1 << 48, &g), Pte::NONE);
-        assert_eq!(p.install(u64::MAX & !0xfff, Pte::new(1, PteFlags::USER), &g), Err(Pte::NONE));
-        p.zap_range(Range::new(1 << 47, u64::MAX), &g, |_, _| panic!("nothing there"));
+        assert_eq!(
+            p.install(!0xfff, Pte::new(1, PteFlags::USER), &g),
+            Err(Pte::NONE)
+        );
+        p.zap_range(Range::new(1 << 47, u64::MAX), &g, |_, _| {
+            panic!("nothing there")
+        });
     }
 
     #[test]
@@ -506,7 +554,9 @@ mod tests {
                     let g = p.pin();
                     let mut wins = 0;
                     for i in 0..2048u64 {
-                        if p.install(0x1000_0000 + i * PAGE_SIZE, Pte::new(t, PteFlags::USER), &g).is_ok() {
+                        if p.install(0x1000_0000 + i * PAGE_SIZE, Pte::new(t, PteFlags::USER), &g)
+                            .is_ok()
+                        {
                             wins += 1;
                         }
                     }

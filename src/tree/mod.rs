@@ -81,7 +81,9 @@ impl<V: Clone + Send + Sync + 'static> Default for RangeTree<V> {
 
 impl<V> core::fmt::Debug for RangeTree<V> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("RangeTree").field("len", &self.len.load(Ordering::Relaxed)).finish()
+        f.debug_struct("RangeTree")
+            .field("len", &self.len.load(Ordering::Relaxed))
+            .finish()
     }
 }
 
@@ -167,7 +169,7 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
 
     /// The last entry whose end is at or below `addr`.
     pub fn prev<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
-        fn rec<'g, V>(n: &'g Node<V>, addr: u64) -> Option<(Range, &'g V)> {
+        fn rec<V>(n: &Node<V>, addr: u64) -> Option<(Range, &V)> {
             match n {
                 Node::Internal(x) => {
                     // Children whose first entry ends by `addr` may hold it;
@@ -186,7 +188,12 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
                 }
                 Node::Leaf(l) => {
                     let i = l.ends[..l.len].partition_point(|&e| e <= addr);
-                    (i > 0).then(|| (node::entry(l, i - 1), l.vals[i - 1].as_ref().expect("slot holds a value")))
+                    (i > 0).then(|| {
+                        (
+                            node::entry(l, i - 1),
+                            l.vals[i - 1].as_ref().expect("slot holds a value"),
+                        )
+                    })
                 }
             }
         }
@@ -195,7 +202,7 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
 
     /// The first entry whose start is at or above `addr`.
     pub fn next<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
-        fn rec<'g, V>(n: &'g Node<V>, addr: u64) -> Option<(Range, &'g V)> {
+        fn rec<V>(n: &Node<V>, addr: u64) -> Option<(Range, &V)> {
             match n {
                 Node::Internal(x) => {
                     let i = x.lasts[..x.len].partition_point(|&e| e <= addr);
@@ -209,7 +216,12 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
                 }
                 Node::Leaf(l) => {
                     let i = l.starts[..l.len].partition_point(|&s| s < addr);
-                    (i < l.len).then(|| (node::entry(l, i), l.vals[i].as_ref().expect("slot holds a value")))
+                    (i < l.len).then(|| {
+                        (
+                            node::entry(l, i),
+                            l.vals[i].as_ref().expect("slot holds a value"),
+                        )
+                    })
                 }
             }
         }
@@ -217,7 +229,11 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
     }
 
     /// The entries intersecting `r`, in ascending order.
-    pub fn range<'g>(&'g self, r: Range, g: &'g Guard) -> impl Iterator<Item = (Range, &'g V)> + 'g {
+    pub fn range<'g>(
+        &'g self,
+        r: Range,
+        g: &'g Guard,
+    ) -> impl Iterator<Item = (Range, &'g V)> + 'g {
         fn rec<'g, V>(n: &'g Node<V>, r: Range, out: &mut Vec<(Range, &'g V)>) {
             match n {
                 Node::Internal(x) => {
@@ -262,6 +278,20 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
         self.len() == 0
     }
 
+    /// Bytes of node memory reachable from the current root.
+    pub fn memory_bytes(&self) -> usize {
+        fn rec<V>(n: &Node<V>) -> usize {
+            core::mem::size_of::<Node<V>>()
+                + match n {
+                    // SAFETY: as in `find` (the caller's pin below).
+                    Node::Internal(x) => x.kids[..x.len].iter().map(|&k| rec(unsafe { node(k) })).sum(),
+                    Node::Leaf(_) => 0,
+                }
+        }
+        let g = self.pin();
+        self.root(&g).map_or(0, rec)
+    }
+
     /// Levels of nodes (0 for an empty tree, 1 for a single leaf).
     pub fn height(&self) -> usize {
         let g = self.pin();
@@ -286,7 +316,12 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
         if size == 0 || !align.is_power_of_two() || lo >= hi || hi - lo < size {
             return None;
         }
-        let q = GapQuery { lo, hi, size, align };
+        let q = GapQuery {
+            lo,
+            hi,
+            size,
+            align,
+        };
         let Some(root) = self.root(g) else {
             return q.fit_low(0, u64::MAX);
         };
@@ -303,7 +338,12 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
         if size == 0 || !align.is_power_of_two() || lo >= hi || hi - lo < size {
             return None;
         }
-        let q = GapQuery { lo, hi, size, align };
+        let q = GapQuery {
+            lo,
+            hi,
+            size,
+            align,
+        };
         let Some(root) = self.root(g) else {
             return q.fit_high(0, u64::MAX);
         };
@@ -311,6 +351,13 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
         q.fit_high(s.last, u64::MAX)
             .or_else(|| q.high_in(root, s))
             .or_else(|| q.fit_high(0, s.first))
+    }
+
+    /// Asks the reclaimer to free what it can now (epoch: flush this
+    /// thread's deferred frees and try to advance the epoch).
+    pub fn collect(&self) {
+        let g = self.reclaimer.pin();
+        self.reclaimer.flush(&g);
     }
 
     /// Takes the writer side. Writers are serialized; readers are not
@@ -328,7 +375,11 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
     pub fn check_invariants(&self) -> Result<(), String> {
         let g = self.pin();
         let Some(root) = self.root(&g) else {
-            return if self.len() == 0 { Ok(()) } else { Err(format!("empty root but len {}", self.len())) };
+            return if self.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("empty root but len {}", self.len()))
+            };
         };
         let mut count = 0;
         let mut leaf_depth = None;
@@ -364,7 +415,10 @@ fn check<V>(
                     return Err(format!("empty entry {:?}", node::entry(l, i)));
                 }
                 if *count > 0 && l.starts[i] < *last_end {
-                    return Err(format!("entry {:?} overlaps or is out of order", node::entry(l, i)));
+                    return Err(format!(
+                        "entry {:?} overlaps or is out of order",
+                        node::entry(l, i)
+                    ));
                 }
                 if l.vals[i].is_none() {
                     return Err("slot without a value".into());
@@ -378,7 +432,11 @@ fn check<V>(
                 // SAFETY: the caller holds a guard (check_invariants).
                 let c = unsafe { node(x.kids[k]) };
                 let s = c.summary();
-                let want = Summary { first: x.firsts[k], last: x.lasts[k], gap: x.gaps[k] };
+                let want = Summary {
+                    first: x.firsts[k],
+                    last: x.lasts[k],
+                    gap: x.gaps[k],
+                };
                 if s != want {
                     return Err(format!("stale summary {want:?}, subtree has {s:?}"));
                 }
@@ -436,7 +494,11 @@ impl GapQuery {
                             return None;
                         }
                     }
-                    let ks = Summary { first: x.firsts[k], last: x.lasts[k], gap: x.gaps[k] };
+                    let ks = Summary {
+                        first: x.firsts[k],
+                        last: x.lasts[k],
+                        gap: x.gaps[k],
+                    };
                     // SAFETY: the query runs under the caller's guard.
                     if let Some(f) = self.low_in(unsafe { node(x.kids[k]) }, ks) {
                         return Some(f);
@@ -453,7 +515,9 @@ impl GapQuery {
             return None;
         }
         match n {
-            Node::Leaf(l) => (1..l.len).rev().find_map(|i| self.fit_high(l.ends[i - 1], l.starts[i])),
+            Node::Leaf(l) => (1..l.len)
+                .rev()
+                .find_map(|i| self.fit_high(l.ends[i - 1], l.starts[i])),
             Node::Internal(x) => {
                 for k in (0..x.len).rev() {
                     if k + 1 < x.len {
@@ -464,7 +528,11 @@ impl GapQuery {
                             return None;
                         }
                     }
-                    let ks = Summary { first: x.firsts[k], last: x.lasts[k], gap: x.gaps[k] };
+                    let ks = Summary {
+                        first: x.firsts[k],
+                        last: x.lasts[k],
+                        gap: x.gaps[k],
+                    };
                     // SAFETY: as in `low_in`.
                     if let Some(f) = self.high_in(unsafe { node(x.kids[k]) }, ks) {
                         return Some(f);
@@ -548,7 +616,11 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
             return Vec::new();
         }
         let g = self.tree.pin();
-        let hit: Vec<(Range, V)> = self.tree.range(r, &g).map(|(e, v)| (e, v.clone())).collect();
+        let hit: Vec<(Range, V)> = self
+            .tree
+            .range(r, &g)
+            .map(|(e, v)| (e, v.clone()))
+            .collect();
         let mut ed = Editor::new();
         let mut root = self.cur();
         let mut delta: isize = 0;
@@ -564,7 +636,10 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
                 root = ed.insert(root, r.end, e.end, ev.clone());
                 delta += 1;
             }
-            out.push((e.intersect(&r).expect("range() yields overlapping entries"), ev));
+            out.push((
+                e.intersect(&r).expect("range() yields overlapping entries"),
+                ev,
+            ));
         }
         if let Some(v) = v {
             root = ed.insert(root, r.start, r.end, v);
@@ -577,7 +652,9 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
     /// Publishes `root` with one Release store, then retires what the edit
     /// replaced.
     fn publish(&mut self, root: NodePtr<V>, ed: Editor<V>, delta: isize, g: &Guard) {
-        self.tree.root.store(root as *mut Node<V>, Ordering::Release);
+        self.tree
+            .root
+            .store(root as *mut Node<V>, Ordering::Release);
         let len = self.tree.len.load(Ordering::Relaxed) as isize + delta;
         self.tree.len.store(len as usize, Ordering::Relaxed);
         for p in ed.garbage {

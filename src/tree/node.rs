@@ -38,7 +38,8 @@ pub(crate) struct Internal<V> {
     pub(crate) kids: [NodePtr<V>; B],
 }
 
-/// A tree node.
+/// A tree node. Both kinds live inline: a node is one allocation.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Node<V> {
     Leaf(Leaf<V>),
     Internal(Internal<V>),
@@ -91,7 +92,13 @@ impl<V: Clone> Leaf<V> {
 
     fn entries(&self) -> Vec<(u64, u64, V)> {
         (0..self.len)
-            .map(|i| (self.starts[i], self.ends[i], self.vals[i].clone().expect("slot below len holds a value")))
+            .map(|i| {
+                (
+                    self.starts[i],
+                    self.ends[i],
+                    self.vals[i].clone().expect("slot below len holds a value"),
+                )
+            })
             .collect()
     }
 }
@@ -195,7 +202,9 @@ pub(crate) struct Editor<V> {
 
 impl<V: Clone> Editor<V> {
     pub(crate) fn new() -> Self {
-        Editor { garbage: Vec::new() }
+        Editor {
+            garbage: Vec::new(),
+        }
     }
 
     /// Inserts `[s, e) -> v` (which overlaps nothing) into the tree rooted
@@ -237,7 +246,9 @@ impl<V: Clone> Editor<V> {
                     .collect()
             }
             Node::Internal(n) => {
-                let i = n.firsts[..n.len].partition_point(|&f| f <= s).saturating_sub(1);
+                let i = n.firsts[..n.len]
+                    .partition_point(|&f| f <= s)
+                    .saturating_sub(1);
                 let mut kids = n.kid_list();
                 let repl = self.insert_rec(n.kids[i], s, e, v);
                 kids.splice(i..=i, repl);
@@ -259,7 +270,14 @@ impl<V: Clone> Editor<V> {
             match unsafe { node(p) } {
                 Node::Internal(n) if n.len == 1 => {
                     self.garbage.push(p);
-                    r = Some((n.kids[0], Summary { first: n.firsts[0], last: n.lasts[0], gap: n.gaps[0] }));
+                    r = Some((
+                        n.kids[0],
+                        Summary {
+                            first: n.firsts[0],
+                            last: n.lasts[0],
+                            gap: n.gaps[0],
+                        },
+                    ));
                 }
                 _ => break,
             }
@@ -273,12 +291,17 @@ impl<V: Clone> Editor<V> {
         match unsafe { node(p) } {
             Node::Leaf(l) => {
                 let mut es = l.entries();
-                let at = es.iter().position(|x| x.0 == s).expect("removed entry exists");
+                let at = es
+                    .iter()
+                    .position(|x| x.0 == s)
+                    .expect("removed entry exists");
                 es.remove(at);
                 (!es.is_empty()).then(|| publish_node(Node::Leaf(Leaf::from_entries(&es))))
             }
             Node::Internal(n) => {
-                let i = n.firsts[..n.len].partition_point(|&f| f <= s).saturating_sub(1);
+                let i = n.firsts[..n.len]
+                    .partition_point(|&f| f <= s)
+                    .saturating_sub(1);
                 let mut kids = n.kid_list();
                 match self.remove_rec(n.kids[i], s) {
                     None => {

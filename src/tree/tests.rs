@@ -92,7 +92,10 @@ fn gaps_on_empty_tree() {
     assert_eq!(t.gap_lowest(0, 100, 1, 3, &g), None);
     assert_eq!(t.gap_lowest(100, 100, 1, 1, &g), None);
     // The range is half-open: the last usable address is u64::MAX - 1.
-    assert_eq!(t.gap_highest(0, u64::MAX, 1 << 20, 1 << 12, &g), Some(u64::MAX - (1 << 20) - 0xfff));
+    assert_eq!(
+        t.gap_highest(0, u64::MAX, 1 << 20, 1 << 12, &g),
+        Some(u64::MAX - (1 << 20) - 0xfff)
+    );
 }
 
 #[test]

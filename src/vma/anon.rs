@@ -13,7 +13,7 @@ pub struct AnonVma {
     id: u64,
     /// The root's lock (taken by writers that change which pages a VMA
     /// covers).
-    pub(crate) lock: Mutex<()>,
+    lock: Mutex<()>,
     /// Lock acquisitions.
     pub(crate) acquisitions: AtomicU64,
 }
@@ -30,6 +30,12 @@ impl AnonVma {
     /// Identity (for debugging and tests).
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// Takes the root's lock (counted).
+    pub(crate) fn lock(&self) -> crate::sync::MutexGuard<'_, ()> {
+        self.acquisitions.fetch_add(1, Ordering::Relaxed);
+        self.lock.lock()
     }
 
     /// Times the lock was taken.

@@ -117,10 +117,12 @@ impl VmaLock {
                     ReadLockError::Overflow
                 });
             }
-            match self
-                .refcnt
-                .compare_exchange_weak(cur, cur + 1, Ordering::Acquire, Ordering::Relaxed)
-            {
+            match self.refcnt.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return Ok(()),
                 Err(c) => cur = c,
             }
@@ -140,7 +142,10 @@ impl VmaLock {
     /// (it only stamps it).
     pub fn write_lock(&self, mm: &MmLockSeq) {
         let seq = mm.current_relaxed();
-        debug_assert!(mm.is_write_locked(), "write_lock without the mmap_lock write side");
+        debug_assert!(
+            mm.is_write_locked(),
+            "write_lock without the mmap_lock write side"
+        );
         if self.lock_seq.load(Ordering::Relaxed) == seq {
             return;
         }
@@ -183,7 +188,11 @@ impl VmaLock {
     /// Marks a detached VMA attached (count 0 → 1, Release: its
     /// initialization is visible to any reader that then locks it).
     pub fn mark_attached(&self) {
-        debug_assert_eq!(self.refcnt.load(Ordering::Relaxed), 0, "attach of an attached VMA");
+        debug_assert_eq!(
+            self.refcnt.load(Ordering::Relaxed),
+            0,
+            "attach of an attached VMA"
+        );
         self.refcnt.store(1, Ordering::Release);
     }
 
@@ -282,7 +291,10 @@ mod tests {
             })
         };
         std::thread::sleep(std::time::Duration::from_millis(20));
-        assert!(!done.load(Ordering::SeqCst), "writer must wait for the reader");
+        assert!(
+            !done.load(Ordering::SeqCst),
+            "writer must wait for the reader"
+        );
         l.read_unlock();
         h.join().unwrap();
         assert_eq!(l.refcount(), 0);
@@ -300,8 +312,13 @@ mod tests {
         let reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let readers: Vec<_> = (0..3)
             .map(|_| {
-                let (mm, l, inside, stop, reads) =
-                    (mm.clone(), l.clone(), inside.clone(), stop.clone(), reads.clone());
+                let (mm, l, inside, stop, reads) = (
+                    mm.clone(),
+                    l.clone(),
+                    inside.clone(),
+                    stop.clone(),
+                    reads.clone(),
+                );
                 std::thread::spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
                         if l.try_read(mm.seq()).is_ok() {
@@ -316,10 +333,15 @@ mod tests {
             .collect();
         let t0 = std::time::Instant::now();
         let mut rounds = 0;
-        while rounds < 2000 || (reads.load(Ordering::Relaxed) < 1000 && t0.elapsed().as_secs() < 5) {
+        while rounds < 2000 || (reads.load(Ordering::Relaxed) < 1000 && t0.elapsed().as_secs() < 5)
+        {
             let w = mm.write();
             l.write_lock(w.seq());
-            assert_eq!(inside.load(Ordering::SeqCst), 0, "a reader is inside a write-locked VMA");
+            assert_eq!(
+                inside.load(Ordering::SeqCst),
+                0,
+                "a reader is inside a write-locked VMA"
+            );
             drop(w);
             rounds += 1;
             std::thread::yield_now();

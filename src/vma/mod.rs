@@ -28,7 +28,7 @@ pub(crate) use pool::{VmaPool, VmaRef};
 use crate::addr::{Range, PAGE_SHIFT};
 use crate::mm::Prot;
 use crate::phys::{FrameAllocator, Pfn};
-use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Arc, Ordering};
+use crate::sync::{Arc, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use bitflags::bitflags;
 use lock::VmaLock;
 
@@ -106,7 +106,9 @@ impl Shmem {
     pub(crate) fn new(id: u64, npages: u64, frames: Arc<FrameAllocator>) -> Self {
         Shmem {
             id,
-            pages: (0..npages).map(|_| AtomicU32::new(Self::NO_FRAME)).collect(),
+            pages: (0..npages)
+                .map(|_| AtomicU32::new(Self::NO_FRAME))
+                .collect(),
             frames,
         }
     }
@@ -405,7 +407,10 @@ impl VmaInfo {
                 self.pgoff << PAGE_SHIFT,
                 ino
             ),
-            None => format!("{:08x}-{:08x} {} 00000000 00:00 0", self.start, self.end, perms),
+            None => format!(
+                "{:08x}-{:08x} {} 00000000 00:00 0",
+                self.start, self.end, perms
+            ),
         };
         let path = if self.shmem_id.is_some() {
             "/dev/zero (deleted)"

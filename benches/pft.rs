@@ -1,0 +1,76 @@
+#![allow(missing_docs)] // criterion_group! generates undocumented items
+//! pft as criterion groups: faults through both locking modes, for each
+//! workload and thread count (Throughput = faults).
+//!
+//! `cargo bench --bench pft`
+
+#[path = "common/pft_workload.rs"]
+mod pft_workload;
+
+use aspace::FaultLocking;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use pft_workload::{run, Params, Workload};
+use std::time::Duration;
+
+const MIB_PER_THREAD: u64 = 16;
+
+fn thread_counts() -> Vec<usize> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut v = vec![];
+    let mut t = 1;
+    while t < cores {
+        v.push(t);
+        t *= 2;
+    }
+    v.push(cores);
+    v
+}
+
+fn pft(c: &mut Criterion) {
+    for workload in [Workload::Single, Workload::PerThread] {
+        for writer in [false, true] {
+            let name = format!(
+                "pft/{}{}",
+                workload.name(),
+                if writer { "+writer" } else { "" }
+            );
+            let mut g = c.benchmark_group(name);
+            g.sample_size(10)
+                .measurement_time(Duration::from_secs(3))
+                .warm_up_time(Duration::from_millis(500));
+            for threads in thread_counts() {
+                let faults = threads as u64 * (MIB_PER_THREAD << 20) / aspace::PAGE_SIZE;
+                g.throughput(Throughput::Elements(faults));
+                for locking in [FaultLocking::MmapLock, FaultLocking::PerVma] {
+                    let p = Params {
+                        threads,
+                        workload,
+                        writer,
+                        locking,
+                        bytes_per_thread: MIB_PER_THREAD << 20,
+                        zero: true,
+                    };
+                    g.bench_with_input(
+                        BenchmarkId::new(format!("{locking:?}"), threads),
+                        &p,
+                        |b, p| {
+                            // Each run starts its workers and releases them
+                            // through a barrier; only the faulting phase counts.
+                            b.iter_custom(|iters| {
+                                let mut total = Duration::ZERO;
+                                for _ in 0..iters {
+                                    total += Duration::from_secs_f64(run(*p).wall);
+                                }
+                                total
+                            })
+                        },
+                    );
+                }
+            }
+            g.finish();
+        }
+    }
+}
+
+criterion_group!(benches, pft);
+criterion_main!(benches);

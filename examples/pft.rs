@@ -1,0 +1,315 @@
+//! pft: page-fault scaling, PerVma against MmapLock, in the shape of
+//! mmtests' compare-kernels table.
+//!
+//! ```text
+//! cargo run --release --example pft -- [--threads 1,2,4] [--reps 5]
+//!     [--workload single|per-thread|all] [--writer|--no-writer]
+//!     [--mib M] [--no-zero] [--csv FILE] [--plot FILE.svg]
+//! ```
+//!
+//! By default: threads 1, 2, 4, ... up to the core count; both workloads;
+//! rows without and with a concurrent mmap/mprotect/munmap writer.
+
+#[path = "../benches/common/pft_workload.rs"]
+mod pft_workload;
+
+use aspace::FaultLocking;
+use pft_workload::{run, Params, Sample, Workload};
+use std::fmt::Write as _;
+use std::io::Write as _;
+
+struct Args {
+    threads: Vec<usize>,
+    reps: usize,
+    workloads: Vec<Workload>,
+    writer: Vec<bool>,
+    mib: u64,
+    zero: bool,
+    csv: Option<String>,
+    plot: Option<String>,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: pft [--threads 1,2,4] [--reps N] [--workload single|per-thread|all] \
+         [--writer|--no-writer] [--mib M] [--no-zero] [--csv FILE] [--plot FILE.svg]"
+    );
+    std::process::exit(2)
+}
+
+fn parse() -> Args {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut threads = vec![];
+    let mut t = 1;
+    while t < cores {
+        threads.push(t);
+        t *= 2;
+    }
+    threads.push(cores);
+    let mut a = Args {
+        threads,
+        reps: 5,
+        workloads: vec![Workload::Single, Workload::PerThread],
+        writer: vec![false, true],
+        mib: 128,
+        zero: true,
+        csv: None,
+        plot: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut val = || it.next().unwrap_or_else(|| usage());
+        match arg.as_str() {
+            "--threads" => {
+                a.threads = val()
+                    .split(',')
+                    .map(|s| {
+                        s.trim()
+                            .parse()
+                            .ok()
+                            .filter(|&n: &usize| n > 0)
+                            .unwrap_or_else(|| usage())
+                    })
+                    .collect()
+            }
+            "--reps" => {
+                a.reps = val()
+                    .parse()
+                    .ok()
+                    .filter(|&n: &usize| n > 0)
+                    .unwrap_or_else(|| usage())
+            }
+            "--workload" => {
+                a.workloads = match val().as_str() {
+                    "single" => vec![Workload::Single],
+                    "per-thread" => vec![Workload::PerThread],
+                    "all" => vec![Workload::Single, Workload::PerThread],
+                    _ => usage(),
+                }
+            }
+            "--writer" => a.writer = vec![true],
+            "--no-writer" => a.writer = vec![false],
+            "--mib" => {
+                a.mib = val()
+                    .parse()
+                    .ok()
+                    .filter(|&n: &u64| n > 0)
+                    .unwrap_or_else(|| usage())
+            }
+            "--no-zero" => a.zero = false,
+            "--csv" => a.csv = Some(val()),
+            "--plot" => a.plot = Some(val()),
+            "-h" | "--help" => usage(),
+            _ => usage(),
+        }
+    }
+    a
+}
+
+fn hmean(xs: &[f64]) -> f64 {
+    xs.len() as f64 / xs.iter().map(|x| 1.0 / x).sum::<f64>()
+}
+
+fn range(xs: &[f64]) -> (f64, f64) {
+    let lo = xs.iter().cloned().fold(f64::INFINITY, f64::min);
+    let hi = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
+}
+
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{cores} cores, {model}")
+}
+
+/// One table row: a metric at a thread count for both modes.
+struct Point {
+    label: String,
+    threads: usize,
+    mmap: Vec<f64>,
+    pervma: Vec<f64>,
+}
+
+fn main() {
+    let args = parse();
+    println!(
+        "pft on {} ({} MiB per thread per rep, {} reps, zeroing {})",
+        machine(),
+        args.mib,
+        args.reps,
+        if args.zero { "on" } else { "off" }
+    );
+    let mut csv = String::from("workload,writer,locking,threads,rep,faults,wall_s,faults_per_sec,faults_per_cpu,per_vma_faults,writer_ops\n");
+    let mut plot_series: Vec<(String, Vec<(usize, f64)>)> = Vec::new();
+    for &wl in &args.workloads {
+        for &writer in &args.writer {
+            let title = format!("{}{}", wl.name(), if writer { " + writer" } else { "" });
+            let mut rows: Vec<Point> = Vec::new();
+            let mut per_mode_sec: [Vec<(usize, f64)>; 2] = [Vec::new(), Vec::new()];
+            for &threads in &args.threads {
+                let mut samples: [Vec<Sample>; 2] = [Vec::new(), Vec::new()];
+                for rep in 0..args.reps {
+                    // Alternate the modes so drift hits both alike.
+                    for (m, locking) in [FaultLocking::MmapLock, FaultLocking::PerVma]
+                        .into_iter()
+                        .enumerate()
+                    {
+                        eprint!(
+                            "\r{title}: {threads} threads, rep {}/{} {:?}        ",
+                            rep + 1,
+                            args.reps,
+                            locking
+                        );
+                        let _ = std::io::stderr().flush();
+                        let s = run(Params {
+                            threads,
+                            workload: wl,
+                            writer,
+                            locking,
+                            bytes_per_thread: args.mib << 20,
+                            zero: args.zero,
+                        });
+                        let _ = writeln!(
+                            csv,
+                            "{},{},{:?},{},{},{},{:.6},{:.1},{:.1},{},{}",
+                            wl.name(),
+                            writer,
+                            locking,
+                            threads,
+                            rep,
+                            s.faults,
+                            s.wall,
+                            s.faults_per_sec(),
+                            s.faults_per_cpu(),
+                            s.per_vma,
+                            s.writer_ops
+                        );
+                        samples[m].push(s);
+                    }
+                }
+                let cpu = |m: usize| {
+                    samples[m]
+                        .iter()
+                        .map(Sample::faults_per_cpu)
+                        .collect::<Vec<_>>()
+                };
+                let sec = |m: usize| {
+                    samples[m]
+                        .iter()
+                        .map(Sample::faults_per_sec)
+                        .collect::<Vec<_>>()
+                };
+                rows.push(Point {
+                    label: format!("faults/cpu-{threads}"),
+                    threads,
+                    mmap: cpu(0),
+                    pervma: cpu(1),
+                });
+                rows.push(Point {
+                    label: format!("faults/sec-{threads}"),
+                    threads,
+                    mmap: sec(0),
+                    pervma: sec(1),
+                });
+                per_mode_sec[0].push((threads, hmean(&sec(0))));
+                per_mode_sec[1].push((threads, hmean(&sec(1))));
+            }
+            eprint!("\r{:70}\r", "");
+            println!("\n{title}");
+            println!("{:<22} {:>22} {:>24}", "", "MmapLock", "PerVma");
+            for r in &rows {
+                let (a, b) = (hmean(&r.mmap), hmean(&r.pervma));
+                let pct = (b - a) / a * 100.0;
+                let ((alo, ahi), (blo, bhi)) = (range(&r.mmap), range(&r.pervma));
+                // Starred when the repetitions' ranges do not overlap.
+                let star = if blo > ahi || bhi < alo { '*' } else { ' ' };
+                println!(
+                    "Hmean {:<16} {:>12.2} (  0.00%) {:>12.2} {}{:>7.2}%{}",
+                    r.label, a, b, star, pct, star
+                );
+                let _ = r.threads;
+            }
+            plot_series.push((format!("{title}, MmapLock"), per_mode_sec[0].clone()));
+            plot_series.push((format!("{title}, PerVma"), per_mode_sec[1].clone()));
+        }
+    }
+    if let Some(path) = &args.csv {
+        std::fs::write(path, csv).unwrap_or_else(|e| panic!("writing {path}: {e}"));
+        println!("\nsamples written to {path}");
+    }
+    if let Some(path) = &args.plot {
+        if let Err(e) = plot(path, &plot_series, &machine()) {
+            eprintln!("plot failed: {e}");
+            std::process::exit(1);
+        }
+        println!("plot written to {path}");
+    }
+}
+
+fn plot(
+    path: &str,
+    series: &[(String, Vec<(usize, f64)>)],
+    machine: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let max_t = series
+        .iter()
+        .flat_map(|s| s.1.iter().map(|p| p.0))
+        .max()
+        .unwrap_or(1);
+    let max_y = series
+        .iter()
+        .flat_map(|s| s.1.iter().map(|p| p.1))
+        .fold(1.0, f64::max)
+        / 1e6;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("pft: faults/sec against threads ({machine})"),
+            ("sans-serif", 18),
+        )
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0usize..max_t + 1, 0f64..max_y * 1.1)?;
+    chart
+        .configure_mesh()
+        .x_desc("threads")
+        .y_desc("million faults/sec (Hmean)")
+        .draw()?;
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let style = if name.ends_with("PerVma") {
+            color.stroke_width(3)
+        } else {
+            color.stroke_width(1)
+        };
+        chart
+            .draw_series(LineSeries::new(
+                pts.iter().map(|&(t, y)| (t, y / 1e6)),
+                style,
+            ))?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart.draw_series(
+            pts.iter()
+                .map(|&(t, y)| Circle::new((t, y / 1e6), 3, color.filled())),
+        )?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
