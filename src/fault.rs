@@ -210,6 +210,8 @@ fn expand_stack(mm: &AddressSpace, addr: u64) -> bool {
         return false;
     };
     ed.lock(v);
+    // Growing a stack gives it an anon_vma, as Linux's expand_downwards.
+    let _ = anon_vma_prepare(mm, &v, false);
     ed.set_range(v, new_start, v.end(), pgoff);
     true
 }

@@ -15,7 +15,7 @@ impl AddressSpace {
     ///
     /// Errors, in Linux's order: `EINVAL` for flags aspace does not know
     /// (Linux ignores unknown bits for `MAP_PRIVATE`; aspace rejects them)
-    /// or unknown protection bits, and for zero `len`; `ENOMEM` when the
+    /// and for zero `len`; `ENOMEM` when the
     /// page-rounded length overflows, the map count is at its limit, the
     /// length or a fixed range exceeds the task size, or no gap fits;
     /// `EINVAL` for an unaligned fixed address; `EPERM` for a fixed address
@@ -28,9 +28,8 @@ impl AddressSpace {
         if !MapFlags::all().contains(flags) {
             return Err(Error::Inval);
         }
-        if prot.intersects(Prot::GROWSDOWN | Prot::GROWSUP) || !Prot::all().contains(prot) {
-            return Err(Error::Inval);
-        }
+        // mmap takes only the access bits of `prot`; other bits are
+        // ignored, as in Linux (mprotect rejects them).
         if len == 0 {
             return Err(Error::Inval);
         }
@@ -142,6 +141,11 @@ impl AddressSpace {
             return Err(Error::NoMem);
         }
         if fixed {
+            // The kernel hands a fixed address back as the result, and one
+            // in the top 4095 bytes reads as an error value (-1 is EPERM).
+            if hint > u64::MAX - 4095 {
+                return Err(Error::from_errno((!hint + 1) as i32).unwrap_or(Error::Inval));
+            }
             if hint > task - len {
                 return Err(Error::NoMem);
             }

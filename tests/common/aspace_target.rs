@@ -153,6 +153,14 @@ impl Target for AspaceTarget {
         )
     }
 
+    fn resident(&mut self, _addr: u64, _pages: u64) -> Option<Vec<bool>> {
+        None
+    }
+
+    fn aspace(&self) -> Option<&AddressSpace> {
+        Some(&self.mm)
+    }
+
     fn vm_flags(&mut self) -> Option<Vec<(u64, u64, Vec<String>)>> {
         let r = self.region;
         Some(

@@ -60,6 +60,17 @@ pub fn kernel_release() -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// The running kernel's (major, minor) version, (0, 0) if unknown.
+pub fn kernel_version() -> (u32, u32) {
+    let rel = kernel_release();
+    let mut it = rel
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty());
+    let major = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let minor = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+    (major, minor)
+}
+
 /// Prints the kernel version once per test binary, straight to stderr (not
 /// through the test harness's capture, so it shows in every run).
 pub fn banner() {
@@ -269,6 +280,18 @@ impl KernelTarget {
             }
         }
         out
+    }
+
+    /// The raw `/proc/self/maps` lines of the region's VMAs.
+    pub fn maps_lines(&self) -> Vec<String> {
+        let text = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+        text.lines()
+            .filter(|l| {
+                parse_maps_line(l)
+                    .is_some_and(|v| v.start >= self.region.start && v.end <= self.region.end)
+            })
+            .map(str::to_string)
+            .collect()
     }
 
     fn check_straddle(&self, s: u64, e: u64) {
@@ -517,6 +540,31 @@ impl Target for KernelTarget {
             }
         }
         super::normalize(out)
+    }
+
+    fn resident(&mut self, addr: u64, pages: u64) -> Option<Vec<bool>> {
+        let mut v = vec![0u8; pages as usize];
+        // SAFETY: mincore only reads page-table state of our own address
+        // space and writes one byte per page into `v`, which has `pages`
+        // bytes.
+        let rc = unsafe {
+            libc::mincore(
+                addr as *mut libc::c_void,
+                (pages * PAGE) as usize,
+                v.as_mut_ptr(),
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "mincore({addr:#x}, {pages} pages): errno {}",
+            errno()
+        );
+        Some(v.into_iter().map(|b| b & 1 != 0).collect())
+    }
+
+    fn aspace(&self) -> Option<&aspace::AddressSpace> {
+        None
     }
 
     fn vm_flags(&mut self) -> Option<Vec<(u64, u64, Vec<String>)>> {

@@ -26,6 +26,8 @@ use std::fmt;
 pub const PAGE: u64 = 4096;
 /// Linux x86-64 `TASK_SIZE` with 4-level paging (also aspace's default).
 pub const TASK_SIZE: u64 = (1 << 47) - PAGE;
+/// The last page of the 64-bit address space.
+pub const LAST_PAGE: u64 = !(PAGE - 1);
 
 pub const PROT_NONE: u32 = 0;
 pub const PROT_READ: u32 = 1;
@@ -193,6 +195,11 @@ pub trait Target {
     fn layout(&mut self) -> Vec<Vma>;
     /// (start, end, modelled VmFlags mnemonics) of the VMAs in the region.
     fn vm_flags(&mut self) -> Option<Vec<(u64, u64, Vec<String>)>>;
+    /// Which of `pages` pages from `addr` have a page-table entry
+    /// (`mincore`); None where the target cannot tell.
+    fn resident(&mut self, addr: u64, pages: u64) -> Option<Vec<bool>>;
+    /// The address space, on the aspace side.
+    fn aspace(&self) -> Option<&aspace::AddressSpace>;
 }
 
 /// A layout relative to the interior, in pages, for readable assertions:
