@@ -108,10 +108,11 @@ impl Range {
         self.start <= other.start && other.end <= self.end
     }
 
-    /// True if the two ranges share at least one address.
+    /// True if the two ranges share at least one address (an empty range
+    /// shares none).
     #[inline]
     pub const fn overlaps(&self, other: &Range) -> bool {
-        self.start < other.end && other.start < self.end
+        !self.is_empty() && !other.is_empty() && self.start < other.end && other.start < self.end
     }
 
     /// The common part, if any.

@@ -625,6 +625,15 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
             .map(|(e, v)| (e, v.clone()))
             .collect();
         let mut ed = Editor::new();
+        // Storing over exactly one entry that starts where `r` does, and
+        // at most growing it into free space: one path copy.
+        if let (Some(v), [(e, ev)]) = (&v, hit.as_slice()) {
+            if e.start == r.start && r.end >= e.end {
+                let root = ed.replace(self.cur(), r.start, r.end, v.clone());
+                self.publish(root, ed, 0, &g);
+                return vec![(*e, ev.clone())];
+            }
+        }
         let mut root = self.cur();
         let mut delta: isize = 0;
         let mut out = Vec::with_capacity(hit.len());

@@ -174,6 +174,85 @@ impl<V> Node<V> {
     }
 }
 
+/// What an insert below a node produced: one replacement, or two after a
+/// split.
+enum Grown<V> {
+    One((NodePtr<V>, Summary)),
+    Two((NodePtr<V>, Summary), (NodePtr<V>, Summary)),
+}
+
+impl<V: Clone> Leaf<V> {
+    /// A copy (values cloned; arrays copied).
+    fn copy(&self) -> Self {
+        Leaf {
+            len: self.len,
+            starts: self.starts,
+            ends: self.ends,
+            vals: core::array::from_fn(|i| {
+                if i < self.len {
+                    self.vals[i].clone()
+                } else {
+                    None
+                }
+            }),
+        }
+    }
+
+    /// Inserts at `at` (the leaf has room).
+    fn insert_at(&mut self, at: usize, s: u64, e: u64, v: V) {
+        let n = self.len;
+        self.starts.copy_within(at..n, at + 1);
+        self.ends.copy_within(at..n, at + 1);
+        self.vals[at..=n].rotate_right(1);
+        self.starts[at] = s;
+        self.ends[at] = e;
+        self.vals[at] = Some(v);
+        self.len += 1;
+    }
+
+    /// Removes the entry at `at`.
+    fn remove_at(&mut self, at: usize) {
+        let n = self.len;
+        self.starts.copy_within(at + 1..n, at);
+        self.ends.copy_within(at + 1..n, at);
+        self.vals[at..n].rotate_left(1);
+        self.vals[n - 1] = None;
+        self.len -= 1;
+    }
+}
+
+impl<V> Internal<V> {
+    /// A copy (child pointers are shared, not copied).
+    fn copy(&self) -> Self {
+        Internal {
+            len: self.len,
+            firsts: self.firsts,
+            lasts: self.lasts,
+            gaps: self.gaps,
+            kids: self.kids,
+        }
+    }
+
+    /// Sets child `i`.
+    fn set(&mut self, i: usize, (p, s): (NodePtr<V>, Summary)) {
+        self.kids[i] = p;
+        self.firsts[i] = s.first;
+        self.lasts[i] = s.last;
+        self.gaps[i] = s.gap;
+    }
+
+    /// Inserts a child at `at` (the node has room).
+    fn insert_at(&mut self, at: usize, k: (NodePtr<V>, Summary)) {
+        let n = self.len;
+        self.kids.copy_within(at..n, at + 1);
+        self.firsts.copy_within(at..n, at + 1);
+        self.lasts.copy_within(at..n, at + 1);
+        self.gaps.copy_within(at..n, at + 1);
+        self.len += 1;
+        self.set(at, k);
+    }
+}
+
 /// Allocates a node and returns its pointer and summary.
 fn publish_node<V>(n: Node<V>) -> (NodePtr<V>, Summary) {
     let s = n.summary();
@@ -213,11 +292,9 @@ impl<V: Clone> Editor<V> {
         if root.is_null() {
             return publish_node(Node::Leaf(Leaf::from_entries(&[(s, e, v)]))).0;
         }
-        let parts = self.insert_rec(root, s, e, v);
-        if parts.len() == 1 {
-            parts[0].0
-        } else {
-            self.grow_root(parts)
+        match self.insert_rec(root, s, e, v) {
+            Grown::One(k) => k.0,
+            Grown::Two(a, b) => self.grow_root(vec![a, b]),
         }
     }
 
@@ -231,31 +308,85 @@ impl<V: Clone> Editor<V> {
         parts[0].0
     }
 
-    fn insert_rec(&mut self, p: NodePtr<V>, s: u64, e: u64, v: V) -> Vec<(NodePtr<V>, Summary)> {
+    /// Path copy: the common case copies one fixed-size node per level;
+    /// only a full node splits in two.
+    fn insert_rec(&mut self, p: NodePtr<V>, s: u64, e: u64, v: V) -> Grown<V> {
         self.garbage.push(p);
         // SAFETY: `p` is reachable from the writer's working root; the
         // writer is the only one who frees nodes, and only after publish.
         match unsafe { node(p) } {
             Node::Leaf(l) => {
+                let at = l.starts[..l.len].partition_point(|&x| x < s);
+                if l.len < B {
+                    let mut n = l.copy();
+                    n.insert_at(at, s, e, v);
+                    return Grown::One(publish_node(Node::Leaf(n)));
+                }
                 let mut es = l.entries();
-                let at = es.partition_point(|x| x.0 < s);
                 es.insert(at, (s, e, v));
-                chunks(&es)
-                    .into_iter()
-                    .map(|c| publish_node(Node::Leaf(Leaf::from_entries(&c))))
-                    .collect()
+                let h = es.len() / 2;
+                Grown::Two(
+                    publish_node(Node::Leaf(Leaf::from_entries(&es[..h]))),
+                    publish_node(Node::Leaf(Leaf::from_entries(&es[h..]))),
+                )
             }
             Node::Internal(n) => {
                 let i = n.firsts[..n.len]
                     .partition_point(|&f| f <= s)
                     .saturating_sub(1);
-                let mut kids = n.kid_list();
-                let repl = self.insert_rec(n.kids[i], s, e, v);
-                kids.splice(i..=i, repl);
-                chunks(&kids)
-                    .into_iter()
-                    .map(|c| publish_node(Node::Internal(Internal::from_kids(&c))))
-                    .collect()
+                match self.insert_rec(n.kids[i], s, e, v) {
+                    Grown::One(k) => {
+                        let mut m = n.copy();
+                        m.set(i, k);
+                        Grown::One(publish_node(Node::Internal(m)))
+                    }
+                    Grown::Two(a, b) if n.len < B => {
+                        let mut m = n.copy();
+                        m.set(i, a);
+                        m.insert_at(i + 1, b);
+                        Grown::One(publish_node(Node::Internal(m)))
+                    }
+                    Grown::Two(a, b) => {
+                        let mut kids = n.kid_list();
+                        kids.splice(i..=i, [a, b]);
+                        let h = kids.len() / 2;
+                        Grown::Two(
+                            publish_node(Node::Internal(Internal::from_kids(&kids[..h]))),
+                            publish_node(Node::Internal(Internal::from_kids(&kids[h..]))),
+                        )
+                    }
+                }
+            }
+        }
+    }
+
+    /// Replaces the value of the entry starting at `s` (which must exist)
+    /// and optionally its end (which must not reach the next entry);
+    /// returns the new root. One path copy, no structural change.
+    pub(crate) fn replace(&mut self, root: NodePtr<V>, s: u64, e: u64, v: V) -> NodePtr<V> {
+        self.replace_rec(root, s, e, v).0
+    }
+
+    fn replace_rec(&mut self, p: NodePtr<V>, s: u64, e: u64, v: V) -> (NodePtr<V>, Summary) {
+        self.garbage.push(p);
+        // SAFETY: as in `insert_rec`.
+        match unsafe { node(p) } {
+            Node::Leaf(l) => {
+                let at = l.starts[..l.len].partition_point(|&x| x < s);
+                debug_assert_eq!(l.starts[at], s);
+                let mut n = l.copy();
+                n.ends[at] = e;
+                n.vals[at] = Some(v);
+                publish_node(Node::Leaf(n))
+            }
+            Node::Internal(n) => {
+                let i = n.firsts[..n.len]
+                    .partition_point(|&f| f <= s)
+                    .saturating_sub(1);
+                let k = self.replace_rec(n.kids[i], s, e, v);
+                let mut m = n.copy();
+                m.set(i, k);
+                publish_node(Node::Internal(m))
             }
         }
     }
@@ -290,29 +421,41 @@ impl<V: Clone> Editor<V> {
         // SAFETY: as in `insert_rec`.
         match unsafe { node(p) } {
             Node::Leaf(l) => {
-                let mut es = l.entries();
-                let at = es
-                    .iter()
-                    .position(|x| x.0 == s)
-                    .expect("removed entry exists");
-                es.remove(at);
-                (!es.is_empty()).then(|| publish_node(Node::Leaf(Leaf::from_entries(&es))))
+                let at = l.starts[..l.len].partition_point(|&x| x < s);
+                debug_assert_eq!(l.starts[at], s, "removed entry exists");
+                if l.len == 1 {
+                    return None;
+                }
+                let mut n = l.copy();
+                n.remove_at(at);
+                Some(publish_node(Node::Leaf(n)))
             }
             Node::Internal(n) => {
                 let i = n.firsts[..n.len]
                     .partition_point(|&f| f <= s)
                     .saturating_sub(1);
-                let mut kids = n.kid_list();
                 match self.remove_rec(n.kids[i], s) {
-                    None => {
-                        kids.remove(i);
+                    // SAFETY: `k` was just built by this editor.
+                    Some(k) if n.len == 1 || unsafe { node(k.0) }.len() >= MIN => {
+                        let mut m = n.copy();
+                        m.set(i, k);
+                        Some(publish_node(Node::Internal(m)))
                     }
-                    Some(k) => {
-                        kids[i] = k;
-                        self.rebalance(&mut kids, i);
+                    r => {
+                        let mut kids = n.kid_list();
+                        match r {
+                            None => {
+                                kids.remove(i);
+                            }
+                            Some(k) => {
+                                kids[i] = k;
+                                self.rebalance(&mut kids, i);
+                            }
+                        }
+                        (!kids.is_empty())
+                            .then(|| publish_node(Node::Internal(Internal::from_kids(&kids))))
                     }
                 }
-                (!kids.is_empty()).then(|| publish_node(Node::Internal(Internal::from_kids(&kids))))
             }
         }
     }
