@@ -1,1 +1,416 @@
-//! vmalloc-style virtual-area allocator (being written).
+//! A vmalloc-style virtual-area allocator with per-CPU zones and lazy
+//! purging.
+//!
+//! `alloc(size, align)` hands out a range of a fixed virtual window;
+//! `free(range)` gives it back. Like Linux's vmalloc:
+//!
+//! - **Free space is a tree augmented with the largest free block below
+//!   each node.** Each zone keeps its busy and lazily freed areas as the
+//!   entries of a [`RangeTree`]; free space is exactly the tree's gaps, and
+//!   the tree's gap annotations find the lowest fit in O(log n).
+//! - **Lazy freeing.** A freed area is first only marked lazy: its
+//!   translations may still sit in TLBs, so its addresses must not be
+//!   handed out yet. Once the lazy total passes a threshold, a purge does
+//!   *one* TLB flush over the span of everything lazy in the zone and only
+//!   then erases those areas from the tree. An address is therefore never
+//!   reused before the flush that covers its old mapping.
+//! - **Zones.** The window is split into zones, each with its own lock,
+//!   tree and lazy list. A thread allocates from its CPU's zone first
+//!   (`crate::percpu::cpu_id`), then from the others; a free goes to the
+//!   zone that owns the address. [`Mode::GlobalLock`] keeps one zone (one
+//!   lock) for everything — the layout before "Mitigate a vmap lock
+//!   contention" — for comparison.
+//!
+//! Every allocated range is disjoint from every live one; freeing an
+//! unknown, partial or already freed range is an error and changes
+//! nothing.
+//!
+//! ```
+//! use aspace::vmap::{Vmap, VmapConfig};
+//! let v = Vmap::new(VmapConfig::default());
+//! let a = v.alloc(3 * 4096, 4096).unwrap();
+//! let b = v.alloc(4096, 4096).unwrap();
+//! assert!(!a.overlaps(&b));
+//! v.free(a).unwrap();
+//! assert!(v.free(a).is_err()); // double free
+//! ```
+
+use crate::addr::{align_up, Range, PAGE_SIZE};
+use crate::error::{Error, Result};
+use crate::percpu::{cpu_id, nr_cpus};
+use crate::reclaim::Reclaimer;
+use crate::sync::counter::{AtomicU64, Ordering};
+use crate::sync::Mutex;
+use crate::tree::RangeTree;
+use crossbeam_utils::CachePadded;
+
+/// How the window is locked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// One zone per CPU, each with its own lock (Linux 6.9's vmap nodes).
+    #[default]
+    PerCpu,
+    /// One lock for the whole window (the old design).
+    GlobalLock,
+}
+
+/// Configuration of a [`Vmap`].
+#[derive(Clone, Debug)]
+pub struct VmapConfig {
+    /// The virtual window `[start, end)` areas come from (page-aligned).
+    pub window: Range,
+    /// Locking mode.
+    pub mode: Mode,
+    /// Zones in PerCpu mode (default: one per CPU slot).
+    pub zones: usize,
+    /// Lazily freed bytes in a zone that trigger its purge (default
+    /// scaled like Linux's `lazy_max_pages`: log2(CPUs) x 32 MiB, split
+    /// over the zones).
+    pub lazy_max_bytes: u64,
+    /// Deferred reclamation for the zone trees (loom models only).
+    #[doc(hidden)]
+    pub deferred_reclaim: bool,
+}
+
+impl Default for VmapConfig {
+    fn default() -> Self {
+        let cpus = nr_cpus();
+        let log = (usize::BITS - cpus.leading_zeros()) as u64;
+        VmapConfig {
+            // x86-64's vmalloc area: 32 TiB.
+            window: Range::new(0xffff_c900_0000_0000, 0xffff_e900_0000_0000),
+            mode: Mode::PerCpu,
+            zones: cpus,
+            lazy_max_bytes: (log * (32 << 20) / cpus as u64).max(1 << 20),
+            deferred_reclaim: false,
+        }
+    }
+}
+
+/// What a tree entry of a zone is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AreaState {
+    /// Handed out.
+    Busy,
+    /// Freed, waiting for the purge (and its TLB flush).
+    Lazy,
+}
+
+struct Zone {
+    range: Range,
+    tree: RangeTree<AreaState>,
+    lazy: Vec<Range>,
+    lazy_bytes: u64,
+}
+
+/// Counters of a [`Vmap`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VmapStats {
+    /// Successful allocations.
+    pub allocs: u64,
+    /// Successful frees.
+    pub frees: u64,
+    /// Allocations served by a zone other than the caller's.
+    pub remote_allocs: u64,
+    /// Purges (each does one TLB flush).
+    pub purges: u64,
+    /// Bytes covered by the purges' flushes.
+    pub flushed_bytes: u64,
+    /// Areas released by purges.
+    pub purged_areas: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    allocs: AtomicU64,
+    frees: AtomicU64,
+    remote: AtomicU64,
+    purges: AtomicU64,
+    flushed: AtomicU64,
+    purged: AtomicU64,
+}
+
+/// The allocator.
+pub struct Vmap {
+    zones: Box<[CachePadded<Mutex<Zone>>]>,
+    window: Range,
+    zone_size: u64,
+    lazy_max: u64,
+    stats: crate::percpu::PerCpu<Counters>,
+}
+
+impl core::fmt::Debug for Vmap {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Vmap")
+            .field("window", &self.window)
+            .field("zones", &self.zones.len())
+            .finish()
+    }
+}
+
+impl Vmap {
+    /// An allocator over `cfg.window`.
+    ///
+    /// # Panics
+    /// If the window is empty or not page-aligned (a configuration error).
+    pub fn new(cfg: VmapConfig) -> Self {
+        let w = cfg.window;
+        assert!(
+            !w.is_empty() && w.start % PAGE_SIZE == 0 && w.end % PAGE_SIZE == 0,
+            "vmap window must be non-empty and page-aligned"
+        );
+        let n = match cfg.mode {
+            Mode::GlobalLock => 1,
+            Mode::PerCpu => cfg.zones.max(1) as u64,
+        };
+        let pages = w.len() / PAGE_SIZE;
+        let zone_size = pages.div_ceil(n).max(1) * PAGE_SIZE;
+        let zones = (0..n)
+            .filter_map(|i| {
+                let s = w.start + i * zone_size;
+                (s < w.end).then(|| {
+                    let tree = if cfg.deferred_reclaim {
+                        RangeTree::with_reclaimer(Reclaimer::deferred())
+                    } else {
+                        RangeTree::new()
+                    };
+                    CachePadded::new(Mutex::new(Zone {
+                        range: Range::new(s, (s + zone_size).min(w.end)),
+                        tree,
+                        lazy: Vec::new(),
+                        lazy_bytes: 0,
+                    }))
+                })
+            })
+            .collect();
+        Vmap {
+            zones,
+            window: w,
+            zone_size,
+            lazy_max: cfg.lazy_max_bytes,
+            stats: crate::percpu::PerCpu::new(Counters::default),
+        }
+    }
+
+    /// The window.
+    pub fn window(&self) -> Range {
+        self.window
+    }
+
+    /// Number of zones (locks).
+    pub fn zones(&self) -> usize {
+        self.zones.len()
+    }
+
+    /// Allocates `size` bytes (rounded up to pages) aligned to `align` (a
+    /// power of two; at least a page). `EINVAL` for a zero size or a bad
+    /// alignment; `ENOMEM` when no zone has room even after purging.
+    pub fn alloc(&self, size: u64, align: u64) -> Result<Range> {
+        if size == 0 || align == 0 || !align.is_power_of_two() {
+            return Err(Error::Inval);
+        }
+        let size = align_up(size, PAGE_SIZE).ok_or(Error::NoMem)?;
+        let align = align.max(PAGE_SIZE);
+        if size > self.zone_size {
+            return Err(Error::NoMem);
+        }
+        let home = cpu_id() % self.zones.len();
+        // Local zone first, then the others; then purge everything and try
+        // once more (Linux purges and retries before failing).
+        for pass in 0..2 {
+            for k in 0..self.zones.len() {
+                let i = (home + k) % self.zones.len();
+                let mut z = self.zones[i].lock();
+                let found = Self::fit(&z, size, align).or_else(|| {
+                    if pass == 1 && !z.lazy.is_empty() {
+                        self.purge(&mut z);
+                        Self::fit(&z, size, align)
+                    } else {
+                        None
+                    }
+                });
+                if let Some(s) = found {
+                    let r = Range::new(s, s + size);
+                    z.tree
+                        .writer()
+                        .insert(r, AreaState::Busy)
+                        .expect("a gap is free");
+                    let c = self.stats.local();
+                    c.allocs.fetch_add(1, Ordering::Relaxed);
+                    if i != home {
+                        c.remote.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Ok(r);
+                }
+            }
+        }
+        Err(Error::NoMem)
+    }
+
+    fn fit(z: &Zone, size: u64, align: u64) -> Option<u64> {
+        let g = z.tree.pin();
+        z.tree
+            .gap_lowest(z.range.start, z.range.end, size, align, &g)
+    }
+
+    /// Frees an area returned by [`alloc`](Self::alloc). It is parked
+    /// lazily and becomes reusable after the next purge of its zone.
+    /// `EINVAL` (and no change) for a range that is not exactly a live
+    /// area.
+    pub fn free(&self, r: Range) -> Result<()> {
+        if r.is_empty() || r.start < self.window.start || r.end > self.window.end {
+            return Err(Error::Inval);
+        }
+        let i = ((r.start - self.window.start) / self.zone_size) as usize;
+        let mut z = self.zones[i].lock();
+        {
+            let g = z.tree.pin();
+            match z.tree.find(r.start, &g) {
+                Some((e, AreaState::Busy)) if e == r => {}
+                _ => return Err(Error::Inval),
+            }
+        }
+        z.tree.writer().store(r, AreaState::Lazy);
+        z.lazy.push(r);
+        z.lazy_bytes += r.len();
+        self.stats.local().frees.fetch_add(1, Ordering::Relaxed);
+        if z.lazy_bytes > self.lazy_max {
+            self.purge(&mut z);
+        }
+        Ok(())
+    }
+
+    /// Purges every zone's lazy areas now.
+    pub fn purge_all(&self) {
+        for z in self.zones.iter() {
+            let mut z = z.lock();
+            self.purge(&mut z);
+        }
+    }
+
+    /// One TLB flush over the span of the zone's lazy areas, then they
+    /// become free.
+    fn purge(&self, z: &mut Zone) {
+        if z.lazy.is_empty() {
+            return;
+        }
+        let lo = z.lazy.iter().map(|r| r.start).min().expect("non-empty");
+        let hi = z.lazy.iter().map(|r| r.end).max().expect("non-empty");
+        // The flush comes first: only after it may the addresses be reused.
+        let c = self.stats.local();
+        c.purges.fetch_add(1, Ordering::Relaxed);
+        c.flushed.fetch_add(hi - lo, Ordering::Relaxed);
+        c.purged.fetch_add(z.lazy.len() as u64, Ordering::Relaxed);
+        let lazy = core::mem::take(&mut z.lazy);
+        let mut w = z.tree.writer();
+        for r in lazy {
+            w.erase(r);
+        }
+        drop(w);
+        z.lazy_bytes = 0;
+    }
+
+    /// Every busy and lazy area, in address order (free space is the
+    /// rest of the window).
+    pub fn areas(&self) -> Vec<(Range, AreaState)> {
+        let mut out = Vec::new();
+        for z in self.zones.iter() {
+            let z = z.lock();
+            let g = z.tree.pin();
+            out.extend(z.tree.iter(&g).map(|(r, s)| (r, *s)));
+        }
+        out
+    }
+
+    /// Counters summed over CPUs.
+    pub fn stats(&self) -> VmapStats {
+        let mut s = VmapStats::default();
+        for c in self.stats.iter() {
+            s.allocs += c.allocs.load(Ordering::Relaxed);
+            s.frees += c.frees.load(Ordering::Relaxed);
+            s.remote_allocs += c.remote.load(Ordering::Relaxed);
+            s.purges += c.purges.load(Ordering::Relaxed);
+            s.flushed_bytes += c.flushed.load(Ordering::Relaxed);
+            s.purged_areas += c.purged.load(Ordering::Relaxed);
+        }
+        s
+    }
+}
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests {
+    use super::*;
+
+    fn small(mode: Mode, zones: usize, lazy_max: u64) -> Vmap {
+        Vmap::new(VmapConfig {
+            window: Range::new(0x1000_0000, 0x1000_0000 + 64 * PAGE_SIZE),
+            mode,
+            zones,
+            lazy_max_bytes: lazy_max,
+            deferred_reclaim: false,
+        })
+    }
+
+    #[test]
+    fn lowest_fit_alignment_and_errors() {
+        let v = small(Mode::GlobalLock, 1, 1 << 30);
+        let a = v.alloc(1, 1).unwrap();
+        assert_eq!(a, Range::new(0x1000_0000, 0x1000_1000));
+        let b = v.alloc(PAGE_SIZE, 4 * PAGE_SIZE).unwrap();
+        assert_eq!(b.start, 0x1000_4000);
+        assert_eq!(v.alloc(0, 1), Err(Error::Inval));
+        assert_eq!(v.alloc(1, 3), Err(Error::Inval));
+        assert_eq!(v.alloc(65 * PAGE_SIZE, 1), Err(Error::NoMem));
+        assert_eq!(
+            v.free(Range::new(a.start, a.end + PAGE_SIZE)),
+            Err(Error::Inval)
+        );
+        assert_eq!(v.free(Range::new(1, 2)), Err(Error::Inval));
+        v.free(a).unwrap();
+        assert_eq!(v.free(a), Err(Error::Inval), "double free");
+    }
+
+    #[test]
+    fn lazy_areas_are_not_reused_before_the_purge() {
+        let v = small(Mode::GlobalLock, 1, 1 << 30);
+        let a = v.alloc(PAGE_SIZE, 1).unwrap();
+        v.free(a).unwrap();
+        let b = v.alloc(PAGE_SIZE, 1).unwrap();
+        assert_ne!(a, b, "a lazily freed area came back before its flush");
+        assert_eq!(v.areas(), vec![(a, AreaState::Lazy), (b, AreaState::Busy)]);
+        v.purge_all();
+        assert_eq!(v.stats().purges, 1);
+        assert_eq!(v.alloc(PAGE_SIZE, 1).unwrap(), a);
+    }
+
+    #[test]
+    fn purge_past_the_threshold_and_on_exhaustion() {
+        let v = small(Mode::GlobalLock, 1, 2 * PAGE_SIZE);
+        let rs: Vec<_> = (0..3).map(|_| v.alloc(PAGE_SIZE, 1).unwrap()).collect();
+        for r in rs {
+            v.free(r).unwrap();
+        }
+        let s = v.stats();
+        assert_eq!(
+            (s.purges, s.purged_areas, s.flushed_bytes),
+            (1, 3, 3 * PAGE_SIZE)
+        );
+        // Exhaustion purges before failing.
+        let w = small(Mode::GlobalLock, 1, 1 << 30);
+        let all = w.alloc(64 * PAGE_SIZE, 1).unwrap();
+        w.free(all).unwrap();
+        assert_eq!(w.alloc(64 * PAGE_SIZE, 1).unwrap(), all);
+    }
+
+    #[test]
+    fn zones_spill_to_remote_zones() {
+        let v = small(Mode::PerCpu, 4, 1 << 30);
+        assert_eq!(v.zones(), 4);
+        let rs: Vec<_> = (0..8).map(|_| v.alloc(8 * PAGE_SIZE, 1).unwrap()).collect();
+        assert!(v.alloc(PAGE_SIZE, 1).is_err());
+        assert!(v.stats().remote_allocs >= 6);
+        for w in rs.windows(2) {
+            assert!(!w[0].overlaps(&w[1]));
+        }
+    }
+}
