@@ -9,7 +9,7 @@ mod pft_workload;
 
 use aspace::FaultLocking;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use pft_workload::{run, Params, Workload};
+use pft_workload::{Params, Workers, Workload};
 use std::time::Duration;
 
 const MIB_PER_THREAD: u64 = 16;
@@ -39,6 +39,9 @@ fn pft(c: &mut Criterion) {
                 .measurement_time(Duration::from_secs(3))
                 .warm_up_time(Duration::from_millis(500));
             for threads in thread_counts() {
+                // Persistent workers, released by a barrier inside each
+                // measured run; setup and teardown are not timed.
+                let pool = Workers::new(threads, writer);
                 let faults = threads as u64 * (MIB_PER_THREAD << 20) / aspace::PAGE_SIZE;
                 g.throughput(Throughput::Elements(faults));
                 for locking in [FaultLocking::MmapLock, FaultLocking::PerVma] {
@@ -54,14 +57,10 @@ fn pft(c: &mut Criterion) {
                         BenchmarkId::new(format!("{locking:?}"), threads),
                         &p,
                         |b, p| {
-                            // Each run starts its workers and releases them
-                            // through a barrier; only the faulting phase counts.
                             b.iter_custom(|iters| {
-                                let mut total = Duration::ZERO;
-                                for _ in 0..iters {
-                                    total += Duration::from_secs_f64(run(*p).wall);
-                                }
-                                total
+                                (0..iters)
+                                    .map(|_| Duration::from_secs_f64(pool.run(*p).wall))
+                                    .sum()
                             })
                         },
                     );

@@ -8,13 +8,16 @@
 //! ```
 //!
 //! By default: threads 1, 2, 4, ... up to the core count; both workloads;
-//! rows without and with a concurrent mmap/mprotect/munmap writer.
+//! rows without and with a concurrent mmap/mprotect/munmap writer; the
+//! memory per thread sized so that a one-thread point takes about 0.2 s.
+//! The worker threads persist across repetitions and modes (a barrier
+//! releases them), so only the faulting phase is timed.
 
 #[path = "../benches/common/pft_workload.rs"]
 mod pft_workload;
 
 use aspace::FaultLocking;
-use pft_workload::{run, Params, Sample, Workload};
+use pft_workload::{Params, Sample, Workers, Workload};
 use std::fmt::Write as _;
 use std::io::Write as _;
 
@@ -23,7 +26,8 @@ struct Args {
     reps: usize,
     workloads: Vec<Workload>,
     writer: Vec<bool>,
-    mib: u64,
+    /// MiB each thread faults per repetition; `None` = calibrate.
+    mib: Option<u64>,
     zero: bool,
     csv: Option<String>,
     plot: Option<String>,
@@ -51,7 +55,7 @@ fn parse() -> Args {
         reps: 5,
         workloads: vec![Workload::Single, Workload::PerThread],
         writer: vec![false, true],
-        mib: 128,
+        mib: None,
         zero: true,
         csv: None,
         plot: None,
@@ -90,11 +94,13 @@ fn parse() -> Args {
             "--writer" => a.writer = vec![true],
             "--no-writer" => a.writer = vec![false],
             "--mib" => {
-                a.mib = val()
-                    .parse()
-                    .ok()
-                    .filter(|&n: &u64| n > 0)
-                    .unwrap_or_else(|| usage())
+                a.mib = Some(
+                    val()
+                        .parse()
+                        .ok()
+                        .filter(|&n: &u64| n > 0)
+                        .unwrap_or_else(|| usage()),
+                )
             }
             "--no-zero" => a.zero = false,
             "--csv" => a.csv = Some(val()),
@@ -138,12 +144,30 @@ struct Point {
     pervma: Vec<f64>,
 }
 
+/// MiB per thread that makes a one-thread point take about 0.2 s: one
+/// probe run of 16 MiB through the per-VMA path, scaled, clamped to
+/// 8..=1024 MiB.
+fn calibrate(zero: bool) -> u64 {
+    const PROBE_MIB: u64 = 16;
+    let pool = Workers::new(1, false);
+    let s = pool.run(Params {
+        threads: 1,
+        workload: Workload::PerThread,
+        writer: false,
+        locking: FaultLocking::PerVma,
+        bytes_per_thread: PROBE_MIB << 20,
+        zero,
+    });
+    ((PROBE_MIB as f64 * 0.2 / s.wall.max(1e-6)) as u64).clamp(8, 1024)
+}
+
 fn main() {
-    let args = parse();
+    let mut args = parse();
+    let mib = *args.mib.get_or_insert_with(|| calibrate(args.zero));
     println!(
         "pft on {} ({} MiB per thread per rep, {} reps, zeroing {})",
         machine(),
-        args.mib,
+        mib,
         args.reps,
         if args.zero { "on" } else { "off" }
     );
@@ -155,6 +179,7 @@ fn main() {
             let mut rows: Vec<Point> = Vec::new();
             let mut per_mode_sec: [Vec<(usize, f64)>; 2] = [Vec::new(), Vec::new()];
             for &threads in &args.threads {
+                let pool = Workers::new(threads, writer);
                 let mut samples: [Vec<Sample>; 2] = [Vec::new(), Vec::new()];
                 for rep in 0..args.reps {
                     // Alternate the modes so drift hits both alike.
@@ -169,12 +194,12 @@ fn main() {
                             locking
                         );
                         let _ = std::io::stderr().flush();
-                        let s = run(Params {
+                        let s = pool.run(Params {
                             threads,
                             workload: wl,
                             writer,
                             locking,
-                            bytes_per_thread: args.mib << 20,
+                            bytes_per_thread: mib << 20,
                             zero: args.zero,
                         });
                         let _ = writeln!(

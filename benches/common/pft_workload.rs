@@ -10,7 +10,7 @@
 
 use aspace::{Access, AddressSpace, Config, FaultLocking, MapFlags, Prot, PAGE_SIZE};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::Instant;
 
 /// Memory layout of a run.
@@ -105,10 +105,179 @@ fn anon() -> MapFlags {
     MapFlags::PRIVATE | MapFlags::ANONYMOUS
 }
 
-/// Persistent worker threads for repeated runs of one [`Params`] shape
-/// (so thread start-up is not measured): `run()` maps fresh memory,
-/// releases the workers through a barrier, and collects their results.
-pub fn run(p: Params) -> Sample {
+/// What the workers of one run share: the address space and where each
+/// faulting thread starts.
+struct Job {
+    mm: Arc<AddressSpace>,
+    bases: Vec<u64>,
+    pages: u64,
+}
+
+/// State shared by a [`Workers`] pool and its threads.
+struct Shared {
+    /// Everyone (faulters, the writer if any, the driver) meets here to
+    /// start a run, or to quit.
+    start: Barrier,
+    /// Faulters and the driver meet here when the faults are done.
+    faulted: Barrier,
+    /// Everyone meets here after the writer has stopped.
+    end: Barrier,
+    job: Mutex<Option<Arc<Job>>>,
+    cpu: Mutex<Vec<f64>>,
+    writer_done: AtomicBool,
+    writer_ops: AtomicU64,
+    quit: AtomicBool,
+}
+
+/// Persistent worker threads for repeated runs of one shape (thread count,
+/// with or without the writer), so that thread start-up is never measured:
+/// [`Workers::run`] maps fresh memory, releases the threads through a
+/// barrier, and times only the faulting phase.
+pub struct Workers {
+    threads: usize,
+    writer: bool,
+    shared: Arc<Shared>,
+    handles: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Workers {
+    /// Starts `threads` faulting threads, plus the writer thread if
+    /// `writer`.
+    pub fn new(threads: usize, writer: bool) -> Workers {
+        let all = threads + usize::from(writer) + 1;
+        let shared = Arc::new(Shared {
+            start: Barrier::new(all),
+            faulted: Barrier::new(threads + 1),
+            end: Barrier::new(all),
+            job: Mutex::new(None),
+            cpu: Mutex::new(vec![0.0; threads]),
+            writer_done: AtomicBool::new(false),
+            writer_ops: AtomicU64::new(0),
+            quit: AtomicBool::new(false),
+        });
+        let mut handles: Vec<_> = (0..threads)
+            .map(|i| {
+                let sh = shared.clone();
+                std::thread::spawn(move || faulter(&sh, i))
+            })
+            .collect();
+        if writer {
+            let sh = shared.clone();
+            handles.push(std::thread::spawn(move || writer_loop(&sh)));
+        }
+        Workers {
+            threads,
+            writer,
+            shared,
+            handles,
+        }
+    }
+
+    /// One measured run of `p` (whose `threads` and `writer` must be this
+    /// pool's).
+    pub fn run(&self, p: Params) -> Sample {
+        assert_eq!(
+            (p.threads, p.writer),
+            (self.threads, self.writer),
+            "pool shape"
+        );
+        let (mm, bases, pages) = setup(p);
+        let sh = &self.shared;
+        *sh.job.lock().expect("job") = Some(Arc::new(Job {
+            mm: mm.clone(),
+            bases,
+            pages,
+        }));
+        sh.writer_done.store(false, Ordering::Relaxed);
+        sh.writer_ops.store(0, Ordering::Relaxed);
+        sh.start.wait();
+        let t0 = Instant::now();
+        sh.faulted.wait();
+        let wall = t0.elapsed().as_secs_f64();
+        sh.writer_done.store(true, Ordering::Relaxed);
+        sh.end.wait();
+        *sh.job.lock().expect("job") = None;
+        let s = mm.stats();
+        Sample {
+            faults: pages * p.threads as u64,
+            wall,
+            cpu: sh.cpu.lock().expect("cpu").clone(),
+            writer_ops: sh.writer_ops.load(Ordering::Relaxed),
+            per_vma: s.fault_per_vma,
+        }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.shared.quit.store(true, Ordering::Relaxed);
+        self.shared.start.wait();
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+fn current_job(sh: &Shared) -> Arc<Job> {
+    sh.job
+        .lock()
+        .expect("job")
+        .clone()
+        .expect("a job is posted before start")
+}
+
+fn faulter(sh: &Shared, i: usize) {
+    loop {
+        sh.start.wait();
+        if sh.quit.load(Ordering::Relaxed) {
+            return;
+        }
+        let job = current_job(sh);
+        let base = job.bases[i];
+        let c0 = thread_cpu_time();
+        for pg in 0..job.pages {
+            job.mm
+                .fault(base + pg * PAGE_SIZE, Access::Write)
+                .expect("fault");
+        }
+        sh.cpu.lock().expect("cpu")[i] = thread_cpu_time() - c0;
+        drop(job);
+        sh.faulted.wait();
+        sh.end.wait();
+    }
+}
+
+fn writer_loop(sh: &Shared) {
+    let rw = Prot::READ | Prot::WRITE;
+    loop {
+        sh.start.wait();
+        if sh.quit.load(Ordering::Relaxed) {
+            return;
+        }
+        let job = current_job(sh);
+        let mut ops = 0;
+        while !sh.writer_done.load(Ordering::Relaxed) {
+            // Far below the workers' regions, so it never merges with (and
+            // so never write-locks) their VMAs.
+            let a = job
+                .mm
+                .mmap(WRITER_HINT, 16 * PAGE_SIZE, rw, anon())
+                .expect("writer mmap");
+            job.mm
+                .mprotect(a + 4 * PAGE_SIZE, 4 * PAGE_SIZE, Prot::READ)
+                .expect("writer mprotect");
+            job.mm.munmap(a, 16 * PAGE_SIZE).expect("writer munmap");
+            ops += 3;
+        }
+        sh.writer_ops.store(ops, Ordering::Relaxed);
+        drop(job);
+        sh.end.wait();
+    }
+}
+
+/// A fresh address space laid out for `p`, its frames obtained in advance:
+/// returns it, each faulting thread's base, and the pages per thread.
+fn setup(p: Params) -> (Arc<AddressSpace>, Vec<u64>, u64) {
     let pages = p.bytes_per_thread / PAGE_SIZE;
     let total = pages * p.threads as u64 * PAGE_SIZE;
     let cfg = Config {
@@ -141,58 +310,5 @@ pub fn run(p: Params) -> Sample {
             })
             .collect(),
     };
-    let start = Arc::new(Barrier::new(p.threads + 1 + usize::from(p.writer)));
-    let done = Arc::new(AtomicBool::new(false));
-    let writer_ops = Arc::new(AtomicU64::new(0));
-    let writer = p.writer.then(|| {
-        let (mm, start, done, ops) = (mm.clone(), start.clone(), done.clone(), writer_ops.clone());
-        std::thread::spawn(move || {
-            start.wait();
-            while !done.load(Ordering::Relaxed) {
-                // Far below the workers' regions, so it never merges with
-                // (and so never write-locks) their VMAs.
-                let a = mm
-                    .mmap(WRITER_HINT, 16 * PAGE_SIZE, rw, anon())
-                    .expect("writer mmap");
-                mm.mprotect(a + 4 * PAGE_SIZE, 4 * PAGE_SIZE, Prot::READ)
-                    .expect("writer mprotect");
-                mm.munmap(a, 16 * PAGE_SIZE).expect("writer munmap");
-                ops.fetch_add(3, Ordering::Relaxed);
-            }
-        })
-    });
-    let workers: Vec<_> = bases
-        .iter()
-        .map(|&base| {
-            let (mm, start) = (mm.clone(), start.clone());
-            std::thread::spawn(move || {
-                start.wait();
-                let c0 = thread_cpu_time();
-                for i in 0..pages {
-                    mm.fault(base + i * PAGE_SIZE, Access::Write)
-                        .expect("fault");
-                }
-                thread_cpu_time() - c0
-            })
-        })
-        .collect();
-    start.wait();
-    let t0 = Instant::now();
-    let cpu: Vec<f64> = workers
-        .into_iter()
-        .map(|h| h.join().expect("worker"))
-        .collect();
-    let wall = t0.elapsed().as_secs_f64();
-    done.store(true, Ordering::Relaxed);
-    if let Some(w) = writer {
-        w.join().expect("writer");
-    }
-    let s = mm.stats();
-    Sample {
-        faults: pages * p.threads as u64,
-        wall,
-        cpu,
-        writer_ops: writer_ops.load(Ordering::Relaxed),
-        per_vma: s.fault_per_vma,
-    }
+    (mm, bases, pages)
 }
