@@ -103,6 +103,29 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
         }
     }
 
+    /// A tree holding `entries`, which must be sorted by start and
+    /// non-overlapping, built in one pass with full nodes (like the maple
+    /// tree's bulk mode: fewer levels than one insert at a time, which
+    /// leaves nodes half full after sequential splits). Epoch
+    /// reclamation.
+    pub fn from_sorted(entries: impl IntoIterator<Item = (Range, V)>) -> Result<Self, TreeError> {
+        let mut es: Vec<(u64, u64, V)> = Vec::new();
+        for (r, v) in entries {
+            if r.is_empty() {
+                return Err(TreeError::EmptyRange);
+            }
+            if es.last().is_some_and(|&(_, end, _)| end > r.start) {
+                return Err(TreeError::Occupied);
+            }
+            es.push((r.start, r.end, v));
+        }
+        let t = Self::new();
+        let root = Editor::new().build(&es);
+        t.root.store(root as *mut Node<V>, Ordering::Release);
+        t.len.store(es.len(), Ordering::Relaxed);
+        Ok(t)
+    }
+
     /// Pins the calling thread; read while the guard lives.
     #[inline]
     pub fn pin(&self) -> Guard {
@@ -125,7 +148,7 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
         loop {
             match n {
                 Node::Internal(x) => {
-                    let i = x.firsts[..x.len].partition_point(|&f| f <= addr);
+                    let i = node::rank(&x.firsts, x.len, addr);
                     if i == 0 {
                         return None;
                     }
@@ -133,7 +156,7 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
                     n = unsafe { node(x.kids[i - 1]) };
                 }
                 Node::Leaf(l) => {
-                    let i = l.starts[..l.len].partition_point(|&s| s <= addr);
+                    let i = node::rank(&l.starts, l.len, addr);
                     if i == 0 || l.ends[i - 1] <= addr {
                         return None;
                     }

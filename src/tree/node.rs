@@ -308,6 +308,20 @@ impl<V: Clone> Editor<V> {
         parts[0].0
     }
 
+    /// Builds a tree of sorted, non-overlapping entries bottom-up with
+    /// nodes filled evenly and as full as the fill bounds allow (the
+    /// maple tree's bulk mode); returns the root (null when empty).
+    pub(crate) fn build(&mut self, es: &[(u64, u64, V)]) -> NodePtr<V> {
+        if es.is_empty() {
+            return core::ptr::null();
+        }
+        let leaves = chunks(es)
+            .into_iter()
+            .map(|c| publish_node(Node::Leaf(Leaf::from_entries(&c))))
+            .collect();
+        self.grow_root(leaves)
+    }
+
     /// Path copy: the common case copies one fixed-size node per level;
     /// only a full node splits in two.
     fn insert_rec(&mut self, p: NodePtr<V>, s: u64, e: u64, v: V) -> Grown<V> {
@@ -526,6 +540,16 @@ pub(crate) unsafe fn free_node<V>(p: *mut Node<V>) {
 
 /// Half-open range helper for the reader code.
 #[inline]
+/// How many of `keys[..len]` (sorted) are at or below `x`.
+///
+/// The lookup hot path: with at most `B` keys a branch-free count over the
+/// whole array (masked by `len`) beats a binary search, whose branches
+/// the CPU cannot predict; the compiler turns it into vector compares.
+#[inline(always)]
+pub(crate) fn rank(keys: &[u64; B], len: usize, x: u64) -> usize {
+    keys[..len].iter().map(|&k| usize::from(k <= x)).sum()
+}
+
 pub(crate) fn entry(l: &Leaf<impl Sized>, i: usize) -> Range {
     Range::new(l.starts[i], l.ends[i])
 }

@@ -159,3 +159,43 @@ fn many_inserts_and_removes_keep_invariants() {
         assert_eq!(t.find(i * 16 + 3, &g).is_some(), i % 3 != 0);
     }
 }
+
+#[test]
+fn from_sorted_builds_full_nodes_and_rejects_bad_input() {
+    for n in [0u64, 1, 15, 16, 17, 100, 4097] {
+        let t = RangeTree::from_sorted((0..n).map(|i| (r(i * 16, i * 16 + 8), i))).unwrap();
+        t.check_invariants().unwrap();
+        assert_eq!(t.len(), n as usize);
+        let g = t.pin();
+        for i in 0..n {
+            assert_eq!(t.find(i * 16 + 7, &g).map(|(_, v)| *v), Some(i));
+            assert_eq!(t.find(i * 16 + 8, &g), None);
+        }
+        // Later edits work on a bulk-built tree.
+        t.writer().insert(r(n * 16, n * 16 + 4), n).unwrap();
+        t.check_invariants().unwrap();
+    }
+    // Bulk building packs nodes: fewer levels than sequential inserts,
+    // which leave nodes half full.
+    let bulk = RangeTree::from_sorted((0..100_000u64).map(|i| (r(i * 16, i * 16 + 8), i))).unwrap();
+    let one_by_one = RangeTree::new();
+    {
+        let mut w = one_by_one.writer();
+        for i in 0..100_000u64 {
+            w.insert(r(i * 16, i * 16 + 8), i).unwrap();
+        }
+    }
+    assert!(bulk.height() < one_by_one.height());
+    assert_eq!(
+        RangeTree::from_sorted([(r(0, 8), 0), (r(4, 12), 1)]).err(),
+        Some(TreeError::Occupied)
+    );
+    assert_eq!(
+        RangeTree::from_sorted([(r(16, 24), 0), (r(0, 8), 1)]).err(),
+        Some(TreeError::Occupied)
+    );
+    assert_eq!(
+        RangeTree::from_sorted([(r(8, 8), 0)]).err(),
+        Some(TreeError::EmptyRange)
+    );
+}
