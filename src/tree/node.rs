@@ -538,18 +538,18 @@ pub(crate) unsafe fn free_node<V>(p: *mut Node<V>) {
     drop(unsafe { Box::from_raw(p) });
 }
 
-/// Half-open range helper for the reader code.
-#[inline]
 /// How many of `keys[..len]` (sorted) are at or below `x`.
 ///
-/// The lookup hot path: with at most `B` keys a branch-free count over the
-/// whole array (masked by `len`) beats a binary search, whose branches
-/// the CPU cannot predict; the compiler turns it into vector compares.
+/// The lookup hot path: with at most `B` keys a branch-free count beats a
+/// binary search, whose branches the CPU cannot predict; the compiler
+/// turns it into vector compares.
 #[inline(always)]
 pub(crate) fn rank(keys: &[u64; B], len: usize, x: u64) -> usize {
     keys[..len].iter().map(|&k| usize::from(k <= x)).sum()
 }
 
+/// The range of leaf entry `i`.
+#[inline]
 pub(crate) fn entry(l: &Leaf<impl Sized>, i: usize) -> Range {
     Range::new(l.starts[i], l.ends[i])
 }
