@@ -35,8 +35,8 @@ mod node;
 
 use crate::addr::Range;
 use crate::reclaim::{Guard, Reclaimer};
-use crate::sync::{AtomicPtr, AtomicUsize, Mutex, MutexGuard, Ordering};
-use node::{node, Editor, Node, NodePtr, Summary, B, MIN};
+use crate::sync::{Arc, AtomicPtr, AtomicUsize, Mutex, MutexGuard, Ordering};
+use node::{node, Editor, Node, NodeCache, NodePtr, Summary, B, MIN};
 
 /// Why an insert failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,6 +64,9 @@ pub struct RangeTree<V> {
     len: AtomicUsize,
     writer: Mutex<()>,
     reclaimer: Reclaimer,
+    /// Memory of retired nodes for the writer to reuse (shared with the
+    /// deferred frees, which may run after the tree is gone).
+    cache: Arc<NodeCache<V>>,
 }
 
 // SAFETY: nodes are immutable once published and hold `V`s; sharing the
@@ -100,6 +103,7 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
             len: AtomicUsize::new(0),
             writer: Mutex::new(()),
             reclaimer,
+            cache: Arc::new(NodeCache::new()),
         }
     }
 
@@ -120,7 +124,7 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
             es.push((r.start, r.end, v));
         }
         let t = Self::new();
-        let root = Editor::new().build(&es);
+        let root = Editor::new(&t.cache).build(&es);
         t.root.store(root as *mut Node<V>, Ordering::Release);
         t.len.store(es.len(), Ordering::Relaxed);
         Ok(t)
@@ -603,7 +607,7 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
         if self.tree.range(r, &g).next().is_some() {
             return Err(TreeError::Occupied);
         }
-        let mut ed = Editor::new();
+        let mut ed = Editor::new(&self.tree.cache);
         let root = ed.insert(self.cur(), r.start, r.end, v);
         self.publish(root, ed, 1, &g);
         Ok(())
@@ -627,7 +631,7 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
     pub fn remove(&mut self, addr: u64) -> Option<(Range, V)> {
         let g = self.tree.pin();
         let (r, v) = self.tree.find(addr, &g).map(|(r, v)| (r, v.clone()))?;
-        let mut ed = Editor::new();
+        let mut ed = Editor::new(&self.tree.cache);
         let root = ed.remove(self.cur(), r.start);
         self.publish(root, ed, -1, &g);
         Some((r, v))
@@ -647,7 +651,7 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
             .range(r, &g)
             .map(|(e, v)| (e, v.clone()))
             .collect();
-        let mut ed = Editor::new();
+        let mut ed = Editor::new(&self.tree.cache);
         // Storing over exactly one entry that starts where `r` does, and
         // at most growing it into free space: one path copy.
         if let (Some(v), [(e, ev)]) = (&v, hit.as_slice()) {
@@ -686,23 +690,34 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
 
     /// Publishes `root` with one Release store, then retires what the edit
     /// replaced.
-    fn publish(&mut self, root: NodePtr<V>, ed: Editor<V>, delta: isize, g: &Guard) {
+    fn publish(&mut self, root: NodePtr<V>, ed: Editor<'_, V>, delta: isize, g: &Guard) {
         self.tree
             .root
             .store(root as *mut Node<V>, Ordering::Release);
         let len = self.tree.len.load(Ordering::Relaxed) as isize + delta;
         self.tree.len.store(len as usize, Ordering::Relaxed);
-        for p in ed.garbage {
-            // SAFETY: `p` was unlinked by this edit (it is not reachable
-            // from the new root); readers pinned before the publish may
-            // still see it, so it goes through the reclaimer, which frees
-            // it (and only it, not its children) after they are gone.
-            unsafe {
-                self.tree
-                    .reclaimer
-                    .retire_with(g, p as *mut Node<V>, |p| node::free_node(p));
-            }
+        if ed.garbage.is_empty() {
+            return;
         }
+        // One deferred free per edit (not per node): fewer entries for the
+        // epoch collector, which readers run when they pin.
+        let garbage = node::Garbage(ed.garbage);
+        let cache = self.tree.cache.clone();
+        self.tree.reclaimer.defer(g, move || {
+            let garbage = garbage;
+            for p in garbage.0 {
+                let p = p as *mut Node<V>;
+                // SAFETY: `p` was unlinked by this edit (it is not reachable
+                // from the new root) and this runs only after every reader
+                // pinned before the publish is gone, so nobody uses it; we
+                // drop only the node itself (its values), not its children,
+                // and hand its memory to the cache, which then owns it.
+                unsafe {
+                    core::ptr::drop_in_place(p);
+                    cache.push(p);
+                }
+            }
+        });
     }
 }
 

@@ -13,6 +13,7 @@
 //! contents, so a path copy recomputes exactly the path.
 
 use crate::addr::Range;
+use crate::sync::{AtomicPtr, AtomicUsize, Ordering};
 
 /// Maximum entries in a leaf / children in an internal node.
 pub(crate) const B: usize = 16;
@@ -57,6 +58,14 @@ pub(crate) struct Summary {
     pub(crate) last: u64,
     pub(crate) gap: u64,
 }
+
+/// Nodes unlinked by one edit, handed to the reclaimer together.
+pub(crate) struct Garbage<V>(pub(crate) Vec<NodePtr<V>>);
+
+// SAFETY: the edit that unlinked these nodes hands over their ownership;
+// freeing them on another thread drops their `V`s there (needs Send) and
+// touches no other node.
+unsafe impl<V: Send> Send for Garbage<V> {}
 
 /// Borrows a node behind a pointer.
 ///
@@ -253,11 +262,112 @@ impl<V> Internal<V> {
     }
 }
 
-/// Allocates a node and returns its pointer and summary.
-fn publish_node<V>(n: Node<V>) -> (NodePtr<V>, Summary) {
-    let s = n.summary();
-    (Box::into_raw(Box::new(n)) as NodePtr<V>, s)
+/// Memory of retired nodes kept for reuse by the writer.
+///
+/// Path copying makes every edit allocate a few nodes and retire as many.
+/// Retired nodes are freed by whoever runs the epoch collector, usually a
+/// reader; with the system allocator that is a cross-thread free for every
+/// node, and the allocator's arena lock then bounces between the writer and
+/// the readers. Instead, the deferred free drops the node in place and
+/// pushes its memory here (one CAS), and the writer takes memory from here
+/// before it asks the allocator.
+///
+/// A stack with many pushers and a single popper (the writer, serialized
+/// by the tree's writer lock) has no ABA problem: a slot leaves the stack
+/// only through that one popper, so the head it read cannot be popped and
+/// pushed back behind its back.
+pub(crate) struct NodeCache<V> {
+    head: AtomicPtr<FreeSlot>,
+    len: AtomicUsize,
+    _node: core::marker::PhantomData<fn() -> V>,
 }
+
+/// The link stored in the memory of a free node.
+struct FreeSlot {
+    next: *mut FreeSlot,
+}
+
+/// Free nodes kept at most (about 2 MiB with 16-slot nodes).
+const CACHE_MAX: usize = 4096;
+
+impl<V> NodeCache<V> {
+    pub(crate) fn new() -> Self {
+        NodeCache {
+            head: AtomicPtr::new(core::ptr::null_mut()),
+            len: AtomicUsize::new(0),
+            _node: core::marker::PhantomData,
+        }
+    }
+
+    /// Gives back the memory of a node whose contents were dropped.
+    ///
+    /// # Safety
+    /// `p` came from [`Editor::alloc`] or `Box<Node<V>>`, its value has been
+    /// dropped, and nobody else uses or frees it.
+    pub(crate) unsafe fn push(&self, p: *mut Node<V>) {
+        if self.len.load(Ordering::Relaxed) >= CACHE_MAX {
+            // SAFETY: `p` is an allocation of a `Node<V>` (layout equal to
+            // `MaybeUninit<Node<V>>`) owned by us, its value already dropped.
+            drop(unsafe { Box::from_raw(p as *mut core::mem::MaybeUninit<Node<V>>) });
+            return;
+        }
+        let slot = p as *mut FreeSlot;
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: we own the memory (see above); a node is larger and
+            // at least as aligned as a `FreeSlot`.
+            unsafe { slot.write(FreeSlot { next: head }) };
+            // Release: the link is written before the slot is visible.
+            match self
+                .head
+                .compare_exchange_weak(head, slot, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(h) => head = h,
+            }
+        }
+        self.len.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Takes memory for one node (writer only: callers are serialized).
+    fn pop(&self) -> Option<*mut Node<V>> {
+        let mut head = self.head.load(Ordering::Acquire);
+        while !head.is_null() {
+            // SAFETY: `head` is on the stack and only this (single) popper
+            // takes slots off it, so its memory stays a free slot whose link
+            // was published by the pusher's Release CAS we acquired.
+            let next = unsafe { (*head).next };
+            match self
+                .head
+                .compare_exchange_weak(head, next, Ordering::Acquire, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    self.len.fetch_sub(1, Ordering::Relaxed);
+                    return Some(head as *mut Node<V>);
+                }
+                Err(h) => head = h,
+            }
+        }
+        None
+    }
+}
+
+impl<V> Drop for NodeCache<V> {
+    fn drop(&mut self) {
+        while let Some(p) = self.pop() {
+            // SAFETY: every slot on the stack is the memory of a dropped
+            // node, owned by the cache.
+            drop(unsafe { Box::from_raw(p as *mut core::mem::MaybeUninit<Node<V>>) });
+        }
+    }
+}
+
+// SAFETY: the cache holds only raw memory (no `V` values); pushing from any
+// thread and popping from the serialized writer are synchronized by the CAS
+// on `head`.
+unsafe impl<V> Send for NodeCache<V> {}
+// SAFETY: as for Send.
+unsafe impl<V> Sync for NodeCache<V> {}
 
 /// Splits a list into nodes of at most `B` items, as evenly as possible.
 fn chunks<T: Clone>(items: &[T]) -> Vec<Vec<T>> {
@@ -275,22 +385,42 @@ fn chunks<T: Clone>(items: &[T]) -> Vec<Vec<T>> {
 }
 
 /// The functional edits. `garbage` collects every node replaced.
-pub(crate) struct Editor<V> {
+pub(crate) struct Editor<'c, V> {
     pub(crate) garbage: Vec<NodePtr<V>>,
+    cache: &'c NodeCache<V>,
 }
 
-impl<V: Clone> Editor<V> {
-    pub(crate) fn new() -> Self {
+impl<'c, V: Clone> Editor<'c, V> {
+    pub(crate) fn new(cache: &'c NodeCache<V>) -> Self {
         Editor {
             garbage: Vec::new(),
+            cache,
         }
+    }
+
+    /// Places a new node (in recycled memory when there is some) and
+    /// returns its pointer and summary.
+    fn publish_node(&mut self, n: Node<V>) -> (NodePtr<V>, Summary) {
+        let s = n.summary();
+        let p = match self.cache.pop() {
+            Some(p) => {
+                // SAFETY: `p` is free memory of a `Node<V>` handed to us by
+                // the cache; writing initializes it.
+                unsafe { p.write(n) };
+                p
+            }
+            None => Box::into_raw(Box::new(n)),
+        };
+        (p as NodePtr<V>, s)
     }
 
     /// Inserts `[s, e) -> v` (which overlaps nothing) into the tree rooted
     /// at `root`; returns the new root.
     pub(crate) fn insert(&mut self, root: NodePtr<V>, s: u64, e: u64, v: V) -> NodePtr<V> {
         if root.is_null() {
-            return publish_node(Node::Leaf(Leaf::from_entries(&[(s, e, v)]))).0;
+            return self
+                .publish_node(Node::Leaf(Leaf::from_entries(&[(s, e, v)])))
+                .0;
         }
         match self.insert_rec(root, s, e, v) {
             Grown::One(k) => k.0,
@@ -302,7 +432,7 @@ impl<V: Clone> Editor<V> {
         while parts.len() > 1 {
             parts = chunks(&parts)
                 .into_iter()
-                .map(|c| publish_node(Node::Internal(Internal::from_kids(&c))))
+                .map(|c| self.publish_node(Node::Internal(Internal::from_kids(&c))))
                 .collect();
         }
         parts[0].0
@@ -317,7 +447,7 @@ impl<V: Clone> Editor<V> {
         }
         let leaves = chunks(es)
             .into_iter()
-            .map(|c| publish_node(Node::Leaf(Leaf::from_entries(&c))))
+            .map(|c| self.publish_node(Node::Leaf(Leaf::from_entries(&c))))
             .collect();
         self.grow_root(leaves)
     }
@@ -334,14 +464,14 @@ impl<V: Clone> Editor<V> {
                 if l.len < B {
                     let mut n = l.copy();
                     n.insert_at(at, s, e, v);
-                    return Grown::One(publish_node(Node::Leaf(n)));
+                    return Grown::One(self.publish_node(Node::Leaf(n)));
                 }
                 let mut es = l.entries();
                 es.insert(at, (s, e, v));
                 let h = es.len() / 2;
                 Grown::Two(
-                    publish_node(Node::Leaf(Leaf::from_entries(&es[..h]))),
-                    publish_node(Node::Leaf(Leaf::from_entries(&es[h..]))),
+                    self.publish_node(Node::Leaf(Leaf::from_entries(&es[..h]))),
+                    self.publish_node(Node::Leaf(Leaf::from_entries(&es[h..]))),
                 )
             }
             Node::Internal(n) => {
@@ -352,21 +482,21 @@ impl<V: Clone> Editor<V> {
                     Grown::One(k) => {
                         let mut m = n.copy();
                         m.set(i, k);
-                        Grown::One(publish_node(Node::Internal(m)))
+                        Grown::One(self.publish_node(Node::Internal(m)))
                     }
                     Grown::Two(a, b) if n.len < B => {
                         let mut m = n.copy();
                         m.set(i, a);
                         m.insert_at(i + 1, b);
-                        Grown::One(publish_node(Node::Internal(m)))
+                        Grown::One(self.publish_node(Node::Internal(m)))
                     }
                     Grown::Two(a, b) => {
                         let mut kids = n.kid_list();
                         kids.splice(i..=i, [a, b]);
                         let h = kids.len() / 2;
                         Grown::Two(
-                            publish_node(Node::Internal(Internal::from_kids(&kids[..h]))),
-                            publish_node(Node::Internal(Internal::from_kids(&kids[h..]))),
+                            self.publish_node(Node::Internal(Internal::from_kids(&kids[..h]))),
+                            self.publish_node(Node::Internal(Internal::from_kids(&kids[h..]))),
                         )
                     }
                 }
@@ -391,7 +521,7 @@ impl<V: Clone> Editor<V> {
                 let mut n = l.copy();
                 n.ends[at] = e;
                 n.vals[at] = Some(v);
-                publish_node(Node::Leaf(n))
+                self.publish_node(Node::Leaf(n))
             }
             Node::Internal(n) => {
                 let i = n.firsts[..n.len]
@@ -400,7 +530,7 @@ impl<V: Clone> Editor<V> {
                 let k = self.replace_rec(n.kids[i], s, e, v);
                 let mut m = n.copy();
                 m.set(i, k);
-                publish_node(Node::Internal(m))
+                self.publish_node(Node::Internal(m))
             }
         }
     }
@@ -442,7 +572,7 @@ impl<V: Clone> Editor<V> {
                 }
                 let mut n = l.copy();
                 n.remove_at(at);
-                Some(publish_node(Node::Leaf(n)))
+                Some(self.publish_node(Node::Leaf(n)))
             }
             Node::Internal(n) => {
                 let i = n.firsts[..n.len]
@@ -453,7 +583,7 @@ impl<V: Clone> Editor<V> {
                     Some(k) if n.len == 1 || unsafe { node(k.0) }.len() >= MIN => {
                         let mut m = n.copy();
                         m.set(i, k);
-                        Some(publish_node(Node::Internal(m)))
+                        Some(self.publish_node(Node::Internal(m)))
                     }
                     r => {
                         let mut kids = n.kid_list();
@@ -467,7 +597,7 @@ impl<V: Clone> Editor<V> {
                             }
                         }
                         (!kids.is_empty())
-                            .then(|| publish_node(Node::Internal(Internal::from_kids(&kids))))
+                            .then(|| self.publish_node(Node::Internal(Internal::from_kids(&kids))))
                     }
                 }
             }
@@ -493,7 +623,7 @@ impl<V: Clone> Editor<V> {
                 es.extend(y.entries());
                 chunks(&es)
                     .into_iter()
-                    .map(|c| publish_node(Node::Leaf(Leaf::from_entries(&c))))
+                    .map(|c| self.publish_node(Node::Leaf(Leaf::from_entries(&c))))
                     .collect()
             }
             (Node::Internal(x), Node::Internal(y)) => {
@@ -501,7 +631,7 @@ impl<V: Clone> Editor<V> {
                 ks.extend(y.kid_list());
                 chunks(&ks)
                     .into_iter()
-                    .map(|c| publish_node(Node::Internal(Internal::from_kids(&c))))
+                    .map(|c| self.publish_node(Node::Internal(Internal::from_kids(&c))))
                     .collect()
             }
             _ => unreachable!("siblings are at the same height"),
@@ -526,16 +656,6 @@ pub(crate) unsafe fn free_subtree<V>(p: NodePtr<V>) {
             unsafe { free_subtree(k) };
         }
     }
-}
-
-/// Frees one node, not its children (they are shared with the new tree or
-/// retired separately).
-///
-/// # Safety
-/// `p` came from `Box::into_raw` and nobody can reach it any more.
-pub(crate) unsafe fn free_node<V>(p: *mut Node<V>) {
-    // SAFETY: guaranteed by the caller.
-    drop(unsafe { Box::from_raw(p) });
 }
 
 /// How many of `keys[..len]` (sorted) are at or below `x`.
