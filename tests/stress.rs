@@ -169,7 +169,13 @@ fn per_vma_faults_lose_nothing() {
         s.retry_revalidate
     );
     assert!(s.faults() > 100, "the workload must fault: {s:?}");
-    assert!(s.fault_per_vma > 0, "no fault took the per-VMA path: {s:?}");
+    // Writers here touch other VMAs or split these only briefly, so the
+    // per-VMA path must carry most faults (typically over 99%).
+    assert!(
+        frac > 0.5,
+        "only {:.1}% of faults took the per-VMA path: {s:?}",
+        frac * 100.0
+    );
 }
 
 #[test]
