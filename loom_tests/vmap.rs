@@ -16,13 +16,16 @@ fn remote_alloc_vs_lazy_purge() {
     b.preemption_bound = Some(2);
     b.check(|| {
         // Two zones of 2 pages; purge once more than 1 page is lazy.
-        let v = Arc::new(Vmap::new(VmapConfig {
-            window: Range::new(BASE, BASE + 4 * PAGE_SIZE),
-            mode: Mode::PerCpu,
-            zones: 2,
-            lazy_max_bytes: PAGE_SIZE,
-            deferred_reclaim: true,
-        }));
+        let v = Arc::new(
+            Vmap::new(VmapConfig {
+                window: Range::new(BASE, BASE + 4 * PAGE_SIZE),
+                mode: Mode::PerCpu,
+                zones: 2,
+                lazy_max_bytes: PAGE_SIZE,
+                deferred_reclaim: true,
+            })
+            .unwrap(),
+        );
         // Fill both zones, then free one page lazily in each.
         let all: Vec<Range> = (0..4).map(|_| v.alloc(PAGE_SIZE, 1).unwrap()).collect();
         v.free(all[0]).unwrap();

@@ -22,6 +22,7 @@ fn vmap(zones: usize, lazy_max: u64) -> Vmap {
         lazy_max_bytes: lazy_max,
         deferred_reclaim: false,
     })
+    .unwrap()
 }
 
 #[derive(Clone, Debug)]

@@ -18,10 +18,13 @@ pub enum Sizes {
 /// Runs `jobs` threads of `pairs` alloc/free pairs each on a fresh
 /// allocator; returns the wall time of the measured phase.
 pub fn run(mode: Mode, jobs: usize, pairs: u64, sizes: Sizes) -> Duration {
-    let v = Arc::new(Vmap::new(VmapConfig {
-        mode,
-        ..VmapConfig::default()
-    }));
+    let v = Arc::new(
+        Vmap::new(VmapConfig {
+            mode,
+            ..VmapConfig::default()
+        })
+        .expect("default vmap config"),
+    );
     let start = Arc::new(Barrier::new(jobs + 1));
     let hs: Vec<_> = (0..jobs)
         .map(|j| {

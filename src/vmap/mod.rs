@@ -27,7 +27,7 @@
 //!
 //! ```
 //! use aspace::vmap::{Vmap, VmapConfig};
-//! let v = Vmap::new(VmapConfig::default());
+//! let v = Vmap::new(VmapConfig::default()).unwrap();
 //! let a = v.alloc(3 * 4096, 4096).unwrap();
 //! let b = v.alloc(4096, 4096).unwrap();
 //! assert!(!a.overlaps(&b));
@@ -149,16 +149,13 @@ impl core::fmt::Debug for Vmap {
 }
 
 impl Vmap {
-    /// An allocator over `cfg.window`.
-    ///
-    /// # Panics
-    /// If the window is empty or not page-aligned (a configuration error).
-    pub fn new(cfg: VmapConfig) -> Self {
+    /// An allocator over `cfg.window`. `EINVAL` if the window is empty or
+    /// not page-aligned.
+    pub fn new(cfg: VmapConfig) -> Result<Self> {
         let w = cfg.window;
-        assert!(
-            !w.is_empty() && w.start % PAGE_SIZE == 0 && w.end % PAGE_SIZE == 0,
-            "vmap window must be non-empty and page-aligned"
-        );
+        if w.is_empty() || w.start % PAGE_SIZE != 0 || w.end % PAGE_SIZE != 0 {
+            return Err(Error::Inval);
+        }
         let n = match cfg.mode {
             Mode::GlobalLock => 1,
             Mode::PerCpu => cfg.zones.max(1) as u64,
@@ -183,13 +180,13 @@ impl Vmap {
                 })
             })
             .collect();
-        Vmap {
+        Ok(Vmap {
             zones,
             window: w,
             zone_size,
             lazy_max: cfg.lazy_max_bytes,
             stats: crate::percpu::PerCpu::new(Counters::default),
-        }
+        })
     }
 
     /// The window.
@@ -349,6 +346,22 @@ mod tests {
             lazy_max_bytes: lazy_max,
             deferred_reclaim: false,
         })
+        .unwrap()
+    }
+
+    #[test]
+    fn bad_windows_are_einval() {
+        for window in [
+            Range::new(0x1000, 0x1000),
+            Range::new(0x1000, 0x2001),
+            Range::new(0x1001, 0x3000),
+        ] {
+            let cfg = VmapConfig {
+                window,
+                ..VmapConfig::default()
+            };
+            assert_eq!(Vmap::new(cfg).err(), Some(Error::Inval));
+        }
     }
 
     #[test]
