@@ -71,6 +71,8 @@ enum Op {
     Store(u64, u64),
     Erase(u64, u64),
     Remove(u64),
+    /// Keep the entries whose value is not divisible by this.
+    Retain(u32),
     Find(u64),
     Neighbours(u64),
     Range(u64, u64),
@@ -92,6 +94,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (addr(), 0u64..120).prop_map(|(a, l)| Op::Store(a, a.saturating_add(l))),
         2 => (addr(), 0u64..200).prop_map(|(a, l)| Op::Erase(a, a.saturating_add(l))),
         2 => addr().prop_map(Op::Remove),
+        1 => (2u32..5).prop_map(Op::Retain),
         3 => addr().prop_map(Op::Find),
         2 => addr().prop_map(Op::Neighbours),
         1 => (addr(), 0u64..300).prop_map(|(a, l)| Op::Range(a, a.saturating_add(l))),
@@ -129,6 +132,11 @@ proptest! {
                     let got = t.writer().erase(r);
                     let want = if r.is_empty() { vec![] } else { o.overwrite(r, None) };
                     prop_assert_eq!(got, want);
+                }
+                Op::Retain(k) => {
+                    let before = o.0.len();
+                    o.0.retain(|_, &mut (_, v)| v % k != 0);
+                    prop_assert_eq!(t.writer().retain(|_, &v| v % k != 0), before - o.0.len());
                 }
                 Op::Remove(a) => {
                     let want = o.find(a);

@@ -604,7 +604,11 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
             return Err(TreeError::EmptyRange);
         }
         let g = self.tree.pin();
-        if self.tree.range(r, &g).next().is_some() {
+        if self
+            .tree
+            .find_after(r.start, &g)
+            .is_some_and(|(e, _)| e.start < r.end)
+        {
             return Err(TreeError::Occupied);
         }
         let mut ed = Editor::new(&self.tree.cache);
@@ -625,6 +629,30 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
     /// ends. Returns the removed pieces.
     pub fn erase(&mut self, r: Range) -> Vec<(Range, V)> {
         self.overwrite(r, None)
+    }
+
+    /// Keeps only the entries for which `keep` returns true, rebuilding
+    /// the tree in one pass with full nodes (cheaper than removing many
+    /// entries one by one: a batch purge of lazily freed areas, say).
+    /// Returns how many entries were removed. One atomic step for readers.
+    pub fn retain(&mut self, mut keep: impl FnMut(Range, &V) -> bool) -> usize {
+        let g = self.tree.pin();
+        let all = self.tree.len();
+        let kept: Vec<(u64, u64, V)> = self
+            .tree
+            .iter(&g)
+            .filter(|(r, v)| keep(*r, v))
+            .map(|(r, v)| (r.start, r.end, v.clone()))
+            .collect();
+        let removed = all - kept.len();
+        if removed == 0 {
+            return 0;
+        }
+        let mut ed = Editor::new(&self.tree.cache);
+        ed.discard_all(self.cur());
+        let root = ed.build(&kept);
+        self.publish(root, ed, -(removed as isize), &g);
+        removed
     }
 
     /// Removes the whole entry containing `addr`.

@@ -452,6 +452,22 @@ impl<'c, V: Clone> Editor<'c, V> {
         self.grow_root(leaves)
     }
 
+    /// Marks every node of the tree under `p` as replaced (for an edit
+    /// that rebuilds the whole tree).
+    pub(crate) fn discard_all(&mut self, p: NodePtr<V>) {
+        if p.is_null() {
+            return;
+        }
+        self.garbage.push(p);
+        // SAFETY: `p` is reachable from the writer's working root (see
+        // `insert_rec`).
+        if let Node::Internal(n) = unsafe { node(p) } {
+            for &k in &n.kids[..n.len] {
+                self.discard_all(k);
+            }
+        }
+    }
+
     /// Path copy: the common case copies one fixed-size node per level;
     /// only a full node splits in two.
     fn insert_rec(&mut self, p: NodePtr<V>, s: u64, e: u64, v: V) -> Grown<V> {
