@@ -150,8 +150,16 @@ impl<'a> Gather<'a> {
     /// Records that the translation of `[va, va + 4 KiB)` was removed or
     /// changed.
     pub(crate) fn add_page(&mut self, va: u64) {
-        self.pages += 1;
-        let r = Range::new(va, va + crate::addr::PAGE_SIZE);
+        self.add_range(Range::new(va, va + crate::addr::PAGE_SIZE));
+    }
+
+    /// Records that the translations of the page-aligned range `r` were
+    /// removed or changed (in O(1), whatever its size).
+    pub(crate) fn add_range(&mut self, r: Range) {
+        if r.is_empty() {
+            return;
+        }
+        self.pages += crate::addr::pages(r.len());
         self.range = Some(match self.range {
             Some(old) => Range::new(old.start.min(r.start), old.end.max(r.end)),
             None => r,

@@ -43,7 +43,7 @@ mod mprotect;
 mod mremap;
 mod munmap;
 
-pub use config::{Config, FaultLocking};
+pub use config::{Config, FaultLocking, MremapExtent};
 pub use flags::{Access, Advice, MapFlags, MremapFlags, Prot};
 
 use crate::addr::{Range, PAGE_SIZE};
@@ -137,7 +137,7 @@ impl AddressSpace {
             }),
             pt: PageTable::new(reclaimer()),
             frames,
-            tlb: TlbState::new(0),
+            tlb: TlbState::new(cfg.shootdown_cost_ns),
             stats: StatCounters::new(),
             pool,
             cfg,
