@@ -132,7 +132,16 @@ impl AddressSpace {
             MapFlags::PRIVATE
         };
         let dst = self.get_unmapped_area(&ed, 0, new_len, false, mflags)?;
-        self.move_vma(&mut ed, &mut gather, vma, old_addr, old_len, new_len, dst, flags)
+        self.move_vma(
+            &mut ed,
+            &mut gather,
+            vma,
+            old_addr,
+            old_len,
+            new_len,
+            dst,
+            flags,
+        )
     }
 
     /// Moves every VMA piece of `[old_addr, old_addr + len)` to the same

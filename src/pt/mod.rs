@@ -200,7 +200,13 @@ impl PageTable {
 
     /// The table at `level` (0: PTE table, 1: PMD table, ...) covering
     /// `va`, creating missing tables above it if `create`.
-    fn table_at<'g>(&'g self, va: u64, level: u32, create: bool, g: &'g Guard) -> Option<&'g Table> {
+    fn table_at<'g>(
+        &'g self,
+        va: u64,
+        level: u32,
+        create: bool,
+        g: &'g Guard,
+    ) -> Option<&'g Table> {
         if va >> VA_BITS != 0 {
             return None;
         }
@@ -406,7 +412,10 @@ impl PageTable {
                 off = (off + skip).min(len);
                 continue;
             }
-            let n = (pmd - src % pmd).min(pmd - dst % pmd).min(len - off).min(max);
+            let n = (pmd - src % pmd)
+                .min(pmd - dst % pmd)
+                .min(len - off)
+                .min(max);
             let moved = if n == pmd {
                 match self.relink_pte_table(src, dst, g, &mut after_extent) {
                     Some(m) => {
@@ -686,7 +695,10 @@ mod tests {
         let to = 5 * PMD_SIZE - 3 * PAGE_SIZE;
         let mut extents = vec![];
         let st = p.move_range(base, to, 8 * PAGE_SIZE, u64::MAX, &g, |r| extents.push(r));
-        assert_eq!((st.entries, st.copied, st.relinked, st.extents), (8, 8, 0, 3));
+        assert_eq!(
+            (st.entries, st.copied, st.relinked, st.extents),
+            (8, 8, 0, 3)
+        );
         // Bounded by the source's 1 GiB (and PMD) boundary after 4 pages,
         // then by the destination's PMD boundary after 3 more.
         assert_eq!(
@@ -724,7 +736,10 @@ mod tests {
         let mut extents = 0;
         let st = p.move_range(from, to, n * PAGE_SIZE, u64::MAX, &g, |_| extents += 1);
         // Two tables swing whole; the 3-page tail is copied.
-        assert_eq!((st.entries, st.copied, st.relinked, st.extents), (n, 3, 2, 3));
+        assert_eq!(
+            (st.entries, st.copied, st.relinked, st.extents),
+            (n, 3, 2, 3)
+        );
         assert_eq!(extents, 3);
         for i in 0..n {
             assert_eq!(p.lookup(to + i * PAGE_SIZE, &g).pfn(), i as Pfn);
@@ -734,7 +749,10 @@ mod tests {
         assert_eq!(p.table_pages(), tables + 1);
         // Extents capped at 64 pages never relink.
         let st = p.move_range(to, from, n * PAGE_SIZE, 64 * PAGE_SIZE, &g, |_| {});
-        assert_eq!((st.entries, st.copied, st.relinked, st.extents), (n, n, 0, 17));
+        assert_eq!(
+            (st.entries, st.copied, st.relinked, st.extents),
+            (n, n, 0, 17)
+        );
         // A destination that already has a table falls back to copying.
         let back = p.move_range(from, to, 512 * PAGE_SIZE, u64::MAX, &g, |_| {});
         assert_eq!((back.copied, back.relinked), (512, 0));
