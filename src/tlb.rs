@@ -39,6 +39,19 @@ pub(crate) struct AccessGuard<'a> {
     slot: &'a CpuSlot,
 }
 
+impl AccessGuard<'_> {
+    /// Under loom, a scheduling point between taking a translation and
+    /// using it (the window in which a real CPU holds a TLB entry), so
+    /// models can run a flush inside it. Nothing otherwise.
+    #[inline]
+    pub(crate) fn model_point(&self) {
+        // A read-modify-write that changes nothing: it conflicts with a
+        // flusher's load of the sequence, so loom tries the flush here.
+        #[cfg(aspace_loom)]
+        self.slot.access_seq.fetch_add(0, Ordering::Relaxed);
+    }
+}
+
 impl Drop for AccessGuard<'_> {
     fn drop(&mut self) {
         // Release: the copy happens before a flusher sees the even value.
