@@ -160,7 +160,7 @@ pub fn run(p: Params) -> Sample {
                 }
                 ready.wait();
                 go.wait();
-                let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ (t as u64 + 1) * 0x1234_5678;
+                let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ ((t as u64 + 1) * 0x1234_5678);
                 let mut ops = 0u64;
                 let mut w = [0u8; 8];
                 loop {
