@@ -6,29 +6,20 @@
 //!
 //! `cargo bench --bench mremap`
 
+#[path = "common/machine.rs"]
+mod machine;
 #[path = "common/mremap_workload.rs"]
 mod mremap_workload;
 
 use aspace::{MremapExtent, PAGE_SIZE};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use machine::thread_counts;
 use mremap_workload::{mode_name, run, Mover, Params, Stop, MODES};
 use std::time::Duration;
 
 const OPS_PER_THREAD: u64 = 2000;
 /// The cost model's setting for the "with cost" groups (ns per target CPU).
 const COST_NS: u64 = 2000;
-
-fn thread_counts() -> Vec<usize> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut v = vec![];
-    let mut t = 1;
-    while t < cores {
-        v.push(t);
-        t *= 2;
-    }
-    v.push(cores);
-    v
-}
 
 fn workload(c: &mut Criterion) {
     for cost_ns in [0, COST_NS] {

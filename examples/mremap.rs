@@ -17,10 +17,13 @@
 //! Last, the flushes of one 2 MiB move per mode and the median time of a
 //! populated, 2 MiB-aligned 1 GiB move against a one-page move.
 
+#[path = "../benches/common/machine.rs"]
+mod machine;
 #[path = "../benches/common/mremap_workload.rs"]
 mod mremap_workload;
 
 use aspace::{MremapExtent, PAGE_SIZE};
+use machine::{hmean, machine, thread_counts};
 use mremap_workload::{
     flushes_for_move, median_move_time, mode_name, run, Params, Sample, Stop, MODES,
 };
@@ -41,16 +44,8 @@ fn usage() -> ! {
 }
 
 fn parse() -> Args {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut threads = vec![];
-    let mut t = 1;
-    while t < cores {
-        threads.push(t);
-        t *= 2;
-    }
-    threads.push(cores);
     let mut a = Args {
-        threads,
+        threads: thread_counts(),
         secs: 1.5,
         reps: 1,
         cost_ns: 0,
@@ -98,24 +93,6 @@ fn parse() -> Args {
         }
     }
     a
-}
-
-fn hmean(xs: &[f64]) -> f64 {
-    xs.len() as f64 / xs.iter().map(|x| 1.0 / x.max(1e-9)).sum::<f64>()
-}
-
-fn machine() -> String {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    format!("{cores} cores, {model}")
 }
 
 fn main() {

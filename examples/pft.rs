@@ -10,10 +10,13 @@
 //! By default: threads 1, 2, 4, ... up to the core count; both workloads;
 //! rows without and with a concurrent mmap/mprotect/munmap writer.
 
+#[path = "../benches/common/machine.rs"]
+mod machine;
 #[path = "../benches/common/pft_workload.rs"]
 mod pft_workload;
 
 use aspace::FaultLocking;
+use machine::{hmean, machine, thread_counts};
 use pft_workload::{run, Params, Sample, Workload};
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -38,16 +41,8 @@ fn usage() -> ! {
 }
 
 fn parse() -> Args {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut threads = vec![];
-    let mut t = 1;
-    while t < cores {
-        threads.push(t);
-        t *= 2;
-    }
-    threads.push(cores);
     let mut a = Args {
-        threads,
+        threads: thread_counts(),
         reps: 5,
         workloads: vec![Workload::Single, Workload::PerThread],
         writer: vec![false, true],
@@ -106,28 +101,10 @@ fn parse() -> Args {
     a
 }
 
-fn hmean(xs: &[f64]) -> f64 {
-    xs.len() as f64 / xs.iter().map(|x| 1.0 / x).sum::<f64>()
-}
-
 fn range(xs: &[f64]) -> (f64, f64) {
     let lo = xs.iter().cloned().fold(f64::INFINITY, f64::min);
     let hi = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     (lo, hi)
-}
-
-fn machine() -> String {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    format!("{cores} cores, {model}")
 }
 
 /// One table row: a metric at a thread count for both modes.

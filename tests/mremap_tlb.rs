@@ -164,128 +164,45 @@ fn flush_counts_follow_the_extent_arithmetic() {
         /// Present entries those tables carried (not copied one by one).
         carried: u64,
     }
-    let all = |_| true;
+    let all: fn(u64) -> bool = |_| true;
+    let sparse: fn(u64) -> bool = |p| p == 0 || p == 700;
+    let none: fn(u64) -> bool = |_| false;
+    let case = |pages, src_off, dst_off, populated, flushes, relinked, carried| Case {
+        pages,
+        src_off,
+        dst_off,
+        populated,
+        flushes,
+        relinked,
+        carried,
+    };
+    // case(pages, source offset, destination offset (pages from PMD-aligned
+    // bases), populated, flushes [Pages(64), Pmd, Batched], relinked, carried)
     let cases = [
         // Small moves: one extent, one flush in every mode.
-        Case {
-            pages: 1,
-            src_off: 0,
-            dst_off: 0,
-            populated: all,
-            flushes: [1, 1, 1],
-            relinked: 0,
-            carried: 0,
-        },
-        Case {
-            pages: 16,
-            src_off: 5,
-            dst_off: 9,
-            populated: all,
-            flushes: [1, 1, 1],
-            relinked: 0,
-            carried: 0,
-        },
-        Case {
-            pages: 64,
-            src_off: 0,
-            dst_off: 0,
-            populated: all,
-            flushes: [1, 1, 1],
-            relinked: 0,
-            carried: 0,
-        },
+        case(1, 0, 0, all, [1, 1, 1], 0, 0),
+        case(16, 5, 9, all, [1, 1, 1], 0, 0),
+        case(64, 0, 0, all, [1, 1, 1], 0, 0),
         // 16 pages crossing the source's PMD boundary: two extents.
-        Case {
-            pages: 16,
-            src_off: 504,
-            dst_off: 0,
-            populated: all,
-            flushes: [2, 2, 1],
-            relinked: 0,
-            carried: 0,
-        },
+        case(16, 504, 0, all, [2, 2, 1], 0, 0),
         // 2 MiB aligned: 8 extents of 64 pages, or one relinked table.
-        Case {
-            pages: 512,
-            src_off: 0,
-            dst_off: 0,
-            populated: all,
-            flushes: [8, 1, 1],
-            relinked: 1,
-            carried: 512,
-        },
+        case(512, 0, 0, all, [8, 1, 1], 1, 512),
         // 4 MiB aligned.
-        Case {
-            pages: 1024,
-            src_off: 0,
-            dst_off: 0,
-            populated: all,
-            flushes: [16, 2, 1],
-            relinked: 2,
-            carried: 1024,
-        },
+        case(1024, 0, 0, all, [16, 2, 1], 2, 1024),
         // 513 pages: a table and one more page.
-        Case {
-            pages: 513,
-            src_off: 0,
-            dst_off: 0,
-            populated: all,
-            flushes: [9, 2, 1],
-            relinked: 1,
-            carried: 512,
-        },
+        case(513, 0, 0, all, [9, 2, 1], 1, 512),
         // 2 MiB, destination one page off: the destination's boundary
         // after 511 pages splits it (7 x 64 + 63, then 1).
-        Case {
-            pages: 512,
-            src_off: 0,
-            dst_off: 1,
-            populated: all,
-            flushes: [9, 2, 1],
-            relinked: 0,
-            carried: 0,
-        },
+        case(512, 0, 1, all, [9, 2, 1], 0, 0),
         // 2 MiB, mutually aligned but half a PMD off: two half tables.
-        Case {
-            pages: 512,
-            src_off: 256,
-            dst_off: 256,
-            populated: all,
-            flushes: [8, 2, 1],
-            relinked: 0,
-            carried: 0,
-        },
+        case(512, 256, 256, all, [8, 2, 1], 0, 0),
         // 4 MiB, both one page off: 511, then a whole table, then 1.
-        Case {
-            pages: 1024,
-            src_off: 1,
-            dst_off: 1,
-            populated: all,
-            flushes: [17, 3, 1],
-            relinked: 1,
-            carried: 512,
-        },
+        case(1024, 1, 1, all, [17, 3, 1], 1, 512),
         // Sparse: pages 0 and 700 only; extents without a present entry
         // need no flush.
-        Case {
-            pages: 1024,
-            src_off: 0,
-            dst_off: 0,
-            populated: |p| p == 0 || p == 700,
-            flushes: [2, 2, 1],
-            relinked: 2,
-            carried: 2,
-        },
+        case(1024, 0, 0, sparse, [2, 2, 1], 2, 2),
         // Nothing populated: nothing to flush.
-        Case {
-            pages: 1024,
-            src_off: 3,
-            dst_off: 0,
-            populated: |_| false,
-            flushes: [0, 0, 0],
-            relinked: 0,
-            carried: 0,
-        },
+        case(1024, 3, 0, none, [0, 0, 0], 0, 0),
     ];
     for (m, mode) in MODES.iter().enumerate() {
         for (i, c) in cases.iter().enumerate() {
