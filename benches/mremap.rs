@@ -13,7 +13,7 @@ mod mremap_workload;
 
 use aspace::{MremapExtent, PAGE_SIZE};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use machine::thread_counts;
+use machine::{thread_counts, timed_runs};
 use mremap_workload::{mode_name, run, Mover, Params, Stop, MODES};
 use std::time::Duration;
 
@@ -39,13 +39,7 @@ fn workload(c: &mut Criterion) {
                 g.bench_with_input(BenchmarkId::new(mode_name(mode), threads), &p, |b, p| {
                     // Each run sets up in its workers, then releases them
                     // through a barrier; only the mremap phase counts.
-                    b.iter_custom(|iters| {
-                        let mut total = Duration::ZERO;
-                        for _ in 0..iters {
-                            total += Duration::from_secs_f64(run(*p).wall);
-                        }
-                        total
-                    })
+                    b.iter_custom(|iters| timed_runs(iters, || run(*p).wall))
                 });
             }
         }

@@ -11,7 +11,7 @@ mod pft_workload;
 
 use aspace::FaultLocking;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use machine::thread_counts;
+use machine::{thread_counts, timed_runs};
 use pft_workload::{run, Params, Workload};
 use std::time::Duration;
 
@@ -47,13 +47,7 @@ fn pft(c: &mut Criterion) {
                         |b, p| {
                             // Each run starts its workers and releases them
                             // through a barrier; only the faulting phase counts.
-                            b.iter_custom(|iters| {
-                                let mut total = Duration::ZERO;
-                                for _ in 0..iters {
-                                    total += Duration::from_secs_f64(run(*p).wall);
-                                }
-                                total
-                            })
+                            b.iter_custom(|iters| timed_runs(iters, || run(*p).wall))
                         },
                     );
                 }

@@ -23,7 +23,7 @@ mod machine;
 mod mremap_workload;
 
 use aspace::{MremapExtent, PAGE_SIZE};
-use machine::{hmean, machine, thread_counts};
+use machine::{hmean, machine, parse_arg, parse_threads, thread_counts};
 use mremap_workload::{
     flushes_for_move, median_move_time, mode_name, run, Params, Sample, Stop, MODES,
 };
@@ -55,38 +55,14 @@ fn parse() -> Args {
     while let Some(arg) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| usage());
         match arg.as_str() {
-            "--threads" => {
-                a.threads = val()
-                    .split(',')
-                    .map(|s| {
-                        s.trim()
-                            .parse()
-                            .ok()
-                            .filter(|&n: &usize| n > 0 && n <= 256)
-                            .unwrap_or_else(|| usage())
-                    })
-                    .collect()
-            }
+            "--threads" => a.threads = parse_threads(&val()).unwrap_or_else(|| usage()),
             "--secs" => {
-                a.secs = val()
-                    .parse()
-                    .ok()
-                    .filter(|&s: &f64| s > 0.0 && s < 3600.0)
-                    .unwrap_or_else(|| usage())
+                a.secs =
+                    parse_arg(&val(), |&s: &f64| s > 0.0 && s < 3600.0).unwrap_or_else(|| usage())
             }
-            "--reps" => {
-                a.reps = val()
-                    .parse()
-                    .ok()
-                    .filter(|&n: &usize| n > 0)
-                    .unwrap_or_else(|| usage())
-            }
+            "--reps" => a.reps = parse_arg(&val(), |&n: &usize| n > 0).unwrap_or_else(|| usage()),
             "--cost-ns" => {
-                a.cost_ns = val()
-                    .parse()
-                    .ok()
-                    .filter(|&n: &u64| n <= 1_000_000)
-                    .unwrap_or_else(|| usage())
+                a.cost_ns = parse_arg(&val(), |&n: &u64| n <= 1_000_000).unwrap_or_else(|| usage())
             }
             "--no-big" => a.big = false,
             _ => usage(),

@@ -16,7 +16,7 @@ mod machine;
 mod pft_workload;
 
 use aspace::FaultLocking;
-use machine::{hmean, machine, thread_counts};
+use machine::{hmean, machine, parse_arg, parse_threads, thread_counts};
 use pft_workload::{run, Params, Sample, Workload};
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -55,25 +55,8 @@ fn parse() -> Args {
     while let Some(arg) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| usage());
         match arg.as_str() {
-            "--threads" => {
-                a.threads = val()
-                    .split(',')
-                    .map(|s| {
-                        s.trim()
-                            .parse()
-                            .ok()
-                            .filter(|&n: &usize| n > 0)
-                            .unwrap_or_else(|| usage())
-                    })
-                    .collect()
-            }
-            "--reps" => {
-                a.reps = val()
-                    .parse()
-                    .ok()
-                    .filter(|&n: &usize| n > 0)
-                    .unwrap_or_else(|| usage())
-            }
+            "--threads" => a.threads = parse_threads(&val()).unwrap_or_else(|| usage()),
+            "--reps" => a.reps = parse_arg(&val(), |&n: &usize| n > 0).unwrap_or_else(|| usage()),
             "--workload" => {
                 a.workloads = match val().as_str() {
                     "single" => vec![Workload::Single],
@@ -84,13 +67,7 @@ fn parse() -> Args {
             }
             "--writer" => a.writer = vec![true],
             "--no-writer" => a.writer = vec![false],
-            "--mib" => {
-                a.mib = val()
-                    .parse()
-                    .ok()
-                    .filter(|&n: &u64| n > 0)
-                    .unwrap_or_else(|| usage())
-            }
+            "--mib" => a.mib = parse_arg(&val(), |&n: &u64| n > 0).unwrap_or_else(|| usage()),
             "--no-zero" => a.zero = false,
             "--csv" => a.csv = Some(val()),
             "--plot" => a.plot = Some(val()),

@@ -34,3 +34,23 @@ pub fn machine() -> String {
 pub fn hmean(xs: &[f64]) -> f64 {
     xs.len() as f64 / xs.iter().map(|x| 1.0 / x).sum::<f64>()
 }
+
+/// Parses `s` as a `T` that passes `ok`.
+pub fn parse_arg<T: std::str::FromStr>(s: &str, ok: impl Fn(&T) -> bool) -> Option<T> {
+    s.trim().parse().ok().filter(ok)
+}
+
+/// Parses a comma-separated list of thread counts (1..=1024).
+pub fn parse_threads(s: &str) -> Option<Vec<usize>> {
+    s.split(',')
+        .map(|t| parse_arg(t, |&n: &usize| (1..=1024).contains(&n)))
+        .collect()
+}
+
+/// Criterion's `iter_custom` body for a run that reports its own measured
+/// seconds: the sum over `iters` runs.
+pub fn timed_runs(iters: u64, mut run: impl FnMut() -> f64) -> std::time::Duration {
+    (0..iters)
+        .map(|_| std::time::Duration::from_secs_f64(run()))
+        .sum()
+}
