@@ -79,12 +79,12 @@ impl AddressSpace {
         let Some(vma) = ed.find(old_addr) else {
             return Err(Error::Fault);
         };
-        // A FIXED move of the same size may span several VMAs (Linux
-        // 6.17+): each piece moves to the same offset at the target, holes
-        // stay holes.
         // Declared after `ed`, so dropped (and flushed) before the
         // mmap_lock is released: one flush for the whole call.
         let mut gather = ed.gather();
+        // A FIXED move of the same size may span several VMAs (Linux
+        // 6.17+): each piece moves to the same offset at the target, holes
+        // stay holes.
         if flags.contains(MremapFlags::FIXED) && old_len == new_len {
             return self.remap_move(&mut ed, &mut gather, old_addr, old_len, flags, new_addr);
         }
