@@ -403,6 +403,14 @@ fn race(mode: MremapExtent, dur: Duration) {
     );
     let s = mm.stats();
     assert!(s.tlb_flushes >= moves, "every move flushed");
+    // Moves between A and B relink whole tables (except with 64-page
+    // extents); moves to and from C copy entries.
+    assert!(s.mremap_ptes_moved > 0);
+    assert_eq!(
+        s.mremap_tables_relinked > 0,
+        mode != MremapExtent::Pages(64),
+        "{mode:?}"
+    );
     mm.munmap(places[at], len).unwrap();
     assert_eq!(mm.frames_used(), 0);
 }
