@@ -429,3 +429,38 @@ fn readers_race_moves_pmd() {
 fn readers_race_moves_pages64() {
     race(MremapExtent::Pages(64), Duration::from_millis(700));
 }
+
+#[test]
+fn munmap_mprotect_madvise_flush_once_per_call() {
+    let mm = mm(MremapExtent::Batched);
+    // Three VMAs (alternating protections keep them apart), 300 pages
+    // each, populated, across PMD boundaries.
+    let n = 300;
+    let len = n * PAGE_SIZE;
+    let setup = |mm: &AddressSpace| {
+        for i in 0..3 {
+            map_filled(mm, SRC + i * len, n, i, |_| true);
+        }
+        mm.mprotect(SRC + len, len, Prot::READ).unwrap();
+    };
+    let flushes = |mm: &AddressSpace, f: &dyn Fn(&AddressSpace)| {
+        let before = mm.stats().tlb_flushes;
+        f(mm);
+        mm.stats().tlb_flushes - before
+    };
+    setup(&mm);
+    assert_eq!(
+        flushes(&mm, &|mm| mm.mprotect(SRC, 3 * len, Prot::READ).unwrap()),
+        1
+    );
+    assert_eq!(
+        flushes(&mm, &|mm| mm
+            .madvise(SRC, 3 * len, Advice::DontNeed)
+            .unwrap()),
+        1
+    );
+    mm.munmap(SRC, 3 * len).unwrap();
+    setup(&mm);
+    assert_eq!(flushes(&mm, &|mm| mm.munmap(SRC, 3 * len).unwrap()), 1);
+    assert_eq!(mm.frames_used(), 0);
+}
