@@ -17,7 +17,7 @@ use machine::{thread_counts, timed_runs};
 use mremap_workload::{mode_name, run, Mover, Params, Stop, MODES};
 use std::time::Duration;
 
-const OPS_PER_THREAD: u64 = 2000;
+const OPS_PER_THREAD: u64 = 4000;
 /// The cost model's setting for the "with cost" groups (ns per target CPU).
 const COST_NS: u64 = 2000;
 

@@ -222,14 +222,14 @@ fn diff(a: Stats, b: Stats) -> Stats {
     }
 }
 
-/// Flushes of one MAYMOVE|FIXED move of `pages` populated pages between
-/// PMD-aligned places.
-pub fn flushes_for_move(mode: MremapExtent, pages: u64) -> u64 {
+/// Flushes of one MAYMOVE|FIXED move of `pages` populated pages from a
+/// PMD-aligned place to one `skew` pages past a PMD boundary.
+pub fn flushes_for_move(mode: MremapExtent, pages: u64, skew: u64) -> u64 {
     let mm = AddressSpace::new(Config {
         mremap_extent: mode,
         ..Config::default()
     });
-    let (a, b) = (AREA, AREA + (1 << 30));
+    let (a, b) = (AREA, AREA + (1 << 30) + skew * PAGE_SIZE);
     let len = pages * PAGE_SIZE;
     mm.mmap(a, len, rw(), fixed() | MapFlags::POPULATE)
         .expect("mmap");
