@@ -14,6 +14,9 @@
 //! 3. The tree's writer mutex (uncontended: only mmap_lock writers take it).
 //! 4. PTE-page locks (inside [`crate::pt`]), then the frame allocator's
 //!    per-CPU locks.
+//! 5. The TLB model's flush lock (inside `tlb`), taken by each flush,
+//!    under PTE locks when mremap flushes per extent. Its holder waits only
+//!    for user-mode accesses in flight, which take no lock.
 //!
 //! A page fault on the per-VMA path holds only a VMA *read* lock; it may
 //! try-lock the mmap_lock (to give the VMA its anon_vma) but never blocks
