@@ -9,7 +9,9 @@
 //!
 //! Table pages are freed only through the [`Reclaimer`], and only where
 //! the caller guarantees no VMA covers their span, so a lock-free walker
-//! that is still inside one never touches freed memory.
+//! that is still inside one never touches freed memory. mremap may move a
+//! whole PTE table to another PMD entry ([`PageTable::move_range`]): a
+//! walker that reached it through the old entry keeps reading a live table.
 
 use crate::addr::{Range, PAGE_SHIFT, PAGE_SIZE};
 use crate::percpu::PerCpu;
