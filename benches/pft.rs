@@ -4,27 +4,18 @@
 //!
 //! `cargo bench --bench pft`
 
+#[path = "common/machine.rs"]
+mod machine;
 #[path = "common/pft_workload.rs"]
 mod pft_workload;
 
 use aspace::FaultLocking;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use machine::{thread_counts, timed_runs};
 use pft_workload::{Params, Workers, Workload};
 use std::time::Duration;
 
 const MIB_PER_THREAD: u64 = 16;
-
-fn thread_counts() -> Vec<usize> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut v = vec![];
-    let mut t = 1;
-    while t < cores {
-        v.push(t);
-        t *= 2;
-    }
-    v.push(cores);
-    v
-}
 
 fn pft(c: &mut Criterion) {
     for workload in [Workload::Single, Workload::PerThread] {
@@ -56,13 +47,7 @@ fn pft(c: &mut Criterion) {
                     g.bench_with_input(
                         BenchmarkId::new(format!("{locking:?}"), threads),
                         &p,
-                        |b, p| {
-                            b.iter_custom(|iters| {
-                                (0..iters)
-                                    .map(|_| Duration::from_secs_f64(pool.run(*p).wall))
-                                    .sum()
-                            })
-                        },
+                        |b, p| b.iter_custom(|iters| timed_runs(iters, || pool.run(*p).wall)),
                     );
                 }
             }

@@ -13,10 +13,13 @@
 //! The worker threads persist across repetitions and modes (a barrier
 //! releases them), so only the faulting phase is timed.
 
+#[path = "../benches/common/machine.rs"]
+mod machine;
 #[path = "../benches/common/pft_workload.rs"]
 mod pft_workload;
 
 use aspace::FaultLocking;
+use machine::{hmean, machine, parse_arg, parse_threads, thread_counts};
 use pft_workload::{Params, Sample, Workers, Workload};
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -42,16 +45,8 @@ fn usage() -> ! {
 }
 
 fn parse() -> Args {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut threads = vec![];
-    let mut t = 1;
-    while t < cores {
-        threads.push(t);
-        t *= 2;
-    }
-    threads.push(cores);
     let mut a = Args {
-        threads,
+        threads: thread_counts(),
         reps: 5,
         workloads: vec![Workload::Single, Workload::PerThread],
         writer: vec![false, true],
@@ -64,25 +59,8 @@ fn parse() -> Args {
     while let Some(arg) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| usage());
         match arg.as_str() {
-            "--threads" => {
-                a.threads = val()
-                    .split(',')
-                    .map(|s| {
-                        s.trim()
-                            .parse()
-                            .ok()
-                            .filter(|&n: &usize| n > 0)
-                            .unwrap_or_else(|| usage())
-                    })
-                    .collect()
-            }
-            "--reps" => {
-                a.reps = val()
-                    .parse()
-                    .ok()
-                    .filter(|&n: &usize| n > 0)
-                    .unwrap_or_else(|| usage())
-            }
+            "--threads" => a.threads = parse_threads(&val()).unwrap_or_else(|| usage()),
+            "--reps" => a.reps = parse_arg(&val(), |&n: &usize| n > 0).unwrap_or_else(|| usage()),
             "--workload" => {
                 a.workloads = match val().as_str() {
                     "single" => vec![Workload::Single],
@@ -93,15 +71,7 @@ fn parse() -> Args {
             }
             "--writer" => a.writer = vec![true],
             "--no-writer" => a.writer = vec![false],
-            "--mib" => {
-                a.mib = Some(
-                    val()
-                        .parse()
-                        .ok()
-                        .filter(|&n: &u64| n > 0)
-                        .unwrap_or_else(|| usage()),
-                )
-            }
+            "--mib" => a.mib = Some(parse_arg(&val(), |&n: &u64| n > 0).unwrap_or_else(|| usage())),
             "--no-zero" => a.zero = false,
             "--csv" => a.csv = Some(val()),
             "--plot" => a.plot = Some(val()),
@@ -112,28 +82,10 @@ fn parse() -> Args {
     a
 }
 
-fn hmean(xs: &[f64]) -> f64 {
-    xs.len() as f64 / xs.iter().map(|x| 1.0 / x).sum::<f64>()
-}
-
 fn range(xs: &[f64]) -> (f64, f64) {
     let lo = xs.iter().cloned().fold(f64::INFINITY, f64::min);
     let hi = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     (lo, hi)
-}
-
-fn machine() -> String {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    format!("{cores} cores, {model}")
 }
 
 /// One table row: a metric at a thread count for both modes.

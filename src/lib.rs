@@ -32,7 +32,9 @@ pub mod vmap;
 
 pub use addr::{Range, PAGE_SIZE};
 pub use error::{Error, FaultError, Result};
-pub use mm::{Access, AddressSpace, Advice, Config, FaultLocking, MapFlags, MremapFlags, Prot};
+pub use mm::{
+    Access, AddressSpace, Advice, Config, FaultLocking, MapFlags, MremapExtent, MremapFlags, Prot,
+};
 pub use stats::Stats;
 pub use vma::{VmFlags, VmaInfo};
 

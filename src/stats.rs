@@ -73,6 +73,10 @@ counters! {
     tlb_pages_flushed,
     /// Shootdowns sent to other CPUs of the address space.
     tlb_shootdowns,
+    /// Page-table entries mremap moved one by one.
+    mremap_ptes_moved,
+    /// PTE tables mremap moved whole by relinking their PMD entry.
+    mremap_tables_relinked,
     /// VMA objects handed out again from the type-stable cache.
     vma_reused,
 }

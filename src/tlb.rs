@@ -4,18 +4,26 @@
 //! Every thread that faults on or accesses an address space becomes one of
 //! its CPUs (a per-CPU flag, set once, so the mask costs no shared write).
 //! A user-mode access (`read`/`write`) is the simulated "TLB entry": while
-//! it translates an address and copies bytes, its CPU's access sequence is
-//! odd. A flush sends a shootdown to every other CPU in the mask and waits
-//! until each one is outside any access it began before the flush, exactly
-//! what an IPI-based flush guarantees. Only then are the gathered frames
-//! freed, so a frame is never reused while an old translation of it may
-//! still be in use.
+//! it translates an address and copies bytes, it is counted in flight on
+//! its CPU slot. A flush sends a shootdown to every other CPU in the mask
+//! and waits until every access that began before the flush has ended,
+//! exactly what an IPI-based flush guarantees. Only then are the gathered
+//! frames freed, so a frame is never reused while an old translation of it
+//! may still be in use.
+//!
+//! Several threads may share a CPU slot (more threads than slots), so a
+//! slot counts its accesses in flight rather than keeping a parity. The
+//! counts come in two buckets, like SRCU's: new accesses count in the
+//! bucket `phase` names; a flush flips the phase and waits for the other
+//! bucket to drain, twice (once per bucket). A bucket it waits for only
+//! drains (new accesses go to the other one), so a flush cannot be starved
+//! by a stream of later accesses.
 
 use crate::addr::Range;
 use crate::percpu::{cpu_id, PerCpu};
 use crate::phys::{FrameAllocator, Pfn};
 use crate::stats::{Event, StatCounters};
-use crate::sync::{fence, wait_until, AtomicBool, AtomicU64, Ordering};
+use crate::sync::{fence, wait_until, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 /// Frames gathered before a flush is forced (bounds the batch's memory).
 const GATHER_MAX_FRAMES: usize = 4096;
@@ -24,25 +32,45 @@ const GATHER_MAX_FRAMES: usize = 4096;
 #[derive(Default)]
 pub(crate) struct CpuSlot {
     in_mask: AtomicBool,
-    access_seq: AtomicU64,
+    /// Accesses in flight on this slot, by the phase they began in.
+    inflight: [AtomicU64; 2],
 }
 
 /// The CPUs of one address space.
 pub(crate) struct TlbState {
     cpus: PerCpu<CpuSlot>,
+    /// The bucket new accesses count in (low bit); flipped by flushes.
+    phase: AtomicUsize,
+    /// Serializes flushes, so that each waits on a bucket no other flush
+    /// has made current again. Holders wait only for accesses, which never
+    /// take it, and never wait for a page-table lock.
+    flush_lock: Mutex<()>,
     /// Simulated cost of one shootdown, in nanoseconds (0 = off).
     shootdown_cost_ns: u64,
 }
 
 /// While alive, the calling CPU is inside a user-mode access.
 pub(crate) struct AccessGuard<'a> {
-    slot: &'a CpuSlot,
+    count: &'a AtomicU64,
+}
+
+impl AccessGuard<'_> {
+    /// Under loom, a scheduling point between taking a translation and
+    /// using it (the window in which a real CPU holds a TLB entry), so
+    /// models can run a flush inside it. Nothing otherwise.
+    #[inline]
+    pub(crate) fn model_point(&self) {
+        // A read-modify-write that changes nothing: it conflicts with a
+        // flusher's load of the count, so loom tries the flush here.
+        #[cfg(aspace_loom)]
+        self.count.fetch_add(0, Ordering::Relaxed);
+    }
 }
 
 impl Drop for AccessGuard<'_> {
     fn drop(&mut self) {
-        // Release: the copy happens before a flusher sees the even value.
-        self.slot.access_seq.fetch_add(1, Ordering::Release);
+        // Release: the copy happens before a flusher sees the count drop.
+        self.count.fetch_sub(1, Ordering::Release);
     }
 }
 
@@ -50,6 +78,8 @@ impl TlbState {
     pub(crate) fn new(shootdown_cost_ns: u64) -> Self {
         TlbState {
             cpus: PerCpu::new(CpuSlot::default),
+            phase: AtomicUsize::new(0),
+            flush_lock: Mutex::new(()),
             shootdown_cost_ns,
         }
     }
@@ -71,11 +101,12 @@ impl TlbState {
         if !slot.in_mask.load(Ordering::Relaxed) {
             slot.in_mask.store(true, Ordering::Relaxed);
         }
-        slot.access_seq.fetch_add(1, Ordering::Relaxed);
-        // Pairs with the fence in `flush`: either the flusher sees our odd
-        // sequence, or we see the page-table change it made before it.
+        let count = &slot.inflight[self.phase.load(Ordering::Relaxed) & 1];
+        count.fetch_add(1, Ordering::Relaxed);
+        // Pairs with the fences in `flush`: either the flusher sees our
+        // count, or we see the page-table change it made before it.
         fence(Ordering::SeqCst);
-        AccessGuard { slot }
+        AccessGuard { count }
     }
 
     /// Flushes `pages` pages of translations on every CPU of the mask:
@@ -88,24 +119,35 @@ impl TlbState {
         let me = cpu_id() % self.cpus.len();
         let mut shootdowns = 0;
         for cpu in 0..self.cpus.len() {
-            let slot = self.cpus.get(cpu);
-            if !slot.in_mask.load(Ordering::Relaxed) {
-                continue;
-            }
-            // Another thread may share this CPU slot, so even our own slot
-            // is waited for (the flusher itself is never inside an access);
-            // only other slots count as shootdowns.
-            if cpu != me {
+            if cpu != me && self.cpus.get(cpu).in_mask.load(Ordering::Relaxed) {
                 shootdowns += 1;
                 spin_ns(self.shootdown_cost_ns);
-            }
-            let seq = slot.access_seq.load(Ordering::Acquire);
-            if seq & 1 == 1 {
-                wait_until(|| slot.access_seq.load(Ordering::Acquire) != seq);
             }
         }
         if shootdowns > 0 {
             stats.add(Event::tlb_shootdowns, shootdowns);
+        }
+        // Wait out every access that may hold an old translation: whichever
+        // bucket it counts in, one of the two rounds waits for it to drain.
+        // Our own slot too: another thread may share it (the flusher itself
+        // is never inside an access).
+        let _serial = self.flush_lock.lock();
+        for _ in 0..2 {
+            let old = self.phase.load(Ordering::Relaxed) & 1;
+            self.phase.store(old ^ 1, Ordering::Relaxed);
+            // An access that counted itself in `old` after this fence loaded
+            // the phase before the flip, and reads the page table after it.
+            fence(Ordering::SeqCst);
+            for cpu in 0..self.cpus.len() {
+                let slot = self.cpus.get(cpu);
+                if !slot.in_mask.load(Ordering::Relaxed) {
+                    continue;
+                }
+                let count = &slot.inflight[old];
+                if count.load(Ordering::Acquire) != 0 {
+                    wait_until(|| count.load(Ordering::Acquire) == 0);
+                }
+            }
         }
     }
 }
@@ -150,8 +192,16 @@ impl<'a> Gather<'a> {
     /// Records that the translation of `[va, va + 4 KiB)` was removed or
     /// changed.
     pub(crate) fn add_page(&mut self, va: u64) {
-        self.pages += 1;
-        let r = Range::new(va, va + crate::addr::PAGE_SIZE);
+        self.add_range(Range::new(va, va + crate::addr::PAGE_SIZE));
+    }
+
+    /// Records that the translations of the page-aligned range `r` were
+    /// removed or changed (in O(1), whatever its size).
+    pub(crate) fn add_range(&mut self, r: Range) {
+        if r.is_empty() {
+            return;
+        }
+        self.pages += crate::addr::pages(r.len());
         self.range = Some(match self.range {
             Some(old) => Range::new(old.start.min(r.start), old.end.max(r.end)),
             None => r,
@@ -183,5 +233,77 @@ impl<'a> Gather<'a> {
 impl Drop for Gather<'_> {
     fn drop(&mut self) {
         self.flush();
+    }
+}
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests {
+    use super::*;
+    use crate::percpu::{cpu_id, nr_cpus};
+    use std::sync::mpsc;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// Two threads that share a CPU slot are both inside an access: a
+    /// flush must wait for both (a per-slot parity would read "idle").
+    #[test]
+    fn flush_waits_for_every_access_on_a_shared_slot() {
+        let tlb = Arc::new(TlbState::new(0));
+        // Among nr_cpus + 1 threads, two share a slot.
+        let (id_tx, id_rx) = mpsc::channel();
+        let mut cmds = Vec::new();
+        let mut hs = Vec::new();
+        for i in 0..=nr_cpus() {
+            let (tx, rx) = mpsc::channel::<()>();
+            let (tlb, id_tx) = (tlb.clone(), id_tx.clone());
+            cmds.push(tx);
+            hs.push(std::thread::spawn(move || {
+                id_tx.send((i, cpu_id() % nr_cpus())).unwrap();
+                if rx.recv().is_err() {
+                    return; // not picked
+                }
+                let g = tlb.begin_access();
+                id_tx.send((i, usize::MAX)).unwrap(); // inside
+                let _ = rx.recv(); // leave
+                drop(g);
+            }));
+        }
+        let mut by_slot = vec![Vec::new(); nr_cpus()];
+        for _ in 0..=nr_cpus() {
+            let (i, slot) = id_rx.recv().unwrap();
+            by_slot[slot].push(i);
+        }
+        let pair = by_slot.iter().find(|v| v.len() >= 2).unwrap().clone();
+        let (a, b) = (pair[0], pair[1]);
+        for &t in &[a, b] {
+            cmds[t].send(()).unwrap();
+            assert_eq!(id_rx.recv().unwrap(), (t, usize::MAX));
+        }
+        let done = Arc::new(AtomicBool::new(false));
+        let flusher = {
+            let (tlb, done) = (tlb.clone(), done.clone());
+            std::thread::spawn(move || {
+                tlb.flush(&StatCounters::new(), 1);
+                done.store(true, Ordering::SeqCst);
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !done.load(Ordering::SeqCst),
+            "flush ignored running accesses"
+        );
+        cmds[b].send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            !done.load(Ordering::SeqCst),
+            "flush ignored a running access"
+        );
+        cmds[a].send(()).unwrap();
+        flusher.join().unwrap();
+        assert!(done.load(Ordering::SeqCst));
+        drop(cmds);
+        for h in hs {
+            h.join().unwrap();
+        }
     }
 }

@@ -65,6 +65,7 @@ impl AddressSpace {
                     && pte.flags().contains(PteFlags::USER)
                     && (!write || pte.flags().contains(PteFlags::WRITE));
                 if f_ok {
+                    acc.model_point();
                     f(pte.pfn(), off, b, n);
                     break;
                 }

@@ -14,6 +14,28 @@ pub enum FaultLocking {
     MmapLock,
 }
 
+/// How mremap moves page-table entries and when it flushes the TLB.
+///
+/// Entries always move in extents bounded by the next PMD (2 MiB) boundary
+/// of both the source and the destination; a mode may bound them further
+/// and decides how many flushes the move costs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum MremapExtent {
+    /// Extents of at most this many pages, one flush after each extent
+    /// that moved a present entry (Linux before 4.18: `LATENCY_LIMIT` of
+    /// 64 pages). `Pages(0)` is treated as `Pages(1)`.
+    Pages(u64),
+    /// Extents bounded by PMD boundaries only, one flush per extent that
+    /// moved a present entry (Linux 4.18+); whole, PMD-aligned extents
+    /// move by relinking their PTE table.
+    Pmd,
+    /// PMD-bounded extents as [`Pmd`](MremapExtent::Pmd), but one flush
+    /// covers the whole call, issued before any frame can be freed and
+    /// before the old range can be reused.
+    #[default]
+    Batched,
+}
+
 /// Configuration of an [`AddressSpace`](crate::AddressSpace).
 ///
 /// The defaults are Linux x86-64's with 4-level paging and no
@@ -38,6 +60,12 @@ pub struct Config {
     pub zero_pages: bool,
     /// How faults lock.
     pub fault_locking: FaultLocking,
+    /// How mremap moves page-table entries and batches TLB flushes.
+    pub mremap_extent: MremapExtent,
+    /// Simulated cost of one TLB shootdown, in nanoseconds: a flush spins
+    /// this long for every other CPU of the address space (0 = off, the
+    /// default). Lets a benchmark show the weight of shootdowns.
+    pub shootdown_cost_ns: u64,
     /// Use deferred-to-drop reclamation instead of epochs (loom models only;
     /// leaks until the address space is dropped).
     #[doc(hidden)]
@@ -61,6 +89,8 @@ impl Default for Config {
             memory_budget: 4 << 30,
             zero_pages: true,
             fault_locking: FaultLocking::PerVma,
+            mremap_extent: MremapExtent::Batched,
+            shootdown_cost_ns: 0,
             deferred_reclaim: false,
         }
     }

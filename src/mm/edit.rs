@@ -414,8 +414,21 @@ impl<'a> Edit<'a> {
 
     /// Unmaps `[start, end)` (page-aligned, inside the task): Linux's
     /// `do_vmi_munmap` after argument checks. Splits at both ends, removes
-    /// every VMA inside, zaps their pages and frees page tables.
+    /// every VMA inside, zaps their pages and frees page tables; one TLB
+    /// flush covers it all.
     pub(crate) fn unmap(&mut self, r: Range) -> Result<()> {
+        let mut gather = self.gather();
+        let res = self.unmap_into(r, &mut gather);
+        gather.flush();
+        res
+    }
+
+    /// [`unmap`](Self::unmap) with the flush left to `gather` (an operation
+    /// that unmaps several ranges flushes once). The zapped frames are freed
+    /// only when `gather` flushes; detached VMAs and page-table pages are
+    /// safe to release first (VMA objects are type-stable and tables go
+    /// through the epoch).
+    pub(crate) fn unmap_into(&mut self, r: Range, gather: &mut Gather<'_>) -> Result<()> {
         let Some(first) = self.find_after(r.start) else {
             return Ok(());
         };
@@ -444,11 +457,7 @@ impl<'a> Edit<'a> {
         }
         // Point of no return: one store clears the range for readers.
         self.w.erase(r);
-        {
-            let mut gather = self.gather();
-            self.zap(r, &mut gather);
-            gather.flush();
-        }
+        self.zap(r, gather);
         for v in victims {
             self.detach(v, false);
         }

@@ -14,6 +14,9 @@
 //! 3. The tree's writer mutex (uncontended: only mmap_lock writers take it).
 //! 4. PTE-page locks (inside [`crate::pt`]), then the frame allocator's
 //!    per-CPU locks.
+//! 5. The TLB model's flush lock (inside `tlb`), taken by each flush,
+//!    under PTE locks when mremap flushes per extent. Its holder waits only
+//!    for user-mode accesses in flight, which take no lock.
 //!
 //! A page fault on the per-VMA path holds only a VMA *read* lock; it may
 //! try-lock the mmap_lock (to give the VMA its anon_vma) but never blocks
@@ -43,7 +46,7 @@ mod mprotect;
 mod mremap;
 mod munmap;
 
-pub use config::{Config, FaultLocking};
+pub use config::{Config, FaultLocking, MremapExtent};
 pub use flags::{Access, Advice, MapFlags, MremapFlags, Prot};
 
 use crate::addr::{Range, PAGE_SIZE};
@@ -137,7 +140,7 @@ impl AddressSpace {
             }),
             pt: PageTable::new(reclaimer()),
             frames,
-            tlb: TlbState::new(0),
+            tlb: TlbState::new(cfg.shootdown_cost_ns),
             stats: StatCounters::new(),
             pool,
             cfg,

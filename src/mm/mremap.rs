@@ -1,9 +1,11 @@
 //! mremap: shrink, grow in place, or move the page-table entries.
 
 use super::edit::Edit;
-use super::{AddressSpace, MapFlags, MremapFlags};
-use crate::addr::{is_page_aligned, Range, PAGE_MASK, PAGE_SHIFT};
+use super::{AddressSpace, MapFlags, MremapExtent, MremapFlags};
+use crate::addr::{is_page_aligned, Range, PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
 use crate::error::{Error, Result};
+use crate::stats::Event;
+use crate::tlb::Gather;
 use crate::vma::{VmFlags, VmaRef};
 
 /// `PAGE_ALIGN` with C's wrap-around (an overflowing length becomes 0).
@@ -28,6 +30,11 @@ impl AddressSpace {
     /// mapped or the old range crosses the end of its VMA; `ENOMEM` if a
     /// grow cannot be done in place and `MAYMOVE` is not given, no room is
     /// found, or the map count is too close to its limit.
+    ///
+    /// TLB flushes follow [`Config::mremap_extent`](crate::Config): with
+    /// the default ([`MremapExtent::Batched`]) one flush covers the whole
+    /// call (the move and whatever it unmaps), issued before any frame is
+    /// freed and before the old range can be reused.
     pub fn mremap(
         &self,
         old_addr: u64,
@@ -72,11 +79,14 @@ impl AddressSpace {
         let Some(vma) = ed.find(old_addr) else {
             return Err(Error::Fault);
         };
+        // Declared after `ed`, so dropped (and flushed) before the
+        // mmap_lock is released: one flush for the whole call.
+        let mut gather = ed.gather();
         // A FIXED move of the same size may span several VMAs (Linux
         // 6.17+): each piece moves to the same offset at the target, holes
         // stay holes.
         if flags.contains(MremapFlags::FIXED) && old_len == new_len {
-            return self.remap_move(&mut ed, old_addr, old_len, flags, new_addr);
+            return self.remap_move(&mut ed, &mut gather, old_addr, old_len, flags, new_addr);
         }
         // Only calls that will map something new (a grow, FIXED,
         // DONTUNMAP) check the old range, as far as it survives a shrink;
@@ -86,7 +96,15 @@ impl AddressSpace {
             Self::check_old_range(vma, old_addr, old_len.min(new_len))?;
         }
         if implies_new {
-            return self.mremap_to(&mut ed, old_addr, old_len, new_len, flags, new_addr);
+            return self.mremap_to(
+                &mut ed,
+                &mut gather,
+                old_addr,
+                old_len,
+                new_len,
+                flags,
+                new_addr,
+            );
         }
         if new_len == old_len {
             return Ok(old_addr);
@@ -114,7 +132,16 @@ impl AddressSpace {
             MapFlags::PRIVATE
         };
         let dst = self.get_unmapped_area(&ed, 0, new_len, false, mflags)?;
-        self.move_vma(&mut ed, vma, old_addr, old_len, new_len, dst, flags)
+        self.move_vma(
+            &mut ed,
+            &mut gather,
+            vma,
+            old_addr,
+            old_len,
+            new_len,
+            dst,
+            flags,
+        )
     }
 
     /// Moves every VMA piece of `[old_addr, old_addr + len)` to the same
@@ -122,6 +149,7 @@ impl AddressSpace {
     fn remap_move(
         &self,
         ed: &mut Edit<'_>,
+        gather: &mut Gather<'_>,
         old_addr: u64,
         len: u64,
         flags: MremapFlags,
@@ -134,7 +162,7 @@ impl AddressSpace {
             .collect();
         for p in pieces {
             let dst = new_addr + (p.start - old_addr);
-            self.mremap_to(ed, p.start, p.len(), p.len(), flags, dst)?;
+            self.mremap_to(ed, gather, p.start, p.len(), p.len(), flags, dst)?;
         }
         Ok(new_addr)
     }
@@ -167,9 +195,11 @@ impl AddressSpace {
     }
 
     /// The FIXED / DONTUNMAP cases.
+    #[allow(clippy::too_many_arguments)]
     fn mremap_to(
         &self,
         ed: &mut Edit<'_>,
+        gather: &mut Gather<'_>,
         old_addr: u64,
         mut old_len: u64,
         new_len: u64,
@@ -177,10 +207,10 @@ impl AddressSpace {
         new_addr: u64,
     ) -> Result<u64> {
         if flags.contains(MremapFlags::FIXED) {
-            ed.unmap(Range::new(new_addr, new_addr + new_len))?;
+            ed.unmap_into(Range::new(new_addr, new_addr + new_len), gather)?;
         }
         if new_len < old_len {
-            ed.unmap(Range::new(old_addr + new_len, old_addr + old_len))?;
+            ed.unmap_into(Range::new(old_addr + new_len, old_addr + old_len), gather)?;
             old_len = new_len;
         }
         let Some(vma) = ed.find(old_addr) else {
@@ -197,7 +227,7 @@ impl AddressSpace {
             };
             self.get_unmapped_area(ed, new_addr, new_len, false, mflags)?
         };
-        self.move_vma(ed, vma, old_addr, old_len, new_len, dst, flags)
+        self.move_vma(ed, gather, vma, old_addr, old_len, new_len, dst, flags)
     }
 
     /// Moves `[old_addr, old_addr + old_len)` of `vma` to a new VMA of
@@ -207,6 +237,7 @@ impl AddressSpace {
     fn move_vma(
         &self,
         ed: &mut Edit<'_>,
+        gather: &mut Gather<'_>,
         vma: VmaRef,
         old_addr: u64,
         old_len: u64,
@@ -236,13 +267,7 @@ impl AddressSpace {
         let _ = new;
         let moved_len = old_len.min(new_len);
         if moved_len > 0 {
-            let g = self.pt.pin();
-            let moved = self.pt.move_range(old_addr, dst, moved_len, &g);
-            let mut gather = ed.gather();
-            for i in 0..moved {
-                gather.add_page(old_addr + (i << PAGE_SHIFT));
-            }
-            gather.flush();
+            self.move_page_tables(gather, old_addr, dst, moved_len);
         }
         if old_len == 0 {
             return Ok(dst);
@@ -260,7 +285,39 @@ impl AddressSpace {
             }
             return Ok(dst);
         }
-        ed.unmap(Range::new(old_addr, old_addr + old_len))?;
+        ed.unmap_into(Range::new(old_addr, old_addr + old_len), gather)?;
         Ok(dst)
+    }
+
+    /// Moves the page-table entries of `[from, from + len)` to `to` in
+    /// extents as [`Config::mremap_extent`](crate::Config) says, flushing
+    /// after each extent (under its page-table locks) or, when batched,
+    /// leaving one flush over everything moved to `gather`.
+    ///
+    /// No frame is freed by a move, and until the flush a CPU may still
+    /// translate an old address to the frame that now lives at the new
+    /// one: it reads or writes the moved data, as if its access came just
+    /// before the move. The caller's `gather` flushes before the mmap_lock
+    /// is released, so the old range is never reused while such a
+    /// translation is alive.
+    fn move_page_tables(&self, gather: &mut Gather<'_>, from: u64, to: u64, len: u64) {
+        let (max_extent, per_extent) = match self.cfg.mremap_extent {
+            MremapExtent::Pages(n) => (n.max(1).saturating_mul(PAGE_SIZE), true),
+            MremapExtent::Pmd => (u64::MAX, true),
+            MremapExtent::Batched => (u64::MAX, false),
+        };
+        let g = self.pt.pin();
+        let st = self.pt.move_range(from, to, len, max_extent, &g, |extent| {
+            gather.add_range(extent);
+            if per_extent {
+                gather.flush();
+            }
+        });
+        if st.copied > 0 {
+            self.stats.add(Event::mremap_ptes_moved, st.copied);
+        }
+        if st.relinked > 0 {
+            self.stats.add(Event::mremap_tables_relinked, st.relinked);
+        }
     }
 }

@@ -9,7 +9,9 @@
 //!
 //! Table pages are freed only through the [`Reclaimer`], and only where
 //! the caller guarantees no VMA covers their span, so a lock-free walker
-//! that is still inside one never touches freed memory.
+//! that is still inside one never touches freed memory. mremap may move a
+//! whole PTE table to another PMD entry ([`PageTable::move_range`]): a
+//! walker that reached it through the old entry keeps reading a live table.
 
 use crate::addr::{Range, PAGE_SHIFT, PAGE_SIZE};
 use crate::percpu::PerCpu;
@@ -85,6 +87,19 @@ impl core::fmt::Debug for Pte {
             f.write_str("Pte::NONE")
         }
     }
+}
+
+/// What [`PageTable::move_range`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MoveStats {
+    /// Present entries moved, one by one or inside relinked tables.
+    pub entries: u64,
+    /// Entries moved one by one (copied, then cleared at the source).
+    pub copied: u64,
+    /// PTE tables moved whole by relinking their PMD entry.
+    pub relinked: u64,
+    /// Extents that moved at least one entry (`after_extent` calls).
+    pub extents: u64,
 }
 
 /// Entries per table.
@@ -180,12 +195,25 @@ impl PageTable {
     }
 
     /// The PTE table covering `va`, creating missing tables if `create`.
+    #[inline]
     fn pte_table<'g>(&'g self, va: u64, create: bool, g: &'g Guard) -> Option<&'g Table> {
+        self.table_at(va, 0, create, g)
+    }
+
+    /// The table at `level` (0: PTE table, 1: PMD table, ...) covering
+    /// `va`, creating missing tables above it if `create`.
+    fn table_at<'g>(
+        &'g self,
+        va: u64,
+        level: u32,
+        create: bool,
+        g: &'g Guard,
+    ) -> Option<&'g Table> {
         if va >> VA_BITS != 0 {
             return None;
         }
         let mut t: &Table = &self.root;
-        for level in (1..LEVELS).rev() {
+        for level in (level + 1..LEVELS).rev() {
             let e = &t.entries[index(va, level)];
             t = match self.child(e, g) {
                 Some(c) => c,
@@ -347,32 +375,184 @@ impl PageTable {
     }
 
     /// Moves the present entries of `[from, from + len)` to
-    /// `[to, to + len)` (whose entries must be empty), in extents bounded
-    /// by the next PMD boundary of both source and destination. Returns the
-    /// number of entries moved.
-    pub fn move_range(&self, from: u64, to: u64, len: u64, g: &Guard) -> u64 {
-        let mut moved = 0;
+    /// `[to, to + len)` (whose entries must be empty), like Linux's
+    /// `move_page_tables`.
+    ///
+    /// The move goes in extents bounded by the next PMD boundary of both
+    /// source and destination and by `max_extent` bytes (at least one
+    /// page). An extent that is a whole PMD span at both ends moves by
+    /// relinking the source's PTE table into the destination's empty PMD
+    /// entry (no entry is copied); other extents copy their entries under
+    /// both PTE tables' locks. For each extent that moved a present entry,
+    /// `after_extent(source extent)` runs while those locks are still held
+    /// (where Linux flushes the TLB, before dropping the PTLs).
+    ///
+    /// The caller keeps every other writer out of both ranges (Linux: the
+    /// mmap_lock held for write and both VMAs write-locked); lock-free
+    /// walkers may still run and see each entry at its old place, its new
+    /// place or (briefly) both, never a torn or freed table. An entry whose
+    /// destination is taken stays where it is (for the caller's unmap of
+    /// the old range to release).
+    pub fn move_range(
+        &self,
+        from: u64,
+        to: u64,
+        len: u64,
+        max_extent: u64,
+        g: &Guard,
+        mut after_extent: impl FnMut(Range),
+    ) -> MoveStats {
+        let pmd = entry_span(1);
+        let max = (max_extent & !(PAGE_SIZE - 1)).max(PAGE_SIZE);
+        let mut st = MoveStats::default();
         let mut off = 0;
-        let mut batch: Vec<(u64, u64)> = Vec::new();
         while off < len {
-            let pmd = entry_span(1);
-            let src_left = pmd - ((from + off) % pmd);
-            let dst_left = pmd - ((to + off) % pmd);
-            let n = src_left.min(dst_left).min(len - off);
-            batch.clear();
-            // Take the extent's entries out under the source table's lock...
-            self.zap_range(Range::new(from + off, from + off + n), g, |va, pte| {
-                batch.push((va - from, pte.0));
-            });
-            // ...and put them in under the destination table's lock.
-            for &(o, v) in &batch {
-                let r = self.install(to + o, Pte(v), g);
-                debug_assert!(r.is_ok(), "mremap destination entry was not empty");
-                moved += 1;
+            let (src, dst) = (from + off, to + off);
+            if let Some(skip) = self.missing_span(src, g) {
+                // No table maps the source here: nothing to move up to the
+                // end of the missing table's span.
+                off = (off + skip).min(len);
+                continue;
+            }
+            let n = (pmd - src % pmd)
+                .min(pmd - dst % pmd)
+                .min(len - off)
+                .min(max);
+            let moved = if n == pmd {
+                match self.relink_pte_table(src, dst, g, &mut after_extent) {
+                    Some(m) => {
+                        if m > 0 {
+                            st.relinked += 1;
+                        }
+                        m
+                    }
+                    None => self.move_ptes(src, dst, n, g, &mut after_extent, &mut st),
+                }
+            } else {
+                self.move_ptes(src, dst, n, g, &mut after_extent, &mut st)
+            };
+            if moved > 0 {
+                st.entries += moved;
+                st.extents += 1;
             }
             off += n;
         }
+        st
+    }
+
+    /// If no table maps `va` at some level above the PTEs, the bytes from
+    /// `va` to the end of that missing table's span.
+    fn missing_span(&self, va: u64, g: &Guard) -> Option<u64> {
+        if va >> VA_BITS != 0 {
+            return Some(PAGE_SIZE);
+        }
+        let mut t: &Table = &self.root;
+        for level in (1..LEVELS).rev() {
+            match self.child(&t.entries[index(va, level)], g) {
+                Some(c) => t = c,
+                None => {
+                    let span = entry_span(level);
+                    return Some(span - va % span);
+                }
+            }
+        }
+        None
+    }
+
+    /// Copies the present entries of one extent (inside one PTE table at
+    /// each end) under both tables' locks. Returns how many moved.
+    fn move_ptes(
+        &self,
+        from: u64,
+        to: u64,
+        n: u64,
+        g: &Guard,
+        after_extent: &mut impl FnMut(Range),
+        st: &mut MoveStats,
+    ) -> u64 {
+        let Some(src) = self.pte_table(from, false, g) else {
+            return 0;
+        };
+        // `used` counts this extent's entries too, and nobody else changes
+        // them, so zero means there is nothing to move.
+        if src.is_empty() {
+            return 0;
+        }
+        let Some(dst) = self.pte_table(to, true, g) else {
+            return 0;
+        };
+        // Only the mmap_lock writer takes two PTE locks at once, so the
+        // order between them cannot deadlock.
+        let _src_lock = src.lock.lock();
+        let _dst_lock = (!core::ptr::eq(src, dst)).then(|| dst.lock.lock());
+        let mut moved = 0;
+        let mut o = 0;
+        while o < n {
+            let se = &src.entries[index(from + o, 0)];
+            let v = se.load(Ordering::Relaxed);
+            o += PAGE_SIZE;
+            if v == 0 {
+                continue;
+            }
+            let de = &dst.entries[index(to + o - PAGE_SIZE, 0)];
+            if de.load(Ordering::Relaxed) != 0 {
+                debug_assert!(false, "mremap destination entry was not empty");
+                continue;
+            }
+            // New place first: a walker finds the page at one place or
+            // both while it moves, never at neither.
+            de.store(v, Ordering::Release);
+            dst.used.fetch_add(1, Ordering::Relaxed);
+            se.store(0, Ordering::Release);
+            src.used.fetch_sub(1, Ordering::Relaxed);
+            moved += 1;
+        }
+        if moved > 0 {
+            st.copied += moved;
+            after_extent(Range::new(from, from + n));
+        }
         moved
+    }
+
+    /// Moves the whole PTE table of the PMD-aligned 2 MiB span at `from`
+    /// to the one at `to` by swinging the PMD entries. Returns the number
+    /// of present entries it carried, or `None` if the destination already
+    /// has a table (the caller copies entries instead).
+    fn relink_pte_table(
+        &self,
+        from: u64,
+        to: u64,
+        g: &Guard,
+        after_extent: &mut impl FnMut(Range),
+    ) -> Option<u64> {
+        let Some(src_pmd) = self.table_at(from, 1, false, g) else {
+            return Some(0);
+        };
+        let se = &src_pmd.entries[index(from, 1)];
+        let Some(table) = self.child(se, g) else {
+            return Some(0);
+        };
+        let count = u64::from(table.used.load(Ordering::Acquire));
+        if count == 0 {
+            // Nothing to move; the empty table is freed with the old range.
+            return Some(0);
+        }
+        let dst_pmd = self.table_at(to, 1, true, g)?;
+        let de = &dst_pmd.entries[index(to, 1)];
+        // Hold the table's lock over the swing and the flush, as Linux
+        // holds the PMD locks (nobody else may be changing its entries).
+        let _l = table.lock.lock();
+        let v = se.load(Ordering::Relaxed);
+        de.compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
+        dst_pmd.used.fetch_add(1, Ordering::Relaxed);
+        // A walker that read the old entry keeps using the (live) table,
+        // and translates the old addresses to the same frames until the
+        // caller's flush: exactly a stale TLB entry.
+        se.store(0, Ordering::Release);
+        src_pmd.used.fetch_sub(1, Ordering::Relaxed);
+        after_extent(Range::new(from, from + entry_span(1)));
+        Some(count)
     }
 
     /// Frees the table pages whose whole span lies inside `r` and that map
@@ -515,7 +695,22 @@ mod tests {
         assert!(p.lookup(base + 5 * PAGE_SIZE, &g).is_writable());
         // Move across a PMD boundary at both ends.
         let to = 5 * PMD_SIZE - 3 * PAGE_SIZE;
-        assert_eq!(p.move_range(base, to, 8 * PAGE_SIZE, &g), 8);
+        let mut extents = vec![];
+        let st = p.move_range(base, to, 8 * PAGE_SIZE, u64::MAX, &g, |r| extents.push(r));
+        assert_eq!(
+            (st.entries, st.copied, st.relinked, st.extents),
+            (8, 8, 0, 3)
+        );
+        // Bounded by the source's 1 GiB (and PMD) boundary after 4 pages,
+        // then by the destination's PMD boundary after 3 more.
+        assert_eq!(
+            extents,
+            vec![
+                Range::new(base, base + 3 * PAGE_SIZE),
+                Range::new(base + 3 * PAGE_SIZE, base + 4 * PAGE_SIZE),
+                Range::new(base + 4 * PAGE_SIZE, base + 8 * PAGE_SIZE),
+            ]
+        );
         for i in 0..8 {
             assert_eq!(p.lookup(to + i * PAGE_SIZE, &g).pfn(), i as Pfn);
             assert_eq!(p.lookup(base + i * PAGE_SIZE, &g), Pte::NONE);
@@ -527,6 +722,47 @@ mod tests {
         p.free_tables(Range::new(0, 1 << 47), &g);
         assert!(before > 1);
         assert_eq!(p.table_pages(), 1);
+    }
+
+    #[test]
+    fn move_relinks_whole_aligned_pte_tables() {
+        let p = pt();
+        let g = p.pin();
+        let (from, to) = (4 * PMD_SIZE, 64 * PMD_SIZE);
+        let n = 2 * 512 + 3;
+        for i in 0..n {
+            p.install(from + i * PAGE_SIZE, Pte::new(i as Pfn, PteFlags::USER), &g)
+                .unwrap();
+        }
+        let tables = p.table_pages();
+        let mut extents = 0;
+        let st = p.move_range(from, to, n * PAGE_SIZE, u64::MAX, &g, |_| extents += 1);
+        // Two tables swing whole; the 3-page tail is copied.
+        assert_eq!(
+            (st.entries, st.copied, st.relinked, st.extents),
+            (n, 3, 2, 3)
+        );
+        assert_eq!(extents, 3);
+        for i in 0..n {
+            assert_eq!(p.lookup(to + i * PAGE_SIZE, &g).pfn(), i as Pfn);
+            assert_eq!(p.lookup(from + i * PAGE_SIZE, &g), Pte::NONE);
+        }
+        // The relinked tables are not copies: only the tail's table is new.
+        assert_eq!(p.table_pages(), tables + 1);
+        // Extents capped at 64 pages never relink.
+        let st = p.move_range(to, from, n * PAGE_SIZE, 64 * PAGE_SIZE, &g, |_| {});
+        assert_eq!(
+            (st.entries, st.copied, st.relinked, st.extents),
+            (n, n, 0, 17)
+        );
+        // A destination that already has a table falls back to copying.
+        let back = p.move_range(from, to, 512 * PAGE_SIZE, u64::MAX, &g, |_| {});
+        assert_eq!((back.copied, back.relinked), (512, 0));
+        // Holes are skipped: nothing moves, no extent is reported.
+        let none = p.move_range(1 << 40, 1 << 41, 1 << 30, u64::MAX, &g, |_| {
+            panic!("nothing to move")
+        });
+        assert_eq!(none, MoveStats::default());
     }
 
     #[test]
