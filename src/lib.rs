@@ -34,7 +34,7 @@ pub use addr::{Range, PAGE_SIZE};
 pub use error::{Error, FaultError, Result};
 pub use mm::{Access, AddressSpace, Advice, Config, FaultLocking, MapFlags, MremapFlags, Prot};
 pub use stats::Stats;
-pub use vma::{VmFlags, VmaInfo};
+pub use vma::{RmapHit, VmFlags, VmaInfo};
 
 /// The README's examples run as doctests.
 #[cfg(doctest)]

@@ -75,6 +75,10 @@ counters! {
     tlb_shootdowns,
     /// VMA objects handed out again from the type-stable cache.
     vma_reused,
+    /// anon_vma (family root) lock acquisitions.
+    anon_vma_lock,
+    /// Of those, acquisitions that found the lock held (try-lock failed).
+    anon_vma_lock_contended,
 }
 
 pub(crate) struct StatCounters {

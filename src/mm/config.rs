@@ -38,6 +38,11 @@ pub struct Config {
     pub zero_pages: bool,
     /// How faults lock.
     pub fault_locking: FaultLocking,
+    /// Skip the anon_vma lock when an adjustment moves only a VMA's end
+    /// with nothing inserted (brk growing or shrinking the heap): Linux's
+    /// 2009 vma_adjust fast path. `false` takes the lock for every
+    /// adjustment of a VMA with an anon_vma, as Linux since 2012.
+    pub brk_fast_path: bool,
     /// Use deferred-to-drop reclamation instead of epochs (loom models only;
     /// leaks until the address space is dropped).
     #[doc(hidden)]
@@ -62,6 +67,7 @@ impl Default for Config {
             zero_pages: true,
             fault_locking: FaultLocking::PerVma,
             deferred_reclaim: false,
+            brk_fast_path: true,
         }
     }
 }

@@ -37,6 +37,7 @@ pub mod mmap_lock;
 mod access;
 mod brk;
 pub(crate) mod edit;
+mod fork;
 mod madvise;
 mod mmap;
 mod mprotect;
