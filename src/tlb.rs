@@ -15,7 +15,7 @@ use crate::addr::Range;
 use crate::percpu::{cpu_id, PerCpu};
 use crate::phys::{FrameAllocator, Pfn};
 use crate::stats::{Event, StatCounters};
-use crate::sync::{fence, wait_until, AtomicBool, AtomicU64, Ordering};
+use crate::sync::{fence, spin_hint, wait_until, AtomicBool, AtomicU64, Ordering};
 
 /// Frames gathered before a flush is forced (bounds the batch's memory).
 const GATHER_MAX_FRAMES: usize = 4096;
@@ -71,7 +71,22 @@ impl TlbState {
         if !slot.in_mask.load(Ordering::Relaxed) {
             slot.in_mask.store(true, Ordering::Relaxed);
         }
-        slot.access_seq.fetch_add(1, Ordering::Relaxed);
+        // Threads outnumber CPU slots, so two threads may share one; a CPU
+        // runs one user access at a time, so wait for the slot to be free
+        // (even) and make it odd. Two unserialized accesses would leave
+        // the sequence even and a flush would not wait for either.
+        loop {
+            let seq = slot.access_seq.load(Ordering::Relaxed);
+            if seq & 1 == 0
+                && slot
+                    .access_seq
+                    .compare_exchange_weak(seq, seq + 1, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                break;
+            }
+            spin_hint();
+        }
         // Pairs with the fence in `flush`: either the flusher sees our odd
         // sequence, or we see the page-table change it made before it.
         fence(Ordering::SeqCst);
