@@ -14,6 +14,7 @@
 use aspace::{AddressSpace, Config, PAGE_SIZE};
 use loom::sync::Arc;
 use loom::thread;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
@@ -25,7 +26,16 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
             .min(2),
     );
     b.max_branches = 50_000;
-    b.check(f);
+    let runs = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    b.check(move || {
+        counter.fetch_add(1, Relaxed);
+        f()
+    });
+    let n = runs.load(Relaxed);
+    eprintln!("loom_rmap: {n} executions explored");
+    // Guard against a vacuous model (a single schedule explored).
+    assert!(n > 1, "the model explored only one schedule");
 }
 
 fn cfg() -> Config {
@@ -38,8 +48,8 @@ fn cfg() -> Config {
 
 /// Parent and child with a two-page heap, both pages written in the
 /// parent (so shared copy-on-write with the child).
-fn family() -> (AddressSpace, Arc<AddressSpace>, u64) {
-    let mm = AddressSpace::new(cfg());
+fn family() -> (Arc<AddressSpace>, Arc<AddressSpace>, u64) {
+    let mm = Arc::new(AddressSpace::new(cfg()));
     let base = mm.brk(0).unwrap();
     mm.brk(base + 2 * PAGE_SIZE).unwrap();
     mm.write(base, &[1]).unwrap();
@@ -48,7 +58,15 @@ fn family() -> (AddressSpace, Arc<AddressSpace>, u64) {
     (mm, child, base)
 }
 
-fn check_walk(mm: &AddressSpace, child: &AddressSpace, base: u64, moving_in_child: bool) {
+/// Per model: executions in which the walker did not see the child at
+/// the moving page, and in which it did (both must occur: the race is
+/// really explored). One pair per test, as tests run in parallel.
+type Seen = [AtomicUsize; 2];
+static SHRINK_SEEN: Seen = [AtomicUsize::new(0), AtomicUsize::new(0)];
+static GROW_SEEN: Seen = [AtomicUsize::new(0), AtomicUsize::new(0)];
+
+/// Walks from the parent while the child's heap end may be moving.
+fn check_walk(mm: &AddressSpace, child: &AddressSpace, base: u64, seen: &Seen) {
     // The stable page: both heaps, same address, never missed.
     let hits = mm.rmap_walk(base);
     assert_eq!(hits.len(), 2, "{hits:?}");
@@ -62,24 +80,28 @@ fn check_walk(mm: &AddressSpace, child: &AddressSpace, base: u64, moving_in_chil
         .any(|h| h.mm_id == mm.id() && h.addr == base + PAGE_SIZE));
     let child_hits = hits.iter().filter(|h| h.mm_id == child.id()).count();
     assert!(child_hits <= 1);
-    if child_hits == 1 {
-        assert!(moving_in_child);
-    }
     assert!(hits.iter().all(|h| h.addr == base + PAGE_SIZE));
+    seen[child_hits].fetch_add(1, Relaxed);
 }
 
 /// brk shrinks the child's heap by one page while the parent walks.
+fn assert_both_seen(seen: &Seen) {
+    let seen: Vec<usize> = seen.iter().map(|c| c.load(Relaxed)).collect();
+    assert!(
+        seen.iter().all(|&n| n > 0),
+        "walker saw only one end: {seen:?}"
+    );
+}
+
 #[test]
 fn rmap_walk_vs_brk_shrink() {
     model(|| {
         let (mm, child, base) = family();
-        let c2 = child.clone();
         let locks = child.stats().anon_vma_lock;
-        let t = thread::spawn(move || {
-            assert_eq!(c2.brk(base + PAGE_SIZE).unwrap(), base + PAGE_SIZE);
-        });
-        check_walk(&mm, &child, base, true);
-        t.join().unwrap();
+        let (m2, c2) = (mm.clone(), child.clone());
+        let walker = thread::spawn(move || check_walk(&m2, &c2, base, &SHRINK_SEEN));
+        assert_eq!(child.brk(base + PAGE_SIZE).unwrap(), base + PAGE_SIZE);
+        walker.join().unwrap();
         assert_eq!(child.stats().anon_vma_lock, locks, "brk took the lock");
         // After the move the child no longer covers the page.
         let hits = mm.rmap_walk(base + PAGE_SIZE);
@@ -87,6 +109,7 @@ fn rmap_walk_vs_brk_shrink() {
         // The child's reference to the shared frame went with the shrink.
         assert_eq!(mm.frames_used(), 2);
     });
+    assert_both_seen(&SHRINK_SEEN);
 }
 
 /// brk grows the child's heap by one page while the parent walks a page
@@ -97,13 +120,14 @@ fn rmap_walk_vs_brk_grow() {
         let (mm, child, base) = family();
         // Start the child one page short, so a grow brings the page back.
         child.brk(base + PAGE_SIZE).unwrap();
-        let c2 = child.clone();
         let locks = child.stats().anon_vma_lock;
-        let t = thread::spawn(move || {
-            assert_eq!(c2.brk(base + 2 * PAGE_SIZE).unwrap(), base + 2 * PAGE_SIZE);
-        });
-        check_walk(&mm, &child, base, true);
-        t.join().unwrap();
+        let (m2, c2) = (mm.clone(), child.clone());
+        let walker = thread::spawn(move || check_walk(&m2, &c2, base, &GROW_SEEN));
+        assert_eq!(
+            child.brk(base + 2 * PAGE_SIZE).unwrap(),
+            base + 2 * PAGE_SIZE
+        );
+        walker.join().unwrap();
         assert_eq!(child.stats().anon_vma_lock, locks, "brk took the lock");
         assert_eq!(mm.rmap_walk(base + PAGE_SIZE).len(), 2);
         // The regained page reads zero in the child, the parent keeps its.
@@ -113,4 +137,5 @@ fn rmap_walk_vs_brk_grow() {
         mm.read(base + PAGE_SIZE, &mut b).unwrap();
         assert_eq!(b, [2]);
     });
+    assert_both_seen(&GROW_SEEN);
 }

@@ -305,7 +305,7 @@ impl<'a> Edit<'a> {
         }
         if let Some(idx) = idx {
             if v.anon_vma().is_some() {
-                idx.rekey(v, old_pgoff);
+                idx.rekey(v, old.start, old_pgoff);
             }
         }
     }
@@ -500,10 +500,15 @@ impl<'a> Edit<'a> {
                 self.lock(n);
                 self.with_rmap(fam, |ed, mut idx| {
                     ed.inherit_anon(n, anon, idx.as_deref_mut());
-                    ed.set_range_in(n, s, n.end(), pgoff, idx.as_deref_mut());
                     if left_side {
-                        ed.detach_in(v, false, idx);
+                        // `n` takes over `v`'s start (and reverse-map key):
+                        // unlink `v` first. Readers that still find `v` in
+                        // the tree until `n` is stored see it detached and
+                        // look again.
+                        ed.detach_in(v, false, idx.as_deref_mut());
+                        ed.set_range_in(n, s, n.end(), pgoff, idx);
                     } else {
+                        ed.set_range_in(n, s, n.end(), pgoff, idx.as_deref_mut());
                         ed.set_range_in(v, v.start(), s, v.pgoff(), idx);
                     }
                 });

@@ -102,7 +102,7 @@ pub struct AnonRoot {
 /// the module docs).
 #[derive(Default)]
 pub(crate) struct RmapIndex {
-    map: BTreeMap<(u64, usize), Entry>,
+    map: BTreeMap<(u64, u64, u64), Entry>,
 }
 
 struct Entry {
@@ -197,29 +197,47 @@ impl AnonRoot {
     }
 }
 
-/// The second half of an index key: the VMA object's address (stable:
-/// VMA objects are type-stable).
-fn key(v: VmaRef) -> usize {
-    &*v as *const super::Vma as usize
+/// An index key: `(vm_pgoff, address space, vm_start)`. Start-based and
+/// unique (no two VMAs of one address space share a start), and
+/// independent of where VMA objects happen to be allocated, so walks visit
+/// VMAs in the same order every run (which loom's replay relies on).
+fn key(v: VmaRef) -> (u64, u64, u64) {
+    (v.pgoff(), v.mm_id(), v.start())
 }
 
 impl RmapIndex {
-    /// Links `vma` (using anon_vma `anon`) under its current `vm_pgoff`.
+    /// Links `vma` (using anon_vma `anon`) under its current start and
+    /// page offset.
     pub(crate) fn insert(&mut self, vma: VmaRef, anon: u64) {
-        self.map
-            .insert((vma.pgoff(), key(vma)), Entry { vma, anon });
+        let old = self.map.insert(key(vma), Entry { vma, anon });
+        debug_assert!(old.is_none(), "two VMAs filed under one rmap key");
     }
 
-    /// Unlinks `vma`, filed under `pgoff`. Returns whether it was there.
-    pub(crate) fn remove(&mut self, vma: VmaRef, pgoff: u64) -> bool {
-        self.map.remove(&(pgoff, key(vma))).is_some()
+    /// Unlinks `vma` (filed under its current start and page offset).
+    /// Returns whether it was there.
+    pub(crate) fn remove(&mut self, vma: VmaRef) -> bool {
+        let k = key(vma);
+        if self.map.get(&k).is_some_and(|e| e.vma == vma) {
+            self.map.remove(&k);
+            return true;
+        }
+        // Filed under an out-of-date key (a start moved without a re-key,
+        // which is a bug caught by the debug assertion in `walk`): find it
+        // the slow way rather than leave a stale entry behind.
+        debug_assert!(false, "rmap entry of {vma:?} filed under a stale key");
+        let stale = self.map.iter().find(|(_, e)| e.vma == vma).map(|(k, _)| *k);
+        stale.is_some_and(|k| self.map.remove(&k).is_some())
     }
 
-    /// Re-files `vma` from `old_pgoff` under its current `vm_pgoff` (after
-    /// its start moved; Linux's interval-tree pre/post update).
-    pub(crate) fn rekey(&mut self, vma: VmaRef, old_pgoff: u64) {
-        if let Some(e) = self.map.remove(&(old_pgoff, key(vma))) {
-            self.map.insert((vma.pgoff(), key(vma)), e);
+    /// Re-files `vma` from its old start and page offset under its
+    /// current ones (after its start moved; Linux's interval-tree pre/post
+    /// update).
+    pub(crate) fn rekey(&mut self, vma: VmaRef, old_start: u64, old_pgoff: u64) {
+        let old = (old_pgoff, vma.mm_id(), old_start);
+        if let Some(e) = self.map.remove(&old) {
+            debug_assert!(e.vma == vma);
+            let clash = self.map.insert(key(vma), e);
+            debug_assert!(clash.is_none(), "two VMAs filed under one rmap key");
         }
     }
 
@@ -231,7 +249,7 @@ impl RmapIndex {
     /// after a concurrent end-only move.
     pub(crate) fn walk(&self, pgoff: u64) -> Vec<RmapHit> {
         let mut out = Vec::new();
-        for (&(key, _), e) in self.map.range(..=(pgoff, usize::MAX)) {
+        for (&(key, _, _), e) in self.map.range(..=(pgoff, u64::MAX, u64::MAX)) {
             let v = e.vma;
             let start = v.start();
             let vpgoff = v.pgoff();

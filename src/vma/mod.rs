@@ -305,7 +305,7 @@ impl Vma {
         if old.is_null() {
             return;
         }
-        let found = idx.remove(self.as_ref_unchecked(), self.pgoff());
+        let found = idx.remove(self.as_ref_unchecked());
         debug_assert!(found, "VMA with an anon_vma was not in the rmap");
         // SAFETY: `old` came from `Arc::into_raw` in `link_anon_held` or
         // `install_anon_vma`; the swap took it out of the VMA, so this is
