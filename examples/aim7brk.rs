@@ -13,7 +13,7 @@
 //!
 //! Defaults: children 1, 2, 4, ... up to the core count; 2 s per run;
 //! 3 repetitions (the harmonic mean of jobs/min is printed); 4 pages per
-//! job. The default run takes about 2 x 3 x 2 s per row.
+//! job (at most 4096). The default run takes about 2 x 3 x 2 s per row.
 
 #[path = "../benches/common/brk_workload.rs"]
 mod brk_workload;
@@ -68,7 +68,16 @@ fn parse() -> Args {
             _ => usage(),
         }
     }
-    if !(a.secs > 0.0) || a.reps == 0 || a.grow == 0 {
+    // Bounds keep every run inside the default 4 GiB frame budget and
+    // Duration's range.
+    if !a.secs.is_finite()
+        || a.secs <= 0.0
+        || a.secs > 3600.0
+        || a.reps == 0
+        || a.grow == 0
+        || a.grow > 4096
+        || a.children.iter().any(|&k| k > 256)
+    {
         usage();
     }
     a

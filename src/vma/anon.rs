@@ -48,6 +48,7 @@
 //!   their page-table locks, then freed only after the TLB flush), so a
 //!   walker that saw the old end finds each page either still mapped or
 //!   already gone: both answers are a state the page table really had.
+//!
 //! Every other VMA's position in the index is untouched, so the walk never
 //! loses a VMA.
 //!
