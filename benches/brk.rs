@@ -8,30 +8,18 @@
 #[path = "common/brk_workload.rs"]
 mod brk_workload;
 
-use brk_workload::{run, Params};
+use brk_workload::{default_children, run, Params};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::time::Duration;
 
 const JOBS_PER_CHILD: u64 = 2000;
-
-fn child_counts() -> Vec<usize> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut v = vec![];
-    let mut k = 1;
-    while k < cores {
-        v.push(k);
-        k *= 2;
-    }
-    v.push(cores);
-    v
-}
 
 fn brk(c: &mut Criterion) {
     let mut g = c.benchmark_group("aim7brk");
     g.sample_size(10)
         .measurement_time(Duration::from_secs(3))
         .warm_up_time(Duration::from_millis(500));
-    for k in child_counts() {
+    for k in default_children() {
         for fast_path in [false, true] {
             g.throughput(Throughput::Elements(JOBS_PER_CHILD * k as u64));
             let id = BenchmarkId::new(

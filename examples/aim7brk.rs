@@ -18,7 +18,7 @@
 #[path = "../benches/common/brk_workload.rs"]
 mod brk_workload;
 
-use brk_workload::{run, Params, Sample};
+use brk_workload::{default_children, run, Params, Sample};
 use std::time::Duration;
 
 struct Args {
@@ -34,16 +34,8 @@ fn usage() -> ! {
 }
 
 fn parse() -> Args {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut children = vec![];
-    let mut k = 1;
-    while k < cores {
-        children.push(k);
-        k *= 2;
-    }
-    children.push(cores);
     let mut a = Args {
-        children,
+        children: default_children(),
         secs: 2.0,
         reps: 3,
         grow: 4,
