@@ -445,14 +445,15 @@ fn check(mm: &AddressSpace, o: &Oracle, what: &str) {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 48,
+        cases: 256,
+        // Reproducible runs, and no regression files written into the tree.
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0xF0_4B_CA5E),
         failure_persistence: None,
-        rng_algorithm: proptest::test_runner::RngAlgorithm::ChaCha,
         ..ProptestConfig::default()
     })]
 
     #[test]
-    fn fork_model(ops in proptest::collection::vec(op(), 1..40)) {
+    fn fork_model(ops in proptest::collection::vec(op(), 1..60)) {
         let parent = AddressSpace::new(Config::default());
         parent.mmap(BASE, NP * PAGE, RW, ANON | MapFlags::FIXED).unwrap();
         let mut po: Oracle = (0..NP).map(|p| (p, (RW, vec![0; PAGE as usize]))).collect();
