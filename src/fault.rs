@@ -246,21 +246,25 @@ fn anon_vma_prepare<'v>(
                 .is_empty()
             && b.pgoff() == a.pgoff() + pages(a.end() - a.start())
     };
+    // A neighbour's anon_vma is reusable only if its chain has a single
+    // entry (Linux's `reusable_anon_vma`): one shared with fork relatives
+    // would tie this VMA to their family.
+    let singular = |a: Option<Arc<AnonVma>>| a.filter(|a| a.chain_len() == 1);
     let mut found: Option<Arc<AnonVma>> = None;
     if let Some((_, next)) = mm.tree.next(vma.end(), &g) {
         if compatible(vma, next) {
-            found = next.anon_vma_arc();
+            found = singular(next.anon_vma_arc());
         }
     }
     if found.is_none() {
         if let Some((_, prev)) = mm.tree.prev(vma.start(), &g) {
             if compatible(prev, vma) {
-                found = prev.anon_vma_arc();
+                found = singular(prev.anon_vma_arc());
             }
         }
     }
     let a = found.unwrap_or_else(|| Arc::new(AnonVma::new(next_id())));
-    Ok(vma.install_anon_vma(a))
+    Ok(vma.install_anon_vma(a, &mm.stats))
 }
 
 /// Populates the page of `addr` in `vma` for `access` (already checked).

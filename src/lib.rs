@@ -36,7 +36,7 @@ pub use mm::{
     Access, AddressSpace, Advice, Config, FaultLocking, MapFlags, MremapExtent, MremapFlags, Prot,
 };
 pub use stats::Stats;
-pub use vma::{VmFlags, VmaInfo};
+pub use vma::{RmapHit, VmFlags, VmaInfo};
 
 /// The README's examples run as doctests.
 #[cfg(doctest)]

@@ -79,6 +79,10 @@ counters! {
     mremap_tables_relinked,
     /// VMA objects handed out again from the type-stable cache.
     vma_reused,
+    /// anon_vma (family root) lock acquisitions.
+    anon_vma_lock,
+    /// Of those, acquisitions that found the lock held (try-lock failed).
+    anon_vma_lock_contended,
 }
 
 pub(crate) struct StatCounters {

@@ -39,6 +39,24 @@ impl AddressSpace {
             if ed.find_after(newbrk).is_none_or(|v| v.start() >= oldbrk) {
                 return Ok(old);
             }
+            if let Some(v) = ed
+                .find(newbrk)
+                .filter(|v| v.start() < newbrk && v.end() == oldbrk && v.start() >= ed.st.start_brk)
+            {
+                // Only the heap VMA's end moves, with nothing inserted:
+                // shrink it in place (no split, so no anon_vma lock with
+                // the fast path), then zap and free what it left.
+                ed.lock(v);
+                ed.set_range(v, v.start(), newbrk, v.pgoff());
+                let r = Range::new(newbrk, oldbrk);
+                let mut gather = ed.gather();
+                ed.zap(r, &mut gather);
+                gather.flush();
+                drop(gather);
+                ed.free_pgtables(r);
+                ed.st.brk = addr;
+                return Ok(addr);
+            }
             if ed.unmap(Range::new(newbrk, oldbrk)).is_err() {
                 return Ok(old);
             }

@@ -66,6 +66,11 @@ pub struct Config {
     /// this long for every other CPU of the address space (0 = off, the
     /// default). Lets a benchmark show the weight of shootdowns.
     pub shootdown_cost_ns: u64,
+    /// Skip the anon_vma lock when an adjustment moves only a VMA's end
+    /// with nothing inserted (brk growing or shrinking the heap): Linux's
+    /// 2009 vma_adjust fast path. `false` takes the lock for every
+    /// adjustment of a VMA with an anon_vma, as Linux since 2012.
+    pub brk_fast_path: bool,
     /// Use deferred-to-drop reclamation instead of epochs (loom models only;
     /// leaks until the address space is dropped).
     #[doc(hidden)]
@@ -92,6 +97,7 @@ impl Default for Config {
             mremap_extent: MremapExtent::Batched,
             shootdown_cost_ns: 0,
             deferred_reclaim: false,
+            brk_fast_path: true,
         }
     }
 }

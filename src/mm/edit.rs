@@ -18,7 +18,7 @@ use crate::stats::Event;
 use crate::sync::Arc;
 use crate::tlb::Gather;
 use crate::tree::TreeWriter;
-use crate::vma::{AnonVma, Shmem, VmFlags, Vma, VmaRef};
+use crate::vma::{AnonVma, RmapIndex, Shmem, VmFlags, Vma, VmaRef};
 
 /// An mmap_lock writer's view of the address space.
 pub(crate) struct Edit<'a> {
@@ -50,12 +50,34 @@ fn same_shmem(a: Option<&Shmem>, b: Option<&Shmem>) -> bool {
     }
 }
 
+/// Linux's `is_mergeable_anon_vma` with fork history: the range being
+/// merged (`src`, with `src_singular` false when it is an existing VMA
+/// whose anon_vma chain has more than one entry) and the neighbour `tgt`
+/// may share an anon_vma if they have the same one, or if one has none and
+/// the other's chain has a single entry (a VMA that shares pages with a
+/// fork relative is kept apart: `vma_had_uncowed_parents`).
+pub(crate) fn anon_mergeable(
+    src: Option<&AnonVma>,
+    src_singular: bool,
+    tgt: Option<&AnonVma>,
+) -> bool {
+    match (src, tgt) {
+        (Some(a), Some(b)) => core::ptr::eq(a, b),
+        (None, Some(b)) => b.chain_len() == 1,
+        (Some(_), None) => src_singular,
+        (None, None) => true,
+    }
+}
+
 /// What a range about to be merged looks like.
 #[derive(Clone, Copy)]
 pub(crate) struct Proto<'p> {
     pub(crate) flags: VmFlags,
     pub(crate) anon: Option<&'p AnonVma>,
     pub(crate) shmem: Option<&'p Shmem>,
+    /// The range's own anon_vma chain has at most one entry (true for a
+    /// new range, which has no VMA yet).
+    pub(crate) singular: bool,
 }
 
 impl Proto<'_> {
@@ -64,7 +86,7 @@ impl Proto<'_> {
     fn merges_after(&self, prev: &Vma, pgoff: u64) -> bool {
         flags_mergeable(prev.flags(), self.flags)
             && same_shmem(prev.shmem(), self.shmem)
-            && anon_compatible(prev.anon_vma(), self.anon)
+            && anon_mergeable(self.anon, self.singular, prev.anon_vma())
             && prev.pgoff() + pages(prev.range().len()) == pgoff
     }
 
@@ -73,7 +95,7 @@ impl Proto<'_> {
     fn merges_before(&self, next: &Vma, pgoff: u64, len: u64) -> bool {
         flags_mergeable(next.flags(), self.flags)
             && same_shmem(next.shmem(), self.shmem)
-            && anon_compatible(next.anon_vma(), self.anon)
+            && anon_mergeable(self.anon, self.singular, next.anon_vma())
             && pgoff + pages(len) == next.pgoff()
     }
 }
@@ -123,7 +145,26 @@ impl<'a> Edit<'a> {
         v.lock.write_lock(self.st.seq());
     }
 
-    /// A new, detached, write-locked VMA.
+    /// Runs `f` with the lock of `anon`'s family held (counted in the
+    /// stats), passing the family's reverse map; without a lock when
+    /// `anon` is `None`.
+    pub(crate) fn with_rmap<R>(
+        &mut self,
+        anon: Option<Arc<AnonVma>>,
+        f: impl FnOnce(&mut Self, Option<&mut RmapIndex>) -> R,
+    ) -> R {
+        match anon {
+            Some(a) => {
+                let mm = self.mm;
+                let mut idx = a.root().lock(Some(&mm.stats));
+                f(self, Some(&mut idx))
+            }
+            None => f(self, None),
+        }
+    }
+
+    /// A new, detached, write-locked VMA (linked into its anon_vma's
+    /// reverse map under that family's lock).
     pub(crate) fn new_vma(
         &mut self,
         r: Range,
@@ -132,6 +173,20 @@ impl<'a> Edit<'a> {
         anon: Option<Arc<AnonVma>>,
         shmem: Option<Arc<Shmem>>,
     ) -> VmaRef {
+        self.new_vma_in(r, pgoff, flags, anon, shmem, None)
+    }
+
+    /// [`new_vma`](Self::new_vma) for a caller that may already hold the
+    /// family's lock (`idx`, which must be `anon`'s family).
+    fn new_vma_in(
+        &mut self,
+        r: Range,
+        pgoff: u64,
+        flags: VmFlags,
+        anon: Option<Arc<AnonVma>>,
+        shmem: Option<Arc<Shmem>>,
+        idx: Option<&mut RmapIndex>,
+    ) -> VmaRef {
         let (v, reused) = self.mm.pool.alloc();
         if reused {
             self.mm.stats.inc(Event::vma_reused);
@@ -139,10 +194,20 @@ impl<'a> Edit<'a> {
         v.set_mm(self.mm.id);
         v.set_range(r.start, r.end, pgoff);
         v.set_flags(flags);
-        v.set_anon_vma(anon);
+        self.link_in(v, anon, idx);
         v.set_shmem(shmem);
         self.lock(v);
         v
+    }
+
+    /// Links `v`, which has no anon_vma, to `anon` (if any), with the
+    /// family's lock held by the caller (`idx`) or taken here.
+    fn link_in(&self, v: VmaRef, anon: Option<Arc<AnonVma>>, idx: Option<&mut RmapIndex>) {
+        match (anon, idx) {
+            (None, _) => {}
+            (Some(a), Some(idx)) => v.link_anon_held(a, idx),
+            (Some(a), None) => v.set_anon_vma_counted(Some(a), Some(&self.mm.stats)),
+        }
     }
 
     /// Attaches a new VMA over a range no VMA covers.
@@ -153,8 +218,15 @@ impl<'a> Edit<'a> {
     }
 
     /// Removes a VMA whose range is no longer in the tree (or erases it),
-    /// waits out transient readers and recycles the object.
+    /// unlinks it from its anon_vma's reverse map, waits out transient
+    /// readers and recycles the object.
     pub(crate) fn detach(&mut self, v: VmaRef, erase: bool) {
+        self.detach_in(v, erase, None);
+    }
+
+    /// [`detach`](Self::detach) for a caller that may hold the lock of
+    /// `v`'s anon_vma family (`idx`).
+    fn detach_in(&mut self, v: VmaRef, erase: bool, idx: Option<&mut RmapIndex>) {
         self.lock(v);
         if erase {
             let r = v.range();
@@ -171,22 +243,52 @@ impl<'a> Edit<'a> {
             }
         }
         v.lock.mark_detached();
+        match idx {
+            Some(idx) => v.unlink_anon_held(idx),
+            None => v.set_anon_vma_counted(None, Some(&self.mm.stats)),
+        }
         self.st.map_count -= 1;
         self.mm.pool.free(v);
     }
 
     /// Changes `v`'s range to `[start, end)` (with `pgoff` for `start`),
     /// storing the part it gains. The caller has write-locked `v` and makes
-    /// sure the gained part is free or belongs to VMAs it is removing.
+    /// sure the gained part is free or belongs to VMAs it is removing, and
+    /// that no pages change owner (else it holds the rmap lock and calls
+    /// [`set_range_in`](Self::set_range_in)).
+    ///
+    /// Takes the anon_vma lock when `v` has an anon_vma and its start (so
+    /// its page offset and reverse-map key) moves; an end-only move skips
+    /// it unless `Config::brk_fast_path` is off (see [`crate::vma::anon`]
+    /// for why that is safe).
     pub(crate) fn set_range(&mut self, v: VmaRef, start: u64, end: u64, pgoff: u64) {
-        let old = v.range();
-        // Moving a start changes which pages the VMA's anon_vma maps where:
-        // rmap walkers must not see it half done (Linux's vma_adjust rule).
         let anon = v.anon_vma_arc();
-        let _rmap = anon
-            .as_deref()
-            .filter(|_| start != old.start)
-            .map(|a| a.lock());
+        let start_moves = start != v.start() || pgoff != v.pgoff();
+        let need = start_moves || !self.mm.cfg.brk_fast_path;
+        self.with_rmap(anon.filter(|_| need), |ed, idx| {
+            ed.set_range_in(v, start, end, pgoff, idx)
+        });
+    }
+
+    /// [`set_range`](Self::set_range) with the caller holding the lock of
+    /// `v`'s anon_vma family (`idx`) where that is needed: always when the
+    /// start moves and `v` has an anon_vma. With the lock, the reverse-map
+    /// entry is re-filed (Linux's interval-tree pre/post update).
+    fn set_range_in(
+        &mut self,
+        v: VmaRef,
+        start: u64,
+        end: u64,
+        pgoff: u64,
+        idx: Option<&mut RmapIndex>,
+    ) {
+        let old = v.range();
+        let old_pgoff = v.pgoff();
+        let start_moves = start != old.start || pgoff != old_pgoff;
+        debug_assert!(
+            !(start_moves && v.anon_vma().is_some() && idx.is_none()),
+            "moving the start of a VMA with an anon_vma needs the rmap lock"
+        );
         self.w.store(Range::new(start, end), v);
         // A shrink: the lost parts were overwritten by the caller's stores,
         // or must be erased now.
@@ -196,7 +298,16 @@ impl<'a> Edit<'a> {
         if end < old.end {
             self.erase_if_owner(Range::new(end.max(old.start), old.end), v);
         }
-        v.set_range(start, end, pgoff);
+        if start_moves {
+            v.set_range(start, end, pgoff);
+        } else {
+            v.set_end(end);
+        }
+        if let Some(idx) = idx {
+            if v.anon_vma().is_some() {
+                idx.rekey(v, old.start, old_pgoff);
+            }
+        }
     }
 
     fn erase_if_owner(&mut self, r: Range, v: VmaRef) {
@@ -225,31 +336,33 @@ impl<'a> Edit<'a> {
         self.lock(v);
         // Inserting a VMA that shares the anon_vma: take its lock.
         let anon = v.anon_vma_arc();
-        let _rmap = anon.as_deref().map(|a| a.lock());
-        let upper = Range::new(at, v.end());
-        let n = self.new_vma(
-            upper,
-            v.pgoff_of(at),
-            v.flags(),
-            v.anon_vma_arc(),
-            v.shmem_arc(),
-        );
-        n.lock.mark_attached();
-        // One store moves [at, end) from v to n atomically for readers.
-        self.w.store(upper, n);
-        self.st.map_count += 1;
-        v.set_range(v.start(), at, v.pgoff());
-        Ok(n)
+        Ok(self.with_rmap(anon.clone(), |ed, idx| {
+            let upper = Range::new(at, v.end());
+            let n = ed.new_vma_in(upper, v.pgoff_of(at), v.flags(), anon, v.shmem_arc(), idx);
+            n.lock.mark_attached();
+            // One store moves [at, end) from v to n atomically for readers.
+            ed.w.store(upper, n);
+            ed.st.map_count += 1;
+            v.set_end(at);
+            n
+        }))
     }
 
     /// Gives `v` an anon_vma from `from` if it has none (Linux's
     /// `dup_anon_vma` when a merge joins them).
-    fn inherit_anon(v: VmaRef, from: Option<Arc<AnonVma>>) {
+    fn inherit_anon(&self, v: VmaRef, from: Option<Arc<AnonVma>>, idx: Option<&mut RmapIndex>) {
         if v.anon_vma().is_none() {
-            if let Some(a) = from {
-                v.set_anon_vma(Some(a));
-            }
+            self.link_in(v, from, idx);
         }
+    }
+
+    /// The anon_vma whose family lock a merge of these VMAs (and a range
+    /// with `extra`) takes: they are merge-compatible, so at most one
+    /// family is involved.
+    fn merge_family(vs: &[Option<VmaRef>], extra: Option<&Arc<AnonVma>>) -> Option<Arc<AnonVma>> {
+        extra
+            .cloned()
+            .or_else(|| vs.iter().flatten().find_map(|v| v.anon_vma_arc()))
     }
 
     /// Maps a new range `r` with no VMA in it: merges with the neighbours
@@ -267,6 +380,7 @@ impl<'a> Edit<'a> {
             flags,
             anon: anon.as_deref(),
             shmem: shmem.as_deref(),
+            singular: true,
         };
         let prev = self.ending_at(r.start);
         let next = self.starting_at(r.end);
@@ -282,22 +396,27 @@ impl<'a> Edit<'a> {
                 let (p, n) = (prev.unwrap(), next.unwrap());
                 self.lock(p);
                 self.lock(n);
-                Self::inherit_anon(p, anon.or_else(|| n.anon_vma_arc()));
-                self.set_range(p, p.start(), n.end(), p.pgoff());
-                self.detach(n, false);
+                // next's pages move to prev: an importer, under the lock.
+                let fam = Self::merge_family(&[prev, next], anon.as_ref());
+                self.with_rmap(fam, |ed, mut idx| {
+                    ed.inherit_anon(p, anon.or_else(|| n.anon_vma_arc()), idx.as_deref_mut());
+                    ed.set_range_in(p, p.start(), n.end(), p.pgoff(), idx.as_deref_mut());
+                    ed.detach_in(n, false, idx);
+                });
                 p
             }
             (true, false) => {
                 let p = prev.unwrap();
                 self.lock(p);
-                Self::inherit_anon(p, anon);
+                self.inherit_anon(p, anon, None);
+                // Only prev's end moves, over an empty range.
                 self.set_range(p, p.start(), r.end, p.pgoff());
                 p
             }
             (false, true) => {
                 let n = next.unwrap();
                 self.lock(n);
-                Self::inherit_anon(n, anon);
+                self.inherit_anon(n, anon, None);
                 self.set_range(n, r.start, n.end(), pgoff);
                 n
             }
@@ -328,6 +447,7 @@ impl<'a> Edit<'a> {
             flags,
             anon: anon.as_deref(),
             shmem: shmem.as_deref(),
+            singular: anon.as_ref().is_none_or(|a| a.chain_len() == 1),
         };
         let prev = if left_side { self.ending_at(s) } else { None };
         let next = if right_side {
@@ -342,39 +462,56 @@ impl<'a> Edit<'a> {
             right = anon_compatible(p.anon_vma(), n.anon_vma());
         }
         self.lock(v);
+        // Every merge here moves pages between VMAs: under the rmap lock.
+        let fam = if left || right {
+            Self::merge_family(&[prev, next], anon.as_ref())
+        } else {
+            None
+        };
         match (left, right) {
             (true, true) => {
                 let (p, n) = (prev.unwrap(), next.unwrap());
                 self.lock(p);
                 self.lock(n);
-                Self::inherit_anon(p, anon.or_else(|| n.anon_vma_arc()));
-                self.set_range(p, p.start(), n.end(), p.pgoff());
-                self.detach(v, false);
-                self.detach(n, false);
+                self.with_rmap(fam, |ed, mut idx| {
+                    ed.inherit_anon(p, anon.or_else(|| n.anon_vma_arc()), idx.as_deref_mut());
+                    ed.set_range_in(p, p.start(), n.end(), p.pgoff(), idx.as_deref_mut());
+                    ed.detach_in(v, false, idx.as_deref_mut());
+                    ed.detach_in(n, false, idx);
+                });
                 Ok(p)
             }
             (true, false) => {
                 let p = prev.unwrap();
                 self.lock(p);
-                Self::inherit_anon(p, anon);
-                self.set_range(p, p.start(), e, p.pgoff());
-                if right_side {
-                    self.detach(v, false);
-                } else {
-                    v.set_range(e, v.end(), v.pgoff_of(e));
-                }
+                self.with_rmap(fam, |ed, mut idx| {
+                    ed.inherit_anon(p, anon, idx.as_deref_mut());
+                    ed.set_range_in(p, p.start(), e, p.pgoff(), idx.as_deref_mut());
+                    if right_side {
+                        ed.detach_in(v, false, idx);
+                    } else {
+                        ed.set_range_in(v, e, v.end(), v.pgoff_of(e), idx);
+                    }
+                });
                 Ok(p)
             }
             (false, true) => {
                 let n = next.unwrap();
                 self.lock(n);
-                Self::inherit_anon(n, anon);
-                self.set_range(n, s, n.end(), pgoff);
-                if left_side {
-                    self.detach(v, false);
-                } else {
-                    v.set_range(v.start(), s, v.pgoff());
-                }
+                self.with_rmap(fam, |ed, mut idx| {
+                    ed.inherit_anon(n, anon, idx.as_deref_mut());
+                    if left_side {
+                        // `n` takes over `v`'s start (and reverse-map key):
+                        // unlink `v` first. Readers that still find `v` in
+                        // the tree until `n` is stored see it detached and
+                        // look again.
+                        ed.detach_in(v, false, idx.as_deref_mut());
+                        ed.set_range_in(n, s, n.end(), pgoff, idx);
+                    } else {
+                        ed.set_range_in(n, s, n.end(), pgoff, idx.as_deref_mut());
+                        ed.set_range_in(v, v.start(), s, v.pgoff(), idx);
+                    }
+                });
                 Ok(n)
             }
             (false, false) => {

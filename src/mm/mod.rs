@@ -12,7 +12,14 @@
 //!    are all released together when the writer drops the mmap_lock (the
 //!    sequence advances).
 //! 3. The tree's writer mutex (uncontended: only mmap_lock writers take it).
-//! 4. PTE-page locks (inside [`crate::pt`]), then the frame allocator's
+//! 4. An anon_vma family's lock ([`crate::vma::anon`], shared by every
+//!    address space forked from one another): taken by writers that insert
+//!    a VMA with an anon_vma, split one, move its start or merge across
+//!    VMAs, by `fork`, by a fault that gives a VMA its anon_vma (under the
+//!    VMA read lock) and by `rmap_walk` (under the mmap_lock read side).
+//!    Never held while waiting for a VMA lock. Not taken when only a VMA's
+//!    end moves (brk), unless `Config::brk_fast_path` is off.
+//! 5. PTE-page locks (inside [`crate::pt`]), then the frame allocator's
 //!    per-CPU locks.
 //! 5. The TLB model's flush lock (inside `tlb`), taken by each flush,
 //!    under PTE locks when mremap flushes per extent. Its holder waits only
@@ -40,6 +47,7 @@ pub mod mmap_lock;
 mod access;
 mod brk;
 pub(crate) mod edit;
+mod fork;
 mod madvise;
 mod mmap;
 mod mprotect;

@@ -1,29 +1,150 @@
-//! anon_vma: the reverse-map anchor of anonymous pages.
+//! anon_vma: the reverse-map anchor of anonymous pages, its chains, and
+//! the reverse map itself.
 //!
 //! A VMA gets an anon_vma on its first write fault (a read fault maps the
 //! shared zero page and needs none). Whether two VMAs have one, and which,
-//! decides whether they may merge, exactly as in Linux. The lock on the
-//! family's root is modelled as a real lock with contention counters.
+//! decides whether they may merge, exactly as in Linux.
+//!
+//! # Families and chains
+//!
+//! `fork` gives each child VMA whose parent VMA has an anon_vma a new
+//! anon_vma whose *parent* is the parent VMA's anon_vma and whose *root* is
+//! the parent's root: every anon_vma descended from one first write fault
+//! forms a family with one [`AnonRoot`], and the root's lock is shared by
+//! the whole family (parent, children, grandchildren), as in Linux. New
+//! pages a child faults belong to its own anon_vma.
+//!
+//! A VMA's anon_vma chain (Linux's `vma->anon_vma_chain`) is its anon_vma
+//! and that anon_vma's ancestors: [`AnonVma::chain_len`]. A chain longer
+//! than one entry marks a VMA that shares pages with a fork relative, and
+//! such a VMA does not merge with a neighbour that has no anon_vma
+//! (Linux's `vma_had_uncowed_parents`). The chain also keeps the ancestors
+//! alive (each anon_vma holds its parent).
+//!
+//! # The reverse map, and why an end-only move needs no lock
+//!
+//! The root keeps one index, [`RmapIndex`], of every VMA linked to an
+//! anon_vma of the family, ordered by `(vm_pgoff, VMA)`: the page offset of
+//! the VMA's *start*, never its end. [`RmapIndex::walk`] answers "which
+//! VMAs, at which addresses, may map page index `pgoff`": it scans the
+//! entries whose key is at most `pgoff` and keeps those whose end lies
+//! above it, computing `addr = start + (pgoff - vm_pgoff) * PAGE_SIZE`.
+//! Walkers and every change of the index hold the root's lock.
+//!
+//! Changing a VMA's start changes its `vm_pgoff` (the address/offset
+//! relation the walker computes with) and its key, so it takes the lock
+//! and re-keys the entry. Inserting a VMA (split, new mapping with an
+//! anon_vma, fork) and merges that move pages between VMAs take it too.
+//!
+//! Moving only a VMA's *end* with nothing inserted (brk growing or
+//! shrinking the heap, a merge that extends a VMA over an empty range)
+//! changes no key, no `vm_pgoff` and no page's owner, so it skips the
+//! lock (Linux's 2009 "avoid unnecessary anon_vma lock acquisition in
+//! vma_adjust()"). A walker racing with the move reads the end as one
+//! atomic word and sees either the old or the new end:
+//! - on a grow, the pages between the two ends are not mapped yet, so
+//!   whether it reports them or not, it misses no page that is mapped;
+//! - on a shrink, the move happens before the pages are zapped (under
+//!   their page-table locks, then freed only after the TLB flush), so a
+//!   walker that saw the old end finds each page either still mapped or
+//!   already gone: both answers are a state the page table really had.
+//!
+//! Every other VMA's position in the index is untouched, so the walk never
+//! loses a VMA.
+//!
+//! The kernel could not keep this shortcut after 2012: its per-anon_vma
+//! index became an interval tree keyed by each VMA's `[pgoff, pgoff +
+//! pages)` range, with every node caching the largest range end below it.
+//! An end move changes a key and those cached maxima, so an unlocked move
+//! could make a concurrent walker prune a subtree that holds a mapping of
+//! the page it is looking for (and corrupt the tree for the next update).
+//! Here the only end-dependent test is the walker's own, on a value it
+//! reads once. The price is the walk: it visits every VMA whose start
+//! offset lies at or below `pgoff` instead of only the overlapping ones.
+//!
+//! aspace does not record which anon_vma a page belongs to (Linux's
+//! `page->mapping`), so a walk starts at the root's index, which holds
+//! every VMA of the family; Linux would start at the page's own anon_vma
+//! and visit the subset chained to it.
+//!
+//! # Locking
+//!
+//! - [`AnonRoot::lock`]: the family's lock; protects the index. Taken
+//!   inside the mmap_lock and VMA write locks (or a VMA read lock, in the
+//!   fault path), before PTE locks.
+//! - a VMA's `anon_vma` pointer is non-null exactly while the VMA is in
+//!   its family's index; both change together under the root's lock.
 
-use crate::sync::{AtomicU64, Mutex, Ordering};
+use super::VmaRef;
+use crate::addr::{pages, PAGE_SHIFT};
+use crate::stats::{Event, StatCounters};
+use crate::sync::{Arc, Mutex, MutexGuard};
+use std::collections::BTreeMap;
 
 /// The reverse-map anchor shared by the VMAs whose anonymous pages it
 /// covers.
 pub struct AnonVma {
     id: u64,
-    /// The root's lock (taken by writers that change which pages a VMA
-    /// covers).
-    lock: Mutex<()>,
-    /// Lock acquisitions.
-    pub(crate) acquisitions: AtomicU64,
+    root: Arc<AnonRoot>,
+    /// The anon_vma this one was forked from (kept alive by this link).
+    parent: Option<Arc<AnonVma>>,
+    /// Entries in the chain of a VMA that uses this anon_vma.
+    depth: u32,
+}
+
+/// What a whole anon_vma family shares: the lock and the reverse map.
+pub struct AnonRoot {
+    id: u64,
+    index: Mutex<RmapIndex>,
+}
+
+/// The family's reverse map: every VMA linked to one of its anon_vmas,
+/// keyed by `(vm_pgoff, VMA address)` — start-based, never end-based (see
+/// the module docs).
+#[derive(Default)]
+pub(crate) struct RmapIndex {
+    map: BTreeMap<(u64, u64, u64), Entry>,
+}
+
+struct Entry {
+    vma: VmaRef,
+    /// The anon_vma the VMA uses (a family member).
+    anon: u64,
+}
+
+/// One place a page may be mapped, as the reverse map reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RmapHit {
+    /// The address space ([`AddressSpace::id`](crate::AddressSpace::id)).
+    pub mm_id: u64,
+    /// The virtual address of the page there.
+    pub addr: u64,
+    /// Id of the anon_vma that VMA uses.
+    pub anon_vma: u64,
 }
 
 impl AnonVma {
+    /// A new anon_vma heading a new family.
     pub(crate) fn new(id: u64) -> Self {
         AnonVma {
             id,
-            lock: Mutex::new(()),
-            acquisitions: AtomicU64::new(0),
+            root: Arc::new(AnonRoot {
+                id,
+                index: Mutex::new(RmapIndex::default()),
+            }),
+            parent: None,
+            depth: 1,
+        }
+    }
+
+    /// The anon_vma of a child VMA forked from a VMA using `parent`
+    /// (Linux's `anon_vma_fork`): same root, one longer chain.
+    pub(crate) fn fork_child(parent: &Arc<AnonVma>, id: u64) -> Self {
+        AnonVma {
+            id,
+            root: parent.root.clone(),
+            parent: Some(parent.clone()),
+            depth: parent.depth + 1,
         }
     }
 
@@ -32,20 +153,136 @@ impl AnonVma {
         self.id
     }
 
-    /// Takes the root's lock (counted).
-    pub(crate) fn lock(&self) -> crate::sync::MutexGuard<'_, ()> {
-        self.acquisitions.fetch_add(1, Ordering::Relaxed);
-        self.lock.lock()
+    /// The family's root.
+    pub fn root(&self) -> &AnonRoot {
+        &self.root
     }
 
-    /// Times the lock was taken.
-    pub fn lock_acquisitions(&self) -> u64 {
-        self.acquisitions.load(Ordering::Relaxed)
+    /// The anon_vma this one was forked from, if any.
+    pub fn parent(&self) -> Option<&AnonVma> {
+        self.parent.as_deref()
+    }
+
+    /// Length of the anon_vma chain of a VMA using this anon_vma: itself
+    /// and its ancestors.
+    pub fn chain_len(&self) -> u32 {
+        self.depth
+    }
+
+    /// True if both belong to the same family (share the root's lock).
+    pub fn same_family(&self, other: &AnonVma) -> bool {
+        core::ptr::eq(&*self.root, &*other.root)
+    }
+}
+
+impl AnonRoot {
+    /// Identity of the family (the id of its first anon_vma).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Takes the family's lock. With `stats`, counts the acquisition, and
+    /// a contended one when a try-lock fails first.
+    pub(crate) fn lock(&self, stats: Option<&StatCounters>) -> MutexGuard<'_, RmapIndex> {
+        let Some(stats) = stats else {
+            return self.index.lock();
+        };
+        stats.inc(Event::anon_vma_lock);
+        match self.index.try_lock() {
+            Some(g) => g,
+            None => {
+                stats.inc(Event::anon_vma_lock_contended);
+                self.index.lock()
+            }
+        }
+    }
+}
+
+/// An index key: `(vm_pgoff, address space, vm_start)`. Start-based and
+/// unique (no two VMAs of one address space share a start), and
+/// independent of where VMA objects happen to be allocated, so walks visit
+/// VMAs in the same order every run (which loom's replay relies on).
+fn key(v: VmaRef) -> (u64, u64, u64) {
+    (v.pgoff(), v.mm_id(), v.start())
+}
+
+impl RmapIndex {
+    /// Links `vma` (using anon_vma `anon`) under its current start and
+    /// page offset.
+    pub(crate) fn insert(&mut self, vma: VmaRef, anon: u64) {
+        let old = self.map.insert(key(vma), Entry { vma, anon });
+        debug_assert!(old.is_none(), "two VMAs filed under one rmap key");
+    }
+
+    /// Unlinks `vma` (filed under its current start and page offset).
+    /// Returns whether it was there.
+    pub(crate) fn remove(&mut self, vma: VmaRef) -> bool {
+        let k = key(vma);
+        if self.map.get(&k).is_some_and(|e| e.vma == vma) {
+            self.map.remove(&k);
+            return true;
+        }
+        // Filed under an out-of-date key (a start moved without a re-key,
+        // which is a bug caught by the debug assertion in `walk`): find it
+        // the slow way rather than leave a stale entry behind.
+        debug_assert!(false, "rmap entry of {vma:?} filed under a stale key");
+        let stale = self.map.iter().find(|(_, e)| e.vma == vma).map(|(k, _)| *k);
+        stale.is_some_and(|k| self.map.remove(&k).is_some())
+    }
+
+    /// Re-files `vma` from its old start and page offset under its
+    /// current ones (after its start moved; Linux's interval-tree pre/post
+    /// update).
+    pub(crate) fn rekey(&mut self, vma: VmaRef, old_start: u64, old_pgoff: u64) {
+        let old = (old_pgoff, vma.mm_id(), old_start);
+        if let Some(e) = self.map.remove(&old) {
+            debug_assert!(e.vma == vma);
+            let clash = self.map.insert(key(vma), e);
+            debug_assert!(clash.is_none(), "two VMAs filed under one rmap key");
+        }
+    }
+
+    /// Every place page index `pgoff` of the family may be mapped: each
+    /// linked VMA whose `[vm_pgoff, vm_pgoff + pages)` holds `pgoff`, with
+    /// the address of that page in it. The caller holds the root's lock
+    /// (it has `&self` through the guard), so starts and page offsets are
+    /// stable; each VMA's end is read once and may be the end before or
+    /// after a concurrent end-only move.
+    pub(crate) fn walk(&self, pgoff: u64) -> Vec<RmapHit> {
+        let mut out = Vec::new();
+        for (&(key, _, _), e) in self.map.range(..=(pgoff, u64::MAX, u64::MAX)) {
+            let v = e.vma;
+            let start = v.start();
+            let vpgoff = v.pgoff();
+            debug_assert_eq!(key, vpgoff, "rmap key out of date for {v:?}");
+            let end = v.end();
+            if end <= start || vpgoff > pgoff {
+                continue;
+            }
+            if pgoff - vpgoff < pages(end - start) {
+                out.push(RmapHit {
+                    mm_id: v.mm_id(),
+                    addr: start + ((pgoff - vpgoff) << PAGE_SHIFT),
+                    anon_vma: e.anon,
+                });
+            }
+        }
+        out
     }
 }
 
 impl core::fmt::Debug for AnonVma {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "AnonVma({})", self.id)
+        write!(
+            f,
+            "AnonVma({}, root {}, chain {})",
+            self.id, self.root.id, self.depth
+        )
+    }
+}
+
+impl core::fmt::Debug for AnonRoot {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "AnonRoot({})", self.id)
     }
 }

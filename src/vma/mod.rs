@@ -22,12 +22,14 @@ pub mod anon;
 pub mod lock;
 mod pool;
 
-pub use anon::AnonVma;
+pub(crate) use anon::RmapIndex;
+pub use anon::{AnonRoot, AnonVma, RmapHit};
 pub(crate) use pool::{VmaPool, VmaRef};
 
 use crate::addr::{Range, PAGE_SHIFT};
 use crate::mm::Prot;
 use crate::phys::{FrameAllocator, Pfn};
+use crate::stats::StatCounters;
 use crate::sync::{Arc, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use bitflags::bitflags;
 use lock::VmaLock;
@@ -220,6 +222,11 @@ impl Vma {
         self.pgoff.store(pgoff, Ordering::Relaxed);
     }
 
+    /// Moves only the end (start and page offset stay).
+    pub(crate) fn set_end(&self, end: u64) {
+        self.end.store(end, Ordering::Relaxed);
+    }
+
     pub(crate) fn set_flags(&self, f: VmFlags) {
         self.flags.store(f.bits(), Ordering::Relaxed);
     }
@@ -234,9 +241,10 @@ impl Vma {
     pub(crate) fn anon_vma(&self) -> Option<&AnonVma> {
         let p = self.anon_vma.load(Ordering::Acquire);
         // SAFETY: a non-null pointer came from `Arc::into_raw` in
-        // `set_anon_vma`/`install_anon_vma`; that strong count is released
-        // only by `clear_backing`, which runs while the VMA is detached and
-        // so not held by our caller (see the method's contract).
+        // `link_anon_held`/`install_anon_vma`; that strong count is
+        // released only by `unlink_anon_held`, which runs while the VMA is
+        // write-locked or detached and so not held by our caller (see the
+        // method's contract).
         unsafe { p.as_ref() }
     }
 
@@ -255,21 +263,71 @@ impl Vma {
     }
 
     /// Sets the anon_vma of a VMA nobody else can see (detached) or that
-    /// is write-locked.
+    /// is write-locked, unlinking it from the old family's reverse map and
+    /// linking it into the new one (each under that family's lock, counted
+    /// in `stats` when given).
     pub(crate) fn set_anon_vma(&self, a: Option<Arc<AnonVma>>) {
-        let new = a.map_or(core::ptr::null_mut(), |a| Arc::into_raw(a) as *mut AnonVma);
-        let old = self.anon_vma.swap(new, Ordering::AcqRel);
-        if !old.is_null() {
-            // SAFETY: `old` came from `Arc::into_raw`; the swap took it out
-            // of the VMA, so this is its only release. Readers that could
-            // still use it hold the VMA, which the caller excludes.
-            unsafe { drop(Arc::from_raw(old)) };
+        self.set_anon_vma_counted(a, None);
+    }
+
+    /// [`set_anon_vma`](Self::set_anon_vma), counting lock acquisitions.
+    pub(crate) fn set_anon_vma_counted(
+        &self,
+        a: Option<Arc<AnonVma>>,
+        stats: Option<&StatCounters>,
+    ) {
+        if let Some(old) = self.anon_vma_arc() {
+            let mut idx = old.root().lock(stats);
+            self.unlink_anon_held(&mut idx);
+        }
+        if let Some(a) = a {
+            let root = a.clone();
+            let mut idx = root.root().lock(stats);
+            self.link_anon_held(a, &mut idx);
         }
     }
 
+    /// Links a VMA that has no anon_vma to `a`; the caller holds the lock
+    /// of `a`'s family (`idx`) and has the VMA write-locked or detached.
+    pub(crate) fn link_anon_held(&self, a: Arc<AnonVma>, idx: &mut RmapIndex) {
+        debug_assert!(self.anon_vma().is_none());
+        let id = a.id();
+        let new = Arc::into_raw(a) as *mut AnonVma;
+        self.anon_vma.store(new, Ordering::Release);
+        idx.insert(self.as_ref_unchecked(), id);
+    }
+
+    /// Unlinks the VMA from its anon_vma (if any); the caller holds the
+    /// lock of that anon_vma's family (`idx`) and has the VMA write-locked
+    /// or detached.
+    pub(crate) fn unlink_anon_held(&self, idx: &mut RmapIndex) {
+        let old = self.anon_vma.swap(core::ptr::null_mut(), Ordering::AcqRel);
+        if old.is_null() {
+            return;
+        }
+        let found = idx.remove(self.as_ref_unchecked());
+        debug_assert!(found, "VMA with an anon_vma was not in the rmap");
+        // SAFETY: `old` came from `Arc::into_raw` in `link_anon_held` or
+        // `install_anon_vma`; the swap took it out of the VMA, so this is
+        // its only release. Readers that could still use it hold the VMA
+        // (read lock or mmap_lock), which the caller excludes.
+        unsafe { drop(Arc::from_raw(old)) };
+    }
+
+    /// This object as a `VmaRef`. Only for VMA objects that live in a
+    /// [`VmaPool`] (all of them do: `Vma::new_detached` is called only by
+    /// the pool), which is what makes the reference type-stable.
+    fn as_ref_unchecked(&self) -> VmaRef {
+        VmaRef::from_vma(self)
+    }
+
     /// Fills an empty anon_vma (fault path, racing other faults of the same
-    /// VMA). Returns the anon_vma now installed.
-    pub(crate) fn install_anon_vma(&self, a: Arc<AnonVma>) -> &AnonVma {
+    /// VMA) and links the VMA into the family's reverse map, under the
+    /// family's lock (counted). Returns the anon_vma now installed.
+    pub(crate) fn install_anon_vma(&self, a: Arc<AnonVma>, stats: &StatCounters) -> &AnonVma {
+        let keep = a.clone();
+        let mut idx = keep.root().lock(Some(stats));
+        let id = a.id();
         let new = Arc::into_raw(a) as *mut AnonVma;
         match self.anon_vma.compare_exchange(
             core::ptr::null_mut(),
@@ -277,11 +335,17 @@ impl Vma {
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
-            // SAFETY: we just published `new`; it stays alive while the
-            // VMA holds it (see `anon_vma`).
-            Ok(_) => unsafe { &*new },
+            Ok(_) => {
+                idx.insert(self.as_ref_unchecked(), id);
+                drop(idx);
+                // SAFETY: we just published `new`; it stays alive while the
+                // VMA holds it (see `anon_vma`).
+                unsafe { &*new }
+            }
             Err(existing) => {
-                // SAFETY: `new` was never published; we own its count.
+                drop(idx);
+                // SAFETY: `new` was never published; we own its count (the
+                // guard borrowed from it was dropped just above).
                 unsafe { drop(Arc::from_raw(new)) };
                 // SAFETY: `existing` is non-null and owned by the VMA.
                 unsafe { &*existing }

@@ -25,6 +25,14 @@ unsafe impl Send for VmaRef {}
 // SAFETY: as for Send.
 unsafe impl Sync for VmaRef {}
 
+impl VmaRef {
+    /// The handle of a VMA object; `v` must live in a [`VmaPool`] (every
+    /// `Vma` does: only the pool creates them).
+    pub(crate) fn from_vma(v: &Vma) -> VmaRef {
+        VmaRef(NonNull::from(v))
+    }
+}
+
 impl core::ops::Deref for VmaRef {
     type Target = Vma;
     #[inline]
