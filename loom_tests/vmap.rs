@@ -22,7 +22,6 @@ fn remote_alloc_vs_lazy_purge() {
                 mode: Mode::PerCpu,
                 zones: 2,
                 lazy_max_bytes: PAGE_SIZE,
-                deferred_reclaim: true,
             })
             .unwrap(),
         );

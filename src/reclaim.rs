@@ -5,12 +5,15 @@
 //! *retire* that memory instead of freeing it; it is freed once no reader
 //! that could have seen it is still running.
 //!
-//! Two policies share one interface, chosen at run time per structure:
+//! Three policies share one interface, chosen at run time per structure:
 //! - [`Reclaimer::epoch`]: crossbeam-epoch, the production policy.
 //! - [`Reclaimer::deferred`]: keep everything retired until the owner is
 //!   dropped. Trivially safe, and tiny for loom: models that are not about
 //!   reclamation use it so that epoch's internals do not explode their state
 //!   space.
+//! - [`Reclaimer::immediate`]: free at once, for structures that have no
+//!   lock-free readers at all (every reader holds the writer's lock), such
+//!   as the vmap allocator's zone trees.
 
 use crate::sync::{epoch, Mutex};
 
@@ -20,7 +23,7 @@ pub enum Guard {
     /// An epoch pin.
     Epoch(epoch::Guard),
     /// No pin is needed: the deferred policy frees nothing before its owner
-    /// is dropped.
+    /// is dropped, and the immediate one has no lock-free readers.
     Deferred,
 }
 
@@ -51,6 +54,7 @@ pub struct Reclaimer {
 enum Kind {
     Epoch,
     Deferred(Mutex<Vec<Deferred>>),
+    Immediate,
 }
 
 impl core::fmt::Debug for Reclaimer {
@@ -58,6 +62,7 @@ impl core::fmt::Debug for Reclaimer {
         f.write_str(match self.kind {
             Kind::Epoch => "Reclaimer::Epoch",
             Kind::Deferred(_) => "Reclaimer::Deferred",
+            Kind::Immediate => "Reclaimer::Immediate",
         })
     }
 }
@@ -81,6 +86,18 @@ impl Reclaimer {
         }
     }
 
+    /// Free retired memory at once.
+    ///
+    /// # Safety
+    /// Only for a structure whose every reader is serialized with its
+    /// writers (holds the same lock): a lock-free reader could still be
+    /// using what a writer retires, and would read freed memory.
+    pub unsafe fn immediate() -> Self {
+        Reclaimer {
+            kind: Kind::Immediate,
+        }
+    }
+
     /// True for the epoch policy.
     pub fn is_epoch(&self) -> bool {
         matches!(self.kind, Kind::Epoch)
@@ -92,7 +109,7 @@ impl Reclaimer {
     pub fn pin(&self) -> Guard {
         match self.kind {
             Kind::Epoch => Guard::Epoch(epoch::pin()),
-            Kind::Deferred(_) => Guard::Deferred,
+            Kind::Deferred(_) | Kind::Immediate => Guard::Deferred,
         }
     }
 
@@ -103,6 +120,8 @@ impl Reclaimer {
             (Kind::Epoch, Guard::Epoch(g)) => g.defer(free),
             (Kind::Epoch, Guard::Deferred) => epoch::pin().defer(free),
             (Kind::Deferred(list), _) => list.lock().push(Box::new(free)),
+            // No reader can hold what was retired (see `immediate`).
+            (Kind::Immediate, _) => free(),
         }
     }
 
@@ -168,6 +187,19 @@ mod tests {
         });
         assert_eq!(n.load(Ordering::SeqCst), 0);
         drop(r);
+        assert_eq!(n.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn immediate_frees_at_once() {
+        let n = Arc::new(AtomicUsize::new(0));
+        // SAFETY: nothing reads what is retired here.
+        let r = unsafe { Reclaimer::immediate() };
+        let g = r.pin();
+        let n2 = n.clone();
+        r.defer(&g, move || {
+            n2.fetch_add(1, Ordering::SeqCst);
+        });
         assert_eq!(n.load(Ordering::SeqCst), 1);
     }
 

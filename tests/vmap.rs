@@ -20,7 +20,6 @@ fn vmap(zones: usize, lazy_max: u64) -> Vmap {
         },
         zones,
         lazy_max_bytes: lazy_max,
-        deferred_reclaim: false,
     })
     .unwrap()
 }

@@ -67,9 +67,6 @@ pub struct VmapConfig {
     /// scaled like Linux's `lazy_max_pages`: log2(CPUs) x 32 MiB, split
     /// over the zones).
     pub lazy_max_bytes: u64,
-    /// Deferred reclamation for the zone trees (loom models only).
-    #[doc(hidden)]
-    pub deferred_reclaim: bool,
 }
 
 impl Default for VmapConfig {
@@ -82,7 +79,6 @@ impl Default for VmapConfig {
             mode: Mode::PerCpu,
             zones: cpus,
             lazy_max_bytes: (log * (32 << 20) / cpus as u64).max(1 << 20),
-            deferred_reclaim: false,
         }
     }
 }
@@ -98,6 +94,8 @@ pub enum AreaState {
 
 struct Zone {
     range: Range,
+    /// Busy and lazy areas. Never read outside the zone's lock: its
+    /// reclaimer frees replaced nodes at once.
     tree: RangeTree<AreaState>,
     lazy: Vec<Range>,
     lazy_bytes: u64,
@@ -166,11 +164,10 @@ impl Vmap {
             .filter_map(|i| {
                 let s = w.start + i * zone_size;
                 (s < w.end).then(|| {
-                    let tree = if cfg.deferred_reclaim {
-                        RangeTree::with_reclaimer(Reclaimer::deferred())
-                    } else {
-                        RangeTree::new()
-                    };
+                    // SAFETY: a zone's tree is read and written only under
+                    // the zone's lock (`fit`, `free`, `purge`, `areas`), so
+                    // it has no lock-free readers and may free at once.
+                    let tree = RangeTree::with_reclaimer(unsafe { Reclaimer::immediate() });
                     CachePadded::new(Mutex::new(Zone {
                         range: Range::new(s, (s + zone_size).min(w.end)),
                         tree,
@@ -342,7 +339,6 @@ mod tests {
             mode,
             zones,
             lazy_max_bytes: lazy_max,
-            deferred_reclaim: false,
         })
         .unwrap()
     }
