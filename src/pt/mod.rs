@@ -571,7 +571,10 @@ impl PageTable {
             return;
         }
         let span = entry_span(level);
-        for i in 0..ENTRIES {
+        // Only the entries whose span meets `r`.
+        let first = (r.start.saturating_sub(base) / span).min(ENTRIES as u64) as usize;
+        let last = (r.end.saturating_sub(base).div_ceil(span)).min(ENTRIES as u64) as usize;
+        for i in first..last {
             let lo = base + i as u64 * span;
             let hi = lo.saturating_add(span);
             if hi <= r.start || lo >= r.end {
