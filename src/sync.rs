@@ -64,14 +64,6 @@ mod imp {
         std::hint::spin_loop();
     }
 
-    /// Releases a write lock by handing it to the threads queued for it,
-    /// if any, instead of letting the releasing thread take it straight
-    /// back (Linux's rwsem grants the lock to queued waiters at release).
-    #[inline]
-    pub fn write_unlock_fair<T>(g: RwLockWriteGuard<'_, T>) {
-        parking_lot::RwLockWriteGuard::unlock_fair(g);
-    }
-
     /// Waits until `done()` holds: spins briefly, then yields the CPU.
     /// Used where the awaited party runs a short, non-blocking section
     /// (a reader inside a VMA, a fault finishing a PTE install).
@@ -172,12 +164,6 @@ mod imp {
     #[inline(always)]
     pub fn spin_hint() {
         loom::thread::yield_now();
-    }
-
-    /// Releases a write lock (loom explores every hand-off anyway).
-    #[inline]
-    pub fn write_unlock_fair<T>(g: RwLockWriteGuard<'_, T>) {
-        drop(g);
     }
 
     /// Waits until `done()` holds, yielding to loom's scheduler each try.

@@ -12,9 +12,7 @@
 //! lock must never block on the mmap_lock (the writer may be waiting for
 //! that very VMA); it may only try-lock it.
 
-use crate::sync::{
-    write_unlock_fair, AtomicU32, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard,
-};
+use crate::sync::{AtomicU32, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use core::ops::{Deref, DerefMut};
 
 /// An address space's lock sequence (`mm->mm_lock_seq`).
@@ -135,13 +133,9 @@ impl<'a, T> MmapWriteGuard<'a, T> {
 
 impl<T> Drop for MmapWriteGuard<'_, T> {
     fn drop(&mut self) {
-        // Release every VMA locked in this section, then the lock itself,
-        // handing it to queued threads: a writer in a loop must not starve
-        // the faults that wait on the read side (the MmapLock baseline).
+        // Release every VMA locked in this section, then the lock itself.
         self.seq.write_end();
-        if let Some(g) = self.g.take() {
-            write_unlock_fair(g);
-        }
+        drop(self.g.take());
     }
 }
 
