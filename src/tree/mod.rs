@@ -724,27 +724,20 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
             .store(root as *mut Node<V>, Ordering::Release);
         let len = self.tree.len.load(Ordering::Relaxed) as isize + delta;
         self.tree.len.store(len as usize, Ordering::Relaxed);
-        if ed.garbage.is_empty() {
+        let garbage = ed.finish();
+        if garbage.is_empty() {
             return;
         }
-        // One deferred free per edit (not per node): fewer entries for the
-        // epoch collector, which readers run when they pin.
-        let garbage = node::Garbage(ed.garbage);
+        // One deferred step per edit (not per node), and a cheap one: it
+        // only hands the batch back to the writer's node cache.
+        let batch = node::Batch::boxed(garbage);
         let cache = self.tree.cache.clone();
         self.tree.reclaimer.defer(g, move || {
-            let garbage = garbage;
-            for p in garbage.0 {
-                let p = p as *mut Node<V>;
-                // SAFETY: `p` was unlinked by this edit (it is not reachable
-                // from the new root) and this runs only after every reader
-                // pinned before the publish is gone, so nobody uses it; we
-                // drop only the node itself (its values), not its children,
-                // and hand its memory to the cache, which then owns it.
-                unsafe {
-                    core::ptr::drop_in_place(p);
-                    cache.push(p);
-                }
-            }
+            // SAFETY: the batch's nodes were unlinked by this edit (not
+            // reachable from the new root), and this runs only after every
+            // reader pinned before the publish is gone; the batch is
+            // handed over exactly once.
+            unsafe { cache.push_ready(batch) };
         });
     }
 }

@@ -13,7 +13,7 @@
 //! contents, so a path copy recomputes exactly the path.
 
 use crate::addr::Range;
-use crate::sync::{AtomicPtr, AtomicUsize, Ordering};
+use crate::sync::{AtomicPtr, Mutex, MutexGuard, Ordering};
 
 /// Maximum entries in a leaf / children in an internal node.
 pub(crate) const B: usize = 16;
@@ -58,14 +58,6 @@ pub(crate) struct Summary {
     pub(crate) last: u64,
     pub(crate) gap: u64,
 }
-
-/// Nodes unlinked by one edit, handed to the reclaimer together.
-pub(crate) struct Garbage<V>(pub(crate) Vec<NodePtr<V>>);
-
-// SAFETY: the edit that unlinked these nodes hands over their ownership;
-// freeing them on another thread drops their `V`s there (needs Send) and
-// touches no other node.
-unsafe impl<V: Send> Send for Garbage<V> {}
 
 /// Borrows a node behind a pointer.
 ///
@@ -265,109 +257,136 @@ impl<V> Internal<V> {
 /// Memory of retired nodes kept for reuse by the writer.
 ///
 /// Path copying makes every edit allocate a few nodes and retire as many.
-/// Retired nodes are freed by whoever runs the epoch collector, usually a
-/// reader; with the system allocator that is a cross-thread free for every
-/// node, and the allocator's arena lock then bounces between the writer and
-/// the readers. Instead, the deferred free drops the node in place and
-/// pushes its memory here (one CAS), and the writer takes memory from here
-/// before it asks the allocator.
-///
-/// A stack with many pushers and a single popper (the writer, serialized
-/// by the tree's writer lock) has no ABA problem: a slot leaves the stack
-/// only through that one popper, so the head it read cannot be popped and
-/// pushed back behind its back.
+/// Retired nodes are released by whoever runs the epoch collector, usually
+/// a reader. Freeing them there would be a cross-thread free per node (the
+/// allocator's arena lock then bounces between writer and readers) and
+/// would pull every node's memory into the reader's cache. Instead, the
+/// deferred step only pushes the edit's whole [`Batch`] onto `ready` (one
+/// CAS, no allocation, no node touched); the writer later takes all ready
+/// batches, drops the nodes in place and keeps their memory in `spare`,
+/// from which it builds new nodes before it asks the allocator. The node
+/// memory is thus only ever written by the writer's core.
 pub(crate) struct NodeCache<V> {
-    head: AtomicPtr<FreeSlot>,
-    len: AtomicUsize,
-    _node: core::marker::PhantomData<fn() -> V>,
+    /// Batches whose grace period has passed: any thread pushes, the
+    /// writer takes them all at once.
+    ready: AtomicPtr<Batch<V>>,
+    /// Free node memory (contents already dropped). Only the writer, which
+    /// is serialized by the tree's writer lock, locks this.
+    spare: Mutex<Vec<*mut Node<V>>>,
 }
 
-/// The link stored in the memory of a free node.
-struct FreeSlot {
-    next: *mut FreeSlot,
+/// The nodes one edit unlinked, retired together.
+pub(crate) struct Batch<V> {
+    nodes: Vec<NodePtr<V>>,
+    next: *mut Batch<V>,
 }
+
+impl<V> Batch<V> {
+    /// A heap batch of `nodes`, owned by the returned pointer.
+    pub(crate) fn boxed(nodes: Vec<NodePtr<V>>) -> BatchPtr<V> {
+        BatchPtr(Box::into_raw(Box::new(Batch {
+            nodes,
+            next: core::ptr::null_mut(),
+        })))
+    }
+}
+
+/// An owned batch on its way through the reclaimer.
+pub(crate) struct BatchPtr<V>(*mut Batch<V>);
+
+// SAFETY: the edit that unlinked the nodes hands their ownership over with
+// the batch; whoever ends up dropping them may do so on another thread
+// (needs `V: Send`).
+unsafe impl<V: Send> Send for BatchPtr<V> {}
 
 /// Free nodes kept at most (about 2 MiB with 16-slot nodes).
 const CACHE_MAX: usize = 4096;
 
+/// Releases the memory of a node whose contents were dropped.
+///
+/// # Safety
+/// `p` is an allocation of a `Node<V>` (from `Box`), its value already
+/// dropped, owned by the caller.
+unsafe fn dealloc_node<V>(p: *mut Node<V>) {
+    // SAFETY: `MaybeUninit<Node<V>>` has the layout of `Node<V>`, and its
+    // drop does not touch the (already dropped) contents.
+    drop(unsafe { Box::from_raw(p as *mut core::mem::MaybeUninit<Node<V>>) });
+}
+
 impl<V> NodeCache<V> {
     pub(crate) fn new() -> Self {
         NodeCache {
-            head: AtomicPtr::new(core::ptr::null_mut()),
-            len: AtomicUsize::new(0),
-            _node: core::marker::PhantomData,
+            ready: AtomicPtr::new(core::ptr::null_mut()),
+            spare: Mutex::new(Vec::new()),
         }
     }
 
-    /// Gives back the memory of a node whose contents were dropped.
+    /// Hands back a batch whose nodes no reader can reach any more.
     ///
     /// # Safety
-    /// `p` came from [`Editor::alloc`] or `Box<Node<V>>`, its value has been
-    /// dropped, and nobody else uses or frees it.
-    pub(crate) unsafe fn push(&self, p: *mut Node<V>) {
-        if self.len.load(Ordering::Relaxed) >= CACHE_MAX {
-            // SAFETY: `p` is an allocation of a `Node<V>` (layout equal to
-            // `MaybeUninit<Node<V>>`) owned by us, its value already dropped.
-            drop(unsafe { Box::from_raw(p as *mut core::mem::MaybeUninit<Node<V>>) });
-            return;
-        }
-        let slot = p as *mut FreeSlot;
-        let mut head = self.head.load(Ordering::Relaxed);
+    /// `b` came from [`Batch::boxed`]; its nodes are unlinked from the tree
+    /// and their grace period has passed; nobody else uses the batch.
+    pub(crate) unsafe fn push_ready(&self, b: BatchPtr<V>) {
+        let b = b.0;
+        let mut head = self.ready.load(Ordering::Relaxed);
         loop {
-            // SAFETY: we own the memory (see above); a node is larger and
-            // at least as aligned as a `FreeSlot`.
-            unsafe { slot.write(FreeSlot { next: head }) };
-            // Release: the link is written before the slot is visible.
+            // SAFETY: we own the batch until the CAS below publishes it.
+            unsafe { (*b).next = head };
+            // Release: the link is written before the batch is visible.
             match self
-                .head
-                .compare_exchange_weak(head, slot, Ordering::Release, Ordering::Relaxed)
+                .ready
+                .compare_exchange_weak(head, b, Ordering::Release, Ordering::Relaxed)
             {
-                Ok(_) => break,
+                Ok(_) => return,
                 Err(h) => head = h,
             }
         }
-        self.len.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Takes memory for one node (writer only: callers are serialized).
-    fn pop(&self) -> Option<*mut Node<V>> {
-        let mut head = self.head.load(Ordering::Acquire);
-        while !head.is_null() {
-            // SAFETY: `head` is on the stack and only this (single) popper
-            // takes slots off it, so its memory stays a free slot whose link
-            // was published by the pusher's Release CAS we acquired.
-            let next = unsafe { (*head).next };
-            match self
-                .head
-                .compare_exchange_weak(head, next, Ordering::Acquire, Ordering::Acquire)
-            {
-                Ok(_) => {
-                    self.len.fetch_sub(1, Ordering::Relaxed);
-                    return Some(head as *mut Node<V>);
+    /// Moves every ready batch into `spare`, dropping the nodes' contents.
+    fn refill(&self, spare: &mut Vec<*mut Node<V>>) {
+        // Acquire: pairs with the Release of `push_ready`.
+        let mut b = self.ready.swap(core::ptr::null_mut(), Ordering::Acquire);
+        while !b.is_null() {
+            // SAFETY: the swap took the whole list; each batch came from
+            // `Batch::boxed` and was handed over by `push_ready`.
+            let batch = unsafe { Box::from_raw(b) };
+            b = batch.next;
+            for &p in &batch.nodes {
+                let p = p as *mut Node<V>;
+                // SAFETY: the batch's nodes are past their grace period
+                // and owned by us (see `push_ready`); each is dropped once,
+                // then its memory is kept or released.
+                unsafe {
+                    core::ptr::drop_in_place(p);
+                    if spare.len() < CACHE_MAX {
+                        spare.push(p);
+                    } else {
+                        dealloc_node(p);
+                    }
                 }
-                Err(h) => head = h,
             }
         }
-        None
     }
 }
 
 impl<V> Drop for NodeCache<V> {
     fn drop(&mut self) {
-        while let Some(p) = self.pop() {
-            // SAFETY: every slot on the stack is the memory of a dropped
-            // node, owned by the cache.
-            drop(unsafe { Box::from_raw(p as *mut core::mem::MaybeUninit<Node<V>>) });
+        let mut spare = core::mem::take(&mut *self.spare.lock());
+        self.refill(&mut spare);
+        for p in spare {
+            // SAFETY: spare memory holds dropped nodes owned by the cache.
+            unsafe { dealloc_node(p) };
         }
     }
 }
 
-// SAFETY: the cache holds only raw memory (no `V` values); pushing from any
-// thread and popping from the serialized writer are synchronized by the CAS
-// on `head`.
-unsafe impl<V> Send for NodeCache<V> {}
+// SAFETY: the cache holds raw node memory whose contents were dropped, and
+// batches of retired nodes whose `V`s it drops (needs `V: Send`); `ready` is
+// synchronized by its CAS/swap, `spare` by its mutex.
+unsafe impl<V: Send> Send for NodeCache<V> {}
 // SAFETY: as for Send.
-unsafe impl<V> Sync for NodeCache<V> {}
+unsafe impl<V: Send> Sync for NodeCache<V> {}
 
 /// Splits a list into nodes of at most `B` items, as evenly as possible.
 fn chunks<T: Clone>(items: &[T]) -> Vec<Vec<T>> {
@@ -388,21 +407,32 @@ fn chunks<T: Clone>(items: &[T]) -> Vec<Vec<T>> {
 pub(crate) struct Editor<'c, V> {
     pub(crate) garbage: Vec<NodePtr<V>>,
     cache: &'c NodeCache<V>,
+    spare: MutexGuard<'c, Vec<*mut Node<V>>>,
 }
 
 impl<'c, V: Clone> Editor<'c, V> {
+    /// An edit by the tree's (single, serialized) writer.
     pub(crate) fn new(cache: &'c NodeCache<V>) -> Self {
         Editor {
             garbage: Vec::new(),
             cache,
+            spare: cache.spare.lock(),
         }
+    }
+
+    /// Ends the edit: the nodes it replaced.
+    pub(crate) fn finish(self) -> Vec<NodePtr<V>> {
+        self.garbage
     }
 
     /// Places a new node (in recycled memory when there is some) and
     /// returns its pointer and summary.
     fn publish_node(&mut self, n: Node<V>) -> (NodePtr<V>, Summary) {
         let s = n.summary();
-        let p = match self.cache.pop() {
+        if self.spare.is_empty() {
+            self.cache.refill(&mut self.spare);
+        }
+        let p = match self.spare.pop() {
             Some(p) => {
                 // SAFETY: `p` is free memory of a `Node<V>` handed to us by
                 // the cache; writing initializes it.
