@@ -89,7 +89,11 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
 
 /// The per-VMA attempt: `Err(reason)` means "retry under the mmap_lock".
 fn per_vma(mm: &AddressSpace, addr: u64, access: Access) -> Result<Result<(), FaultError>, Event> {
-    let vma = lock_vma_under_rcu(mm, addr)?;
+    // One epoch pin for the whole fault: the page-table walk below pins
+    // again, and a nested pin is only a counter increment (a fresh one
+    // costs a full fence).
+    let g = mm.tree.pin();
+    let vma = lock_vma_under_rcu(mm, addr, &g)?;
     if !access_ok(vma.flags(), access) {
         vma.lock.read_unlock();
         return Ok(Err(count_failure(mm, FaultError::AccessDenied)));
@@ -108,12 +112,15 @@ fn per_vma(mm: &AddressSpace, addr: u64, access: Access) -> Result<Result<(), Fa
 
 /// Finds and read-locks the VMA covering `addr` without the mmap_lock
 /// (Linux's `lock_vma_under_rcu`).
-fn lock_vma_under_rcu(mm: &AddressSpace, addr: u64) -> Result<VmaRef, Event> {
-    let g = mm.tree.pin();
+fn lock_vma_under_rcu(
+    mm: &AddressSpace,
+    addr: u64,
+    g: &crate::reclaim::Guard,
+) -> Result<VmaRef, Event> {
     let seq = mm.mmap_lock.seq();
     let mut rewalks = 0;
     let vma = loop {
-        let Some((_, v)) = mm.tree.find(addr, &g) else {
+        let Some((_, v)) = mm.tree.find(addr, g) else {
             return Err(Event::retry_no_vma);
         };
         let v = *v;
