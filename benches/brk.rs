@@ -7,9 +7,12 @@
 
 #[path = "common/brk_workload.rs"]
 mod brk_workload;
+#[path = "common/machine.rs"]
+mod machine;
 
-use brk_workload::{default_children, run, Params};
+use brk_workload::{run, Params};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use machine::thread_counts;
 use std::time::Duration;
 
 const JOBS_PER_CHILD: u64 = 2000;
@@ -19,7 +22,7 @@ fn brk(c: &mut Criterion) {
     g.sample_size(10)
         .measurement_time(Duration::from_secs(3))
         .warm_up_time(Duration::from_millis(500));
-    for k in default_children() {
+    for k in thread_counts() {
         for fast_path in [false, true] {
             g.throughput(Throughput::Elements(JOBS_PER_CHILD * k as u64));
             let id = BenchmarkId::new(

@@ -17,8 +17,11 @@
 
 #[path = "../benches/common/brk_workload.rs"]
 mod brk_workload;
+#[path = "../benches/common/machine.rs"]
+mod machine;
 
-use brk_workload::{default_children, run, Params, Sample};
+use brk_workload::{run, Params, Sample};
+use machine::thread_counts;
 use std::time::Duration;
 
 struct Args {
@@ -35,7 +38,7 @@ fn usage() -> ! {
 
 fn parse() -> Args {
     let mut a = Args {
-        children: default_children(),
+        children: thread_counts(),
         secs: 2.0,
         reps: 3,
         grow: 4,

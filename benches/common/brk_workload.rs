@@ -13,19 +13,6 @@ use std::time::{Duration, Instant};
 
 const PAGE: u64 = 4096;
 
-/// Children counts 1, 2, 4, ... up to the core count.
-pub fn default_children() -> Vec<usize> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut v = vec![];
-    let mut k = 1;
-    while k < cores {
-        v.push(k);
-        k *= 2;
-    }
-    v.push(cores);
-    v
-}
-
 /// One run's settings.
 #[derive(Clone, Debug)]
 pub struct Params {
