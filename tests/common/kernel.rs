@@ -232,7 +232,8 @@ impl KernelTarget {
         let mut a = addr;
         let end = addr.checked_add(len as u64).ok_or(libc::EFAULT)?;
         while a < end {
-            let n = ((a / PAGE + 1) * PAGE).min(end) - a;
+            // The next page boundary (saturating in the last page of u64).
+            let n = (a / PAGE + 1).saturating_mul(PAGE).min(end) - a;
             if !each(self, a, (a - addr) as usize, n as usize) {
                 return Err(libc::EFAULT);
             }
