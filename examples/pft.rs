@@ -98,8 +98,9 @@ struct Point {
 
 /// MiB per thread that makes a one-thread point take about 0.2 s: one
 /// probe run of 16 MiB through the per-VMA path, scaled, clamped to
-/// 8..=1024 MiB.
-fn calibrate(zero: bool) -> u64 {
+/// 8..=1024 MiB, and to what lets `max_threads` threads fit in half of the
+/// memory available now (frames are real memory).
+fn calibrate(zero: bool, max_threads: usize) -> u64 {
     const PROBE_MIB: u64 = 16;
     let pool = Workers::new(1, false);
     let s = pool.run(Params {
@@ -110,12 +111,26 @@ fn calibrate(zero: bool) -> u64 {
         bytes_per_thread: PROBE_MIB << 20,
         zero,
     });
-    ((PROBE_MIB as f64 * 0.2 / s.wall.max(1e-6)) as u64).clamp(8, 1024)
+    let fit = available_mib().map_or(1024, |m| m / 2 / max_threads.max(1) as u64);
+    ((PROBE_MIB as f64 * 0.2 / s.wall.max(1e-6)) as u64)
+        .clamp(8, 1024)
+        .min(fit.max(8))
+}
+
+/// `MemAvailable` from /proc/meminfo, in MiB.
+fn available_mib() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
 }
 
 fn main() {
     let mut args = parse();
-    let mib = *args.mib.get_or_insert_with(|| calibrate(args.zero));
+    let max_threads = args.threads.iter().copied().max().unwrap_or(1);
+    let mib = *args
+        .mib
+        .get_or_insert_with(|| calibrate(args.zero, max_threads));
     println!(
         "pft on {} ({} MiB per thread per rep, {} reps, zeroing {})",
         machine(),
