@@ -299,8 +299,10 @@ pub(crate) struct BatchPtr<V>(*mut Batch<V>);
 // (needs `V: Send`).
 unsafe impl<V: Send> Send for BatchPtr<V> {}
 
-/// Free nodes kept at most (about 2 MiB with 16-slot nodes).
-const CACHE_MAX: usize = 4096;
+/// Free nodes kept at most per tree (about 270 KiB with 16-slot nodes):
+/// enough for the garbage of a few hundred edits in flight, small enough
+/// that many idle address spaces (fork children) hold little.
+const CACHE_MAX: usize = 512;
 
 /// Releases the memory of a node whose contents were dropped.
 ///
