@@ -97,8 +97,29 @@ struct Zone {
     /// Busy and lazy areas. Never read outside the zone's lock: its
     /// reclaimer frees replaced nodes at once.
     tree: RangeTree<AreaState>,
-    lazy: Vec<Range>,
-    lazy_bytes: u64,
+    /// What the lazy areas (in the tree) add up to.
+    lazy: LazySummary,
+}
+
+/// A zone's lazily freed areas, summed: all a purge needs besides the tree
+/// (which holds the areas themselves).
+#[derive(Default)]
+struct LazySummary {
+    areas: usize,
+    bytes: u64,
+    /// The span covering them all (the purge's TLB flush range).
+    span: Option<Range>,
+}
+
+impl LazySummary {
+    fn add(&mut self, r: Range) {
+        self.areas += 1;
+        self.bytes += r.len();
+        self.span = Some(match self.span {
+            Some(s) => Range::new(s.start.min(r.start), s.end.max(r.end)),
+            None => r,
+        });
+    }
 }
 
 /// Counters of a [`Vmap`].
@@ -171,8 +192,7 @@ impl Vmap {
                     CachePadded::new(Mutex::new(Zone {
                         range: Range::new(s, (s + zone_size).min(w.end)),
                         tree,
-                        lazy: Vec::new(),
-                        lazy_bytes: 0,
+                        lazy: LazySummary::default(),
                     }))
                 })
             })
@@ -216,7 +236,7 @@ impl Vmap {
                 let i = (home + k) % self.zones.len();
                 let mut z = self.zones[i].lock();
                 let found = Self::fit(&z, size, align).or_else(|| {
-                    if pass == 1 && !z.lazy.is_empty() {
+                    if pass == 1 && z.lazy.areas > 0 {
                         self.purge(&mut z);
                         Self::fit(&z, size, align)
                     } else {
@@ -265,10 +285,9 @@ impl Vmap {
             }
         }
         z.tree.writer().store(r, AreaState::Lazy);
-        z.lazy.push(r);
-        z.lazy_bytes += r.len();
+        z.lazy.add(r);
         self.stats.local().frees.fetch_add(1, Ordering::Relaxed);
-        if z.lazy_bytes > self.lazy_max {
+        if z.lazy.bytes > self.lazy_max {
             self.purge(&mut z);
         }
         Ok(())
@@ -285,21 +304,18 @@ impl Vmap {
     /// One TLB flush over the span of the zone's lazy areas, then they
     /// become free.
     fn purge(&self, z: &mut Zone) {
-        if z.lazy.is_empty() {
+        let Some(span) = z.lazy.span else {
             return;
-        }
-        let lo = z.lazy.iter().map(|r| r.start).min().expect("non-empty");
-        let hi = z.lazy.iter().map(|r| r.end).max().expect("non-empty");
+        };
         // The flush comes first: only after it may the addresses be reused.
         let c = self.stats.local();
         c.purges.fetch_add(1, Ordering::Relaxed);
-        c.flushed.fetch_add(hi - lo, Ordering::Relaxed);
-        c.purged.fetch_add(z.lazy.len() as u64, Ordering::Relaxed);
+        c.flushed.fetch_add(span.len(), Ordering::Relaxed);
+        c.purged.fetch_add(z.lazy.areas as u64, Ordering::Relaxed);
         // One rebuild of the zone's tree instead of one edit per area.
         let purged = z.tree.writer().retain(|_, s| *s == AreaState::Busy);
-        debug_assert_eq!(purged, z.lazy.len());
-        z.lazy.clear();
-        z.lazy_bytes = 0;
+        debug_assert_eq!(purged, z.lazy.areas);
+        z.lazy = LazySummary::default();
     }
 
     /// Every busy and lazy area, in address order (free space is the
