@@ -1617,6 +1617,42 @@ fn brk_grows_shrinks_keeps_data_and_fails_with_the_old_break() {
         .all(|v| v.end <= start || v.start >= start + PAGE));
 }
 
+/// aspace only: page tables are host memory here. Unmapping frees the
+/// tables that only the hole used (the walk reaches them through the
+/// unmapped range; the neighbouring VMAs bound what may go), and keeps
+/// the ones a neighbour still maps through.
+#[test]
+fn unmapping_frees_the_page_tables_of_the_hole() {
+    let cfg = Config::default();
+    let start = cfg.brk_start;
+    let mm = AddressSpace::new(cfg);
+    let empty = mm.page_table_bytes();
+    // A lone page far from everything: PUD, PMD and PTE tables.
+    let anon = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED;
+    let far = 0x7e00_0000_0000;
+    mm.mmap(far, PAGE, Prot::READ | Prot::WRITE, anon).unwrap();
+    mm.write(far, b"x").unwrap();
+    let one_page = mm.page_table_bytes();
+    assert!(one_page > empty);
+    mm.munmap(far, PAGE).unwrap();
+    assert_eq!(mm.page_table_bytes(), empty);
+    // The heap crosses into a new PTE table (2 MiB) and back: the upper
+    // table goes, the one still holding the heap's first page stays.
+    let table = 2 << 20;
+    assert_eq!(start % table, 0, "test assumes an aligned brk start");
+    mm.brk(start + PAGE).unwrap();
+    mm.write(start, b"low").unwrap();
+    let low = mm.page_table_bytes();
+    mm.brk(start + table + PAGE).unwrap();
+    mm.write(start + table, b"high").unwrap();
+    assert!(mm.page_table_bytes() > low);
+    assert_eq!(mm.brk(start + PAGE), Ok(start + PAGE));
+    assert_eq!(mm.page_table_bytes(), low);
+    let mut buf = [0u8; 3];
+    mm.read(start, &mut buf).unwrap();
+    assert_eq!(&buf, b"low");
+}
+
 // ----------------------------------------------- frames and bad input
 
 /// aspace only: every frame comes back once everything is unmapped.

@@ -541,7 +541,9 @@ impl<'a> Edit<'a> {
         let floor = self.prev(r.start).map_or(0, |p| p.end());
         let ceiling = self.find_after(r.start).map_or(u64::MAX, |n| n.start());
         let g = self.mm.pt.pin();
-        self.mm.pt.free_tables(Range::new(floor, ceiling), &g);
+        self.mm
+            .pt
+            .free_tables_within(r, Range::new(floor, ceiling), &g);
     }
 
     /// A gather bound to this address space.

@@ -560,13 +560,23 @@ impl PageTable {
     /// there; lock-free walkers that still might are protected by the
     /// reclaimer.
     pub fn free_tables(&self, r: Range, g: &Guard) {
-        self.free_in(&self.root, LEVELS - 1, 0, r, g);
+        self.free_tables_within(r, r, g);
+    }
+
+    /// Frees the empty table pages on the paths to `r` whose whole span
+    /// lies inside `limits` (which holds `r`): Linux's `free_pgtables` with
+    /// `limits` as its floor and ceiling. Only entries meeting `r` are
+    /// visited, so unmapping a page below a huge gap costs a walk, not a
+    /// scan of the gap. The caller guarantees no VMA covers `limits`.
+    pub fn free_tables_within(&self, r: Range, limits: Range, g: &Guard) {
+        debug_assert!(limits.start <= r.start && r.end <= limits.end);
+        self.free_in(&self.root, LEVELS - 1, 0, r, limits, g);
     }
 
     /// Frees empty child tables of `t` (at `level`, covering addresses from
-    /// `base`) that lie inside `r`. Returns nothing; the caller checks
+    /// `base`) that meet `r` and lie inside `limits`. The caller checks
     /// emptiness of `t` itself.
-    fn free_in(&self, t: &Table, level: u32, base: u64, r: Range, g: &Guard) {
+    fn free_in(&self, t: &Table, level: u32, base: u64, r: Range, limits: Range, g: &Guard) {
         if level == 0 {
             return;
         }
@@ -584,8 +594,8 @@ impl PageTable {
             let Some(child) = self.child(e, g) else {
                 continue;
             };
-            self.free_in(child, level - 1, lo, r, g);
-            if lo >= r.start && hi <= r.end && child.is_empty() {
+            self.free_in(child, level - 1, lo, r, limits, g);
+            if lo >= limits.start && hi <= limits.end && child.is_empty() {
                 let v = e.swap(0, Ordering::AcqRel);
                 t.used.fetch_sub(1, Ordering::Relaxed);
                 self.tables
@@ -674,6 +684,33 @@ mod tests {
         assert_eq!(zapped, vec![(va, 42)]);
         assert_eq!(p.lookup(va, &g), Pte::NONE);
         p.free_tables(Range::new(0, 1 << 47), &g);
+        assert_eq!(p.table_pages(), 1);
+    }
+
+    #[test]
+    fn free_tables_within_frees_only_tables_inside_the_limits() {
+        let p = pt();
+        let g = p.pin();
+        // Two pages in one PTE table, 2 MiB-aligned table at `base`.
+        let base = 0x7f00_0000_0000;
+        let (a, b) = (base + PAGE_SIZE, base + 7 * PAGE_SIZE);
+        p.install(a, Pte::new(1, PteFlags::USER), &g).unwrap();
+        p.install(b, Pte::new(2, PteFlags::USER), &g).unwrap();
+        assert_eq!(p.table_pages(), 4);
+        p.zap_range(Range::new(b, b + PAGE_SIZE), &g, |_, _| {});
+        // The PTE table still maps `a`: nothing is freed however wide the
+        // limits.
+        p.free_tables_within(Range::new(b, b + PAGE_SIZE), Range::new(0, 1 << 47), &g);
+        assert_eq!(p.table_pages(), 4);
+        p.zap_range(Range::new(a, a + PAGE_SIZE), &g, |_, _| {});
+        // Empty now, but limits that stop short of its 2 MiB span (a VMA
+        // below `a` may still use it) keep it.
+        let r = Range::new(a, a + PAGE_SIZE);
+        p.free_tables_within(r, Range::new(a, 1 << 47), &g);
+        assert_eq!(p.table_pages(), 4);
+        // Limits covering the whole hole free the PTE, PMD and PUD tables
+        // on the path, though the walk visits only `r`.
+        p.free_tables_within(r, Range::new(0, 1 << 47), &g);
         assert_eq!(p.table_pages(), 1);
     }
 
