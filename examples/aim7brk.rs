@@ -12,8 +12,10 @@
 //! ```
 //!
 //! Defaults: children 1, 2, 4, ... up to the core count; 2 s per run;
-//! 3 repetitions (the harmonic mean of jobs/min is printed); 4 pages per
-//! job (at most 4096). The default run takes about 2 x 3 x 2 s per row.
+//! 3 repetitions (the harmonic mean of jobs/min is printed, with the range
+//! of the per-repetition on/off ratios); 4 pages per job (at most 4096).
+//! The two modes alternate run by run, so a slow stretch of a shared
+//! machine hits both. The default run takes about 2 x 3 x 2 s per row.
 
 #[path = "../benches/common/brk_workload.rs"]
 mod brk_workload;
@@ -78,36 +80,65 @@ fn parse() -> Args {
     a
 }
 
-/// Harmonic mean of jobs/min over the repetitions, and the summed counts.
-fn measure(args: &Args, children: usize, fast_path: bool) -> (f64, Sample) {
-    let mut inv = 0.0;
-    let mut total = Sample::default();
-    for _ in 0..args.reps {
-        let s = run(&Params {
-            children,
-            fast_path,
-            grow_pages: args.grow,
-            heap_pages: 16,
-            duration: Some(Duration::from_secs_f64(args.secs)),
-            jobs_per_child: None,
-        });
-        inv += 1.0 / s.jobs_per_min().max(1e-9);
-        total.jobs += s.jobs;
-        total.elapsed += s.elapsed;
-        total.lock += s.lock;
-        total.contended += s.contended;
+/// One cell: harmonic mean of jobs/min and summed counts per mode.
+struct Cell {
+    jobs_per_min: f64,
+    total: Sample,
+    inv_sum: f64,
+}
+
+impl Cell {
+    fn new() -> Self {
+        Cell {
+            jobs_per_min: 0.0,
+            total: Sample::default(),
+            inv_sum: 0.0,
+        }
     }
-    (args.reps as f64 / inv, total)
+
+    fn add(&mut self, s: &Sample, reps: usize) {
+        self.inv_sum += 1.0 / s.jobs_per_min().max(1e-9);
+        self.jobs_per_min = reps as f64 / self.inv_sum;
+        self.total.jobs += s.jobs;
+        self.total.elapsed += s.elapsed;
+        self.total.lock += s.lock;
+        self.total.contended += s.contended;
+    }
+}
+
+/// Runs the repetitions of both modes interleaved (off, on, off, on, ...)
+/// so that a slow stretch of a shared machine hits both alike. Returns the
+/// off and on cells and each repetition's on/off ratio.
+fn measure(args: &Args, children: usize) -> (Cell, Cell, Vec<f64>) {
+    let (mut off, mut on) = (Cell::new(), Cell::new());
+    let mut ratios = Vec::new();
+    for rep in 0..args.reps {
+        let mut pair = [0.0; 2];
+        for (i, fast_path) in [false, true].into_iter().enumerate() {
+            let s = run(&Params {
+                children,
+                fast_path,
+                grow_pages: args.grow,
+                heap_pages: 16,
+                duration: Some(Duration::from_secs_f64(args.secs)),
+                jobs_per_child: None,
+            });
+            pair[i] = s.jobs_per_min();
+            if fast_path { &mut on } else { &mut off }.add(&s, rep + 1);
+        }
+        ratios.push(pair[1] / pair[0].max(1e-9));
+    }
+    (off, on, ratios)
 }
 
 fn main() {
     let args = parse();
     println!(
-        "aim7brk: {} pages per job, {:.1} s x {} reps per cell (harmonic mean)",
+        "aim7brk: {} pages per job, {:.1} s x {} reps per cell, off and on interleaved (harmonic mean)",
         args.grow, args.secs, args.reps
     );
     println!(
-        "{:>8} | {:>12} {:>10} {:>10} | {:>12} {:>10} {:>10} | {:>7}",
+        "{:>8} | {:>12} {:>10} {:>10} | {:>12} {:>10} {:>10} | {:>7} {:>13}",
         "children",
         "off jobs/min",
         "locks",
@@ -115,21 +146,25 @@ fn main() {
         "on jobs/min",
         "locks",
         "contended",
-        "on/off"
+        "on/off",
+        "per-rep range"
     );
     for &k in &args.children {
-        let (off, so) = measure(&args, k, false);
-        let (on, sn) = measure(&args, k, true);
+        let (off, on, ratios) = measure(&args, k);
+        let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = ratios.iter().copied().fold(0.0, f64::max);
+        let range = format!("{lo:.2}-{hi:.2}x");
         println!(
-            "{:>8} | {:>12.0} {:>10} {:>10} | {:>12.0} {:>10} {:>10} | {:>6.2}x",
+            "{:>8} | {:>12.0} {:>10} {:>10} | {:>12.0} {:>10} {:>10} | {:>6.2}x {:>13}",
             k,
-            off,
-            so.lock,
-            so.contended,
-            on,
-            sn.lock,
-            sn.contended,
-            on / off
+            off.jobs_per_min,
+            off.total.lock,
+            off.total.contended,
+            on.jobs_per_min,
+            on.total.lock,
+            on.total.contended,
+            on.jobs_per_min / off.jobs_per_min,
+            range
         );
     }
 }
