@@ -124,10 +124,15 @@ fn forking_a_large_address_space_copies_nothing_until_a_write() {
     assert_eq!(&buf, b"data");
     mm.read(a + LEN - PAGE, &mut buf).unwrap();
     assert_eq!(mm.frames_used(), n);
-    // One write copies exactly one frame...
+    // One write copies exactly one frame, under the VMA's own lock (the
+    // copy-on-write fault never falls back to the mmap_lock)...
+    let before = child.stats();
     child.write(a + 5 * PAGE, b"DATA").unwrap();
     assert_eq!(mm.frames_used(), n + 1);
-    assert_eq!(child.stats().cow_copies, 1);
+    let after = child.stats();
+    assert_eq!(after.cow_copies, 1);
+    assert_eq!(after.fault_per_vma - before.fault_per_vma, 1);
+    assert_eq!(after.fault_mmap_lock, before.fault_mmap_lock);
     // ...and the parent's write to that page then reuses its frame, which
     // it now holds alone.
     mm.write(a + 5 * PAGE, b"mine").unwrap();
