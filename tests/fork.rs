@@ -629,3 +629,46 @@ fn fork_while_threads_write_in_the_parent_loses_nothing() {
     mm.munmap(a, PAGES * PAGE).unwrap();
     assert_eq!(mm.frames_used(), 0);
 }
+
+/// With the fast path on, the anon_vma lock is taken where Linux takes it
+/// (a first fault linking a new anon_vma, a split inserting a VMA, a start
+/// moving, a merge removing a VMA) and not where only an end moves with
+/// nothing inserted (mremap growing in place, like brk). With the fast path
+/// off, that end move takes it too.
+#[test]
+fn anon_vma_lock_is_taken_where_linux_takes_it() {
+    for fast_path in [true, false] {
+        let mm = AddressSpace::new(Config {
+            brk_fast_path: fast_path,
+            ..Config::default()
+        });
+        let locks = |f: &dyn Fn()| {
+            let before = mm.stats().anon_vma_lock;
+            f();
+            mm.stats().anon_vma_lock - before
+        };
+        // Mapping takes nothing: no anon_vma until the first write.
+        let a = mm.mmap(0, 8 * PAGE, RW, ANON).unwrap();
+        assert_eq!(mm.stats().anon_vma_lock, 0);
+        assert_eq!(locks(&|| mm.write(a, b"x").unwrap()), 1, "first fault");
+        assert_eq!(locks(&|| mm.write(a + PAGE, b"y").unwrap()), 0);
+        // Unmapping the tail splits the VMA (Linux's munmap does too).
+        assert!(locks(&|| mm.munmap(a + 6 * PAGE, 2 * PAGE).unwrap()) > 0);
+        // Growing in place moves only the end.
+        let grow = locks(&|| {
+            let got = mm.mremap(a, 6 * PAGE, 8 * PAGE, MremapFlags::empty(), 0);
+            assert_eq!(got, Ok(a));
+        });
+        assert_eq!(grow, if fast_path { 0 } else { 1 }, "end-only move");
+        // A split, the merge that undoes it, and a start move all take it.
+        assert!(locks(&|| mm.mprotect(a + PAGE, PAGE, Prot::READ).unwrap()) > 0);
+        assert_eq!(mm.vmas().len(), 3);
+        assert!(locks(&|| mm.mprotect(a + PAGE, PAGE, RW).unwrap()) > 0);
+        assert_eq!(mm.vmas().len(), 1);
+        assert!(locks(&|| mm.munmap(a, PAGE).unwrap()) > 0);
+        // The data followed every change.
+        assert_eq!(byte(&mm, a + PAGE), b'y');
+        assert_eq!(mm.vmas()[0].start, a + PAGE);
+        assert_eq!(mm.vmas()[0].end, a + 8 * PAGE);
+    }
+}
