@@ -21,7 +21,7 @@
 //!    end moves (brk), unless `Config::brk_fast_path` is off.
 //! 5. PTE-page locks (inside [`crate::pt`]), then the frame allocator's
 //!    per-CPU locks.
-//! 5. The TLB model's flush lock (inside `tlb`), taken by each flush,
+//! 6. The TLB model's flush lock (inside `tlb`), taken by each flush,
 //!    under PTE locks when mremap flushes per extent. Its holder waits only
 //!    for user-mode accesses in flight, which take no lock.
 //!
