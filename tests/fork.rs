@@ -672,3 +672,44 @@ fn anon_vma_lock_is_taken_where_linux_takes_it() {
         assert_eq!(mm.vmas()[0].end, a + 8 * PAGE);
     }
 }
+
+/// Found by a long run of `fork_model`: in a child, a VMA without an
+/// anon_vma merges into the next VMA, which has an anon_vma of its own,
+/// while the previous VMA belongs to the parent's family. The merge moves
+/// the next VMA's start, so its reverse-map entry must be re-filed in its
+/// own family, not the previous VMA's.
+#[test]
+fn rmap_follows_a_merge_that_moves_a_start_down() {
+    let mm = AddressSpace::new(Config::default());
+    let base = 0x2000_0000_0000;
+    let at = |p: u64| base + p * PAGE;
+    mm.mmap(base, 16 * PAGE, RW, ANON | MapFlags::FIXED)
+        .unwrap();
+    mm.mprotect(at(10), PAGE, Prot::READ).unwrap();
+    // Pages 0..10 get the parent's anon_vma; the child inherits a chain.
+    mm.write(at(0), b"a").unwrap();
+    let child = mm.fork().unwrap();
+    // The child's [11, 16) gets an anon_vma of a new family.
+    child.write(at(11), b"b").unwrap();
+    // [10, 11) becomes writable and merges into [11, 16) only: [0, 10)'s
+    // chain is not singular, so it does not merge with an anon_vma-less
+    // VMA.
+    child.mprotect(at(7), 4 * PAGE, RW).unwrap();
+    let layout: Vec<(u64, u64)> = child.vmas().iter().map(|v| (v.start, v.end)).collect();
+    assert_eq!(layout, vec![(at(0), at(10)), (at(10), at(16))]);
+    child.write(at(10), b"c").unwrap();
+    for p in [0, 10, 11] {
+        let hits = child.rmap_walk(at(p));
+        assert!(
+            hits.iter()
+                .any(|h| h.mm_id == child.id() && h.addr == at(p)),
+            "page {p}: {hits:?}"
+        );
+    }
+    // The parent is found for its own page 0 only.
+    assert!(child.rmap_walk(at(0)).iter().any(|h| h.mm_id == mm.id()));
+    assert!(child
+        .rmap_walk(at(11))
+        .iter()
+        .all(|h| h.mm_id == child.id()));
+}

@@ -462,11 +462,14 @@ impl<'a> Edit<'a> {
             right = anon_compatible(p.anon_vma(), n.anon_vma());
         }
         self.lock(v);
-        // Every merge here moves pages between VMAs: under the rmap lock.
-        let fam = if left || right {
-            Self::merge_family(&[prev, next], anon.as_ref())
-        } else {
-            None
+        // Every merge here moves pages between VMAs: under the rmap lock of
+        // the family they join. Only the neighbours that merge count: a
+        // neighbour left alone may belong to another family.
+        let fam = match (left, right) {
+            (true, true) => Self::merge_family(&[prev, next], anon.as_ref()),
+            (true, false) => Self::merge_family(&[prev], anon.as_ref()),
+            (false, true) => Self::merge_family(&[next], anon.as_ref()),
+            (false, false) => None,
         };
         match (left, right) {
             (true, true) => {

@@ -235,10 +235,14 @@ impl RmapIndex {
     /// update).
     pub(crate) fn rekey(&mut self, vma: VmaRef, old_start: u64, old_pgoff: u64) {
         let old = (old_pgoff, vma.mm_id(), old_start);
-        if let Some(e) = self.map.remove(&old) {
-            debug_assert!(e.vma == vma);
-            let clash = self.map.insert(key(vma), e);
-            debug_assert!(clash.is_none(), "two VMAs filed under one rmap key");
+        match self.map.remove(&old) {
+            Some(e) => {
+                debug_assert!(e.vma == vma);
+                let clash = self.map.insert(key(vma), e);
+                debug_assert!(clash.is_none(), "two VMAs filed under one rmap key");
+            }
+            // Not filed here: the caller locked another family's map.
+            None => debug_assert!(false, "re-keying {vma:?}, not in this rmap"),
         }
     }
 
