@@ -399,9 +399,10 @@ impl Gen {
                 && new_addr % PAGE == 0
                 && flags & MREMAP_MAYMOVE != 0
             {
-                // Keep a possible destination inside the interior.
+                // Keep a possible destination inside the interior (one
+                // starting past it moves to the interior's start).
                 new_len = match page_align(new_len) {
-                    Some(l) if l != 0 => (self.r.hi - new_addr).min(l),
+                    Some(l) if l != 0 => self.r.hi.saturating_sub(new_addr).min(l),
                     _ => new_len,
                 };
                 if new_len == 0 {
