@@ -1358,6 +1358,39 @@ fn stack_growth_respects_the_guard_gap() {
 }
 
 #[test]
+fn an_access_that_fails_past_a_hole_still_grows_the_stack_below_it() {
+    // Loads and stores go page by page: one that crosses a hole just below
+    // a growsdown VMA grows that VMA, even when the VMA's protection then
+    // fails the access. (Found by kernel_diff, seed 1532.) The mapping
+    // below is itself growsdown, so the guard gap does not apply.
+    on_both(16, |t| {
+        let r = t.region();
+        map(t, 4, 1, RW, ANON | MAP_GROWSDOWN);
+        map(t, 6, 1, PROT_NONE, ANON | MAP_GROWSDOWN);
+        check!(t, load(t, r.page(4), 3 * PAGE), Err(EFAULT));
+        assert_layout(t, &[(4, 5, "rw-p"), (5, 7, "---p")]);
+        map(t, 9, 1, RW, ANON | MAP_GROWSDOWN);
+        map(t, 11, 1, PROT_READ, ANON | MAP_GROWSDOWN);
+        check!(
+            t,
+            t.write(r.page(9), &[7u8; 3 * PAGE as usize]),
+            Err(EFAULT)
+        );
+        assert_layout(
+            t,
+            &[
+                (4, 5, "rw-p"),
+                (5, 7, "---p"),
+                (9, 10, "rw-p"),
+                (10, 12, "r--p"),
+            ],
+        );
+        // The store reached the page before the hole, as a memcpy would.
+        check!(t, load(t, r.page(9), 2), Ok(vec![7u8; 2]));
+    });
+}
+
+#[test]
 fn mremap_grow_in_place_ignores_the_stack_guard_gap() {
     // vma_expandable only checks for an overlapping mapping: the guard gap
     // below a growsdown VMA does not stop mremap.

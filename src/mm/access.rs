@@ -23,9 +23,11 @@ impl AddressSpace {
     }
 
     /// Writes `data` at `addr` like user-mode stores: pages fault in on
-    /// demand. `EFAULT`, writing nothing, if a mapped page in the range is
-    /// not writable; `EFAULT` at the first unmapped page otherwise (the
-    /// pages before it are written, as by a real `memcpy`).
+    /// demand. `EFAULT`, writing nothing, if a page mapped before the first
+    /// hole in the range is not writable. Otherwise `EFAULT` at the first
+    /// page that cannot be written (a hole no stack grows into, or a page
+    /// past the hole without write permission); the pages before it are
+    /// written, as by a real `memcpy`.
     pub fn write(&self, addr: u64, data: &[u8]) -> Result<()> {
         let frames = &self.frames;
         self.copy_user(addr, data.len(), Access::Write, |pfn, off, b, n| {
@@ -78,12 +80,18 @@ impl AddressSpace {
         Ok(())
     }
 
-    /// Fails with `EFAULT` before touching anything if a mapped part of
-    /// `r` forbids `access` (holes are left to the fault path, which may
-    /// grow a stack into them).
+    /// Fails with `EFAULT` before touching anything if the mapped part of
+    /// `r` that the access reaches before its first hole forbids `access`.
+    /// From the first hole on, pages are left to the walk, as a real
+    /// `memcpy` meets them: the fault path may grow a stack into the hole
+    /// (and then fail on that stack's protection), or fail there.
     fn precheck(&self, r: Range, access: Access) -> Result<()> {
         let g = self.tree.pin();
+        let mut next = r.start;
         for (_, v) in self.tree.range(r, &g) {
+            if v.start() > next {
+                break; // a hole: the walk stops or grows a stack there
+            }
             let f = v.flags();
             let ok = match access {
                 Access::Write => f.contains(crate::vma::VmFlags::WRITE),
@@ -92,6 +100,7 @@ impl AddressSpace {
             if !ok {
                 return Err(Error::Fault);
             }
+            next = v.end();
         }
         Ok(())
     }
