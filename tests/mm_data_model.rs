@@ -156,16 +156,14 @@ impl Model {
                 let len = len.min(self.r.hi - addr);
                 let data = common::pattern(seed as u64, addr, len as usize);
                 let got = mm.write(addr, &data).map_err(|e| e.errno());
-                // Expected: EFAULT and nothing written if a mapped page of
-                // the range forbids stores; else the pages up to the first
-                // hole are written, EFAULT at the hole.
+                // Expected: EFAULT and nothing written if a page before the
+                // first hole forbids stores; else the pages up to the first
+                // hole are written, EFAULT at the hole (what lies past it
+                // is never reached).
                 let (first, last) = (page, (addr + len - 1 - self.r.lo) / PAGE);
-                let forbidden = (first..=last).any(|p| {
-                    self.o
-                        .pages
-                        .get(&p)
-                        .is_some_and(|s| s.prot & PROT_WRITE == 0)
-                });
+                let forbidden = (first..=last)
+                    .map_while(|p| self.o.pages.get(&p))
+                    .any(|s| s.prot & PROT_WRITE == 0);
                 let want = if forbidden {
                     Err(common::EFAULT)
                 } else {

@@ -924,6 +924,20 @@ fn mremap_error_cases() {
         check!(t, t.mremap(a, PAGE, u64::MAX - 10, mm, 0), Err(EINVAL));
         // Old length 0 duplicates only shared mappings.
         check!(t, t.mremap(a, 0, PAGE, mm, 0), Err(EINVAL));
+        // A zero-length old range strictly inside the new one overlaps it
+        // (the raw ends are compared), even over a hole: EINVAL before the
+        // lookup's EFAULT (kernel_diff seeds 3207, 4406).
+        check!(
+            t,
+            t.mremap(r.page(6), 0, 4 * PAGE, mm | fx, r.page(5)),
+            Err(EINVAL)
+        );
+        // At the new range's start it does not overlap: the lookup fails.
+        check!(
+            t,
+            t.mremap(r.page(5), 0, 4 * PAGE, mm | fx, r.page(5)),
+            Err(EFAULT)
+        );
         // Not mapped.
         check!(t, t.mremap(r.page(5), PAGE, 2 * PAGE, mm, 0), Err(EFAULT));
         check!(

@@ -67,9 +67,11 @@ impl AddressSpace {
             if flags.contains(MremapFlags::DONTUNMAP) && old_len != new_len {
                 return Err(Error::Inval);
             }
-            if Range::new(old_addr, old_addr.saturating_add(old_len))
-                .overlaps(&Range::new(new_addr, new_addr + new_len))
-            {
+            // Linux compares the raw ends (wrapping as unsigned longs do),
+            // so a zero-length old range strictly inside the new one
+            // overlaps it, unlike an empty `Range`.
+            let (old_end, new_end) = (old_addr.wrapping_add(old_len), new_addr + new_len);
+            if old_end > new_addr && new_end > old_addr {
                 return Err(Error::Inval);
             }
             if ed.st.map_count + 2 >= self.cfg.max_map_count.saturating_sub(3) {
