@@ -580,16 +580,21 @@ fn fork_while_threads_write_in_the_parent_loses_nothing() {
         })
         .collect();
     let mut buf = vec![0u8; PAGE as usize];
-    let progress = |d: &[AtomicU64]| d.iter().map(|x| x.load(Ordering::SeqCst)).sum::<u64>();
-    let mut last = 0;
+    let mut last = vec![0u64; PAGES as usize];
     for _ in 0..FORKS {
-        // Fork only once the writers have moved on since the last fork, so
-        // every fork overlaps writes (and their copy-on-write faults).
-        while progress(&done) < last + PAGES {
+        // Fork only once every page has been written again since the last
+        // fork (so both writers moved on), and every fork overlaps writes
+        // and their copy-on-write faults. Waiting on each page rather than
+        // on a total keeps one writer's head start from passing for both.
+        while done
+            .iter()
+            .zip(&last)
+            .any(|(d, &l)| d.load(Ordering::SeqCst) <= l)
+        {
             std::thread::yield_now();
         }
-        last = progress(&done);
         let lo: Vec<u64> = done.iter().map(|d| d.load(Ordering::SeqCst)).collect();
+        last.clone_from(&lo);
         let child = mm.fork().unwrap();
         let hi: Vec<u64> = done.iter().map(|d| d.load(Ordering::SeqCst) + 1).collect();
         // Each page of the snapshot is one whole generation, written no
@@ -610,9 +615,10 @@ fn fork_while_threads_write_in_the_parent_loses_nothing() {
         drop(child);
     }
     stop.store(true, Ordering::Relaxed);
+    // Each fork waited for a new generation of every page.
     for h in writers {
         assert!(
-            h.join().unwrap() > FORKS as u64,
+            h.join().unwrap() >= FORKS as u64,
             "the writers made progress"
         );
     }
