@@ -12,6 +12,16 @@ use aspace::{Access, AddressSpace, Config, Error, FaultError, MapFlags, Prot, PA
 use loom::sync::Arc;
 use loom::thread;
 
+/// Preemption bound 1. At 2, `fault_vs_munmap_same_page` livelocks inside
+/// loom itself: loom 0.7.3's `RwLock`, when a writer acquires it, blocks
+/// every thread whose pending operation is on the lock, a `try_read`
+/// included (`rt/rwlock.rs`, `post_acquire_write_lock`). A fault holding
+/// its VMA read lock and preempted inside the mmap_lock `try_read` of
+/// `anon_vma_prepare` is then blocked until munmap's write section ends,
+/// while munmap waits for that VMA's readers. A real `try_read` returns
+/// at once (and the fault retries under the mmap_lock), so the cycle is
+/// loom's, not ours; a spin-based loom-mode RwLock in `sync.rs` would
+/// allow the higher bound.
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(1);
