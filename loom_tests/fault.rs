@@ -12,16 +12,14 @@ use aspace::{Access, AddressSpace, Config, Error, FaultError, MapFlags, Prot, PA
 use loom::sync::Arc;
 use loom::thread;
 
-/// Preemption bound 1. At 2, `fault_vs_munmap_same_page` livelocks inside
-/// loom itself: loom 0.7.3's `RwLock`, when a writer acquires it, blocks
-/// every thread whose pending operation is on the lock, a `try_read`
-/// included (`rt/rwlock.rs`, `post_acquire_write_lock`). A fault holding
-/// its VMA read lock and preempted inside the mmap_lock `try_read` of
-/// `anon_vma_prepare` is then blocked until munmap's write section ends,
-/// while munmap waits for that VMA's readers. A real `try_read` returns
-/// at once (and the fault retries under the mmap_lock), so the cycle is
-/// loom's, not ours; a spin-based loom-mode RwLock in `sync.rs` would
-/// allow the higher bound.
+/// Preemption bound 1 keeps CI short. Bound 2 once exposed a livelock
+/// inside loom: loom 0.7.3's own `RwLock`, when a writer acquires it,
+/// blocks every thread with a pending operation on the lock, a `try_read`
+/// included, so a fault holding its VMA read lock inside
+/// `anon_vma_prepare`'s mmap_lock `try_read` waited for munmap, which
+/// waited for that VMA's readers. A real `try_read` never blocks;
+/// `sync.rs` now models the lock with an atomic whose `try_read` is one
+/// compare-and-swap, and `fault_vs_munmap_same_page` passes at bound 2.
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(1);

@@ -123,38 +123,149 @@ mod imp {
         }
     }
 
-    /// A loom reader-writer lock with parking_lot's infallible API.
-    #[derive(Debug)]
-    pub struct RwLock<T>(loom::sync::RwLock<T>);
+    /// A reader-writer lock for loom models, with parking_lot's infallible
+    /// API, built from a loom atomic and a loom cell rather than on
+    /// `loom::sync::RwLock`. loom 0.7's own lock, when a writer acquires
+    /// it, blocks every thread with a pending operation on the lock, a
+    /// `try_read` included; a real `try_read` never blocks, and the fault
+    /// path relies on that (it try-locks the mmap_lock while holding a VMA
+    /// read lock that a waiting writer polls). Here `try_read` is one
+    /// compare-and-swap, and `read`/`write` retry with a yield, so loom
+    /// sees every interleaving and a lock cycle shows as a model that
+    /// never finishes.
+    pub struct RwLock<T> {
+        /// Reader count, or [`WRITER`].
+        state: AtomicUsize,
+        data: loom::cell::UnsafeCell<T>,
+    }
+
+    const WRITER: usize = 1 << (usize::BITS - 1);
+
+    // SAFETY: the lock hands out `&T` to readers on any thread (so T must
+    // be Sync) and `&mut T` to one writer at a time (so T must be Send),
+    // as std's RwLock requires.
+    unsafe impl<T: Send> Send for RwLock<T> {}
+    // SAFETY: as above.
+    unsafe impl<T: Send + Sync> Sync for RwLock<T> {}
+
+    impl<T> core::fmt::Debug for RwLock<T> {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            f.write_str("RwLock { .. }")
+        }
+    }
+
     /// Read guard of [`RwLock`].
-    pub type RwLockReadGuard<'a, T> = loom::sync::RwLockReadGuard<'a, T>;
+    pub struct RwLockReadGuard<'a, T> {
+        lock: &'a RwLock<T>,
+        data: loom::cell::ConstPtr<T>,
+    }
+
     /// Write guard of [`RwLock`].
-    pub type RwLockWriteGuard<'a, T> = loom::sync::RwLockWriteGuard<'a, T>;
+    pub struct RwLockWriteGuard<'a, T> {
+        lock: &'a RwLock<T>,
+        data: loom::cell::MutPtr<T>,
+    }
 
     impl<T> RwLock<T> {
         /// Wraps `v`.
         pub fn new(v: T) -> Self {
-            Self(loom::sync::RwLock::new(v))
+            RwLock {
+                state: AtomicUsize::new(0),
+                data: loom::cell::UnsafeCell::new(v),
+            }
         }
         /// Shared lock.
         pub fn read(&self) -> RwLockReadGuard<'_, T> {
-            self.0.read().unwrap()
+            loop {
+                if let Some(g) = self.try_read() {
+                    return g;
+                }
+                loom::thread::yield_now();
+            }
         }
         /// Exclusive lock.
         pub fn write(&self) -> RwLockWriteGuard<'_, T> {
-            self.0.write().unwrap()
+            loop {
+                if let Some(g) = self.try_write() {
+                    return g;
+                }
+                loom::thread::yield_now();
+            }
         }
         /// Shared lock without waiting.
         pub fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
-            self.0.try_read().ok()
+            let mut cur = self.state.load(Ordering::Relaxed);
+            loop {
+                if cur & WRITER != 0 {
+                    return None;
+                }
+                match self.state.compare_exchange(
+                    cur,
+                    cur + 1,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => {
+                        return Some(RwLockReadGuard {
+                            lock: self,
+                            data: self.data.get(),
+                        })
+                    }
+                    Err(c) => cur = c,
+                }
+            }
         }
         /// Exclusive lock without waiting.
         pub fn try_write(&self) -> Option<RwLockWriteGuard<'_, T>> {
-            self.0.try_write().ok()
+            self.state
+                .compare_exchange(0, WRITER, Ordering::Acquire, Ordering::Relaxed)
+                .ok()
+                .map(|_| RwLockWriteGuard {
+                    lock: self,
+                    data: self.data.get_mut(),
+                })
         }
         /// Exclusive access without locking.
         pub fn get_mut(&mut self) -> &mut T {
-            self.0.get_mut().unwrap()
+            // SAFETY: `&mut self` excludes every guard, so the reference is
+            // unique for as long as it borrows `self`.
+            self.data.with_mut(|p| unsafe { &mut *p })
+        }
+    }
+
+    impl<T> core::ops::Deref for RwLockReadGuard<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            // SAFETY: the reader count this guard holds keeps writers out;
+            // loom checks that through the cell's tracked pointer.
+            unsafe { self.data.deref() }
+        }
+    }
+
+    impl<T> Drop for RwLockReadGuard<'_, T> {
+        fn drop(&mut self) {
+            self.lock.state.fetch_sub(1, Ordering::Release);
+        }
+    }
+
+    impl<T> core::ops::Deref for RwLockWriteGuard<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            // SAFETY: this guard holds the writer bit: no other guard exists.
+            unsafe { self.data.deref() }
+        }
+    }
+
+    impl<T> core::ops::DerefMut for RwLockWriteGuard<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            // SAFETY: as for `deref`, and `&mut self` makes it unique.
+            unsafe { self.data.deref() }
+        }
+    }
+
+    impl<T> Drop for RwLockWriteGuard<'_, T> {
+        fn drop(&mut self) {
+            self.lock.state.store(0, Ordering::Release);
         }
     }
 
