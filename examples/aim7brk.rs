@@ -23,7 +23,7 @@ mod brk_workload;
 mod machine;
 
 use brk_workload::{run, Params, Sample};
-use machine::thread_counts;
+use machine::{hmean, thread_counts};
 use std::time::Duration;
 
 struct Args {
@@ -80,41 +80,36 @@ fn parse() -> Args {
     a
 }
 
-/// One cell: harmonic mean of jobs/min and summed counts per mode.
+/// One mode's repetitions in a row of the table: each run's jobs/min and
+/// the summed counts.
+#[derive(Default)]
 struct Cell {
-    jobs_per_min: f64,
+    rates: Vec<f64>,
     total: Sample,
-    inv_sum: f64,
 }
 
 impl Cell {
-    fn new() -> Self {
-        Cell {
-            jobs_per_min: 0.0,
-            total: Sample::default(),
-            inv_sum: 0.0,
-        }
-    }
-
-    fn add(&mut self, s: &Sample, reps: usize) {
-        self.inv_sum += 1.0 / s.jobs_per_min().max(1e-9);
-        self.jobs_per_min = reps as f64 / self.inv_sum;
+    fn add(&mut self, s: &Sample) {
+        self.rates.push(s.jobs_per_min().max(1e-9));
         self.total.jobs += s.jobs;
         self.total.elapsed += s.elapsed;
         self.total.lock += s.lock;
         self.total.contended += s.contended;
     }
+
+    /// Harmonic mean of jobs/min over the repetitions.
+    fn jobs_per_min(&self) -> f64 {
+        hmean(&self.rates)
+    }
 }
 
 /// Runs the repetitions of both modes interleaved (off, on, off, on, ...)
 /// so that a slow stretch of a shared machine hits both alike. Returns the
-/// off and on cells and each repetition's on/off ratio.
-fn measure(args: &Args, children: usize) -> (Cell, Cell, Vec<f64>) {
-    let (mut off, mut on) = (Cell::new(), Cell::new());
-    let mut ratios = Vec::new();
-    for rep in 0..args.reps {
-        let mut pair = [0.0; 2];
-        for (i, fast_path) in [false, true].into_iter().enumerate() {
+/// off and on cells.
+fn measure(args: &Args, children: usize) -> (Cell, Cell) {
+    let (mut off, mut on) = (Cell::default(), Cell::default());
+    for _ in 0..args.reps {
+        for fast_path in [false, true] {
             let s = run(&Params {
                 children,
                 fast_path,
@@ -123,12 +118,10 @@ fn measure(args: &Args, children: usize) -> (Cell, Cell, Vec<f64>) {
                 duration: Some(Duration::from_secs_f64(args.secs)),
                 jobs_per_child: None,
             });
-            pair[i] = s.jobs_per_min();
-            if fast_path { &mut on } else { &mut off }.add(&s, rep + 1);
+            if fast_path { &mut on } else { &mut off }.add(&s);
         }
-        ratios.push(pair[1] / pair[0].max(1e-9));
     }
-    (off, on, ratios)
+    (off, on)
 }
 
 fn main() {
@@ -150,20 +143,27 @@ fn main() {
         "per-rep range"
     );
     for &k in &args.children {
-        let (off, on, ratios) = measure(&args, k);
+        let (off, on) = measure(&args, k);
+        // Each repetition's on/off ratio (its two runs ran back to back).
+        let ratios: Vec<f64> = on
+            .rates
+            .iter()
+            .zip(&off.rates)
+            .map(|(a, b)| a / b)
+            .collect();
         let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = ratios.iter().copied().fold(0.0, f64::max);
         let range = format!("{lo:.2}-{hi:.2}x");
         println!(
             "{:>8} | {:>12.0} {:>10} {:>10} | {:>12.0} {:>10} {:>10} | {:>6.2}x {:>13}",
             k,
-            off.jobs_per_min,
+            off.jobs_per_min(),
             off.total.lock,
             off.total.contended,
-            on.jobs_per_min,
+            on.jobs_per_min(),
             on.total.lock,
             on.total.contended,
-            on.jobs_per_min / off.jobs_per_min,
+            on.jobs_per_min() / off.jobs_per_min(),
             range
         );
     }
