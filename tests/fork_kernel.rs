@@ -13,6 +13,8 @@ mod common;
 use aspace::{AddressSpace, MapFlags, Prot};
 use common::kernel::parse_maps_line;
 use common::*;
+use std::io::Read;
+use std::os::fd::FromRawFd;
 
 /// Interior pages of the region.
 const PAGES: u64 = 32;
@@ -116,22 +118,15 @@ fn on_kernel(s: &Scenario) -> Option<(Region, Layout, Layout)> {
     }
     // SAFETY: closing our copy of the write end so that reads see EOF.
     unsafe { libc::close(fds[1]) };
+    // SAFETY: `fds[0]` is the open read end of our pipe, owned by nobody
+    // else in this process; the File takes it over and closes it.
+    let mut pipe = unsafe { std::fs::File::from_raw_fd(fds[0]) };
     let mut text = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        // SAFETY: reading into a local buffer of its length.
-        let n = unsafe { libc::read(fds[0], buf.as_mut_ptr().cast(), buf.len()) };
-        if n <= 0 {
-            break;
-        }
-        text.extend_from_slice(&buf[..n as usize]);
-    }
+    pipe.read_to_end(&mut text).expect("read the child's maps");
+    drop(pipe);
     let mut status = 0;
     // SAFETY: waiting for our own child; `status` is a valid int.
-    unsafe {
-        libc::waitpid(pid, &mut status, 0);
-        libc::close(fds[0]);
-    }
+    unsafe { libc::waitpid(pid, &mut status, 0) };
     assert!(
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "{}: the forked child failed (status {status:#x})",
