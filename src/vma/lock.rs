@@ -35,12 +35,16 @@
 //!   dropped, the reader also sees everything the writer did to the VMA.
 //! - attach is a `Release` store of 1, so a reader whose increment succeeds
 //!   sees the VMA fully initialized.
-//! - a sequence wrap can only make a reader believe the VMA is locked
-//!   (harmless: it falls back), never unlocked, because the VMA's sequence
-//!   only changes while the writer offset excludes readers.
+//! - the mm's `write_begin` is a read-modify-write, so it continues the
+//!   release sequence of the previous `write_end`: a reader that reads an
+//!   odd sequence (a writer is in a later section but has not locked this
+//!   VMA) still sees everything earlier sections did to it.
+//! - sequences are 64 bits and never wrap, so an old stamp never matches
+//!   the current sequence again (with 32 bits, 2^31 write sections would
+//!   let `write_lock` skip draining readers of a VMA it took for locked).
 
 use crate::mm::mmap_lock::MmLockSeq;
-use crate::sync::{wait_until, AtomicU32, Ordering};
+use crate::sync::{wait_until, AtomicU32, AtomicU64, Ordering};
 
 /// The writer ("exclude readers") bit of the count.
 pub const VMA_LOCK_OFFSET: u32 = 0x4000_0000;
@@ -63,7 +67,9 @@ pub enum ReadLockError {
 #[derive(Debug)]
 pub struct VmaLock {
     refcnt: AtomicU32,
-    lock_seq: AtomicU32,
+    /// The mm sequence of the write section that last locked this VMA
+    /// (64 bits, like the mm's: it never wraps back to a current value).
+    lock_seq: AtomicU64,
 }
 
 impl Default for VmaLock {
@@ -77,7 +83,7 @@ impl VmaLock {
     pub fn new() -> Self {
         VmaLock {
             refcnt: AtomicU32::new(0),
-            lock_seq: AtomicU32::new(u32::MAX),
+            lock_seq: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -228,7 +234,7 @@ impl VmaLock {
 #[cfg(all(test, not(aspace_loom)))]
 mod tests {
     use super::*;
-    use crate::mm::mmap_lock::MmapLock;
+    use crate::mm::mmap_lock::{MmLockSeq, MmapLock};
 
     #[test]
     fn states() {
@@ -257,6 +263,39 @@ mod tests {
         }
         assert_eq!(l.refcount(), 0);
         assert_eq!(l.try_read(mm.seq()), Err(ReadLockError::Detached));
+    }
+
+    /// An old stamp never matches a later sequence, however many write
+    /// sections pass: 2^32 sections after a VMA was stamped, a writer must
+    /// still drain its readers (with 32-bit sequences the stamp matched
+    /// again and `write_lock` returned at once).
+    #[test]
+    fn stamp_never_matches_after_many_sections() {
+        let l = VmaLock::new();
+        l.mark_attached();
+        let old = MmLockSeq::starting_at(6);
+        old.write_begin();
+        l.write_lock(&old);
+        old.write_end();
+        let later = MmLockSeq::starting_at(6 + (1 << 32));
+        later.write_begin();
+        assert!(!l.is_write_locked(&later), "an old stamp matched again");
+        // A reader that got in before the writer must now be waited for.
+        let done = std::sync::atomic::AtomicBool::new(false);
+        l.try_read(&later).expect("not locked in this section yet");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                l.write_lock(&later);
+                done.store(true, Ordering::SeqCst);
+            });
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert!(
+                !done.load(Ordering::SeqCst),
+                "write_lock skipped a reader of a VMA stamped 2^32 sections ago"
+            );
+            l.read_unlock();
+        });
+        assert!(l.is_write_locked(&later));
     }
 
     #[test]
