@@ -15,7 +15,7 @@
 //! of a writable VMA reuses the frame if this entry holds its only
 //! reference, else copies it (copy-on-write).
 
-use crate::addr::{page_align_down, pages, PAGE_SIZE};
+use crate::addr::{page_align_down, pages};
 use crate::error::FaultError;
 use crate::mm::edit::Edit;
 use crate::mm::{next_id, Access, AddressSpace, FaultLocking};
@@ -314,13 +314,17 @@ fn do_fault(
         };
         match mm.pt.install(page, new, &g) {
             Ok(()) => return Ok(()),
-            Err(_) => {
-                // Raced with another fault on the same page (or the address
-                // cannot be mapped): drop our frame reference, look again.
+            Err(existing) => {
+                // Drop our frame reference whatever happened.
                 if new.pfn() != ZERO_PFN {
                     mm.frames.put(new.pfn());
                 }
-                if !mm.pt.lookup(page, &g).is_present() {
+                // `Pte::NONE` means the address cannot be translated at
+                // all. Anything else is a racing fault that installed the
+                // page first: look again, even if a DONTNEED or a zap has
+                // emptied the entry since (that is not "no mapping": the
+                // VMA we hold still covers the page).
+                if existing == Pte::NONE {
                     return Err(Step::Fail(FaultError::NoMapping));
                 }
             }
@@ -355,27 +359,49 @@ fn wp_fault(
     }
     anon_vma_prepare(mm, vma, vma_locked)?;
     let old = pte.pfn();
-    if old != ZERO_PFN && !pte.flags().contains(PteFlags::COW) && mm.frames.refcount(old) == 1 {
-        // Our entry holds the only reference: write in place.
+    if old != ZERO_PFN && !pte.flags().contains(PteFlags::COW) {
+        // Our entry may hold the only reference: then write in place. The
+        // count is read under the PTE lock, with the entry unchanged, so
+        // that reference is still ours and no one can add another (every
+        // sharer — fork, a shared object — excludes this fault).
         let ok = mm
             .pt
-            .update(page, g, |cur| (cur == pte).then(|| Pte::new(old, writable)))
+            .update(page, g, |cur| {
+                (cur == pte && mm.frames.refcount(old) == 1).then(|| Pte::new(old, writable))
+            })
             .is_some();
         if ok {
             mm.stats.inc(Event::cow_reuses);
+            return Ok(true);
         }
-        return Ok(ok);
+    }
+    // Copy: hold a reference on the old frame for the whole copy, taken
+    // under the PTE lock while the entry still maps it (Linux holds a
+    // folio reference). Without it a DONTNEED or munmap could zap the
+    // entry, flush and free the frame, and a fault elsewhere could zero
+    // it while we read it.
+    if old != ZERO_PFN {
+        let referenced = mm.pt.with_locked(page, g, |cur| {
+            let same = cur == pte;
+            if same {
+                mm.frames.get(old);
+            }
+            same
+        });
+        if referenced != Some(true) {
+            return Ok(false); // the entry changed: look again
+        }
     }
     let new = if old == ZERO_PFN {
-        alloc_frame(mm)?
+        alloc_frame(mm)
     } else {
-        let n = mm
-            .frames
-            .alloc_uninit()
-            .ok_or(Step::Fail(FaultError::OutOfMemory))?;
-        mm.frames.copy(n, old);
-        n
-    };
+        let n = mm.frames.alloc_uninit();
+        if let Some(n) = n {
+            mm.frames.copy(n, old);
+        }
+        mm.frames.put(old); // our reference, not the entry's
+        n.ok_or(Step::Fail(FaultError::OutOfMemory))
+    }?;
     let flags =
         (pte.flags() - PteFlags::COW) | PteFlags::WRITE | PteFlags::DIRTY | PteFlags::ACCESSED;
     let ok = mm
@@ -388,13 +414,12 @@ fn wp_fault(
     }
     if old != ZERO_PFN {
         mm.stats.inc(Event::cow_copies);
-        // The old translation must be gone everywhere before the frame
-        // reference is dropped.
+        // The old translation must be gone everywhere before the entry's
+        // frame reference is dropped.
         let mut gather = crate::tlb::Gather::new(&mm.tlb, &mm.stats, &mm.frames);
         gather.add_page(page);
         gather.free_frame(old);
         gather.flush();
     }
-    let _ = PAGE_SIZE;
     Ok(true)
 }

@@ -1,0 +1,315 @@
+//! Faults, DONTNEED, mprotect, fork and munmap meeting on the same pages at
+//! the same time, through the public API.
+//!
+//! One region, shared by every thread. Its first half stays mapped the
+//! whole time, with at least read permission: threads fault it, store
+//! counters into it and read them back while other threads DONTNEED its
+//! pages, flip them between read-only and read-write, and fork the space.
+//! Its second half is also unmapped and mapped again, page by page.
+//!
+//! Counted, and required to stay zero:
+//! - a fault that fails on a mapped, permitted page (a read fault in the
+//!   first half, or a write fault there failing with anything but
+//!   `AccessDenied`);
+//! - a store whose bytes read back as anything but what the thread last
+//!   stored there or zero (DONTNEED, or a fresh mapping in the second
+//!   half);
+//! - a byte of a forked child that changes after fork returned (the child
+//!   itself never writes).
+
+use aspace::{
+    Access, AddressSpace, Advice, Config, FaultError, FaultLocking, MapFlags, Prot, PAGE_SIZE,
+};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+/// Pages that stay mapped (first half) and pages that come and go.
+const STABLE: u64 = 8;
+const CHURN: u64 = 8;
+const WRITERS: u64 = 2;
+const RW: Prot = Prot::READ.union(Prot::WRITE);
+
+fn fixed() -> MapFlags {
+    MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    false_faults: AtomicU64,
+    bad_bytes: AtomicU64,
+    child_changes: AtomicU64,
+    stores: AtomicU64,
+    forks: AtomicU64,
+    dontneeds: AtomicU64,
+    mprotects: AtomicU64,
+    remaps: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+fn run(locking: FaultLocking, dur: Duration) {
+    let mm = Arc::new(AddressSpace::new(Config::with_locking(locking)));
+    let pages = STABLE + CHURN;
+    let base = mm
+        .mmap(
+            0,
+            pages * PAGE_SIZE,
+            RW,
+            MapFlags::PRIVATE | MapFlags::ANONYMOUS,
+        )
+        .unwrap();
+    let page = move |p: u64| base + p * PAGE_SIZE;
+    let stop = Arc::new(AtomicBool::new(false));
+    let c = Arc::new(Counts::default());
+    let start = Arc::new(Barrier::new(WRITERS as usize + 5));
+    let mut hs = Vec::new();
+
+    // Writers: each owns one 8-byte word in every page and stores a
+    // counter there, then reads it back.
+    for t in 0..WRITERS {
+        let (mm, stop, c, start) = (mm.clone(), stop.clone(), c.clone(), start.clone());
+        hs.push(std::thread::spawn(move || {
+            let mut rng = Rng(0x2545_f491 ^ (t + 1));
+            let mut last = vec![0u64; pages as usize];
+            let mut counter = 0u64;
+            start.wait();
+            while !stop.load(Ordering::Relaxed) {
+                let p = rng.next() % pages;
+                let a = page(p) + t * 8;
+                let stable = p < STABLE;
+                // A read fault on a stable page must always succeed; a
+                // write fault may only be refused (read-only just now).
+                match mm.fault(a, Access::Read) {
+                    Ok(()) => {}
+                    Err(_) if !stable => {}
+                    Err(e) => {
+                        eprintln!("read fault on stable page {p}: {e:?}");
+                        bump(&c.false_faults);
+                    }
+                }
+                match mm.fault(a, Access::Write) {
+                    Ok(()) | Err(FaultError::AccessDenied) => {}
+                    Err(_) if !stable => {}
+                    Err(e) => {
+                        eprintln!("write fault on stable page {p}: {e:?}");
+                        bump(&c.false_faults);
+                    }
+                }
+                counter += 1;
+                if mm.write(a, &counter.to_le_bytes()).is_ok() {
+                    last[p as usize] = counter;
+                    bump(&c.stores);
+                }
+                let mut b = [0u8; 8];
+                if mm.read(a, &mut b).is_ok() {
+                    let v = u64::from_le_bytes(b);
+                    // Zero (dropped or remapped) or the last store; an
+                    // older or foreign value is a lost or misplaced write.
+                    if v != 0 && v != last[p as usize] {
+                        eprintln!("page {p} word {t}: read {v}, stored {}", last[p as usize]);
+                        bump(&c.bad_bytes);
+                    }
+                } else if stable {
+                    eprintln!("read of stable page {p} failed");
+                    bump(&c.false_faults);
+                }
+            }
+        }));
+    }
+
+    // DONTNEED over single pages of the whole region.
+    {
+        let (mm, stop, c, start) = (mm.clone(), stop.clone(), c.clone(), start.clone());
+        hs.push(std::thread::spawn(move || {
+            let mut rng = Rng(0x9e37_79b9);
+            start.wait();
+            while !stop.load(Ordering::Relaxed) {
+                let p = rng.next() % pages;
+                // The churn half may be unmapped right now (ENOMEM).
+                if mm.madvise(page(p), PAGE_SIZE, Advice::DontNeed).is_ok() {
+                    bump(&c.dontneeds);
+                }
+            }
+        }));
+    }
+
+    // mprotect: stable pages flip between read-only and read-write.
+    {
+        let (mm, stop, c, start) = (mm.clone(), stop.clone(), c.clone(), start.clone());
+        hs.push(std::thread::spawn(move || {
+            let mut rng = Rng(0x6c07_8965);
+            start.wait();
+            while !stop.load(Ordering::Relaxed) {
+                let p = rng.next() % STABLE;
+                let n = 1 + rng.next() % 2;
+                let n = n.min(STABLE - p);
+                mm.mprotect(page(p), n * PAGE_SIZE, Prot::READ).unwrap();
+                std::thread::yield_now();
+                mm.mprotect(page(p), n * PAGE_SIZE, RW).unwrap();
+                bump(&c.mprotects);
+            }
+        }));
+    }
+
+    // munmap and map again, page by page, in the churn half.
+    {
+        let (mm, stop, c, start) = (mm.clone(), stop.clone(), c.clone(), start.clone());
+        hs.push(std::thread::spawn(move || {
+            let mut rng = Rng(0x5851_f42d);
+            start.wait();
+            while !stop.load(Ordering::Relaxed) {
+                let p = STABLE + rng.next() % CHURN;
+                mm.munmap(page(p), PAGE_SIZE).unwrap();
+                std::thread::yield_now();
+                assert_eq!(mm.mmap(page(p), PAGE_SIZE, RW, fixed()).unwrap(), page(p));
+                bump(&c.remaps);
+            }
+        }));
+    }
+
+    // fork: the child's view of the stable half never changes afterwards.
+    {
+        let (mm, stop, c, start) = (mm.clone(), stop.clone(), c.clone(), start.clone());
+        hs.push(std::thread::spawn(move || {
+            let len = (STABLE * PAGE_SIZE) as usize;
+            let (mut first, mut again) = (vec![0u8; len], vec![0u8; len]);
+            start.wait();
+            while !stop.load(Ordering::Relaxed) {
+                let child = mm.fork().unwrap();
+                child.read(base, &mut first).unwrap();
+                // Let the parent's threads store for a while.
+                std::thread::sleep(Duration::from_micros(200));
+                child.read(base, &mut again).unwrap();
+                let changed = first.iter().zip(&again).filter(|(a, b)| a != b).count();
+                if changed > 0 {
+                    eprintln!("a child saw {changed} bytes change after fork");
+                    c.child_changes.fetch_add(changed as u64, Ordering::Relaxed);
+                }
+                bump(&c.forks);
+            }
+        }));
+    }
+
+    start.wait();
+    let t0 = Instant::now();
+    while t0.elapsed() < dur {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for h in hs {
+        h.join().unwrap();
+    }
+    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    eprintln!(
+        "{locking:?}: {} stores, {} forks, {} DONTNEEDs, {} mprotect pairs, {} remaps",
+        get(&c.stores),
+        get(&c.forks),
+        get(&c.dontneeds),
+        get(&c.mprotects),
+        get(&c.remaps)
+    );
+    assert_eq!(get(&c.false_faults), 0, "faults failed on mapped pages");
+    assert_eq!(get(&c.bad_bytes), 0, "stores lost or misplaced");
+    assert_eq!(get(&c.child_changes), 0, "a child's bytes changed");
+    for (what, n) in [
+        ("stores", get(&c.stores)),
+        ("forks", get(&c.forks)),
+        ("DONTNEEDs", get(&c.dontneeds)),
+        ("mprotects", get(&c.mprotects)),
+        ("remaps", get(&c.remaps)),
+    ] {
+        assert!(n > 0, "no {what} ran: the test exercised nothing");
+    }
+    drop(mm);
+}
+
+#[test]
+fn per_vma_faults_dontneed_mprotect_fork_munmap_same_pages() {
+    run(FaultLocking::PerVma, Duration::from_secs(3));
+}
+
+#[test]
+fn mmap_lock_faults_dontneed_mprotect_fork_munmap_same_pages() {
+    run(FaultLocking::MmapLock, Duration::from_secs(2));
+}
+
+/// Two threads fault the same pages while one of them also drops each
+/// page with DONTNEED right after faulting it: no fault on the mapped,
+/// writable range may fail. (A fault whose install lost the race to the
+/// other thread, and then found the entry emptied by DONTNEED, used to
+/// report `NoMapping`.)
+#[test]
+fn faults_racing_dontneed_never_fail() {
+    const N: u64 = 4;
+    let mm = Arc::new(AddressSpace::new(Config::default()));
+    let base = mm
+        .mmap(
+            0,
+            N * PAGE_SIZE,
+            RW,
+            MapFlags::PRIVATE | MapFlags::ANONYMOUS,
+        )
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let failures = Arc::new(AtomicU64::new(0));
+    let rounds = Arc::new(AtomicU64::new(0));
+    let start = Arc::new(Barrier::new(2));
+    let thread = |zap: bool| {
+        let (mm, stop, failures, rounds, start) = (
+            mm.clone(),
+            stop.clone(),
+            failures.clone(),
+            rounds.clone(),
+            start.clone(),
+        );
+        std::thread::spawn(move || {
+            start.wait();
+            while !stop.load(Ordering::Relaxed) {
+                for p in 0..N {
+                    let a = base + p * PAGE_SIZE;
+                    if let Err(e) = mm.fault(a, Access::Write) {
+                        eprintln!("fault on mapped page {p}: {e:?}");
+                        failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if zap {
+                        mm.madvise(a, PAGE_SIZE, Advice::DontNeed).unwrap();
+                    }
+                }
+                rounds.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let hs = [thread(false), thread(true)];
+    let t0 = Instant::now();
+    while rounds.load(Ordering::Relaxed) < 2_000_000 && t0.elapsed() < Duration::from_secs(8) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for h in hs {
+        h.join().unwrap();
+    }
+    let s = mm.stats();
+    let installs = s.fault_per_vma.saturating_sub(s.fault_spurious);
+    eprintln!(
+        "{} rounds of {N} pages, {installs} installs",
+        rounds.load(Ordering::Relaxed)
+    );
+    assert_eq!(failures.load(Ordering::Relaxed), 0, "false SIGSEGVs");
+    assert!(
+        installs > 10_000,
+        "the pages were rarely empty: nothing raced"
+    );
+}
