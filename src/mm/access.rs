@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::fault::ZERO_PFN;
 use crate::phys::Pfn;
 use crate::pt::PteFlags;
+use crate::vma::{VmFlags, Vma};
 
 impl AddressSpace {
     /// Reads `buf.len()` bytes at `addr` like user-mode loads: pages fault
@@ -85,23 +86,53 @@ impl AddressSpace {
     /// From the first hole on, pages are left to the walk, as a real
     /// `memcpy` meets them: the fault path may grow a stack into the hole
     /// (and then fail on that stack's protection), or fail there.
+    ///
+    /// The tree is read without the mmap_lock, so a VMA found there may be
+    /// changing or already recycled for another range: each one's flags are
+    /// read under its read lock, after checking it still is the VMA the
+    /// tree showed. If one cannot be locked (a writer holds it), the whole
+    /// check runs again under the mmap_lock read side.
     fn precheck(&self, r: Range, access: Access) -> Result<()> {
+        let seq = self.mmap_lock.seq();
+        let locked_flags = |vr: Range, v: &Vma| {
+            v.lock.try_read(seq).ok()?;
+            let f = (v.mm_id() == self.id && v.range() == vr).then(|| v.flags());
+            v.lock.read_unlock();
+            f
+        };
+        if let Some(res) = self.precheck_with(r, access, locked_flags) {
+            return res;
+        }
+        let _st = self.mmap_lock.read();
+        // Under the mmap_lock no VMA changes its range or flags.
+        self.precheck_with(r, access, |_, v| Some(v.flags()))
+            .unwrap_or(Ok(()))
+    }
+
+    /// The check of [`precheck`](Self::precheck), with each VMA's flags
+    /// from `flags_of`; `None` if `flags_of` could not vouch for one.
+    fn precheck_with(
+        &self,
+        r: Range,
+        access: Access,
+        mut flags_of: impl FnMut(Range, &Vma) -> Option<VmFlags>,
+    ) -> Option<Result<()>> {
         let g = self.tree.pin();
         let mut next = r.start;
-        for (_, v) in self.tree.range(r, &g) {
-            if v.start() > next {
+        for (vr, v) in self.tree.range(r, &g) {
+            if vr.start > next {
                 break; // a hole: the walk stops or grows a stack there
             }
-            let f = v.flags();
+            let f = flags_of(vr, v)?;
             let ok = match access {
-                Access::Write => f.contains(crate::vma::VmFlags::WRITE),
+                Access::Write => f.contains(VmFlags::WRITE),
                 _ => f.accessible(),
             };
             if !ok {
-                return Err(Error::Fault);
+                return Some(Err(Error::Fault));
             }
-            next = v.end();
+            next = vr.end;
         }
-        Ok(())
+        Some(Ok(()))
     }
 }
