@@ -2,29 +2,20 @@
 //! real AddressSpace through src/sync.rs (deferred reclamation, so the
 //! models explore the lock protocol rather than epoch internals).
 //!
-//! `./loom.sh fault` runs them. They drive the whole stack (tree, VMA
-//! locks, page table, frames, TLB gather), so they run with a preemption
-//! bound of 1 (about a minute on 2 cores); the lock-level models in
-//! `vma_lock.rs` explore deeper.
+//! `./loom.sh` runs them at its preemption bound (2), like every model.
+//! Each model writes the pages the race does not need before it starts
+//! its threads (page tables, the anon_vma and the frame chunk then exist),
+//! so the explored interleavings are those of the race itself.
 #![cfg(aspace_loom)]
 
-use aspace::{Access, AddressSpace, Config, Error, FaultError, MapFlags, Prot, PAGE_SIZE};
+use aspace::{Access, AddressSpace, Advice, Config, Error, FaultError, MapFlags, Prot, PAGE_SIZE};
 use loom::sync::Arc;
 use loom::thread;
 
-/// Preemption bound 1 keeps CI short. Bound 2 once exposed a livelock
-/// inside loom: loom 0.7.3's own `RwLock`, when a writer acquires it,
-/// blocks every thread with a pending operation on the lock, a `try_read`
-/// included, so a fault holding its VMA read lock inside
-/// `anon_vma_prepare`'s mmap_lock `try_read` waited for munmap, which
-/// waited for that VMA's readers. A real `try_read` never blocks;
-/// `sync.rs` now models the lock with an atomic whose `try_read` is one
-/// compare-and-swap, and `fault_vs_munmap_same_page` passes at bound 2.
+/// The bound and branch limit come from the environment (`loom.sh` sets
+/// `LOOM_MAX_PREEMPTIONS=2`): no model pins its own.
 fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(1);
-    b.max_branches = 20_000;
-    b.check(f);
+    loom::model::Builder::new().check(f);
 }
 
 const A: u64 = 0x4000_0000;
@@ -55,10 +46,11 @@ fn rw() -> Prot {
 fn lookup_vs_detach_and_reuse() {
     model(|| {
         let mm = Arc::new(AddressSpace::new(cfg()));
-        mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(A + PAGE_SIZE, &[1]).unwrap();
         let m2 = mm.clone();
         let t = thread::spawn(move || m2.fault(A, Access::Write));
-        mm.munmap(A, PAGE_SIZE).unwrap();
+        mm.munmap(A, 2 * PAGE_SIZE).unwrap();
         mm.mmap(B, PAGE_SIZE, rw(), fixed()).unwrap();
         let r = t.join().unwrap();
         assert!(matches!(r, Ok(()) | Err(FaultError::NoMapping)), "{r:?}");
@@ -81,10 +73,11 @@ fn lookup_vs_detach_and_reuse() {
 fn fault_vs_munmap_same_page() {
     model(|| {
         let mm = Arc::new(AddressSpace::new(cfg()));
-        mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(A + PAGE_SIZE, &[1]).unwrap();
         let m2 = mm.clone();
         let t = thread::spawn(move || m2.write(A, &[0x5a]));
-        mm.munmap(A, PAGE_SIZE).unwrap();
+        mm.munmap(A, 2 * PAGE_SIZE).unwrap();
         let r = t.join().unwrap();
         assert!(matches!(r, Ok(()) | Err(Error::Fault)), "{r:?}");
         assert_eq!(mm.frames_used(), 0, "the frame was freed");
@@ -92,5 +85,125 @@ fn fault_vs_munmap_same_page() {
         let mut x = [0xffu8; 1];
         mm.read(A, &mut x).unwrap();
         assert_eq!(x, [0], "a new mapping never shows the old frame");
+    });
+}
+
+/// Model 5: two faults meet on one page while `madvise(DONTNEED)` empties
+/// it. The thread's install finds the entry taken (the main thread's store
+/// faulted it in first); by the time it looks again, DONTNEED has zapped
+/// it. The page is still mapped and writable, so the fault must succeed
+/// (install again), never report `NoMapping` (a false SIGSEGV).
+///
+/// Mutation caught: in `fault::do_fault`, treating a taken entry like an
+/// untranslatable address, i.e. replacing `if existing == Pte::NONE` by
+/// `if !mm.pt.lookup(page, &g).is_present()` (the code before the fix).
+#[test]
+fn fault_vs_dontneed_same_page() {
+    model(|| {
+        let mm = Arc::new(AddressSpace::new(cfg()));
+        mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(A + PAGE_SIZE, &[1]).unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.fault(A, Access::Write));
+        mm.write(A, &[7]).unwrap();
+        mm.madvise(A, PAGE_SIZE, Advice::DontNeed).unwrap();
+        assert_eq!(
+            t.join().unwrap(),
+            Ok(()),
+            "a fault on a mapped, writable page failed"
+        );
+    });
+}
+
+/// Model 6: a copy-on-write fault copies a frame while the parent's entry
+/// is zapped by DONTNEED and the child (the frame's other sharer) goes
+/// away, so the frame's last reference drops during the copy. The copier
+/// must hold its own reference (taken under the PTE lock while the entry
+/// still maps the frame), so the frame is freed only after the copy; loom
+/// sees frame memory through `phys.rs`'s tracked cells and reports a copy
+/// that is not ordered before the free.
+///
+/// Mutation caught: in `fault::wp_fault`, dropping the reference taken
+/// under the PTE lock (`mm.frames.get(old)` and the matching
+/// `mm.frames.put(old)` after the copy), as before the fix.
+#[test]
+fn cow_copy_vs_zap() {
+    model(|| {
+        let mm = Arc::new(AddressSpace::new(cfg()));
+        mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(A, &[1]).unwrap();
+        let child = mm.fork().unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.write(A, &[2]));
+        mm.madvise(A, PAGE_SIZE, Advice::DontNeed).unwrap();
+        drop(child);
+        t.join().unwrap().unwrap();
+        let mut x = [0xffu8; 1];
+        mm.read(A, &mut x).unwrap();
+        assert!(x == [2] || x == [0], "{x:?}: neither the write nor a zap");
+        mm.munmap(A, PAGE_SIZE).unwrap();
+        assert_eq!(mm.frames_used(), 0, "a frame leaked");
+    });
+}
+
+/// Model 7: a store races `mprotect(PROT_READ)` of its page. Once mprotect
+/// has returned, no store may land: the page reads the same before and
+/// after the storing thread is joined, and the store either landed before
+/// (and is seen) or failed with EFAULT.
+///
+/// Mutation caught: mprotect not waiting for accesses in flight, i.e.
+/// dropping `gather.add_page(va)` in `AddressSpace::change_protection`
+/// (src/mm/mprotect.rs), so its flush covers nothing.
+#[test]
+fn write_vs_mprotect_read() {
+    model(|| {
+        let mm = Arc::new(AddressSpace::new(cfg()));
+        mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(A, &[1]).unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.write(A, &[2]));
+        mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
+        let (mut before, mut after) = ([0u8; 1], [0u8; 1]);
+        mm.read(A, &mut before).unwrap();
+        let r = t.join().unwrap();
+        mm.read(A, &mut after).unwrap();
+        assert_eq!(before, after, "a store landed after mprotect returned");
+        match r {
+            Ok(()) => assert_eq!(after, [2]),
+            Err(e) => assert_eq!(e, Error::Fault),
+        }
+    });
+}
+
+/// Model 8: fork races a thread storing twice into a written page (first
+/// byte 0, then byte 8). The child must see the page of one instant: what
+/// it reads right after fork never changes later, and it never shows the
+/// second store without the first.
+///
+/// Mutation caught: fork not flushing the parent's write-protected
+/// entries, i.e. dropping `gather.add_page(va)` in `AddressSpace::fork`
+/// (src/mm/fork.rs): a store that translated before fork then lands in
+/// the frame the child now shares.
+#[test]
+fn fork_vs_write_fault() {
+    model(|| {
+        let mm = Arc::new(AddressSpace::new(cfg()));
+        mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(A, &[0; 16]).unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || {
+            m2.write(A, &[1]).unwrap();
+            m2.write(A + 8, &[1]).unwrap();
+        });
+        let child = mm.fork().unwrap();
+        let (mut first, mut later) = ([0u8; 9], [0u8; 9]);
+        child.read(A, &mut first).unwrap();
+        t.join().unwrap();
+        child.read(A, &mut later).unwrap();
+        assert_eq!(first, later, "the child saw a store made after fork");
+        assert!(
+            first[8] == 0 || first[0] == 1,
+            "the child saw the second store without the first: {first:?}"
+        );
     });
 }

@@ -22,9 +22,8 @@ fn fixed() -> MapFlags {
 }
 
 fn read_vs_mremap(mode: MremapExtent) {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(2);
-    b.max_branches = 20_000;
+    // Bound and branch limit from the environment (loom.sh).
+    let b = loom::model::Builder::new();
     b.check(move || {
         let mm = Arc::new(AddressSpace::new(Config {
             deferred_reclaim: true,

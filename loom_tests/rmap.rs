@@ -18,13 +18,6 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(
-        std::env::var("LOOM_MAX_PREEMPTIONS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2)
-            .min(2),
-    );
     b.max_branches = 50_000;
     let runs = std::sync::Arc::new(AtomicUsize::new(0));
     let counter = runs.clone();

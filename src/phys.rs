@@ -37,6 +37,21 @@ const WORDS: usize = PAGE_SIZE as usize / 8;
 struct Chunk {
     mem: *mut u8,
     refs: Box<[AtomicU32]>,
+    /// Under loom, one tracked cell per frame stands for its memory:
+    /// loads, stores and copies are shared accesses, while taking a frame
+    /// from the free lists, zeroing it and freeing it are exclusive. loom
+    /// then reports any access to a frame that is not ordered with its
+    /// freeing or reuse (a copy-on-write copy without a reference, say).
+    #[cfg(aspace_loom)]
+    owner: Box<[crate::sync::UnsafeCell<()>]>,
+    /// Under loom, a per-frame atomic that every load touches with a
+    /// `Relaxed` read and every store with a `Relaxed` read-modify-write.
+    /// The bytes themselves are plain `std` atomics, which loom does not
+    /// see; these conflicting operations make it try every order of a
+    /// store and a load of the same frame (a store landing after a fork
+    /// snapshot, say). `Relaxed` adds no ordering, so it hides no race.
+    #[cfg(aspace_loom)]
+    touch: Box<[AtomicU32]>,
 }
 
 impl Chunk {
@@ -133,6 +148,7 @@ impl FrameAllocator {
     /// frame about to be overwritten whole).
     pub fn alloc_uninit(&self) -> Option<Pfn> {
         let pfn = self.take()?;
+        self.use_exclusive(pfn);
         self.refs(pfn).store(1, Ordering::Relaxed);
         self.counts
             .local()
@@ -207,6 +223,12 @@ impl FrameAllocator {
                 let chunk = Box::new(Chunk {
                     mem,
                     refs: (0..CHUNK_FRAMES).map(|_| AtomicU32::new(0)).collect(),
+                    #[cfg(aspace_loom)]
+                    owner: (0..CHUNK_FRAMES)
+                        .map(|_| crate::sync::UnsafeCell::new(()))
+                        .collect(),
+                    #[cfg(aspace_loom)]
+                    touch: (0..CHUNK_FRAMES).map(|_| AtomicU32::new(0)).collect(),
                 });
                 p = Box::into_raw(chunk);
                 slot.store(p, Ordering::Release);
@@ -260,6 +282,30 @@ impl FrameAllocator {
         unsafe { &*(self.base(pfn) as *const [std::sync::atomic::AtomicU64; WORDS]) }
     }
 
+    /// Marks an exclusive use of the frame's memory (loom only: see
+    /// `Chunk::owner`).
+    #[inline(always)]
+    fn use_exclusive(&self, _pfn: Pfn) {
+        #[cfg(aspace_loom)]
+        self.chunk(_pfn).owner[_pfn as usize % CHUNK_FRAMES].with_mut(|_| ());
+    }
+
+    /// Marks a shared use of the frame's memory, a store if `_store`
+    /// (loom only: see `Chunk::owner` and `Chunk::touch`).
+    #[inline(always)]
+    fn use_shared(&self, _pfn: Pfn, _store: bool) {
+        #[cfg(aspace_loom)]
+        {
+            let (c, i) = (self.chunk(_pfn), _pfn as usize % CHUNK_FRAMES);
+            c.owner[i].with(|_| ());
+            if _store {
+                c.touch[i].fetch_add(1, Ordering::Relaxed);
+            } else {
+                c.touch[i].load(Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Adds a reference (another mapping shares the frame).
     pub fn get(&self, pfn: Pfn) {
         self.refs(pfn).fetch_add(1, Ordering::Relaxed);
@@ -271,6 +317,7 @@ impl FrameAllocator {
         if self.refs(pfn).fetch_sub(1, Ordering::AcqRel) != 1 {
             return false;
         }
+        self.use_exclusive(pfn);
         self.counts
             .local()
             .frees
@@ -291,6 +338,7 @@ impl FrameAllocator {
 
     /// Clears a frame just allocated (nobody else can reach it yet).
     fn zero(&self, pfn: Pfn) {
+        self.use_exclusive(pfn);
         // SAFETY: the frame was just taken from the free lists, so no page
         // table maps it and no access through an old translation remains
         // (frames are freed only after the TLB flush that removed their
@@ -328,6 +376,7 @@ impl FrameAllocator {
     /// frame: bytes past its end are left untouched).
     pub fn read(&self, pfn: Pfn, offset: usize, buf: &mut [u8]) {
         let end = (offset.saturating_add(buf.len())).min(PAGE_SIZE as usize);
+        self.use_shared(pfn, false);
         let words = self.words(pfn);
         let mut pos = offset;
         while pos < end {
@@ -342,6 +391,7 @@ impl FrameAllocator {
     /// Copies `data` into the frame at `offset` (clamped to the frame).
     pub fn write(&self, pfn: Pfn, offset: usize, data: &[u8]) {
         let end = (offset.saturating_add(data.len())).min(PAGE_SIZE as usize);
+        self.use_shared(pfn, true);
         let words = self.words(pfn);
         let mut pos = offset;
         while pos < end {
@@ -367,6 +417,8 @@ impl FrameAllocator {
 
     /// Copies a whole frame.
     pub fn copy(&self, dst: Pfn, src: Pfn) {
+        self.use_shared(src, false);
+        self.use_shared(dst, true);
         let (d, s) = (self.words(dst), self.words(src));
         for (d, s) in d.iter().zip(s.iter()) {
             d.store(s.load(Ordering::Relaxed), Ordering::Relaxed);
