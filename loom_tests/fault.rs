@@ -39,17 +39,26 @@ fn rw() -> Prot {
 
 /// Model 3: a lock-free lookup races with munmap of its VMA and the
 /// immediate reuse of the VMA object for another range. The fault either
-/// completes in the old VMA before the munmap (which then frees the frame)
-/// or reports no mapping; it never installs a page for an address its VMA
-/// no longer covers, and never touches the new VMA.
+/// completes in the old VMA before the munmap (which then removes what it
+/// installed) or reports no mapping; it never installs an entry for an
+/// address its VMA no longer covers (the page tables of the unmapped range
+/// would then stay behind), and never touches the new VMA. A read fault
+/// keeps the model small: the store path's frame and anon_vma handling
+/// against munmap is model 4's.
+///
+/// Mutation caught: `lock_vma_under_rcu` (src/fault.rs) skipping its
+/// revalidation (`if vma.mm_id() != mm.id || !vma.range().contains(addr)`
+/// replaced by `if false`): the fault then maps A through the object
+/// recycled for B.
 #[test]
 fn lookup_vs_detach_and_reuse() {
     model(|| {
         let mm = Arc::new(AddressSpace::new(cfg()));
+        let bare = mm.page_table_bytes();
         mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
         mm.write(A + PAGE_SIZE, &[1]).unwrap();
         let m2 = mm.clone();
-        let t = thread::spawn(move || m2.fault(A, Access::Write));
+        let t = thread::spawn(move || m2.fault(A, Access::Read));
         mm.munmap(A, 2 * PAGE_SIZE).unwrap();
         mm.mmap(B, PAGE_SIZE, rw(), fixed()).unwrap();
         let r = t.join().unwrap();
@@ -57,10 +66,11 @@ fn lookup_vs_detach_and_reuse() {
         assert!(mm.stats().vma_reused >= 1, "the object was recycled");
         let mut x = [0u8; 1];
         assert_eq!(mm.read(A, &mut x), Err(Error::Fault));
+        assert_eq!(mm.frames_used(), 0, "no frame behind the unmapped pages");
         assert_eq!(
-            mm.frames_used(),
-            0,
-            "no frame behind the unmapped page or the new VMA"
+            mm.page_table_bytes(),
+            bare,
+            "an entry was installed after munmap zapped the range"
         );
     });
 }
@@ -205,5 +215,33 @@ fn fork_vs_write_fault() {
             first[8] == 0 || first[0] == 1,
             "the child saw the second store without the first: {first:?}"
         );
+    });
+}
+
+/// Model 9: a store's precheck reads the VMA it found in the tree while
+/// mprotect merges that VMA into its neighbours, freeing its object, and
+/// mmap at once reuses the object for a read-only mapping elsewhere. The
+/// stored-to page is writable the whole time, so the store must succeed:
+/// the precheck reads flags only from a VMA it has locked and
+/// revalidated, and never acts on the flags of a recycled object.
+///
+/// Mutation caught: `AddressSpace::precheck` (src/mm/access.rs) reading
+/// `v.flags()` without the read lock and revalidation, i.e. passing
+/// `|_, v| Some(v.flags())` as `flags_of` in the lock-free attempt (the
+/// code before the fix).
+#[test]
+fn store_precheck_vs_vma_reuse() {
+    model(|| {
+        let mm = Arc::new(AddressSpace::new(cfg()));
+        mm.mmap(A, 3 * PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(A, &[1; 3 * PAGE_SIZE as usize]).unwrap();
+        // Three VMAs: read-write, read-only, read-write.
+        mm.mprotect(A + PAGE_SIZE, PAGE_SIZE, Prot::READ).unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.write(A + 2 * PAGE_SIZE, &[2]));
+        // Merge all three (two objects are freed); reuse a free object.
+        mm.mprotect(A + PAGE_SIZE, PAGE_SIZE, rw()).unwrap();
+        mm.mmap(B, PAGE_SIZE, Prot::READ, fixed()).unwrap();
+        assert_eq!(t.join().unwrap(), Ok(()), "a store to a writable page failed");
     });
 }
