@@ -112,7 +112,7 @@ impl AddressSpace {
             return Ok(old_addr);
         }
         if new_len < old_len {
-            ed.unmap(Range::new(old_addr + new_len, old_addr + old_len))?;
+            ed.unmap(self.shrunk_tail(old_addr, old_len, new_len)?)?;
             return Ok(old_addr);
         }
         let shared = vma.flags().contains(VmFlags::MAYSHARE);
@@ -169,6 +169,16 @@ impl AddressSpace {
         Ok(new_addr)
     }
 
+    /// The tail a shrink unmaps, `[old_addr + new_len, old_addr +
+    /// old_len)`, with munmap's checks: Linux's `shrink_vma` goes through
+    /// `do_vmi_munmap`, so an old length reaching past the task size fails
+    /// with `EINVAL` (the old range of a shrink is not checked against its
+    /// VMA). `new_len < old_len`.
+    fn shrunk_tail(&self, old_addr: u64, old_len: u64, new_len: u64) -> Result<Range> {
+        let start = old_addr.checked_add(new_len).ok_or(Error::Inval)?;
+        self.munmap_range(start, old_len - new_len)
+    }
+
     /// Checks for calls that map something new: a zero old length only
     /// duplicates shared mappings, and the old range must not cross the end
     /// of its VMA.
@@ -212,7 +222,7 @@ impl AddressSpace {
             ed.unmap_into(Range::new(new_addr, new_addr + new_len), gather)?;
         }
         if new_len < old_len {
-            ed.unmap_into(Range::new(old_addr + new_len, old_addr + old_len), gather)?;
+            ed.unmap_into(self.shrunk_tail(old_addr, old_len, new_len)?, gather)?;
             old_len = new_len;
         }
         let Some(vma) = ed.find(old_addr) else {
