@@ -29,7 +29,12 @@ impl AddressSpace {
     /// old length on a private mapping; `EFAULT` if `old_addr` is not
     /// mapped or the old range crosses the end of its VMA; `ENOMEM` if a
     /// grow cannot be done in place and `MAYMOVE` is not given, no room is
-    /// found, or the map count is too close to its limit.
+    /// found, or the map count is too close to its limit. A shrink unmaps
+    /// its tail with munmap's checks: `EINVAL` when the old range reaches
+    /// past the task size (after a `FIXED` target was unmapped, as in
+    /// Linux). `EPERM` when the new address (`FIXED`, or a free
+    /// `DONTUNMAP` hint) is below `mmap_min_addr`, also after a `FIXED`
+    /// target was unmapped.
     ///
     /// TLB flushes follow [`Config::mremap_extent`](crate::Config): with
     /// the default ([`MremapExtent::Batched`]) one flush covers the whole
@@ -239,6 +244,12 @@ impl AddressSpace {
             };
             self.get_unmapped_area(ed, new_addr, new_len, false, mflags)?
         };
+        // Linux checks every placement against `mmap_min_addr`
+        // (`security_mmap_addr`); unlike mmap, mremap does not first raise
+        // a hint to it, so a free hint below it fails too.
+        if dst < self.cfg.mmap_min_addr {
+            return Err(Error::Perm);
+        }
         self.move_vma(ed, gather, vma, old_addr, old_len, new_len, dst, flags)
     }
 
