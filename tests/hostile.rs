@@ -45,7 +45,7 @@ use std::os::fd::FromRawFd as _;
 const TASK: u64 = DEFAULT_TASK_SIZE;
 /// Frame budget of every address space here: stores past it fail with
 /// ENOMEM instead of growing the test process.
-const BUDGET: u64 = 64 << 20;
+const BUDGET: u64 = 16 << 20;
 /// Longest `MAP_SHARED` or `MAP_POPULATE` mapping the generator lets
 /// through (longer ones lose those flags). Today a shared anonymous object
 /// keeps a dense array of page slots and `MAP_POPULATE` builds page tables
@@ -207,10 +207,12 @@ enum Op {
     },
     Fork,
     /// The read-only entry points: vmas, maps, stats, counters, translate,
-    /// rmap_walk, prefault_frames.
+    /// rmap_walk; and `prefault_frames(bytes)` if `prefault` (half the
+    /// time: touching the whole budget is the slowest call here).
     Inspect {
         addr: Num,
         bytes: Num,
+        prefault: bool,
     },
 }
 
@@ -231,7 +233,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(addr, len, seed)| Op::Write { addr, len, seed }),
         2 => (num(), 0u8..3).prop_map(|(addr, access)| Op::Fault { addr, access }),
         1 => Just(Op::Fork),
-        1 => (num(), num()).prop_map(|(addr, bytes)| Op::Inspect { addr, bytes }),
+        1 => (num(), num(), any::<bool>())
+            .prop_map(|(addr, bytes, prefault)| Op::Inspect { addr, bytes, prefault }),
     ]
 }
 
@@ -536,7 +539,11 @@ impl Hostile {
                     fresh_mapping_works(&child)?;
                 }
             }
-            Op::Inspect { addr, bytes } => {
+            Op::Inspect {
+                addr,
+                bytes,
+                prefault,
+            } => {
                 let addr = self.num(&before, addr);
                 let bytes = self.num(&before, bytes);
                 let _ = mm.maps();
@@ -547,7 +554,9 @@ impl Hostile {
                     prop_assert_eq!(mm.translate(addr), None);
                 }
                 let _ = mm.rmap_walk(addr);
-                mm.prefault_frames(bytes);
+                if *prefault {
+                    mm.prefault_frames(bytes);
+                }
             }
         }
         check_layout(&self.mm.vmas(), &cfg)?;
