@@ -239,19 +239,31 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 /// Configurations: the default layout with a small budget, optionally a
-/// small `max_map_count` (so the map-count limits are reached) and the
-/// mmap_lock fault mode.
+/// small `max_map_count` (so the map-count limits are reached), the
+/// mmap_lock fault mode, no `mmap_min_addr` (page 0 mappable) and extreme
+/// stack guard gaps (the embedder's choice, which arithmetic must survive
+/// too).
 fn config() -> impl Strategy<Value = Config> {
-    (any::<bool>(), any::<bool>()).prop_map(|(few_maps, mmap_lock)| Config {
-        memory_budget: BUDGET,
-        max_map_count: if few_maps { 24 } else { 65530 },
-        fault_locking: if mmap_lock {
-            FaultLocking::MmapLock
-        } else {
-            FaultLocking::PerVma
-        },
-        ..Config::default()
-    })
+    (
+        any::<bool>(),
+        any::<bool>(),
+        prop_oneof![3 => Just(65536u64), 1 => Just(0)],
+        prop_oneof![3 => Just(256 * PAGE_SIZE), 1 => Just(0), 1 => Just(u64::MAX)],
+    )
+        .prop_map(
+            |(few_maps, mmap_lock, mmap_min_addr, stack_guard_gap)| Config {
+                memory_budget: BUDGET,
+                max_map_count: if few_maps { 24 } else { 65530 },
+                fault_locking: if mmap_lock {
+                    FaultLocking::MmapLock
+                } else {
+                    FaultLocking::PerVma
+                },
+                mmap_min_addr,
+                stack_guard_gap,
+                ..Config::default()
+            },
+        )
 }
 
 // ---------------------------------------------------------------- state
@@ -292,8 +304,9 @@ impl Hostile {
             .mmap(0, 8 * PAGE_SIZE, rw, anon | MapFlags::GROWSDOWN)
             .unwrap();
         mm.write(g + 7 * PAGE_SIZE, b"stack").unwrap();
+        // (Refused when the stack's guard gap covers all of user space.)
         let b = mm.brk(0).unwrap();
-        assert_eq!(mm.brk(b + 3 * PAGE_SIZE), Ok(b + 3 * PAGE_SIZE));
+        let _ = mm.brk(b + 3 * PAGE_SIZE);
         Hostile { mm }
     }
 
@@ -440,17 +453,23 @@ impl Hostile {
                     Ok(a) => {
                         let nlen = page_align(new_len).expect("remapped length");
                         prop_assert!(a % PAGE_SIZE == 0 && a >= min);
-                        prop_assert!(a.checked_add(nlen).is_some_and(|e| e <= task));
                         if flags.contains(MremapFlags::FIXED) {
                             prop_assert_eq!(a, new_addr);
                         }
                         // Where something new was mapped (a grow, a move)
-                        // the whole new range is; a shrink or a same-size
-                        // call keeps what was there, holes included, and a
-                        // FIXED move of several VMAs keeps the holes.
+                        // the whole new range is, inside the task size. A
+                        // shrink or a same-size call returns the old
+                        // address and keeps what was there, holes
+                        // included (the old range is not checked); a FIXED
+                        // move of several VMAs keeps the holes.
                         let olen = old_len.wrapping_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
                         let implies_new =
                             flags.intersects(MremapFlags::FIXED | MremapFlags::DONTUNMAP);
+                        if implies_new || nlen > olen {
+                            prop_assert!(a.checked_add(nlen).is_some_and(|e| e <= task));
+                        } else {
+                            prop_assert_eq!(a, old);
+                        }
                         let multi = flags.contains(MremapFlags::FIXED) && olen == nlen;
                         if (implies_new || nlen > olen) && !multi {
                             self.assert_covered(a, nlen, None)?;
@@ -1002,4 +1021,27 @@ fn mremap_dontunmap_hint_below_mmap_min_addr_is_eperm() {
     );
     assert_eq!(mm.vmas().len(), before.len() + 1);
     assert_eq!(mm.mmap(0x2000, PAGE_SIZE, rw, anon), Ok(0x1_0000));
+}
+
+/// brk's room check adds the stack guard gap, which the embedder chooses:
+/// a huge one saturates instead of overflowing (a panic in a debug build).
+#[test]
+fn brk_with_a_huge_stack_guard_gap_does_not_overflow() {
+    let mm = AddressSpace::new(Config {
+        stack_guard_gap: u64::MAX,
+        ..Config::default()
+    });
+    let b = mm.brk(0).unwrap();
+    let above = b + (1 << 30);
+    let rw = Prot::READ | Prot::WRITE;
+    let fixed = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED;
+    assert_eq!(mm.mmap(above, PAGE_SIZE, rw, fixed), Ok(above));
+    // A plain mapping above keeps no guard gap: the heap grows.
+    assert_eq!(mm.brk(b + 4 * PAGE_SIZE), Ok(b + 4 * PAGE_SIZE));
+    // A stack above keeps one, all of user space: the heap may not grow.
+    let stack = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::GROWSDOWN;
+    let s = mm.mmap(0, PAGE_SIZE, rw, stack).unwrap();
+    assert_eq!(mm.munmap(above, PAGE_SIZE), Ok(()));
+    assert!(s > b);
+    assert_eq!(mm.brk(b + 8 * PAGE_SIZE), Ok(b + 4 * PAGE_SIZE));
 }

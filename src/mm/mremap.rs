@@ -60,6 +60,12 @@ impl AddressSpace {
         if new_len == 0 || new_len > task {
             return Err(Error::Inval);
         }
+        // Overflow: from here on `new_len <= task`; `new_addr + new_len <=
+        // task` wherever `new_addr` is used; `old_addr` lies in a VMA (so
+        // below the task size) once found, so `old_addr + new_len` is far
+        // from overflowing. `old_addr + old_len` is used only once the old
+        // range is known to end inside its VMA (`check_old_range`, or the
+        // pieces of VMAs in `remap_move`), or through `shrunk_tail`.
         let implies_new = flags.intersects(MremapFlags::FIXED | MremapFlags::DONTUNMAP);
         let mut ed = Edit::begin(self);
         if implies_new {
