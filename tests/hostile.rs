@@ -23,8 +23,21 @@
 //! and a fork of the final state keeps the same invariants.
 //!
 //! The plain `#[test]`s below are regression cases for the defects this
-//! test found, each checked against the running kernel where the kernel
-//! can run the call safely (see `tests/common/kernel.rs`).
+//! test found, each compared with the running kernel where it can make the
+//! call: in a forked child, so a call that would unmap more than it should
+//! can only harm the child.
+//!
+//! Overflow checks: CI runs `cargo test --release`, so
+//! `[profile.release.package.aspace]` turns `overflow-checks` on (this
+//! crate's release builds only; benches keep them off). Measured with
+//! `examples/pft --threads 1 --no-zero --no-writer --reps 10 --mib 512`,
+//! six runs alternating with a build where every crate had the checks:
+//! mean faults/cpu over both workloads and both locking modes 19.45 M
+//! with the checks, 19.27 M without, run-to-run noise about 5% on the
+//! shared 2-core machine: no measurable cost.
+//!
+//! A longer hunt, in a debug build (where overflow always panics):
+//! `HOSTILE_CASES=3000 HOSTILE_SEED=7 cargo test --test hostile`.
 
 mod common;
 
@@ -802,9 +815,10 @@ fn kernel_in_child(k: &KernelTarget, call: Call) -> (Res<u64>, Vec<Vma>) {
             libc::_exit(0);
         }
     }
-    // SAFETY: closing our copy of the write end, so read_to_end sees EOF
-    // when the child exits; the read end becomes the File's to close.
     let mut out = Vec::new();
+    // SAFETY: closing our copy of the write end (so read_to_end sees EOF
+    // when the child exits); the read end is ours alone and becomes the
+    // File's to close.
     unsafe {
         libc::close(fds[1]);
         std::fs::File::from_raw_fd(fds[0])
