@@ -84,10 +84,11 @@ impl Range {
         }
     }
 
-    /// Length in bytes.
+    /// Length in bytes; 0 for an inverted range (`end < start`), which
+    /// [`is_empty`](Self::is_empty) also calls empty.
     #[inline]
     pub const fn len(&self) -> u64 {
-        self.end - self.start
+        self.end.saturating_sub(self.start)
     }
 
     /// True if the range holds no address.
@@ -166,5 +167,7 @@ mod tests {
         assert!(r.contains_range(&Range::new(12, 20)));
         assert_eq!(Range::from_len(u64::MAX, 1), None);
         assert!(Range::new(5, 5).is_empty());
+        assert!(Range::new(6, 5).is_empty());
+        assert_eq!(Range::new(6, 5).len(), 0);
     }
 }

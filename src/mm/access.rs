@@ -55,6 +55,7 @@ impl AddressSpace {
         self.precheck(Range::new(addr, end), access)?;
         let write = access == Access::Write;
         let mut a = addr;
+        // `addr <= a < end <= task_size`: no sum below can overflow.
         while a < end {
             let page = a & !(PAGE_SIZE - 1);
             let off = (a - page) as usize;

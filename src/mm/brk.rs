@@ -64,10 +64,11 @@ impl AddressSpace {
             return Ok(addr);
         }
         // Grow: stay one page below the next mapping (and its guard gap).
+        // `newbrk <= task_size`, so `newbrk + PAGE_SIZE` cannot overflow;
+        // the guard gap is the embedder's choice, so that sum saturates.
         if let Some(next) = ed.find_after(oldbrk) {
-            if next.start() < newbrk + PAGE_SIZE + self.cfg.stack_guard_gap
-                && newbrk + PAGE_SIZE > self.vm_start_gap(next)
-            {
+            let reach = (newbrk + PAGE_SIZE).saturating_add(self.cfg.stack_guard_gap);
+            if next.start() < reach && newbrk + PAGE_SIZE > self.vm_start_gap(next) {
                 return Ok(old);
             }
         }

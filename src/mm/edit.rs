@@ -70,6 +70,10 @@ pub(crate) fn anon_mergeable(
 }
 
 /// What a range about to be merged looks like.
+///
+/// Page offsets are anonymous addresses in pages (below 2^36 with a 2^48
+/// task size) or page indexes of a shared object no longer than the task
+/// size, so the sums of offsets and page counts here cannot overflow.
 #[derive(Clone, Copy)]
 pub(crate) struct Proto<'p> {
     pub(crate) flags: VmFlags,
@@ -588,6 +592,7 @@ impl<'a> Edit<'a> {
         if first.start() < r.start {
             self.split(first, r.start, false)?;
         }
+        // `first` starts below `r.end`, so `r.end > 0`.
         if let Some(last) = self.find(r.end - 1) {
             if last.end() > r.end {
                 self.split(last, r.end, false)?;

@@ -2,7 +2,7 @@
 
 use super::edit::Edit;
 use super::{next_id, AddressSpace, MapFlags, Prot};
-use crate::addr::{is_page_aligned, page_align_up, Range, PAGE_SHIFT, PAGE_SIZE};
+use crate::addr::{is_page_aligned, page_align_down, page_align_up, Range, PAGE_SHIFT, PAGE_SIZE};
 use crate::error::{Error, Result};
 use crate::sync::Arc;
 use crate::vma::{Shmem, VmFlags, VmaRef};
@@ -35,17 +35,23 @@ impl AddressSpace {
         }
         let len = page_align_up(len).ok_or(Error::NoMem)?;
         let fixed = flags.intersects(MapFlags::FIXED | MapFlags::FIXED_NOREPLACE);
+        let hint = if fixed {
+            addr
+        } else {
+            self.round_hint_to_min(addr)
+        };
         let mut ed = Edit::begin(self);
         // Linux checks `map_count > max`; we keep the inclusive rule
         // (the count never exceeds the limit), as Linux since late 2025.
         if ed.st.map_count >= self.cfg.max_map_count {
             return Err(Error::NoMem);
         }
-        let addr = self.get_unmapped_area(&ed, addr, len, fixed, flags)?;
+        let addr = self.get_unmapped_area(&ed, hint, len, fixed, flags)?;
         if addr < self.cfg.mmap_min_addr {
             return Err(Error::Perm);
         }
-        let r = Range::new(addr, addr + len);
+        // get_unmapped_area keeps `addr + len` within the task size.
+        let r = Range::from_len(addr, len).ok_or(Error::NoMem)?;
         if flags.contains(MapFlags::FIXED_NOREPLACE)
             && ed.find_after(addr).is_some_and(|v| v.start() < r.end)
         {
@@ -118,6 +124,7 @@ impl AddressSpace {
             super::Access::Read
         };
         let mut a = r.start;
+        // `a < r.end <= task_size`: `a + PAGE_SIZE` cannot overflow.
         while a < r.end {
             if self.fault(a, access).is_err() {
                 break;
@@ -126,8 +133,23 @@ impl AddressSpace {
         }
     }
 
+    /// Linux's `round_hint_to_min`, which mmap (not mremap) applies to a
+    /// hint: page-aligned down, and raised to `mmap_min_addr` if below it.
+    fn round_hint_to_min(&self, hint: u64) -> u64 {
+        let hint = page_align_down(hint);
+        if hint != 0 && hint < self.cfg.mmap_min_addr {
+            // `None` (a minimum in the last page) means no hint.
+            page_align_up(self.cfg.mmap_min_addr).unwrap_or(0)
+        } else {
+            hint
+        }
+    }
+
     /// Linux's `get_unmapped_area`: a fixed address as given, a usable
-    /// hint, or a top-down search below `mmap_base` (then bottom-up).
+    /// page-aligned hint (mmap has rounded it to `mmap_min_addr`; mremap
+    /// passes its own, and the caller fails with `EPERM` below that
+    /// minimum), or a top-down search below `mmap_base` (then bottom-up).
+    /// The result `a` has `a + len <= task_size`.
     pub(crate) fn get_unmapped_area(
         &self,
         ed: &Edit<'_>,
@@ -156,13 +178,10 @@ impl AddressSpace {
         }
         let min = self.cfg.mmap_min_addr.max(PAGE_SIZE);
         if hint != 0 {
-            // round_hint_to_min, then the arch code rounds down.
-            let h = if hint < self.cfg.mmap_min_addr {
-                page_align_up(self.cfg.mmap_min_addr).unwrap_or(0)
-            } else {
-                hint & !(PAGE_SIZE - 1)
-            };
-            if h >= min && h <= task - len && self.range_usable(ed, Range::new(h, h + len)) {
+            // The arch code rounds down. `h <= task - len` comes first, so
+            // `h + len` cannot overflow.
+            let h = page_align_down(hint);
+            if h <= task - len && self.range_usable(ed, Range::new(h, h + len)) {
                 return Ok(h);
             }
         }
@@ -196,6 +215,7 @@ impl AddressSpace {
             if high < low || high - low < len {
                 return None;
             }
+            // The gap search keeps `s + len <= high`: no overflow below.
             let s = ed.w.gap_highest(low, high, len, PAGE_SIZE, &ed.g)?;
             match ed.find_after(s) {
                 Some(next) if s + len > self.vm_start_gap(next) => {
@@ -218,6 +238,7 @@ impl AddressSpace {
             if high < low || high - low < len {
                 return None;
             }
+            // The gap search keeps `s + len <= high`: no overflow below.
             let s = ed.w.gap_lowest(low, high, len, PAGE_SIZE, &ed.g)?;
             match ed.find_after(s) {
                 Some(next) if s + len > self.vm_start_gap(next) => low = next.end(),

@@ -29,11 +29,11 @@ impl AddressSpace {
         if len == 0 {
             return Ok(());
         }
-        let len = page_align_up(len).unwrap_or(0);
-        let end = addr.wrapping_add(len);
-        if len == 0 || end <= addr {
+        // Linux's `end <= start` after PAGE_ALIGN: a length that rounds up
+        // past u64::MAX, or an end that does.
+        let Some(end) = page_align_up(len).and_then(|l| addr.checked_add(l)) else {
             return Err(Error::NoMem);
-        }
+        };
         if !Prot::all().contains(prot) {
             return Err(Error::Inval);
         }

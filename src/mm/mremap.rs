@@ -29,7 +29,12 @@ impl AddressSpace {
     /// old length on a private mapping; `EFAULT` if `old_addr` is not
     /// mapped or the old range crosses the end of its VMA; `ENOMEM` if a
     /// grow cannot be done in place and `MAYMOVE` is not given, no room is
-    /// found, or the map count is too close to its limit.
+    /// found, or the map count is too close to its limit. A shrink unmaps
+    /// its tail with munmap's checks: `EINVAL` when the old range reaches
+    /// past the task size (after a `FIXED` target was unmapped, as in
+    /// Linux). `EPERM` when the new address (`FIXED`, or a free
+    /// `DONTUNMAP` hint) is below `mmap_min_addr`, also after a `FIXED`
+    /// target was unmapped.
     ///
     /// TLB flushes follow [`Config::mremap_extent`](crate::Config): with
     /// the default ([`MremapExtent::Batched`]) one flush covers the whole
@@ -55,6 +60,12 @@ impl AddressSpace {
         if new_len == 0 || new_len > task {
             return Err(Error::Inval);
         }
+        // Overflow: from here on `new_len <= task`; `new_addr + new_len <=
+        // task` wherever `new_addr` is used; `old_addr` lies in a VMA (so
+        // below the task size) once found, so `old_addr + new_len` is far
+        // from overflowing. `old_addr + old_len` is used only once the old
+        // range is known to end inside its VMA (`check_old_range`, or the
+        // pieces of VMAs in `remap_move`), or through `shrunk_tail`.
         let implies_new = flags.intersects(MremapFlags::FIXED | MremapFlags::DONTUNMAP);
         let mut ed = Edit::begin(self);
         if implies_new {
@@ -112,7 +123,7 @@ impl AddressSpace {
             return Ok(old_addr);
         }
         if new_len < old_len {
-            ed.unmap(Range::new(old_addr + new_len, old_addr + old_len))?;
+            ed.unmap(self.shrunk_tail(old_addr, old_len, new_len)?)?;
             return Ok(old_addr);
         }
         let shared = vma.flags().contains(VmFlags::MAYSHARE);
@@ -169,6 +180,16 @@ impl AddressSpace {
         Ok(new_addr)
     }
 
+    /// The tail a shrink unmaps, `[old_addr + new_len, old_addr +
+    /// old_len)`, with munmap's checks: Linux's `shrink_vma` goes through
+    /// `do_vmi_munmap`, so an old length reaching past the task size fails
+    /// with `EINVAL` (the old range of a shrink is not checked against its
+    /// VMA). `new_len < old_len`.
+    fn shrunk_tail(&self, old_addr: u64, old_len: u64, new_len: u64) -> Result<Range> {
+        let start = old_addr.checked_add(new_len).ok_or(Error::Inval)?;
+        self.munmap_range(start, old_len - new_len)
+    }
+
     /// Checks for calls that map something new: a zero old length only
     /// duplicates shared mappings, and the old range must not cross the end
     /// of its VMA.
@@ -212,7 +233,7 @@ impl AddressSpace {
             ed.unmap_into(Range::new(new_addr, new_addr + new_len), gather)?;
         }
         if new_len < old_len {
-            ed.unmap_into(Range::new(old_addr + new_len, old_addr + old_len), gather)?;
+            ed.unmap_into(self.shrunk_tail(old_addr, old_len, new_len)?, gather)?;
             old_len = new_len;
         }
         let Some(vma) = ed.find(old_addr) else {
@@ -229,6 +250,12 @@ impl AddressSpace {
             };
             self.get_unmapped_area(ed, new_addr, new_len, false, mflags)?
         };
+        // Linux checks every placement against `mmap_min_addr`
+        // (`security_mmap_addr`); unlike mmap, mremap does not first raise
+        // a hint to it, so a free hint below it fails too.
+        if dst < self.cfg.mmap_min_addr {
+            return Err(Error::Perm);
+        }
         self.move_vma(ed, gather, vma, old_addr, old_len, new_len, dst, flags)
     }
 

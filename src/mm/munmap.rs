@@ -13,15 +13,24 @@ impl AddressSpace {
     /// past the task size; `ENOMEM` when a split in the middle of a VMA
     /// would exceed `max_map_count`.
     pub fn munmap(&self, addr: u64, len: u64) -> Result<()> {
+        let r = self.munmap_range(addr, len)?;
+        let mut ed = Edit::begin(self);
+        ed.unmap(r)
+    }
+
+    /// munmap's argument checks (Linux's `do_vmi_munmap`, which mremap's
+    /// shrink also goes through): the page-aligned, non-empty range
+    /// `[addr, addr + PAGE_ALIGN(len))` inside the task size, or `EINVAL`.
+    pub(super) fn munmap_range(&self, addr: u64, len: u64) -> Result<Range> {
         let task = self.cfg.task_size;
         if !is_page_aligned(addr) || addr > task || len > task - addr {
             return Err(Error::Inval);
         }
-        let len = match page_align_up(len) {
-            Some(l) if l != 0 => l,
-            _ => return Err(Error::Inval),
-        };
-        let mut ed = Edit::begin(self);
-        ed.unmap(Range::new(addr, addr + len))
+        // With a page-aligned task size the rounded range stays inside it;
+        // checked anyway, as the task size is the embedder's choice.
+        match page_align_up(len) {
+            Some(l) if l != 0 => Range::from_len(addr, l).ok_or(Error::Inval),
+            _ => Err(Error::Inval),
+        }
     }
 }
