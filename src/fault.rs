@@ -314,11 +314,16 @@ fn do_fault(
         };
         match mm.pt.install(page, new, &g) {
             Ok(()) => return Ok(()),
-            Err(_) => {
+            Err(cur) => {
                 // Raced with another fault on the same page (or the address
                 // cannot be mapped): drop our frame reference, look again.
                 if new.pfn() != ZERO_PFN {
                     mm.frames.put(new.pfn());
+                }
+                // Inside a VMA every address translates: no entry means no
+                // page table could be had within the budget.
+                if cur == Pte::NONE {
+                    return Err(Step::Fail(FaultError::OutOfMemory));
                 }
                 if !mm.pt.lookup(page, &g).is_present() {
                     return Err(Step::Fail(FaultError::NoMapping));

@@ -38,7 +38,7 @@ impl AddressSpace {
         let mut ed = Edit::begin(self);
         // Linux checks `map_count > max`; we keep the inclusive rule
         // (the count never exceeds the limit), as Linux since late 2025.
-        if ed.st.map_count >= self.cfg.max_map_count {
+        if ed.st.map_count >= self.cfg.max_map_count || !ed.vma_room(1) {
             return Err(Error::NoMem);
         }
         let addr = self.get_unmapped_area(&ed, addr, len, fixed, flags)?;
@@ -106,8 +106,10 @@ impl AddressSpace {
 
     /// Faults in every page of `r` as `MAP_POPULATE` does: write faults for
     /// private writable memory (breaking copy-on-write), read faults
-    /// otherwise, nothing for inaccessible memory. Errors are ignored, as
-    /// in Linux (mmap still succeeds).
+    /// otherwise, nothing for inaccessible memory. Best effort, as in
+    /// Linux (`__mm_populate` ignores errors and mmap still succeeds): the
+    /// first fault that fails — the budget is spent on frames or page
+    /// tables — ends it, and the rest stays unpopulated.
     pub(crate) fn populate(&self, r: Range, vf: VmFlags) {
         if !vf.accessible() {
             return;
