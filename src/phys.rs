@@ -669,6 +669,41 @@ mod tests {
     }
 
     #[test]
+    fn budget_stocks_are_drained_before_a_charge_fails() {
+        let b = Arc::new(Budget::new(4 * STOCK_BATCH));
+        // Another thread charges and gives back: its CPU slot keeps stock.
+        let b2 = b.clone();
+        std::thread::spawn(move || {
+            assert!(b2.try_charge(PAGE_SIZE));
+            b2.uncharge(PAGE_SIZE);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(b.used(), 0);
+        // All of the limit can still be charged here, and no more.
+        assert!(b.try_charge(4 * STOCK_BATCH));
+        assert!(!b.try_charge(1));
+        assert_eq!(b.used(), 4 * STOCK_BATCH);
+        b.uncharge(4 * STOCK_BATCH);
+        assert_eq!(b.used(), 0);
+        assert!(b.has_room(4 * STOCK_BATCH) && !b.has_room(4 * STOCK_BATCH + 1));
+    }
+
+    #[test]
+    fn frames_and_metadata_share_the_budget() {
+        let f = FrameAllocator::new(8 * PAGE_SIZE, true);
+        f.memory().force_charge(6 * PAGE_SIZE);
+        let v: Vec<Pfn> = std::iter::from_fn(|| f.alloc()).collect();
+        assert_eq!(v.len(), 2);
+        assert_eq!(f.memory().used(), 8 * PAGE_SIZE);
+        for p in v {
+            f.put(p);
+        }
+        f.memory().uncharge(6 * PAGE_SIZE);
+        assert_eq!(f.memory().used(), 0);
+    }
+
+    #[test]
     fn read_write_round_trips_and_zeroing() {
         let f = FrameAllocator::new(8 * PAGE_SIZE, true);
         let a = f.alloc().unwrap();
