@@ -44,7 +44,19 @@ fn main() {
     // fixed costs.
     drop(AddressSpace::with_pool(Config::default(), pool.clone()));
 
+    // Idle spaces first, kept alive so that the next measurement cannot
+    // reuse their memory.
     let rss0 = rss_bytes();
+    let idle: Vec<AddressSpace> = (0..n)
+        .map(|_| AddressSpace::with_pool(Config::default(), pool.clone()))
+        .collect();
+    println!(
+        "{n} idle spaces: {:.1} KiB of host RSS per space",
+        rss_bytes().saturating_sub(rss0) as f64 / n as f64 / 1024.0
+    );
+
+    let rss0 = rss_bytes();
+    let charged0 = pool.memory().used();
     let mut spaces = Vec::with_capacity(n);
     for i in 0..n {
         spaces.push(space_with_4_pages(&pool, i as u64));
@@ -53,9 +65,10 @@ fn main() {
     println!(
         "{n} spaces with 4 written pages each: {:.1} KiB of host RSS per space (target <= 64 KiB; Linux ~32 KiB), {} KiB charged to the pool per space",
         rss as f64 / n as f64 / 1024.0,
-        pool.memory().used() / n as u64 / 1024
+        (pool.memory().used() - charged0) / n as u64 / 1024
     );
     drop(spaces);
+    drop(idle);
     assert_eq!(pool.used(), 0);
 
     // Create + drop, empty and with 4 written pages.
