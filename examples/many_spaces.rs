@@ -2,7 +2,9 @@
 //! keeps them: host RSS per space with 4 written pages, and the time to
 //! create and drop one.
 //!
-//! `cargo run --release --example many_spaces [spaces]` (default 10,000)
+//! `cargo run --release --example many_spaces [spaces] [--private]`
+//! (default 10,000 spaces on one pool; `--private` gives each space a pool
+//! of its own, as `AddressSpace::new` does, for comparison).
 
 use aspace::{AddressSpace, Config, FrameAllocator, MapFlags, Prot, PAGE_SIZE};
 use std::sync::Arc;
@@ -15,9 +17,8 @@ fn rss_bytes() -> u64 {
     pages * 4096
 }
 
-/// A space on `pool` with 4 pages mapped and written.
-fn space_with_4_pages(pool: &Arc<FrameAllocator>, tag: u64) -> AddressSpace {
-    let mm = AddressSpace::with_pool(Config::default(), pool.clone());
+/// `mm` with 4 pages mapped and written.
+fn with_4_pages(mm: AddressSpace, tag: u64) -> AddressSpace {
     let rw = Prot::READ | Prot::WRITE;
     let a = mm
         .mmap(
@@ -33,23 +34,32 @@ fn space_with_4_pages(pool: &Arc<FrameAllocator>, tag: u64) -> AddressSpace {
     mm
 }
 
+/// A space on `pool`.
+fn on(pool: &Arc<FrameAllocator>) -> AddressSpace {
+    AddressSpace::with_pool(Config::default(), pool.clone())
+}
+
 fn main() {
-    let n: usize = std::env::args()
-        .nth(1)
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let private = args.iter().any(|a| a == "--private");
+    let n: usize = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
         .map(|s| s.parse().expect("a number of spaces"))
         .unwrap_or(10_000);
+    if private {
+        return private_pools(n);
+    }
     let pool = Arc::new(FrameAllocator::new(4 << 30, true));
 
     // Warm up the allocator and the pool so the baseline holds their
     // fixed costs.
-    drop(AddressSpace::with_pool(Config::default(), pool.clone()));
+    drop(on(&pool));
 
     // Idle spaces first, kept alive so that the next measurement cannot
     // reuse their memory.
     let rss0 = rss_bytes();
-    let idle: Vec<AddressSpace> = (0..n)
-        .map(|_| AddressSpace::with_pool(Config::default(), pool.clone()))
-        .collect();
+    let idle: Vec<AddressSpace> = (0..n).map(|_| on(&pool)).collect();
     println!(
         "{n} idle spaces: {:.1} KiB of host RSS per space",
         rss_bytes().saturating_sub(rss0) as f64 / n as f64 / 1024.0
@@ -59,7 +69,7 @@ fn main() {
     let charged0 = pool.memory().used();
     let mut spaces = Vec::with_capacity(n);
     for i in 0..n {
-        spaces.push(space_with_4_pages(&pool, i as u64));
+        spaces.push(with_4_pages(on(&pool), i as u64));
     }
     let rss = rss_bytes() - rss0;
     println!(
@@ -75,15 +85,34 @@ fn main() {
     let reps = n.max(1);
     let t = Instant::now();
     for _ in 0..reps {
-        drop(AddressSpace::with_pool(Config::default(), pool.clone()));
+        drop(on(&pool));
     }
     let empty = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
     let t = Instant::now();
     for i in 0..reps {
-        drop(space_with_4_pages(&pool, i as u64));
+        drop(with_4_pages(on(&pool), i as u64));
     }
     let written = t.elapsed().as_secs_f64() * 1e6 / reps as f64;
     println!(
         "create + drop: {empty:.1} us empty, {written:.1} us with 4 written pages (target < 100 us)"
     );
+}
+
+/// Spaces made with `AddressSpace::new`: each has a pool of its own.
+fn private_pools(n: usize) {
+    let rss0 = rss_bytes();
+    let idle: Vec<AddressSpace> = (0..n)
+        .map(|_| AddressSpace::new(Config::default()))
+        .collect();
+    let rss1 = rss_bytes();
+    let written: Vec<AddressSpace> = (0..n)
+        .map(|i| with_4_pages(AddressSpace::new(Config::default()), i as u64))
+        .collect();
+    let rss2 = rss_bytes();
+    println!(
+        "private pools: {:.1} KiB of host RSS per idle space, {:.1} KiB per space with 4 written pages",
+        (rss1 - rss0) as f64 / n as f64 / 1024.0,
+        (rss2 - rss1) as f64 / n as f64 / 1024.0
+    );
+    drop((idle, written));
 }

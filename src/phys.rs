@@ -249,6 +249,20 @@ impl Drop for Chunk {
     }
 }
 
+/// Chunk pointers per directory page: a directory page maps 1 GiB of
+/// frames, and is made only once a chunk in it is, so a pool's fixed cost
+/// is one pointer per GiB of budget (fewer under loom, whose atomics are
+/// costly objects).
+#[cfg(not(aspace_loom))]
+const DIR_CHUNKS: usize = 512;
+#[cfg(aspace_loom)]
+const DIR_CHUNKS: usize = 8;
+
+/// One page of the chunk directory.
+struct ChunkDir {
+    chunks: [AtomicPtr<Chunk>; DIR_CHUNKS],
+}
+
 struct Pool {
     free: Vec<Pfn>,
     /// Frames below this number have been handed out at least once.
@@ -268,7 +282,8 @@ pub struct FrameAllocator {
     frames: u64,
     zero_new: bool,
     budget: Arc<Budget>,
-    chunks: Box<[AtomicPtr<Chunk>]>,
+    /// Two-level chunk directory, filled on first use.
+    dirs: Box<[AtomicPtr<ChunkDir>]>,
     grow: Mutex<()>,
     pool: Mutex<Pool>,
     caches: PerCpu<Mutex<Vec<Pfn>>>,
@@ -308,7 +323,7 @@ impl FrameAllocator {
             frames,
             zero_new,
             budget: Arc::new(Budget::new(budget_bytes)),
-            chunks: (0..nchunks)
+            dirs: (0..nchunks.div_ceil(DIR_CHUNKS))
                 .map(|_| AtomicPtr::new(core::ptr::null_mut()))
                 .collect(),
             grow: Mutex::new(()),
@@ -417,10 +432,27 @@ impl FrameAllocator {
     /// The chunk holding `pfn`, obtained from the system on first use;
     /// `None` if the system refuses.
     fn chunk_for(&self, pfn: Pfn) -> Option<&Chunk> {
-        let slot = &self.chunks[pfn as usize / CHUNK_FRAMES];
-        let mut p = slot.load(Ordering::Acquire);
+        let c = pfn as usize / CHUNK_FRAMES;
+        let dir_slot = &self.dirs[c / DIR_CHUNKS];
+        let mut p = core::ptr::null_mut();
+        let mut dir = dir_slot.load(Ordering::Acquire);
+        if !dir.is_null() {
+            // SAFETY: published with Release after initialization; freed
+            // only when the allocator drops (we borrow it).
+            p = unsafe { &*dir }.chunks[c % DIR_CHUNKS].load(Ordering::Acquire);
+        }
         if p.is_null() {
             let _g = self.grow.lock();
+            dir = dir_slot.load(Ordering::Acquire);
+            if dir.is_null() {
+                dir = Box::into_raw(Box::new(ChunkDir {
+                    chunks: core::array::from_fn(|_| AtomicPtr::new(core::ptr::null_mut())),
+                }));
+                dir_slot.store(dir, Ordering::Release);
+            }
+            // SAFETY: as above; we hold the grow lock, so nobody else
+            // publishes into it meanwhile.
+            let slot = &unsafe { &*dir }.chunks[c % DIR_CHUNKS];
             p = slot.load(Ordering::Acquire);
             if p.is_null() {
                 let mem = sys_alloc();
@@ -447,10 +479,14 @@ impl FrameAllocator {
     /// only after their chunk).
     #[inline]
     fn chunk(&self, pfn: Pfn) -> &Chunk {
-        let p = self.chunks[pfn as usize / CHUNK_FRAMES].load(Ordering::Acquire);
+        let c = pfn as usize / CHUNK_FRAMES;
+        let dir = self.dirs[c / DIR_CHUNKS].load(Ordering::Acquire);
+        assert!(!dir.is_null(), "frame {pfn} was never allocated");
+        // SAFETY: non-null directory and chunk pointers stay valid while
+        // the allocator lives (see `chunk_for`).
+        let p = unsafe { &*dir }.chunks[c % DIR_CHUNKS].load(Ordering::Acquire);
         assert!(!p.is_null(), "frame {pfn} was never allocated");
-        // SAFETY: non-null chunk pointers stay valid while the allocator
-        // lives (see `chunk_for`).
+        // SAFETY: as above.
         unsafe { &*p }
     }
 
@@ -623,12 +659,20 @@ impl FrameAllocator {
 
 impl Drop for FrameAllocator {
     fn drop(&mut self) {
-        for slot in self.chunks.iter() {
-            let p = slot.load(Ordering::Relaxed);
-            if !p.is_null() {
-                // SAFETY: published by `chunk_for` from Box::into_raw; the
-                // allocator is being dropped, so nobody else can reach it.
-                unsafe { drop(Box::from_raw(p)) };
+        for d in self.dirs.iter() {
+            let d = d.load(Ordering::Relaxed);
+            if d.is_null() {
+                continue;
+            }
+            // SAFETY: published by `chunk_for` from Box::into_raw; the
+            // allocator is being dropped, so nobody else can reach it.
+            let dir = unsafe { Box::from_raw(d) };
+            for slot in dir.chunks.iter() {
+                let p = slot.load(Ordering::Relaxed);
+                if !p.is_null() {
+                    // SAFETY: as for the directory page.
+                    unsafe { drop(Box::from_raw(p)) };
+                }
             }
         }
     }
