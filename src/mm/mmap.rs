@@ -23,7 +23,8 @@ impl AddressSpace {
     /// mapping; `EINVAL` when neither `SHARED` nor `PRIVATE` is given, or
     /// `GROWSDOWN` is combined with `SHARED`; `EINVAL` also for
     /// `SHARED | PRIVATE` (Linux's `MAP_SHARED_VALIDATE`, which anonymous
-    /// mappings do not accept).
+    /// mappings do not accept); then `ENOMEM` when the memory budget has
+    /// no room for the new VMA.
     pub fn mmap(&self, addr: u64, len: u64, prot: Prot, flags: MapFlags) -> Result<u64> {
         if !MapFlags::all().contains(flags) {
             return Err(Error::Inval);
@@ -38,7 +39,7 @@ impl AddressSpace {
         let mut ed = Edit::begin(self);
         // Linux checks `map_count > max`; we keep the inclusive rule
         // (the count never exceeds the limit), as Linux since late 2025.
-        if ed.st.map_count >= self.cfg.max_map_count || !ed.vma_room(1) {
+        if ed.st.map_count >= self.cfg.max_map_count {
             return Err(Error::NoMem);
         }
         let addr = self.get_unmapped_area(&ed, addr, len, fixed, flags)?;
@@ -76,6 +77,11 @@ impl AddressSpace {
             vf |= VmFlags::ACCOUNT;
         }
 
+        // The new VMA's metadata must fit the budget (Linux's
+        // vm_area_alloc failing), checked before anything changes.
+        if !ed.vma_room(1) {
+            return Err(Error::NoMem);
+        }
         // MAP_FIXED replaces what is there, data included.
         if fixed {
             ed.unmap(r)?;
