@@ -182,6 +182,12 @@ fn exhaustion_leaves_a_consistent_space() {
     );
     assert_eq!(mm.vmas(), before);
     assert_consistent(&before, mm.config().task_size);
+    // So do fork (ENOMEM) and a brk that needs a new heap VMA (the break
+    // stays, as Linux's brk reports failure).
+    assert!(matches!(mm.fork(), Err(Error::NoMem)));
+    let brk = mm.brk(0).unwrap();
+    assert_eq!(mm.brk(brk + PAGE_SIZE), Ok(brk));
+    assert_eq!(mm.vmas(), before);
     // What was written is intact.
     for i in 0..n {
         let mut b = [0u8; 8];
