@@ -136,8 +136,10 @@ impl Budget {
         self.reserve(bytes)
     }
 
-    /// Charges `bytes` even past the limit, for memory a caller must have
-    /// and gives back soon (see its use).
+    /// Charges `bytes` even past the limit, for memory a caller cannot do
+    /// without: an address space's root table, mremap's destination tables
+    /// (its source tables are freed right after), and VMAs whose room was
+    /// checked just before ([`has_room`](Self::has_room)).
     pub fn force_charge(&self, bytes: u64) {
         self.charged.fetch_add(bytes, Ordering::Relaxed);
     }
