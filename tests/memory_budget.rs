@@ -276,3 +276,11 @@ fn accounting_returns_to_zero_after_drop() {
     assert_eq!(pool.used(), 0);
     assert_eq!(pool.memory().used(), 0, "tables and VMAs uncharged");
 }
+
+#[test]
+fn a_space_with_no_budget_refuses_calmly() {
+    let mm = with_budget(0);
+    assert_eq!(mm.mmap(0, PAGE_SIZE, RW, ANON), Err(Error::NoMem));
+    assert_eq!(mm.map_count(), 0);
+    assert_eq!(mm.fault(0x10000, Access::Read), Err(FaultError::NoMapping));
+}
