@@ -88,7 +88,8 @@ pub enum FaultError {
     /// The mapping has no backing at this offset, e.g. the part of a shared
     /// mapping grown past its object with mremap (`SIGBUS`).
     Bus,
-    /// The frame budget is exhausted (`VM_FAULT_OOM`).
+    /// The memory budget has no room for a frame or a page-table page
+    /// (`VM_FAULT_OOM`).
     OutOfMemory,
 }
 
@@ -109,7 +110,7 @@ impl fmt::Display for FaultError {
             FaultError::NoMapping => "SIGSEGV (SEGV_MAPERR): no mapping at the address",
             FaultError::AccessDenied => "SIGSEGV (SEGV_ACCERR): access denied by the mapping",
             FaultError::Bus => "SIGBUS: no backing object at the address",
-            FaultError::OutOfMemory => "out of memory: frame budget exhausted",
+            FaultError::OutOfMemory => "out of memory: memory budget exhausted",
         })
     }
 }

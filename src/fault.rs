@@ -319,13 +319,14 @@ fn do_fault(
                 if new.pfn() != ZERO_PFN {
                     mm.frames.put(new.pfn());
                 }
-                // `Pte::NONE` means the address cannot be translated at
-                // all. Anything else is a racing fault that installed the
-                // page first: look again, even if a DONTNEED or a zap has
+                // Inside a VMA every address translates: `Pte::NONE` means
+                // no page table could be had within the memory budget.
+                // Anything else is a racing fault that installed the page
+                // first: look again, even if a DONTNEED or a zap has
                 // emptied the entry since (that is not "no mapping": the
                 // VMA we hold still covers the page).
                 if existing == Pte::NONE {
-                    return Err(Step::Fail(FaultError::NoMapping));
+                    return Err(Step::Fail(FaultError::OutOfMemory));
                 }
             }
         }

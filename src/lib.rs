@@ -33,7 +33,8 @@ pub mod vmap;
 pub use addr::{Range, PAGE_SIZE};
 pub use error::{Error, FaultError, Result};
 pub use mm::{
-    Access, AddressSpace, Advice, Config, FaultLocking, MapFlags, MremapExtent, MremapFlags, Prot,
+    Access, AddressSpace, Advice, Config, FaultLocking, FrameAllocator, MapFlags, MremapExtent,
+    MremapFlags, Prot,
 };
 pub use stats::Stats;
 pub use vma::{RmapHit, VmFlags, VmaInfo};

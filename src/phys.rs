@@ -1,22 +1,38 @@
-//! Frames: real 4 KiB pages of memory, with per-CPU caches.
+//! Frames: real 4 KiB pages of memory, with per-CPU caches, and the
+//! memory budget they share with page tables and VMA metadata.
 //!
-//! Memory is obtained lazily, in chunks, up to a budget. Every frame has a
-//! reference count (page tables, shared objects and copy-on-write sharers
-//! each hold one). Allocation and freeing touch only the calling CPU's
-//! cache, which is refilled from (and spills to) a global pool in batches;
-//! when the pool is dry, other CPUs' caches are drained before giving up.
+//! One [`FrameAllocator`] is one physical memory: several address spaces
+//! may share it (`Arc`), as every process of a kernel shares its page
+//! allocator. Its [`Budget`] counts frames in use, page-table pages and
+//! metadata (VMAs, shared objects' page trees) together; an allocation
+//! that would pass it fails instead of growing the host process.
+//!
+//! Memory is obtained from the system lazily, in chunks (anonymous `mmap`
+//! on unix, so a frame costs host memory only once it is first written).
+//! Every frame has a reference count (page tables, shared objects and
+//! copy-on-write sharers each hold one). Allocation and freeing touch only
+//! the calling CPU's cache, which is refilled from (and spills to) a global
+//! pool in batches; when the pool is dry, other CPUs' caches are drained
+//! before giving up.
 //!
 //! Frame contents are accessed with 8-byte atomic loads and stores (partial
 //! words by compare-and-swap on the containing word), so concurrent
 //! user-mode loads and stores to one page — which real programs do — are
 //! not undefined behaviour here. They behave like unsynchronized memory on
 //! x86-64: no tearing inside a word, no ordering.
+//!
+//! Isolation: a pool that zeroes frames ([`FrameAllocator::new`] with
+//! `zero_new`) clears every frame it hands out again, whoever freed it, so
+//! no address space sees another's bytes; frames never handed out are
+//! already zero and are not cleared again. A pool made without zeroing
+//! (to measure metadata paths) hands frames out with whatever bytes their
+//! last user left: share such a pool only between spaces that trust each
+//! other.
 
 use crate::addr::PAGE_SIZE;
 use crate::percpu::PerCpu;
 use crate::sync::counter::AtomicU64 as CounterU64;
-use crate::sync::{AtomicPtr, AtomicU32, Mutex, Ordering};
-use std::alloc::Layout;
+use crate::sync::{Arc, AtomicPtr, AtomicU32, Mutex, Ordering};
 
 /// A frame number.
 pub type Pfn = u32;
@@ -27,12 +43,200 @@ const CHUNK_FRAMES: usize = 512;
 #[cfg(aspace_loom)]
 const CHUNK_FRAMES: usize = 8;
 
+/// Bytes per chunk.
+const CHUNK_BYTES: usize = CHUNK_FRAMES * PAGE_SIZE as usize;
+
 /// Frames moved between a CPU cache and the global pool at once.
 const BATCH: usize = 32;
 /// A CPU cache spills a batch when it holds this many.
 const CACHE_MAX: usize = 4 * BATCH;
 
 const WORDS: usize = PAGE_SIZE as usize / 8;
+
+/// Set in a free frame's reference word once the frame has been handed out
+/// (its bytes may be someone's); a frame never handed out reads 0 there and
+/// is known to be zero.
+const USED_BEFORE: u32 = 1 << 31;
+
+/// Bytes a CPU slot of a [`Budget`] takes from the shared count at once,
+/// so that most charges write only the CPU's own cache line.
+const STOCK_BATCH: u64 = 64 * PAGE_SIZE;
+
+/// A memory budget: bytes charged by frames in use, page-table pages and
+/// metadata, against a limit.
+///
+/// Charges are taken from a per-CPU stock refilled from the shared count in
+/// batches (like memcg's per-CPU stock), so the common charge and uncharge
+/// write no shared cache line. The shared count includes the stocks, so the
+/// memory really in use never exceeds the limit; a charge that finds the
+/// shared count full drains every stock before it fails.
+pub struct Budget {
+    limit: u64,
+    /// Bytes charged, stocks included.
+    charged: CounterU64,
+    stock: PerCpu<CounterU64>,
+}
+
+impl core::fmt::Debug for Budget {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Budget")
+            .field("limit", &self.limit)
+            .field("used", &self.used())
+            .finish()
+    }
+}
+
+impl Budget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: u64) -> Self {
+        Budget {
+            limit,
+            charged: CounterU64::new(0),
+            stock: PerCpu::new(|| CounterU64::new(0)),
+        }
+    }
+
+    /// A budget that never refuses (structures used on their own).
+    pub fn unlimited() -> Self {
+        Self::new(u64::MAX)
+    }
+
+    /// The limit in bytes.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Charges `bytes`; false (and nothing charged) if that would pass the
+    /// limit.
+    pub fn try_charge(&self, bytes: u64) -> bool {
+        let s = self.stock.local();
+        let mut cur = s.load(Ordering::Relaxed);
+        while cur >= bytes {
+            match s.compare_exchange_weak(cur, cur - bytes, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(c) => cur = c,
+            }
+        }
+        if let Some(more) = bytes.checked_add(STOCK_BATCH) {
+            if self.reserve(more) {
+                s.fetch_add(STOCK_BATCH, Ordering::Relaxed);
+                return true;
+            }
+        }
+        if self.reserve(bytes) {
+            return true;
+        }
+        // Full: what other CPUs hold in stock is not in use.
+        for st in self.stock.iter() {
+            let x = st.swap(0, Ordering::Relaxed);
+            if x > 0 {
+                self.charged.fetch_sub(x, Ordering::Relaxed);
+            }
+        }
+        self.reserve(bytes)
+    }
+
+    /// Charges `bytes` even past the limit, for memory a caller cannot do
+    /// without: an address space's root table, mremap's destination tables
+    /// (its source tables are freed right after), and VMAs whose room was
+    /// checked just before ([`has_room`](Self::has_room)).
+    pub fn force_charge(&self, bytes: u64) {
+        self.charged.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// True if `bytes` could be charged now (a hint: others may charge
+    /// before the caller does).
+    pub fn has_room(&self, bytes: u64) -> bool {
+        self.used()
+            .checked_add(bytes)
+            .is_some_and(|t| t <= self.limit)
+    }
+
+    fn reserve(&self, bytes: u64) -> bool {
+        self.charged
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                c.checked_add(bytes).filter(|&t| t <= self.limit)
+            })
+            .is_ok()
+    }
+
+    /// Gives back `bytes` charged earlier.
+    pub fn uncharge(&self, bytes: u64) {
+        let s = self.stock.local();
+        let mut cur = s.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        // Keep one batch in stock; return the rest to the shared count.
+        while cur > 2 * STOCK_BATCH {
+            match s.compare_exchange_weak(cur, STOCK_BATCH, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => {
+                    self.charged.fetch_sub(cur - STOCK_BATCH, Ordering::Relaxed);
+                    return;
+                }
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    /// Bytes charged now (stocks not counted).
+    pub fn used(&self) -> u64 {
+        let stock: u64 = self.stock.iter().map(|s| s.load(Ordering::Relaxed)).sum();
+        self.charged.load(Ordering::Relaxed).saturating_sub(stock)
+    }
+}
+
+/// Chunk memory from the system: anonymous mmap on unix (zero, and
+/// resident only once touched), a zeroed heap block elsewhere and under
+/// loom. Null on failure.
+fn sys_alloc() -> *mut u8 {
+    #[cfg(all(unix, not(aspace_loom)))]
+    {
+        // SAFETY: an anonymous private mapping of a non-zero length at an
+        // address of the kernel's choice affects no existing memory.
+        let p = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                CHUNK_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            core::ptr::null_mut()
+        } else {
+            p.cast()
+        }
+    }
+    #[cfg(not(all(unix, not(aspace_loom))))]
+    {
+        // SAFETY: the layout has non-zero size.
+        unsafe { std::alloc::alloc_zeroed(heap_layout()) }
+    }
+}
+
+#[cfg(not(all(unix, not(aspace_loom))))]
+fn heap_layout() -> std::alloc::Layout {
+    std::alloc::Layout::from_size_align(CHUNK_BYTES, PAGE_SIZE as usize)
+        .expect("chunk layout is valid")
+}
+
+/// Returns chunk memory from [`sys_alloc`].
+///
+/// # Safety
+/// `p` came from `sys_alloc` and is not used afterwards.
+unsafe fn sys_free(p: *mut u8) {
+    #[cfg(all(unix, not(aspace_loom)))]
+    // SAFETY: `p` is a mapping of CHUNK_BYTES made by `sys_alloc` (caller's
+    // contract) and nothing uses it any more.
+    unsafe {
+        libc::munmap(p.cast(), CHUNK_BYTES);
+    }
+    #[cfg(not(all(unix, not(aspace_loom))))]
+    // SAFETY: allocated by `sys_alloc` with this layout (caller's contract).
+    unsafe {
+        std::alloc::dealloc(p, heap_layout())
+    }
+}
 
 struct Chunk {
     mem: *mut u8,
@@ -54,19 +258,26 @@ struct Chunk {
     touch: Box<[AtomicU32]>,
 }
 
-impl Chunk {
-    fn layout() -> Layout {
-        Layout::from_size_align(CHUNK_FRAMES * PAGE_SIZE as usize, PAGE_SIZE as usize)
-            .expect("chunk layout is valid")
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        // SAFETY: `mem` came from `sys_alloc` in `FrameAllocator::chunk_for`
+        // and is freed only here.
+        unsafe { sys_free(self.mem) };
     }
 }
 
-impl Drop for Chunk {
-    fn drop(&mut self) {
-        // SAFETY: `mem` was allocated in `FrameAllocator::chunk_for` with
-        // exactly this layout and is freed only here.
-        unsafe { std::alloc::dealloc(self.mem, Self::layout()) };
-    }
+/// Chunk pointers per directory page: a directory page maps 1 GiB of
+/// frames, and is made only once a chunk in it is, so a pool's fixed cost
+/// is one pointer per GiB of budget (fewer under loom, whose atomics are
+/// costly objects).
+#[cfg(not(aspace_loom))]
+const DIR_CHUNKS: usize = 512;
+#[cfg(aspace_loom)]
+const DIR_CHUNKS: usize = 8;
+
+/// One page of the chunk directory.
+struct ChunkDir {
+    chunks: [AtomicPtr<Chunk>; DIR_CHUNKS],
 }
 
 struct Pool {
@@ -81,11 +292,15 @@ struct Counts {
     frees: CounterU64,
 }
 
-/// The frame allocator.
+/// The frame allocator: one physical memory, shareable by many address
+/// spaces (see the module docs).
 pub struct FrameAllocator {
-    budget: u64,
+    /// Frame numbers available (the budget in frames).
+    frames: u64,
     zero_new: bool,
-    chunks: Box<[AtomicPtr<Chunk>]>,
+    budget: Arc<Budget>,
+    /// Two-level chunk directory, filled on first use.
+    dirs: Box<[AtomicPtr<ChunkDir>]>,
     grow: Mutex<()>,
     pool: Mutex<Pool>,
     caches: PerCpu<Mutex<Vec<Pfn>>>,
@@ -103,24 +318,29 @@ unsafe impl Sync for FrameAllocator {}
 impl core::fmt::Debug for FrameAllocator {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("FrameAllocator")
-            .field("budget", &self.budget)
+            .field("frames", &self.frames)
             .field("used", &self.used())
+            .field("budget", &self.budget)
             .finish()
     }
 }
 
 impl FrameAllocator {
-    /// An allocator of at most `budget_bytes` of frames (rounded down to
-    /// whole frames). `zero_new` clears every frame handed out by
-    /// [`alloc`](Self::alloc).
+    /// A physical memory of at most `budget_bytes`, shared by its frames,
+    /// the page tables and the metadata of the address spaces that use it.
+    /// `zero_new` clears every frame handed out again by
+    /// [`alloc`](Self::alloc) (frames never used are zero already); it is
+    /// what keeps address spaces sharing the pool from seeing each other's
+    /// bytes.
     pub fn new(budget_bytes: u64, zero_new: bool) -> Self {
         // Pfn::MAX is reserved (the zero page's marker).
-        let budget = (budget_bytes / PAGE_SIZE).min(Pfn::MAX as u64 - 1);
-        let nchunks = (budget as usize).div_ceil(CHUNK_FRAMES);
+        let frames = (budget_bytes / PAGE_SIZE).min(Pfn::MAX as u64 - 1);
+        let nchunks = (frames as usize).div_ceil(CHUNK_FRAMES);
         FrameAllocator {
-            budget,
+            frames,
             zero_new,
-            chunks: (0..nchunks)
+            budget: Arc::new(Budget::new(budget_bytes)),
+            dirs: (0..nchunks.div_ceil(DIR_CHUNKS))
                 .map(|_| AtomicPtr::new(core::ptr::null_mut()))
                 .collect(),
             grow: Mutex::new(()),
@@ -134,11 +354,21 @@ impl FrameAllocator {
         }
     }
 
-    /// A frame with reference count 1, cleared if the allocator zeroes
+    /// The budget frames, page tables and metadata are charged to.
+    pub fn memory(&self) -> &Arc<Budget> {
+        &self.budget
+    }
+
+    /// True if this pool clears frames it hands out again.
+    pub fn zeroes_frames(&self) -> bool {
+        self.zero_new
+    }
+
+    /// A frame with reference count 1, zero if the allocator zeroes
     /// frames; `None` when the budget is exhausted.
     pub fn alloc(&self) -> Option<Pfn> {
-        let pfn = self.alloc_uninit()?;
-        if self.zero_new {
+        let (pfn, used_before) = self.take_charged()?;
+        if self.zero_new && used_before {
             self.zero(pfn);
         }
         Some(pfn)
@@ -147,14 +377,25 @@ impl FrameAllocator {
     /// A frame with reference count 1 and unspecified contents (for a
     /// frame about to be overwritten whole).
     pub fn alloc_uninit(&self) -> Option<Pfn> {
-        let pfn = self.take()?;
+        self.take_charged().map(|(pfn, _)| pfn)
+    }
+
+    /// Charges and takes a frame; says whether it was used before.
+    fn take_charged(&self) -> Option<(Pfn, bool)> {
+        if !self.budget.try_charge(PAGE_SIZE) {
+            return None;
+        }
+        let Some(pfn) = self.take() else {
+            self.budget.uncharge(PAGE_SIZE);
+            return None;
+        };
         self.use_exclusive(pfn);
-        self.refs(pfn).store(1, Ordering::Relaxed);
+        let was = self.refs(pfn).swap(1, Ordering::Relaxed);
         self.counts
             .local()
             .allocs
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Some(pfn)
+        Some((pfn, was & USED_BEFORE != 0))
     }
 
     fn take(&self) -> Option<Pfn> {
@@ -194,31 +435,47 @@ impl FrameAllocator {
             return true;
         }
         let fresh = pool.fresh;
-        let n = (self.budget - fresh).min(BATCH as u64);
-        if n == 0 {
+        // Never past the end of a chunk, so one chunk backs the batch.
+        let to_chunk_end = CHUNK_FRAMES as u64 - fresh % CHUNK_FRAMES as u64;
+        let n = (self.frames - fresh).min(BATCH as u64).min(to_chunk_end);
+        if n == 0 || self.chunk_for(fresh as Pfn).is_none() {
             return false;
         }
         pool.fresh += n;
         drop(pool);
-        for pfn in fresh..fresh + n {
-            self.chunk_for(pfn as Pfn);
-        }
         c.extend((fresh..fresh + n).rev().map(|p| p as Pfn));
         true
     }
 
-    /// The chunk holding `pfn`, obtained from the system on first use.
-    fn chunk_for(&self, pfn: Pfn) -> &Chunk {
-        let slot = &self.chunks[pfn as usize / CHUNK_FRAMES];
-        let mut p = slot.load(Ordering::Acquire);
+    /// The chunk holding `pfn`, obtained from the system on first use;
+    /// `None` if the system refuses.
+    fn chunk_for(&self, pfn: Pfn) -> Option<&Chunk> {
+        let c = pfn as usize / CHUNK_FRAMES;
+        let dir_slot = &self.dirs[c / DIR_CHUNKS];
+        let mut p = core::ptr::null_mut();
+        let mut dir = dir_slot.load(Ordering::Acquire);
+        if !dir.is_null() {
+            // SAFETY: published with Release after initialization; freed
+            // only when the allocator drops (we borrow it).
+            p = unsafe { &*dir }.chunks[c % DIR_CHUNKS].load(Ordering::Acquire);
+        }
         if p.is_null() {
             let _g = self.grow.lock();
+            dir = dir_slot.load(Ordering::Acquire);
+            if dir.is_null() {
+                dir = Box::into_raw(Box::new(ChunkDir {
+                    chunks: core::array::from_fn(|_| AtomicPtr::new(core::ptr::null_mut())),
+                }));
+                dir_slot.store(dir, Ordering::Release);
+            }
+            // SAFETY: as above; we hold the grow lock, so nobody else
+            // publishes into it meanwhile.
+            let slot = &unsafe { &*dir }.chunks[c % DIR_CHUNKS];
             p = slot.load(Ordering::Acquire);
             if p.is_null() {
-                // SAFETY: the layout has non-zero size.
-                let mem = unsafe { std::alloc::alloc_zeroed(Chunk::layout()) };
+                let mem = sys_alloc();
                 if mem.is_null() {
-                    std::alloc::handle_alloc_error(Chunk::layout());
+                    return None;
                 }
                 let chunk = Box::new(Chunk {
                     mem,
@@ -232,26 +489,28 @@ impl FrameAllocator {
                 });
                 p = Box::into_raw(chunk);
                 slot.store(p, Ordering::Release);
-                self.reserved.fetch_add(
-                    CHUNK_FRAMES as u64 * PAGE_SIZE,
-                    std::sync::atomic::Ordering::Relaxed,
-                );
+                self.reserved
+                    .fetch_add(CHUNK_BYTES as u64, std::sync::atomic::Ordering::Relaxed);
             }
         }
         // SAFETY: `p` is non-null, was published with Release after full
         // initialization, and chunks are freed only when the allocator
         // drops (we borrow it).
-        unsafe { &*p }
+        Some(unsafe { &*p })
     }
 
     /// The chunk of an allocated frame (it exists: frames are handed out
     /// only after their chunk).
     #[inline]
     fn chunk(&self, pfn: Pfn) -> &Chunk {
-        let p = self.chunks[pfn as usize / CHUNK_FRAMES].load(Ordering::Acquire);
+        let c = pfn as usize / CHUNK_FRAMES;
+        let dir = self.dirs[c / DIR_CHUNKS].load(Ordering::Acquire);
+        assert!(!dir.is_null(), "frame {pfn} was never allocated");
+        // SAFETY: non-null directory and chunk pointers stay valid while
+        // the allocator lives (see `chunk_for`).
+        let p = unsafe { &*dir }.chunks[c % DIR_CHUNKS].load(Ordering::Acquire);
         assert!(!p.is_null(), "frame {pfn} was never allocated");
-        // SAFETY: non-null chunk pointers stay valid while the allocator
-        // lives (see `chunk_for`).
+        // SAFETY: as above.
         unsafe { &*p }
     }
 
@@ -274,11 +533,11 @@ impl FrameAllocator {
     /// The frame's memory as 512 atomic words.
     #[inline]
     fn words(&self, pfn: Pfn) -> &[std::sync::atomic::AtomicU64; WORDS] {
-        // SAFETY: the frame's memory is 4096 bytes, 4096-aligned (chunk
-        // layout), so it is exactly 512 aligned u64 words; AtomicU64 has
-        // u64's layout; the memory lives as long as the allocator (we
-        // borrow it); all shared accesses to frame memory go through these
-        // 8-byte atomics.
+        // SAFETY: the frame's memory is 4096 bytes, 4096-aligned (chunks
+        // are page-aligned), so it is exactly 512 aligned u64 words;
+        // AtomicU64 has u64's layout; the memory lives as long as the
+        // allocator (we borrow it); all shared accesses to frame memory go
+        // through these 8-byte atomics.
         unsafe { &*(self.base(pfn) as *const [std::sync::atomic::AtomicU64; WORDS]) }
     }
 
@@ -314,14 +573,18 @@ impl FrameAllocator {
     /// Drops a reference; frees the frame when it was the last. Returns
     /// true if the frame was freed.
     pub fn put(&self, pfn: Pfn) -> bool {
-        if self.refs(pfn).fetch_sub(1, Ordering::AcqRel) != 1 {
+        let refs = self.refs(pfn);
+        if refs.fetch_sub(1, Ordering::AcqRel) != 1 {
             return false;
         }
         self.use_exclusive(pfn);
+        // Free now; whoever takes it next clears it (see `alloc`).
+        refs.store(USED_BEFORE, Ordering::Relaxed);
         self.counts
             .local()
             .frees
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.budget.uncharge(PAGE_SIZE);
         let mut c = self.caches.local().lock();
         c.push(pfn);
         if c.len() >= CACHE_MAX {
@@ -333,7 +596,7 @@ impl FrameAllocator {
 
     /// The reference count of a frame.
     pub fn refcount(&self, pfn: Pfn) -> u32 {
-        self.refs(pfn).load(Ordering::Acquire)
+        self.refs(pfn).load(Ordering::Acquire) & !USED_BEFORE
     }
 
     /// Clears a frame just allocated (nobody else can reach it yet).
@@ -352,13 +615,15 @@ impl FrameAllocator {
     /// faults (benchmarks call this before measuring). Only frames never
     /// handed out are touched.
     pub fn prefault(&self, bytes: u64) {
-        let frames = (bytes / PAGE_SIZE).min(self.budget);
+        let frames = (bytes / PAGE_SIZE).min(self.frames);
         // Holding the pool lock keeps `fresh` still: no frame at or above
         // it can be handed out meanwhile.
         let pool = self.pool.lock();
         let mut pfn = pool.fresh;
         while pfn < frames {
-            let c = self.chunk_for(pfn as Pfn);
+            let Some(c) = self.chunk_for(pfn as Pfn) else {
+                break;
+            };
             let first = pfn as usize % CHUNK_FRAMES;
             for i in first..CHUNK_FRAMES {
                 // SAFETY: page i of this chunk is frame (pfn - first + i)
@@ -435,9 +700,9 @@ impl FrameAllocator {
         a.saturating_sub(f)
     }
 
-    /// Frames the budget allows.
+    /// Frames the budget allows (were nothing else charged to it).
     pub fn budget(&self) -> u64 {
-        self.budget
+        self.frames
     }
 
     /// Bytes of memory obtained from the system so far.
@@ -448,12 +713,20 @@ impl FrameAllocator {
 
 impl Drop for FrameAllocator {
     fn drop(&mut self) {
-        for slot in self.chunks.iter() {
-            let p = slot.load(Ordering::Relaxed);
-            if !p.is_null() {
-                // SAFETY: published by `chunk_for` from Box::into_raw; the
-                // allocator is being dropped, so nobody else can reach it.
-                unsafe { drop(Box::from_raw(p)) };
+        for d in self.dirs.iter() {
+            let d = d.load(Ordering::Relaxed);
+            if d.is_null() {
+                continue;
+            }
+            // SAFETY: published by `chunk_for` from Box::into_raw; the
+            // allocator is being dropped, so nobody else can reach it.
+            let dir = unsafe { Box::from_raw(d) };
+            for slot in dir.chunks.iter() {
+                let p = slot.load(Ordering::Relaxed);
+                if !p.is_null() {
+                    // SAFETY: as for the directory page.
+                    unsafe { drop(Box::from_raw(p)) };
+                }
             }
         }
     }
@@ -491,6 +764,41 @@ mod tests {
             f.put(p);
         }
         assert_eq!(f.used(), 0);
+    }
+
+    #[test]
+    fn budget_stocks_are_drained_before_a_charge_fails() {
+        let b = Arc::new(Budget::new(4 * STOCK_BATCH));
+        // Another thread charges and gives back: its CPU slot keeps stock.
+        let b2 = b.clone();
+        std::thread::spawn(move || {
+            assert!(b2.try_charge(PAGE_SIZE));
+            b2.uncharge(PAGE_SIZE);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(b.used(), 0);
+        // All of the limit can still be charged here, and no more.
+        assert!(b.try_charge(4 * STOCK_BATCH));
+        assert!(!b.try_charge(1));
+        assert_eq!(b.used(), 4 * STOCK_BATCH);
+        b.uncharge(4 * STOCK_BATCH);
+        assert_eq!(b.used(), 0);
+        assert!(b.has_room(4 * STOCK_BATCH) && !b.has_room(4 * STOCK_BATCH + 1));
+    }
+
+    #[test]
+    fn frames_and_metadata_share_the_budget() {
+        let f = FrameAllocator::new(8 * PAGE_SIZE, true);
+        f.memory().force_charge(6 * PAGE_SIZE);
+        let v: Vec<Pfn> = std::iter::from_fn(|| f.alloc()).collect();
+        assert_eq!(v.len(), 2);
+        assert_eq!(f.memory().used(), 8 * PAGE_SIZE);
+        for p in v {
+            f.put(p);
+        }
+        f.memory().uncharge(6 * PAGE_SIZE);
+        assert_eq!(f.memory().used(), 0);
     }
 
     #[test]

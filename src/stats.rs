@@ -59,7 +59,7 @@ counters! {
     segv_accerr,
     /// Faults answered with SIGBUS (no backing object).
     sigbus,
-    /// Faults that ran out of frames.
+    /// Faults that ran out of memory (frames or page tables).
     fault_oom,
     /// Faults that found the page already present (raced or spurious).
     fault_spurious,

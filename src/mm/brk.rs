@@ -82,7 +82,7 @@ impl AddressSpace {
                 ed.set_range(v, v.start(), newbrk, v.pgoff());
             }
             None => {
-                if ed.st.map_count >= self.cfg.max_map_count {
+                if ed.st.map_count >= self.cfg.max_map_count || !ed.vma_room(1) {
                     return Ok(old);
                 }
                 let r = Range::new(oldbrk, newbrk);

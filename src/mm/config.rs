@@ -54,9 +54,19 @@ pub struct Config {
     pub max_map_count: usize,
     /// Where the heap (brk area) starts.
     pub brk_start: u64,
-    /// Bytes of real memory the frames may use.
+    /// Bytes of memory the private pool of
+    /// [`AddressSpace::new`](crate::AddressSpace::new) may use: frames in
+    /// use, page-table pages and VMA/object metadata together. A call that
+    /// would pass it fails with ENOMEM, a fault with `OutOfMemory`.
+    /// Spaces made with
+    /// [`AddressSpace::with_pool`](crate::AddressSpace::with_pool) use
+    /// their pool's budget instead.
     pub memory_budget: u64,
-    /// Clear new anonymous frames (turn off only to measure metadata paths).
+    /// Clear frames handed out again by the private pool of
+    /// [`AddressSpace::new`](crate::AddressSpace::new) (turn off only to
+    /// measure metadata paths; fresh frames are zero anyway). A shared pool
+    /// has its own switch ([`FrameAllocator::new`](crate::FrameAllocator::new)),
+    /// which is what keeps the spaces on it from seeing each other's bytes.
     pub zero_pages: bool,
     /// How faults lock.
     pub fault_locking: FaultLocking,

@@ -18,7 +18,7 @@ use crate::stats::Event;
 use crate::sync::Arc;
 use crate::tlb::Gather;
 use crate::tree::TreeWriter;
-use crate::vma::{AnonVma, RmapIndex, Shmem, VmFlags, Vma, VmaRef};
+use crate::vma::{AnonVma, RmapIndex, Shmem, VmFlags, Vma, VmaRef, VMA_BYTES};
 
 /// An mmap_lock writer's view of the address space.
 pub(crate) struct Edit<'a> {
@@ -191,6 +191,10 @@ impl<'a> Edit<'a> {
         shmem: Option<Arc<Shmem>>,
         idx: Option<&mut RmapIndex>,
     ) -> VmaRef {
+        // Callers checked for room (`vma_room`) before changing anything;
+        // a concurrent charge from another space may pass the limit by a
+        // VMA or two.
+        self.mm.frames.memory().force_charge(VMA_BYTES);
         let (v, reused) = self.mm.pool.alloc();
         if reused {
             self.mm.stats.inc(Event::vma_reused);
@@ -253,6 +257,7 @@ impl<'a> Edit<'a> {
         }
         self.st.map_count -= 1;
         self.mm.pool.free(v);
+        self.mm.frames.memory().uncharge(VMA_BYTES);
     }
 
     /// Changes `v`'s range to `[start, end)` (with `pgoff` for `start`),
@@ -329,12 +334,21 @@ impl<'a> Edit<'a> {
         }
     }
 
+    /// True if the budget has room for the metadata of `n` more VMAs
+    /// (Linux: `vm_area_alloc` failing with ENOMEM).
+    pub(crate) fn vma_room(&self, n: u64) -> bool {
+        self.mm.frames.memory().has_room(n * VMA_BYTES)
+    }
+
     /// Splits `v` at `at` (strictly inside it); `v` keeps the lower part and
     /// the new VMA, returned, the upper. `check_count` applies Linux's
     /// `split_vma` limit (`map_count >= max_map_count` fails).
     pub(crate) fn split(&mut self, v: VmaRef, at: u64, check_count: bool) -> Result<VmaRef> {
         debug_assert!(v.start() < at && at < v.end());
         if check_count && self.st.map_count >= self.mm.cfg.max_map_count {
+            return Err(Error::NoMem);
+        }
+        if !self.vma_room(1) {
             return Err(Error::NoMem);
         }
         self.lock(v);

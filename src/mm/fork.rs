@@ -59,6 +59,11 @@ impl AddressSpace {
     /// ```
     pub fn fork(&self) -> Result<AddressSpace> {
         let ed = Edit::begin(self);
+        // The child's VMAs must fit the memory budget (its page tables are
+        // charged as they are copied).
+        if !ed.vma_room(ed.st.map_count as u64) {
+            return Err(Error::NoMem);
+        }
         let child =
             AddressSpace::with_parts(self.cfg.clone(), self.frames.clone(), self.pool.clone());
         let ok = {

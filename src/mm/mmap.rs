@@ -23,7 +23,8 @@ impl AddressSpace {
     /// mapping; `EINVAL` when neither `SHARED` nor `PRIVATE` is given, or
     /// `GROWSDOWN` is combined with `SHARED`; `EINVAL` also for
     /// `SHARED | PRIVATE` (Linux's `MAP_SHARED_VALIDATE`, which anonymous
-    /// mappings do not accept).
+    /// mappings do not accept); then `ENOMEM` when the memory budget has
+    /// no room for the new VMA.
     pub fn mmap(&self, addr: u64, len: u64, prot: Prot, flags: MapFlags) -> Result<u64> {
         if !MapFlags::all().contains(flags) {
             return Err(Error::Inval);
@@ -82,6 +83,11 @@ impl AddressSpace {
             vf |= VmFlags::ACCOUNT;
         }
 
+        // The new VMA's metadata must fit the budget (Linux's
+        // vm_area_alloc failing), checked before anything changes.
+        if !ed.vma_room(1) {
+            return Err(Error::NoMem);
+        }
         // MAP_FIXED replaces what is there, data included.
         if fixed {
             ed.unmap(r)?;
@@ -112,8 +118,10 @@ impl AddressSpace {
 
     /// Faults in every page of `r` as `MAP_POPULATE` does: write faults for
     /// private writable memory (breaking copy-on-write), read faults
-    /// otherwise, nothing for inaccessible memory. Errors are ignored, as
-    /// in Linux (mmap still succeeds).
+    /// otherwise, nothing for inaccessible memory. Best effort, as in
+    /// Linux (`__mm_populate` ignores errors and mmap still succeeds): the
+    /// first fault that fails — the budget is spent on frames or page
+    /// tables — ends it, and the rest stays unpopulated.
     pub(crate) fn populate(&self, r: Range, vf: VmFlags) {
         if !vf.accessible() {
             return;

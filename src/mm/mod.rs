@@ -59,7 +59,7 @@ pub use flags::{Access, Advice, MapFlags, MremapFlags, Prot};
 
 use crate::addr::{Range, PAGE_SIZE};
 use crate::error::FaultError;
-use crate::phys::FrameAllocator;
+pub use crate::phys::FrameAllocator;
 use crate::pt::PageTable;
 use crate::reclaim::Reclaimer;
 use crate::stats::{StatCounters, Stats};
@@ -124,10 +124,32 @@ const _: () = {
 };
 
 impl AddressSpace {
-    /// An empty address space.
+    /// An empty address space with a physical memory of its own:
+    /// `cfg.memory_budget` bytes, zeroing frames if `cfg.zero_pages`.
     pub fn new(cfg: Config) -> AddressSpace {
         let frames = Arc::new(FrameAllocator::new(cfg.memory_budget, cfg.zero_pages));
         Self::with_parts(cfg, frames, Arc::new(VmaPool::new()))
+    }
+
+    /// An empty address space whose frames, page tables and metadata come
+    /// from `pool`, which other address spaces may share (as processes
+    /// share one kernel's memory). The pool's budget and its zeroing
+    /// switch apply; `cfg.memory_budget` and `cfg.zero_pages` are not used.
+    ///
+    /// ```
+    /// use aspace::{AddressSpace, Config, FrameAllocator, MapFlags, Prot};
+    /// use std::sync::Arc;
+    /// let pool = Arc::new(FrameAllocator::new(64 << 20, true));
+    /// let a = AddressSpace::with_pool(Config::default(), pool.clone());
+    /// let b = AddressSpace::with_pool(Config::default(), pool.clone());
+    /// let rw = Prot::READ | Prot::WRITE;
+    /// let anon = MapFlags::PRIVATE | MapFlags::ANONYMOUS;
+    /// a.write(a.mmap(0, 4096, rw, anon).unwrap(), b"a").unwrap();
+    /// b.write(b.mmap(0, 4096, rw, anon).unwrap(), b"b").unwrap();
+    /// assert_eq!(pool.used(), 2);
+    /// ```
+    pub fn with_pool(cfg: Config, pool: Arc<FrameAllocator>) -> AddressSpace {
+        Self::with_parts(cfg, pool, Arc::new(VmaPool::new()))
     }
 
     pub(crate) fn with_parts(cfg: Config, frames: Arc<FrameAllocator>, pool: Arc<VmaPool>) -> Self {
@@ -146,7 +168,7 @@ impl AddressSpace {
                 start_brk,
                 brk: start_brk,
             }),
-            pt: PageTable::new(reclaimer()),
+            pt: PageTable::with_budget(reclaimer(), frames.memory().clone()),
             frames,
             tlb: TlbState::new(cfg.shootdown_cost_ns),
             stats: StatCounters::new(),
@@ -194,9 +216,21 @@ impl AddressSpace {
     }
 
     /// Frames allocated now by this address space's allocator (shared with
-    /// its fork children).
+    /// its fork children, and with every space made on the same pool).
     pub fn frames_used(&self) -> u64 {
         self.frames.used()
+    }
+
+    /// The physical memory this address space allocates from.
+    pub fn frame_pool(&self) -> &Arc<FrameAllocator> {
+        &self.frames
+    }
+
+    /// Bytes charged now to this address space's memory budget (shared
+    /// like [`frames_used`](Self::frames_used)): frames in use, page-table
+    /// pages and VMA metadata.
+    pub fn memory_used(&self) -> u64 {
+        self.frames.memory().used()
     }
 
     /// Obtains and touches the memory for `bytes` of frames now, so the
@@ -260,6 +294,7 @@ impl Drop for AddressSpace {
             v.lock.write_lock(_st.seq());
             v.lock.mark_detached();
             self.pool.free(v);
+            self.frames.memory().uncharge(crate::vma::VMA_BYTES);
         }
         gather.flush();
         drop(w);

@@ -7,6 +7,10 @@
 //! (PTE) table has its own lock (Linux's split PTE locks): installs,
 //! updates, zaps and moves of entries take it; lookups never do.
 //!
+//! Every table page is charged to the page table's [`Budget`] while it
+//! exists: a fault that would need a table past the budget gets no table
+//! (`install` fails) instead of growing the host without bound.
+//!
 //! Table pages are freed only through the [`Reclaimer`], and only where
 //! the caller guarantees no VMA covers their span, so a lock-free walker
 //! that is still inside one never touches freed memory. mremap may move a
@@ -15,10 +19,10 @@
 
 use crate::addr::{Range, PAGE_SHIFT, PAGE_SIZE};
 use crate::percpu::PerCpu;
-use crate::phys::Pfn;
+use crate::phys::{Budget, Pfn};
 use crate::reclaim::{Guard, Reclaimer};
 use crate::sync::counter::AtomicI64;
-use crate::sync::{AtomicU32, AtomicU64, Mutex, Ordering};
+use crate::sync::{Arc, AtomicU32, AtomicU64, Mutex, Ordering};
 use bitflags::bitflags;
 
 bitflags! {
@@ -136,7 +140,19 @@ impl Table {
 
 /// Bytes one table costs here: its 512 entries (a real x86-64 table page
 /// is exactly these 4 KiB) plus the header with its lock and count.
-const TABLE_BYTES: u64 = PAGE_SIZE + core::mem::size_of::<Table>() as u64;
+pub const TABLE_BYTES: u64 = PAGE_SIZE + core::mem::size_of::<Table>() as u64;
+
+/// Whether a walk creates missing tables, and how it pays for them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Make {
+    /// Create nothing.
+    No,
+    /// Create tables within the budget; stop where it is spent.
+    Charged,
+    /// Create tables even past the budget: for moves whose source tables
+    /// are freed right after (mremap), so the overshoot is transient.
+    Forced,
+}
 
 /// Span of one entry at `level` (level 0: a page).
 const fn entry_span(level: u32) -> u64 {
@@ -152,6 +168,7 @@ pub struct PageTable {
     root: Box<Table>,
     reclaimer: Reclaimer,
     tables: PerCpu<AtomicI64>,
+    budget: Arc<Budget>,
 }
 
 // SAFETY: tables are reached through atomic entries and freed only through
@@ -166,12 +183,21 @@ pub type InstallError = Pte;
 
 impl PageTable {
     /// An empty page table whose table pages are retired through
-    /// `reclaimer`.
+    /// `reclaimer`, with no limit on its tables.
     pub fn new(reclaimer: Reclaimer) -> Self {
+        Self::with_budget(reclaimer, Arc::new(Budget::unlimited()))
+    }
+
+    /// An empty page table whose table pages (the root included) are
+    /// charged to `budget`. The root is charged even past the limit: an
+    /// address space always has one.
+    pub fn with_budget(reclaimer: Reclaimer, budget: Arc<Budget>) -> Self {
+        budget.force_charge(TABLE_BYTES);
         PageTable {
             root: Table::new(),
             reclaimer,
             tables: PerCpu::new(|| AtomicI64::new(0)),
+            budget,
         }
     }
 
@@ -196,17 +222,18 @@ impl PageTable {
 
     /// The PTE table covering `va`, creating missing tables if `create`.
     #[inline]
-    fn pte_table<'g>(&'g self, va: u64, create: bool, g: &'g Guard) -> Option<&'g Table> {
+    fn pte_table<'g>(&'g self, va: u64, create: Make, g: &'g Guard) -> Option<&'g Table> {
         self.table_at(va, 0, create, g)
     }
 
     /// The table at `level` (0: PTE table, 1: PMD table, ...) covering
-    /// `va`, creating missing tables above it if `create`.
+    /// `va`, creating missing tables above it as `create` says. `None` if
+    /// a table is missing and may not be created.
     fn table_at<'g>(
         &'g self,
         va: u64,
         level: u32,
-        create: bool,
+        create: Make,
         g: &'g Guard,
     ) -> Option<&'g Table> {
         if va >> VA_BITS != 0 {
@@ -217,8 +244,13 @@ impl PageTable {
             let e = &t.entries[index(va, level)];
             t = match self.child(e, g) {
                 Some(c) => c,
-                None if !create => return None,
+                None if create == Make::No => return None,
                 None => {
+                    if create == Make::Forced {
+                        self.budget.force_charge(TABLE_BYTES);
+                    } else if !self.budget.try_charge(TABLE_BYTES) {
+                        return None;
+                    }
                     let new = Box::into_raw(Table::new());
                     match e.compare_exchange(
                         0,
@@ -237,6 +269,7 @@ impl PageTable {
                         Err(_) => {
                             // SAFETY: `new` was never published; we own it.
                             unsafe { drop(Box::from_raw(new)) };
+                            self.budget.uncharge(TABLE_BYTES);
                             self.child(e, g).expect("the winner's table is there")
                         }
                     }
@@ -250,7 +283,7 @@ impl PageTable {
     /// outside the 48-bit space.
     #[inline]
     pub fn lookup(&self, va: u64, g: &Guard) -> Pte {
-        match self.pte_table(va, false, g) {
+        match self.pte_table(va, Make::No, g) {
             Some(t) => Pte(t.entries[index(va, 0)].load(Ordering::Acquire)),
             None => Pte::NONE,
         }
@@ -258,9 +291,9 @@ impl PageTable {
 
     /// Installs `pte` for `va` if its entry is empty, creating tables as
     /// needed. `Err(existing)` if the entry is taken, `Err(Pte::NONE)` if
-    /// `va` cannot be translated.
+    /// `va` cannot be translated or a missing table would pass the budget.
     pub fn install(&self, va: u64, pte: Pte, g: &Guard) -> Result<(), InstallError> {
-        let t = self.pte_table(va, true, g).ok_or(Pte::NONE)?;
+        let t = self.pte_table(va, Make::Charged, g).ok_or(Pte::NONE)?;
         let e = &t.entries[index(va, 0)];
         let _l = t.lock.lock();
         let cur = e.load(Ordering::Relaxed);
@@ -278,7 +311,7 @@ impl PageTable {
     /// (Linux's `get_page` under the PTL), so no zap can free the frame
     /// between its check and its use.
     pub fn with_locked<R>(&self, va: u64, g: &Guard, f: impl FnOnce(Pte) -> R) -> Option<R> {
-        let t = self.pte_table(va, false, g)?;
+        let t = self.pte_table(va, Make::No, g)?;
         let e = &t.entries[index(va, 0)];
         let _l = t.lock.lock();
         Some(f(Pte(e.load(Ordering::Relaxed))))
@@ -288,7 +321,7 @@ impl PageTable {
     /// `f(current)` when that is `Some`. Returns the new entry, or `None`
     /// if nothing changed (including when no table exists).
     pub fn update(&self, va: u64, g: &Guard, f: impl FnOnce(Pte) -> Option<Pte>) -> Option<Pte> {
-        let t = self.pte_table(va, false, g)?;
+        let t = self.pte_table(va, Make::No, g)?;
         let e = &t.entries[index(va, 0)];
         let _l = t.lock.lock();
         let old = e.load(Ordering::Relaxed);
@@ -482,7 +515,7 @@ impl PageTable {
         after_extent: &mut impl FnMut(Range),
         st: &mut MoveStats,
     ) -> u64 {
-        let Some(src) = self.pte_table(from, false, g) else {
+        let Some(src) = self.pte_table(from, Make::No, g) else {
             return 0;
         };
         // `used` counts this extent's entries too, and nobody else changes
@@ -490,7 +523,7 @@ impl PageTable {
         if src.is_empty() {
             return 0;
         }
-        let Some(dst) = self.pte_table(to, true, g) else {
+        let Some(dst) = self.pte_table(to, Make::Forced, g) else {
             return 0;
         };
         // Only the mmap_lock writer takes two PTE locks at once, so the
@@ -537,7 +570,7 @@ impl PageTable {
         g: &Guard,
         after_extent: &mut impl FnMut(Range),
     ) -> Option<u64> {
-        let Some(src_pmd) = self.table_at(from, 1, false, g) else {
+        let Some(src_pmd) = self.table_at(from, 1, Make::No, g) else {
             return Some(0);
         };
         let se = &src_pmd.entries[index(from, 1)];
@@ -549,7 +582,7 @@ impl PageTable {
             // Nothing to move; the empty table is freed with the old range.
             return Some(0);
         }
-        let dst_pmd = self.table_at(to, 1, true, g)?;
+        let dst_pmd = self.table_at(to, 1, Make::Forced, g)?;
         let de = &dst_pmd.entries[index(to, 1)];
         // Hold the table's lock over the swing and the flush, as Linux
         // holds the PMD locks (nobody else may be changing its entries).
@@ -614,6 +647,9 @@ impl PageTable {
                     .local()
                     .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                 let ptr = (v & !TABLE_BIT) as *mut Table;
+                // Uncharged now, freed after the grace period: the budget
+                // may run ahead of the host by what the epoch holds back.
+                self.budget.uncharge(TABLE_BYTES);
                 // SAFETY: the entry held this table; the swap unlinked it,
                 // so only walkers pinned before now can reach it, and the
                 // reclaimer frees it after they are gone. We own it.
@@ -644,6 +680,7 @@ impl PageTable {
 
 impl Drop for PageTable {
     fn drop(&mut self) {
+        self.budget.uncharge(TABLE_BYTES * self.table_pages());
         fn free(t: &Table, level: u32) {
             if level == 0 {
                 return;

@@ -1,5 +1,6 @@
 //! Virtual memory areas: the VMA object, its flags, its refcount lock
-//! ([`lock`]), its anon_vma, and the type-stable cache of VMA objects.
+//! ([`lock`]), its anon_vma, the shared object behind shared mappings
+//! ([`Shmem`]), and the type-stable cache of VMA objects.
 //!
 //! # Locking
 //!
@@ -21,14 +22,15 @@
 pub mod anon;
 pub mod lock;
 mod pool;
+mod shmem;
 
 pub(crate) use anon::RmapIndex;
 pub use anon::{AnonRoot, AnonVma, RmapHit};
 pub(crate) use pool::{VmaPool, VmaRef};
+pub use shmem::Shmem;
 
 use crate::addr::{Range, PAGE_SHIFT};
 use crate::mm::Prot;
-use crate::phys::{FrameAllocator, Pfn};
 use crate::stats::StatCounters;
 use crate::sync::{Arc, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use bitflags::bitflags;
@@ -89,55 +91,11 @@ impl VmFlags {
     }
 }
 
-/// The backing object of a shared anonymous mapping (like shmem): a fixed
-/// number of pages, each allocated on first touch.
-pub struct Shmem {
-    /// Identity, printed as the inode number in `maps()`.
-    pub(crate) id: u64,
-    /// Frame of each page, [`Shmem::NO_FRAME`] until touched. The object
-    /// holds one reference on each frame; every PTE mapping it holds one
-    /// more.
-    pub(crate) pages: Box<[AtomicU32]>,
-    frames: Arc<FrameAllocator>,
-}
-
-impl Shmem {
-    /// Marks a page never touched.
-    pub(crate) const NO_FRAME: u32 = u32::MAX;
-
-    pub(crate) fn new(id: u64, npages: u64, frames: Arc<FrameAllocator>) -> Self {
-        Shmem {
-            id,
-            pages: (0..npages)
-                .map(|_| AtomicU32::new(Self::NO_FRAME))
-                .collect(),
-            frames,
-        }
-    }
-
-    /// The frame of page `index`, allocated (zeroed) on first touch.
-    /// `None` when out of memory. The caller must check `index < npages`.
-    pub(crate) fn frame(&self, index: u64) -> Option<Pfn> {
-        let slot = &self.pages[index as usize];
-        let cur = slot.load(Ordering::Acquire);
-        if cur != Self::NO_FRAME {
-            return Some(cur);
-        }
-        let pfn = self.frames.alloc()?;
-        match slot.compare_exchange(Self::NO_FRAME, pfn, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => Some(pfn),
-            Err(winner) => {
-                self.frames.put(pfn);
-                Some(winner)
-            }
-        }
-    }
-
-    /// Size in pages.
-    pub(crate) fn npages(&self) -> u64 {
-        self.pages.len() as u64
-    }
-}
+/// Bytes of metadata charged to the budget for each VMA: the object and
+/// about its share of the tree's nodes (75 bytes in `examples/footprint`;
+/// Linux charges `vm_area_struct` and maple nodes to the memory cgroup
+/// alike).
+pub(crate) const VMA_BYTES: u64 = core::mem::size_of::<Vma>() as u64 + 80;
 
 /// A virtual memory area. Objects come from a type-stable cache: a freed
 /// VMA may be handed out again at once, so lock-free readers re-validate
@@ -399,17 +357,6 @@ impl Vma {
             anon_vma: !self.anon_vma.load(Ordering::Relaxed).is_null(),
             shmem_id: self.shmem().map(|s| s.id),
             heap,
-        }
-    }
-}
-
-impl Drop for Shmem {
-    fn drop(&mut self) {
-        for p in self.pages.iter() {
-            let pfn = p.load(Ordering::Relaxed);
-            if pfn != Self::NO_FRAME {
-                self.frames.put(pfn);
-            }
         }
     }
 }

@@ -1,0 +1,200 @@
+//! The backing object of shared anonymous mappings (like shmem): its pages
+//! live in a sparse radix tree, as the page cache's xarray keeps them.
+//!
+//! The tree has a fixed height for the object's size and 64 slots per
+//! node. Lookups are `Acquire` loads down the tree and take no lock; a
+//! missing node or page is installed by compare-and-swap (the loser frees
+//! its own). Nodes are freed only when the object drops, so a reader never
+//! meets a freed node. A huge object costs only the nodes on the paths to
+//! the pages it has touched; each node is charged to the frame pool's
+//! budget.
+
+use crate::phys::{FrameAllocator, Pfn};
+use crate::sync::{Arc, AtomicU64, Ordering};
+
+/// Index bits resolved by one level.
+const SHIFT: u32 = 6;
+/// Slots per node.
+const FANOUT: usize = 1 << SHIFT;
+
+/// One node: child pointers above the last level, `pfn + 1` at the last
+/// level; 0 is an empty slot.
+struct Node {
+    slots: [AtomicU64; FANOUT],
+}
+
+impl Node {
+    fn new() -> Node {
+        Node {
+            slots: core::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+/// Bytes a node costs, charged to the budget while it exists.
+const NODE_BYTES: u64 = core::mem::size_of::<Node>() as u64;
+
+/// Levels needed to index `npages` pages (at least one).
+fn height_for(npages: u64) -> u32 {
+    let mut h = 1;
+    while h * SHIFT < 64 && npages > 1 << (h * SHIFT) {
+        h += 1;
+    }
+    h
+}
+
+/// The backing object of a shared anonymous mapping: a fixed number of
+/// pages, each allocated on first touch.
+///
+/// The object holds one reference on each frame it has; every PTE mapping
+/// one holds one more.
+pub struct Shmem {
+    /// Identity, printed as the inode number in `maps()`.
+    pub(crate) id: u64,
+    npages: u64,
+    height: u32,
+    /// The root node lives in the object (its cost is the mapping's).
+    root: Node,
+    frames: Arc<FrameAllocator>,
+}
+
+impl Shmem {
+    pub(crate) fn new(id: u64, npages: u64, frames: Arc<FrameAllocator>) -> Self {
+        Shmem {
+            id,
+            npages,
+            height: height_for(npages),
+            root: Node::new(),
+            frames,
+        }
+    }
+
+    /// The slot index of page `index` at `level` (0: the last level).
+    fn slot(index: u64, level: u32) -> usize {
+        ((index >> (level * SHIFT)) as usize) & (FANOUT - 1)
+    }
+
+    /// The child node behind an interior slot, creating it within the
+    /// budget if missing. `None` when the budget is spent.
+    fn child_or_make<'a>(&'a self, slot: &'a AtomicU64) -> Option<&'a Node> {
+        let mut p = slot.load(Ordering::Acquire);
+        if p == 0 {
+            let budget = self.frames.memory();
+            if !budget.try_charge(NODE_BYTES) {
+                return None;
+            }
+            let new = Box::into_raw(Box::new(Node::new()));
+            match slot.compare_exchange(0, new as u64, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => p = new as u64,
+                Err(winner) => {
+                    // SAFETY: `new` was never published; we own it.
+                    unsafe { drop(Box::from_raw(new)) };
+                    budget.uncharge(NODE_BYTES);
+                    p = winner;
+                }
+            }
+        }
+        // SAFETY: a non-zero interior slot holds a node from Box::into_raw,
+        // published with Release after initialization; nodes are freed
+        // only when the object drops, and we borrow it.
+        Some(unsafe { &*(p as *const Node) })
+    }
+
+    /// The frame of page `index`, allocated (zeroed) on first touch.
+    /// `None` when out of memory. The caller must check `index < npages`.
+    pub(crate) fn frame(&self, index: u64) -> Option<Pfn> {
+        debug_assert!(index < self.npages);
+        let mut node = &self.root;
+        for level in (1..self.height).rev() {
+            node = self.child_or_make(&node.slots[Self::slot(index, level)])?;
+        }
+        let slot = &node.slots[Self::slot(index, 0)];
+        let cur = slot.load(Ordering::Acquire);
+        if cur != 0 {
+            return Some((cur - 1) as Pfn);
+        }
+        let pfn = self.frames.alloc()?;
+        match slot.compare_exchange(0, u64::from(pfn) + 1, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => Some(pfn),
+            Err(winner) => {
+                self.frames.put(pfn);
+                Some((winner - 1) as Pfn)
+            }
+        }
+    }
+
+    /// Size in pages.
+    pub(crate) fn npages(&self) -> u64 {
+        self.npages
+    }
+
+    /// Frees the nodes below `node` (at `level`) and drops the object's
+    /// frame references.
+    fn release(&self, node: &Node, level: u32) {
+        for s in node.slots.iter() {
+            let v = s.load(Ordering::Relaxed);
+            if v == 0 {
+                continue;
+            }
+            if level == 0 {
+                self.frames.put((v - 1) as Pfn);
+            } else {
+                // SAFETY: a non-zero interior slot owns a node from
+                // Box::into_raw; the object is being dropped, so nobody
+                // else can reach it.
+                let child = unsafe { Box::from_raw(v as *mut Node) };
+                self.release(&child, level - 1);
+                self.frames.memory().uncharge(NODE_BYTES);
+            }
+        }
+    }
+}
+
+impl Drop for Shmem {
+    fn drop(&mut self) {
+        self.release(&self.root, self.height - 1);
+    }
+}
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests {
+    use super::*;
+    use crate::addr::PAGE_SIZE;
+
+    #[test]
+    fn heights() {
+        assert_eq!(height_for(0), 1);
+        assert_eq!(height_for(64), 1);
+        assert_eq!(height_for(65), 2);
+        assert_eq!(height_for(1 << 35), 6);
+        assert_eq!(height_for(u64::MAX), 11);
+    }
+
+    #[test]
+    fn huge_object_costs_what_it_touches() {
+        let frames = Arc::new(FrameAllocator::new(1 << 20, true));
+        let npages = (64u64 << 40) / PAGE_SIZE;
+        let s = Shmem::new(1, npages, frames.clone());
+        let idx = [0, 1, 63, 64, 4095, npages / 2, npages - 1];
+        let pfns: Vec<Pfn> = idx.iter().map(|&i| s.frame(i).unwrap()).collect();
+        for (&i, &p) in idx.iter().zip(&pfns) {
+            assert_eq!(s.frame(i), Some(p), "stable frame for page {i}");
+        }
+        assert_eq!(frames.used(), idx.len() as u64);
+        let used = frames.memory().used();
+        assert!(used < 64 << 10, "{used} bytes for 7 pages of 64 TiB");
+        drop(s);
+        assert_eq!(frames.used(), 0);
+        assert_eq!(frames.memory().used(), 0);
+    }
+
+    #[test]
+    fn out_of_budget_is_none_not_abort() {
+        let frames = Arc::new(FrameAllocator::new(8 * PAGE_SIZE, true));
+        let s = Shmem::new(1, 1 << 30, frames.clone());
+        let got = (0..64u64).filter_map(|i| s.frame(i << 20)).count();
+        assert!(got > 0 && got < 8, "{got} pages within 8 pages of budget");
+        drop(s);
+        assert_eq!(frames.memory().used(), 0);
+    }
+}
