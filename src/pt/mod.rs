@@ -21,6 +21,8 @@ use crate::sync::counter::AtomicI64;
 use crate::sync::{AtomicU32, AtomicU64, Mutex, Ordering};
 use bitflags::bitflags;
 
+mod copy;
+
 bitflags! {
     /// Page-table entry flags (x86-64 bit positions; COW is a software bit).
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]

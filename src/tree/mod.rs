@@ -113,16 +113,7 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
     /// leaves nodes half full after sequential splits). Epoch
     /// reclamation.
     pub fn from_sorted(entries: impl IntoIterator<Item = (Range, V)>) -> Result<Self, TreeError> {
-        let mut es: Vec<(u64, u64, V)> = Vec::new();
-        for (r, v) in entries {
-            if r.is_empty() {
-                return Err(TreeError::EmptyRange);
-            }
-            if es.last().is_some_and(|&(_, end, _)| end > r.start) {
-                return Err(TreeError::Occupied);
-            }
-            es.push((r.start, r.end, v));
-        }
+        let es = sorted_entries(entries)?;
         let t = Self::new();
         let root = Editor::new(&t.cache).build(&es);
         t.root.store(root as *mut Node<V>, Ordering::Release);
@@ -422,6 +413,25 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
     }
 }
 
+/// `entries` as node entries, checked sorted by start, non-empty and
+/// non-overlapping.
+fn sorted_entries<V>(
+    entries: impl IntoIterator<Item = (Range, V)>,
+) -> Result<Vec<(u64, u64, V)>, TreeError> {
+    let it = entries.into_iter();
+    let mut es: Vec<(u64, u64, V)> = Vec::with_capacity(it.size_hint().0);
+    for (r, v) in it {
+        if r.is_empty() {
+            return Err(TreeError::EmptyRange);
+        }
+        if es.last().is_some_and(|&(_, end, _)| end > r.start) {
+            return Err(TreeError::Occupied);
+        }
+        es.push((r.start, r.end, v));
+    }
+    Ok(es)
+}
+
 fn check<V>(
     n: &Node<V>,
     is_root: bool,
@@ -653,6 +663,26 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
         let root = ed.build(&kept);
         self.publish(root, ed, -(removed as isize), &g);
         removed
+    }
+
+    /// Replaces the whole contents with `entries` (sorted by start and
+    /// non-overlapping), built in one pass with full nodes as
+    /// [`RangeTree::from_sorted`] does; the old nodes are retired as one
+    /// batch. This is how a whole tree is duplicated (fork's `__mt_dup`):
+    /// one build, never one insert per entry. One atomic step for readers;
+    /// on bad input nothing changes.
+    pub fn replace_all(
+        &mut self,
+        entries: impl IntoIterator<Item = (Range, V)>,
+    ) -> Result<(), TreeError> {
+        let es = sorted_entries(entries)?;
+        let g = self.tree.pin();
+        let delta = es.len() as isize - self.tree.len() as isize;
+        let mut ed = Editor::new(&self.tree.cache);
+        ed.discard_all(self.cur());
+        let root = ed.build(&es);
+        self.publish(root, ed, delta, &g);
+        Ok(())
     }
 
     /// Removes the whole entry containing `addr`.

@@ -199,3 +199,40 @@ fn from_sorted_builds_full_nodes_and_rejects_bad_input() {
         Some(TreeError::EmptyRange)
     );
 }
+
+#[test]
+fn replace_all_swaps_the_contents_in_one_step() {
+    let t = RangeTree::new();
+    {
+        let mut w = t.writer();
+        for i in 0..50u64 {
+            w.insert(r(i * 16, i * 16 + 8), i).unwrap();
+        }
+    }
+    for n in [0u64, 1, 17, 300, 3] {
+        t.writer()
+            .replace_all((0..n).map(|i| (r(i * 32 + 4, i * 32 + 20), 1000 + i)))
+            .unwrap();
+        t.check_invariants().unwrap();
+        assert_eq!(t.len(), n as usize);
+        let g = t.pin();
+        assert_eq!(t.find(0, &g), None);
+        for i in 0..n {
+            assert_eq!(t.find(i * 32 + 19, &g).map(|(_, v)| *v), Some(1000 + i));
+            assert_eq!(t.find(i * 32 + 20, &g), None);
+        }
+    }
+    // Bad input changes nothing.
+    let before: Vec<_> = t.iter(&t.pin()).map(|(e, v)| (e, *v)).collect();
+    assert_eq!(
+        t.writer().replace_all([(r(0, 8), 0), (r(4, 12), 1)]),
+        Err(TreeError::Occupied)
+    );
+    assert_eq!(
+        t.writer().replace_all([(r(8, 8), 0)]),
+        Err(TreeError::EmptyRange)
+    );
+    let after: Vec<_> = t.iter(&t.pin()).map(|(e, v)| (e, *v)).collect();
+    assert_eq!(before, after);
+    t.check_invariants().unwrap();
+}
