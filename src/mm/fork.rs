@@ -16,6 +16,16 @@
 //! copied, the child faults them again (as Linux skips such VMAs in
 //! `copy_page_range`). No page data is copied by fork itself.
 //!
+//! Everything is done in bulk, as Linux's fork since `__mt_dup`: one pass
+//! over the parent's VMAs decides what each copy is (`Dup`); the copies
+//! are linked to their anon_vma families one lock acquisition per run of
+//! consecutive VMAs of a family, with the reverse map filed as a batch;
+//! the child's tree is built in one pass with full nodes (never one
+//! insert, path copy and retired batch per VMA); and the page tables are
+//! copied a PTE table at a time, skipping missing tables
+//! ([`crate::pt::PageTable::copy_ranges`]), with one TLB flush for the
+//! parent's write-protected entries.
+//!
 //! The child shares the parent's frame allocator (frame accounting spans
 //! the family) and VMA object cache (the reverse map of a family points at
 //! VMAs of several address spaces, which must stay type-stable for all).
