@@ -248,9 +248,8 @@ impl Drop for AddressSpace {
     /// the table pages are freed at once by their own drops, not retired
     /// one edit at a time.
     fn drop(&mut self) {
-        let st = self.mmap_lock.write();
-        let g = self.tree.pin();
-        let all: Vec<VmaRef> = self.tree.iter(&g).map(|(_, v)| *v).collect();
+        let mut ed = edit::Edit::begin(self);
+        let all = ed.vmas_in(Range::new(0, u64::MAX));
         // `&mut self`: no user access or fault of this space is in flight
         // and none can start, so no translation of it is cached anywhere
         // and each frame may be released as its entry is cleared.
@@ -267,14 +266,7 @@ impl Drop for AddressSpace {
         if pages > 0 {
             self.tlb.flush(&self.stats, pages);
         }
-        for &v in &all {
-            v.lock.write_lock(st.seq());
-            v.lock.mark_detached();
-        }
-        crate::vma::unlink_all(&all, &self.stats);
-        for v in all {
-            self.pool.free(v);
-        }
+        ed.detach_all(&all);
         // Nothing reaches the tree or the tables any more: the tree's and
         // the page table's own drops free them directly.
     }

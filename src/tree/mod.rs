@@ -413,6 +413,10 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
     }
 }
 
+/// An overwrite that hits at least one entry in this many of the tree's
+/// rebuilds the tree instead of removing them one by one.
+const REBUILD_RATIO: usize = 16;
+
 /// `entries` as node entries, checked sorted by start, non-empty and
 /// non-overlapping.
 fn sorted_entries<V>(
@@ -719,6 +723,12 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
                 return vec![(*e, ev.clone())];
             }
         }
+        // Overwriting many entries (unmapping a large part of the space):
+        // one rebuild costs a copy per entry kept, where removing them one
+        // by one costs a path copy each.
+        if hit.len() > B && hit.len() * REBUILD_RATIO >= self.tree.len() {
+            return self.rebuild_over(r, v, hit, ed, &g);
+        }
         let mut root = self.cur();
         let mut delta: isize = 0;
         let mut out = Vec::with_capacity(hit.len());
@@ -744,6 +754,46 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
         }
         self.publish(root, ed, delta, &g);
         out
+    }
+
+    /// [`overwrite`](Self::overwrite) by rebuilding the whole tree in one
+    /// pass: the entries outside `r`, the parts of `hit` (the entries
+    /// overlapping `r`) outside it, and `v` over `r`.
+    fn rebuild_over(
+        &mut self,
+        r: Range,
+        v: Option<V>,
+        hit: Vec<(Range, V)>,
+        mut ed: Editor<'_, V>,
+        g: &Guard,
+    ) -> Vec<(Range, V)> {
+        let mut es: Vec<(u64, u64, V)> = Vec::with_capacity(self.tree.len() - hit.len() + 3);
+        for (e, ev) in self.tree.iter(g) {
+            if !e.overlaps(&r) {
+                es.push((e.start, e.end, ev.clone()));
+                continue;
+            }
+            if e.start < r.start {
+                es.push((e.start, r.start, ev.clone()));
+            }
+            if e.end > r.end {
+                es.push((r.end, e.end, ev.clone()));
+            }
+        }
+        if let Some(v) = v {
+            let at = es.partition_point(|&(s, _, _)| s < r.start);
+            es.insert(at, (r.start, r.end, v));
+        }
+        let delta = es.len() as isize - self.tree.len() as isize;
+        ed.discard_all(self.cur());
+        let root = ed.build(&es);
+        self.publish(root, ed, delta, g);
+        hit.into_iter()
+            .map(|(e, ev)| {
+                let part = e.intersect(&r).expect("range() yields overlapping entries");
+                (part, ev)
+            })
+            .collect()
     }
 
     /// Publishes `root` with one Release store, then retires what the edit
