@@ -635,7 +635,8 @@ impl PageTable {
 impl Drop for PageTable {
     fn drop(&mut self) {
         fn free(t: &Table, level: u32) {
-            if level == 0 {
+            // An empty table (an idle space's root) has no child to free.
+            if level == 0 || t.is_empty() {
                 return;
             }
             for e in t.entries.iter() {
