@@ -40,7 +40,7 @@ use crate::pt::{Pte, PteFlags};
 use crate::stats::StatCounters;
 use crate::sync::Arc;
 use crate::tlb::Gather;
-use crate::vma::{link_all, AnonVma, RmapHit, VmaRef};
+use crate::vma::{for_each_family_run, link_all, AnonVma, RmapHit, VmaRef};
 
 impl AddressSpace {
     /// A copy-on-write copy of this address space, like `fork(2)`'s
@@ -176,29 +176,21 @@ impl Dup {
 /// VMAs of one family (a split mapping, say) are linked under one
 /// acquisition of the family's lock.
 fn link_anon_vmas(dups: &[Dup], stats: &StatCounters) {
-    let mut rest = dups;
-    while let Some(first) = rest.iter().position(|d| d.anon.is_some()) {
-        rest = &rest[first..];
-        let root = rest[0].anon.as_ref().expect("found above").root();
-        let run = rest
-            .iter()
-            .position(|d| {
-                !d.anon
-                    .as_ref()
-                    .is_some_and(|a| core::ptr::eq(a.root(), root))
-            })
-            .unwrap_or(rest.len());
-        // The new anon_vmas are made before the lock is taken.
-        let links: Vec<_> = rest[..run]
-            .iter()
-            .map(|d| {
-                let parent = d.anon.as_ref().expect("the run has anon_vmas");
-                (d.copy, Arc::new(AnonVma::fork_child(parent, next_id())))
-            })
-            .collect();
-        link_all(&mut root.lock(Some(stats)), links);
-        rest = &rest[run..];
-    }
+    for_each_family_run(
+        dups,
+        |d| d.anon.as_deref(),
+        |family, run| {
+            // The new anon_vmas are made before the lock is taken.
+            let links: Vec<_> = run
+                .iter()
+                .map(|d| {
+                    let parent = d.anon.as_ref().expect("the run has anon_vmas");
+                    (d.copy, Arc::new(AnonVma::fork_child(parent, next_id())))
+                })
+                .collect();
+            link_all(&mut family.root().lock(Some(stats)), links);
+        },
+    );
 }
 
 /// Attaches every copy and builds the child's tree in one pass (the

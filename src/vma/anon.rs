@@ -352,6 +352,28 @@ impl core::fmt::Debug for AnonRoot {
     }
 }
 
+/// Splits `items` into runs of consecutive items whose anon_vmas (`anon`)
+/// belong to one family, skipping items without one, and calls `f(the
+/// run's first anon_vma, run)` for each: the batches that each need one
+/// acquisition of a family's lock.
+pub(crate) fn for_each_family_run<T>(
+    items: &[T],
+    anon: impl Fn(&T) -> Option<&AnonVma>,
+    mut f: impl FnMut(&AnonVma, &[T]),
+) {
+    let mut rest = items;
+    while let Some(first) = rest.iter().position(|x| anon(x).is_some()) {
+        rest = &rest[first..];
+        let head = anon(&rest[0]).expect("found above");
+        let run = rest
+            .iter()
+            .position(|x| !anon(x).is_some_and(|a| a.same_family(head)))
+            .unwrap_or(rest.len());
+        f(head, &rest[..run]);
+        rest = &rest[run..];
+    }
+}
+
 /// Links each VMA of `links` (detached or write-locked, with no
 /// anon_vma) to its anon_vma, all of the family whose lock the caller
 /// holds (`idx`), filing them in the reverse map as one batch (fork).
@@ -366,23 +388,19 @@ pub(crate) fn link_all(
 /// Unlinks every VMA of `vmas` (detached, or write-locked by the caller)
 /// from its anon_vma, taking each family's lock once per run of
 /// consecutive VMAs of that family and updating its reverse map as one
-/// batch (teardown).
+/// batch (teardown, unmapping many VMAs).
 pub(crate) fn unlink_all(vmas: &[VmaRef], stats: &StatCounters) {
-    let mut rest = vmas;
-    while let Some(first) = rest.iter().position(|v| v.anon_vma().is_some()) {
-        rest = &rest[first..];
-        let anon = rest[0].anon_vma_arc().expect("found above");
-        let run = rest
-            .iter()
-            .position(|v| !v.anon_vma().is_some_and(|a| a.same_family(&anon)))
-            .unwrap_or(rest.len());
-        let mut idx = anon.root().lock(Some(stats));
-        idx.remove_many(&rest[..run]);
-        let released: Vec<_> = rest[..run].iter().map(|v| v.take_anon()).collect();
-        drop(idx);
-        // The anon_vmas (and the ancestors they alone kept) are freed
-        // outside the family's lock.
-        drop(released);
-        rest = &rest[run..];
-    }
+    for_each_family_run(
+        vmas,
+        |v| v.anon_vma(),
+        |anon, run| {
+            let mut idx = anon.root().lock(Some(stats));
+            idx.remove_many(run);
+            let released: Vec<_> = run.iter().map(|v| v.take_anon()).collect();
+            drop(idx);
+            // The anon_vmas (and the ancestors they alone kept) are freed
+            // outside the family's lock.
+            drop(released);
+        },
+    );
 }

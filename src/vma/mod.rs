@@ -22,7 +22,7 @@ pub mod anon;
 pub mod lock;
 mod pool;
 
-pub(crate) use anon::{link_all, unlink_all, RmapIndex};
+pub(crate) use anon::{for_each_family_run, link_all, unlink_all, RmapIndex};
 pub use anon::{AnonRoot, AnonVma, RmapHit};
 pub(crate) use pool::{VmaPool, VmaRef};
 
