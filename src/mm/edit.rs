@@ -225,15 +225,30 @@ impl<'a> Edit<'a> {
         self.st.map_count += 1;
     }
 
-    /// Removes a VMA whose range is no longer in the tree (or erases it),
-    /// unlinks it from its anon_vma's reverse map, waits out transient
-    /// readers and recycles the object.
-    pub(crate) fn detach(&mut self, v: VmaRef, erase: bool) {
-        self.detach_in(v, erase, None);
+    /// Removes VMAs whose ranges are no longer in the tree: unlinks them
+    /// from their anon_vmas' reverse maps, waits out transient readers and
+    /// recycles the objects. Each anon_vma family's lock is taken once per
+    /// run of consecutive VMAs of that family, and its reverse map updated
+    /// as a batch (unmapping many VMAs, and teardown).
+    pub(crate) fn detach_all(&mut self, vs: &[VmaRef]) {
+        for &v in vs {
+            self.lock(v);
+            v.lock.mark_detached();
+        }
+        crate::vma::unlink_all(vs, &self.mm.stats);
+        self.st.map_count -= vs.len();
+        for &v in vs {
+            self.mm.pool.free(v);
+        }
+        self.mm
+            .frames
+            .memory()
+            .uncharge(VMA_BYTES * vs.len() as u64);
     }
 
-    /// [`detach`](Self::detach) for a caller that may hold the lock of
-    /// `v`'s anon_vma family (`idx`).
+    /// Removes one VMA from the tree if `erase` (else its range is no
+    /// longer there), as [`detach_all`](Self::detach_all) does, for a
+    /// caller that may hold the lock of `v`'s anon_vma family (`idx`).
     fn detach_in(&mut self, v: VmaRef, erase: bool, idx: Option<&mut RmapIndex>) {
         self.lock(v);
         if erase {
@@ -619,9 +634,7 @@ impl<'a> Edit<'a> {
         // Point of no return: one store clears the range for readers.
         self.w.erase(r);
         self.zap(r, gather);
-        for v in victims {
-            self.detach(v, false);
-        }
+        self.detach_all(&victims);
         self.free_pgtables(r);
         Ok(())
     }

@@ -16,6 +16,16 @@
 //! copied, the child faults them again (as Linux skips such VMAs in
 //! `copy_page_range`). No page data is copied by fork itself.
 //!
+//! Everything is done in bulk, as Linux's fork since `__mt_dup`: one pass
+//! over the parent's VMAs decides what each copy is (`Dup`); the copies
+//! are linked to their anon_vma families one lock acquisition per run of
+//! consecutive VMAs of a family, with the reverse map filed as a batch;
+//! the child's tree is built in one pass with full nodes (never one
+//! insert, path copy and retired batch per VMA); and the page tables are
+//! copied a PTE table at a time, skipping missing tables
+//! ([`crate::pt::PageTable::copy_ranges`]), with one TLB flush for the
+//! parent's write-protected entries.
+//!
 //! The child shares the parent's frame allocator (frame accounting spans
 //! the family) and VMA object cache (the reverse map of a family points at
 //! VMAs of several address spaces, which must stay type-stable for all).
@@ -27,8 +37,10 @@ use crate::error::{Error, Result};
 use crate::fault::ZERO_PFN;
 use crate::phys::Pfn;
 use crate::pt::{Pte, PteFlags};
+use crate::stats::StatCounters;
 use crate::sync::Arc;
-use crate::vma::{AnonVma, RmapHit};
+use crate::tlb::Gather;
+use crate::vma::{for_each_family_run, link_all, AnonVma, RmapHit, VmaRef};
 
 impl AddressSpace {
     /// A copy-on-write copy of this address space, like `fork(2)`'s
@@ -71,51 +83,25 @@ impl AddressSpace {
             ced.st.start_brk = ed.st.start_brk;
             ced.st.brk = ed.st.brk;
             let vmas = ed.vmas_in(Range::new(0, self.cfg.task_size));
-            let mut gather = ed.gather();
-            let pg = self.pt.pin();
-            let cg = child.pt.pin();
-            let mut ok = true;
-            for v in vmas {
-                // dup_mmap's vma_start_write: no per-VMA fault runs in `v`
-                // until the mmap_lock is released.
+            // dup_mmap's vma_start_write: no per-VMA fault runs in a parent
+            // VMA until the mmap_lock is released. All are locked before
+            // any anon_vma lock is taken (never held while waiting for a
+            // VMA lock).
+            for &v in &vmas {
                 ed.lock(v);
-                let parent_anon = v.anon_vma_arc();
-                let anon = parent_anon
-                    .as_ref()
-                    .map(|pa| Arc::new(AnonVma::fork_child(pa, next_id())));
-                let nv = ced.new_vma(v.range(), v.pgoff(), v.flags(), anon, v.shmem_arc());
-                ced.insert(nv);
-                if v.shmem().is_some() || parent_anon.is_none() || !ok {
-                    continue;
-                }
-                let frames = &self.frames;
-                self.pt.change_range(v.range(), &pg, |va, pte| {
-                    let pfn: Pfn = pte.pfn();
-                    let ro = Pte::new(pfn, pte.flags() - PteFlags::WRITE);
-                    if !ok {
-                        return pte;
-                    }
-                    if pfn != ZERO_PFN {
-                        frames.get(pfn);
-                    }
-                    if child.pt.install(va, ro, &cg).is_err() {
-                        if pfn != ZERO_PFN {
-                            frames.put(pfn);
-                        }
-                        ok = false;
-                        return pte;
-                    }
-                    if ro != pte {
-                        gather.add_page(va);
-                    }
-                    ro
+            }
+            let mut dups = Vec::with_capacity(vmas.len());
+            for v in vmas {
+                let copy = ced.new_vma(v.range(), v.pgoff(), v.flags(), None, v.shmem_arc());
+                dups.push(Dup {
+                    parent: v,
+                    copy,
+                    anon: v.anon_vma_arc(),
                 });
             }
-            // The parent's old writable translations must be gone before
-            // anyone (the child, or a parent fault) relies on the entries
-            // being read-only.
-            gather.flush();
-            ok
+            link_anon_vmas(&dups, &self.stats);
+            attach_all(&mut ced, &dups);
+            copy_page_tables(self, &child, &dups, &mut ed.gather())
         };
         drop(ed);
         if !ok {
@@ -170,4 +156,93 @@ impl AddressSpace {
         hits.sort();
         hits
     }
+}
+
+/// One parent VMA and its copy in the child.
+struct Dup {
+    parent: VmaRef,
+    copy: VmaRef,
+    /// The parent's anon_vma: the copy gets a child of it.
+    anon: Option<Arc<AnonVma>>,
+}
+
+impl Dup {
+    /// Whether the parent's page-table entries are copied: private
+    /// anonymous memory with an anon_vma has pages of its own; the rest
+    /// maps only the zero page or a shared object, and the child faults it
+    /// again (Linux's `vma_needs_copy`).
+    fn copies_ptes(&self) -> bool {
+        self.anon.is_some() && self.parent.shmem().is_none()
+    }
+}
+
+/// Gives each copy whose parent has an anon_vma a new anon_vma chained to
+/// it (`anon_vma_fork`), filed in the family's reverse map. Consecutive
+/// VMAs of one family (a split mapping, say) are linked under one
+/// acquisition of the family's lock.
+fn link_anon_vmas(dups: &[Dup], stats: &StatCounters) {
+    for_each_family_run(
+        dups,
+        |d| d.anon.as_deref(),
+        |family, run| {
+            // The new anon_vmas are made before the lock is taken.
+            let links: Vec<_> = run
+                .iter()
+                .map(|d| {
+                    let parent = d.anon.as_ref().expect("the run has anon_vmas");
+                    (d.copy, Arc::new(AnonVma::fork_child(parent, next_id())))
+                })
+                .collect();
+            link_all(&mut family.root().lock(Some(stats)), links);
+        },
+    );
+}
+
+/// Attaches every copy and builds the child's tree in one pass (the
+/// maple tree's `__mt_dup`): no insert per VMA.
+fn attach_all(ced: &mut Edit<'_>, dups: &[Dup]) {
+    for d in dups {
+        d.copy.lock.mark_attached();
+    }
+    ced.w
+        .replace_all(dups.iter().map(|d| (d.copy.range(), d.copy)))
+        .expect("the parent's VMAs are sorted and disjoint");
+    ced.st.map_count = dups.len();
+}
+
+/// Copies the page-table entries of every VMA that needs it, a PTE table
+/// at a time: both sides lose write access and the frame gains a
+/// reference. The parent's changed translations are gathered and flushed
+/// before the parent's mmap_lock is released, so no one (the child, or a
+/// parent fault) relies on an entry being read-only while a writable
+/// translation survives. False if the child's page table could not take
+/// an entry (the copy stops there).
+fn copy_page_tables(
+    mm: &AddressSpace,
+    child: &AddressSpace,
+    dups: &[Dup],
+    gather: &mut Gather<'_>,
+) -> bool {
+    let (pg, cg) = (mm.pt.pin(), child.pt.pin());
+    let frames = &mm.frames;
+    let ranges = dups
+        .iter()
+        .filter(|d| d.copies_ptes())
+        .map(|d| d.parent.range());
+    let ok = mm
+        .pt
+        .copy_ranges(&child.pt, ranges, &pg, &cg, |va, pte| {
+            let pfn: Pfn = pte.pfn();
+            if pfn != ZERO_PFN {
+                frames.get(pfn);
+            }
+            let ro = Pte::new(pfn, pte.flags() - PteFlags::WRITE);
+            if ro != pte {
+                gather.add_page(va);
+            }
+            (ro, ro)
+        })
+        .is_ok();
+    gather.flush();
+    ok
 }

@@ -57,7 +57,7 @@ mod munmap;
 pub use config::{Config, FaultLocking, MremapExtent};
 pub use flags::{Access, Advice, MapFlags, MremapFlags, Prot};
 
-use crate::addr::{Range, PAGE_SIZE};
+use crate::addr::Range;
 use crate::error::FaultError;
 pub use crate::phys::FrameAllocator;
 use crate::pt::PageTable;
@@ -275,29 +275,33 @@ pub(crate) fn is_heap(st: &MmState, r: Range) -> bool {
 }
 
 impl Drop for AddressSpace {
+    /// Teardown in bulk (Linux's `exit_mmap`): every entry is cleared and
+    /// its frame reference dropped in one walk of each VMA's tables, with
+    /// one TLB flush; VMAs leave their anon_vma families one family-lock
+    /// acquisition per run of VMAs of the same family; the tree's nodes and
+    /// the table pages are freed at once by their own drops, not retired
+    /// one edit at a time.
     fn drop(&mut self) {
-        // Unmap everything so frames and shared objects are released.
-        let _st = self.mmap_lock.write();
-        let g = self.tree.pin();
-        let all: Vec<VmaRef> = self.tree.iter(&g).map(|(_, v)| *v).collect();
-        let mut w = self.tree.writer();
-        let mut gather = crate::tlb::Gather::new(&self.tlb, &self.stats, &self.frames);
-        for v in all {
-            let r = v.range();
-            self.pt.zap_range(r, &g, |va, pte| {
-                gather.add_page(va);
+        let mut ed = edit::Edit::begin(self);
+        let all = ed.vmas_in(Range::new(0, u64::MAX));
+        // `&mut self`: no user access or fault of this space is in flight
+        // and none can start, so no translation of it is cached anywhere
+        // and each frame may be released as its entry is cleared.
+        let pg = self.pt.pin();
+        let mut pages = 0;
+        for v in &all {
+            self.pt.zap_range(v.range(), &pg, |_, pte| {
+                pages += 1;
                 if pte.pfn() != crate::fault::ZERO_PFN {
-                    gather.free_frame(pte.pfn());
+                    self.frames.put(pte.pfn());
                 }
             });
-            w.erase(r);
-            v.lock.write_lock(_st.seq());
-            v.lock.mark_detached();
-            self.pool.free(v);
-            self.frames.memory().uncharge(crate::vma::VMA_BYTES);
         }
-        gather.flush();
-        drop(w);
-        self.pt.free_tables(Range::new(0, !(PAGE_SIZE - 1)), &g);
+        if pages > 0 {
+            self.tlb.flush(&self.stats, pages);
+        }
+        ed.detach_all(&all);
+        // Nothing reaches the tree or the tables any more: the tree's and
+        // the page table's own drops free them directly.
     }
 }

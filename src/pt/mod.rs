@@ -25,6 +25,8 @@ use crate::sync::counter::AtomicI64;
 use crate::sync::{Arc, AtomicU32, AtomicU64, Mutex, Ordering};
 use bitflags::bitflags;
 
+mod copy;
+
 bitflags! {
     /// Page-table entry flags (x86-64 bit positions; COW is a software bit).
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -682,7 +684,8 @@ impl Drop for PageTable {
     fn drop(&mut self) {
         self.budget.uncharge(TABLE_BYTES * self.table_pages());
         fn free(t: &Table, level: u32) {
-            if level == 0 {
+            // An empty table (an idle space's root) has no child to free.
+            if level == 0 || t.is_empty() {
                 return;
             }
             for e in t.entries.iter() {

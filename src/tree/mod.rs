@@ -113,16 +113,7 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
     /// leaves nodes half full after sequential splits). Epoch
     /// reclamation.
     pub fn from_sorted(entries: impl IntoIterator<Item = (Range, V)>) -> Result<Self, TreeError> {
-        let mut es: Vec<(u64, u64, V)> = Vec::new();
-        for (r, v) in entries {
-            if r.is_empty() {
-                return Err(TreeError::EmptyRange);
-            }
-            if es.last().is_some_and(|&(_, end, _)| end > r.start) {
-                return Err(TreeError::Occupied);
-            }
-            es.push((r.start, r.end, v));
-        }
+        let es = sorted_entries(entries)?;
         let t = Self::new();
         let root = Editor::new(&t.cache).build(&es);
         t.root.store(root as *mut Node<V>, Ordering::Release);
@@ -422,6 +413,29 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
     }
 }
 
+/// An overwrite that hits at least one entry in this many of the tree's
+/// rebuilds the tree instead of removing them one by one.
+const REBUILD_RATIO: usize = 16;
+
+/// `entries` as node entries, checked sorted by start, non-empty and
+/// non-overlapping.
+fn sorted_entries<V>(
+    entries: impl IntoIterator<Item = (Range, V)>,
+) -> Result<Vec<(u64, u64, V)>, TreeError> {
+    let it = entries.into_iter();
+    let mut es: Vec<(u64, u64, V)> = Vec::with_capacity(it.size_hint().0);
+    for (r, v) in it {
+        if r.is_empty() {
+            return Err(TreeError::EmptyRange);
+        }
+        if es.last().is_some_and(|&(_, end, _)| end > r.start) {
+            return Err(TreeError::Occupied);
+        }
+        es.push((r.start, r.end, v));
+    }
+    Ok(es)
+}
+
 fn check<V>(
     n: &Node<V>,
     is_root: bool,
@@ -655,6 +669,26 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
         removed
     }
 
+    /// Replaces the whole contents with `entries` (sorted by start and
+    /// non-overlapping), built in one pass with full nodes as
+    /// [`RangeTree::from_sorted`] does; the old nodes are retired as one
+    /// batch. This is how a whole tree is duplicated (fork's `__mt_dup`):
+    /// one build, never one insert per entry. One atomic step for readers;
+    /// on bad input nothing changes.
+    pub fn replace_all(
+        &mut self,
+        entries: impl IntoIterator<Item = (Range, V)>,
+    ) -> Result<(), TreeError> {
+        let es = sorted_entries(entries)?;
+        let g = self.tree.pin();
+        let delta = es.len() as isize - self.tree.len() as isize;
+        let mut ed = Editor::new(&self.tree.cache);
+        ed.discard_all(self.cur());
+        let root = ed.build(&es);
+        self.publish(root, ed, delta, &g);
+        Ok(())
+    }
+
     /// Removes the whole entry containing `addr`.
     pub fn remove(&mut self, addr: u64) -> Option<(Range, V)> {
         let g = self.tree.pin();
@@ -689,6 +723,12 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
                 return vec![(*e, ev.clone())];
             }
         }
+        // Overwriting many entries (unmapping a large part of the space):
+        // one rebuild costs a copy per entry kept, where removing them one
+        // by one costs a path copy each.
+        if hit.len() > B && hit.len() * REBUILD_RATIO >= self.tree.len() {
+            return self.rebuild_over(r, v, hit, ed, &g);
+        }
         let mut root = self.cur();
         let mut delta: isize = 0;
         let mut out = Vec::with_capacity(hit.len());
@@ -714,6 +754,46 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
         }
         self.publish(root, ed, delta, &g);
         out
+    }
+
+    /// [`overwrite`](Self::overwrite) by rebuilding the whole tree in one
+    /// pass: the entries outside `r`, the parts of `hit` (the entries
+    /// overlapping `r`) outside it, and `v` over `r`.
+    fn rebuild_over(
+        &mut self,
+        r: Range,
+        v: Option<V>,
+        hit: Vec<(Range, V)>,
+        mut ed: Editor<'_, V>,
+        g: &Guard,
+    ) -> Vec<(Range, V)> {
+        let mut es: Vec<(u64, u64, V)> = Vec::with_capacity(self.tree.len() - hit.len() + 3);
+        for (e, ev) in self.tree.iter(g) {
+            if !e.overlaps(&r) {
+                es.push((e.start, e.end, ev.clone()));
+                continue;
+            }
+            if e.start < r.start {
+                es.push((e.start, r.start, ev.clone()));
+            }
+            if e.end > r.end {
+                es.push((r.end, e.end, ev.clone()));
+            }
+        }
+        if let Some(v) = v {
+            let at = es.partition_point(|&(s, _, _)| s < r.start);
+            es.insert(at, (r.start, r.end, v));
+        }
+        let delta = es.len() as isize - self.tree.len() as isize;
+        ed.discard_all(self.cur());
+        let root = ed.build(&es);
+        self.publish(root, ed, delta, g);
+        hit.into_iter()
+            .map(|(e, ev)| {
+                let part = e.intersect(&r).expect("range() yields overlapping entries");
+                (part, ev)
+            })
+            .collect()
     }
 
     /// Publishes `root` with one Release store, then retires what the edit

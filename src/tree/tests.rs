@@ -199,3 +199,77 @@ fn from_sorted_builds_full_nodes_and_rejects_bad_input() {
         Some(TreeError::EmptyRange)
     );
 }
+
+#[test]
+fn replace_all_swaps_the_contents_in_one_step() {
+    let t = RangeTree::new();
+    {
+        let mut w = t.writer();
+        for i in 0..50u64 {
+            w.insert(r(i * 16, i * 16 + 8), i).unwrap();
+        }
+    }
+    for n in [0u64, 1, 17, 300, 3] {
+        t.writer()
+            .replace_all((0..n).map(|i| (r(i * 32 + 4, i * 32 + 20), 1000 + i)))
+            .unwrap();
+        t.check_invariants().unwrap();
+        assert_eq!(t.len(), n as usize);
+        let g = t.pin();
+        assert_eq!(t.find(0, &g), None);
+        for i in 0..n {
+            assert_eq!(t.find(i * 32 + 19, &g).map(|(_, v)| *v), Some(1000 + i));
+            assert_eq!(t.find(i * 32 + 20, &g), None);
+        }
+    }
+    // Bad input changes nothing.
+    let before: Vec<_> = t.iter(&t.pin()).map(|(e, v)| (e, *v)).collect();
+    assert_eq!(
+        t.writer().replace_all([(r(0, 8), 0), (r(4, 12), 1)]),
+        Err(TreeError::Occupied)
+    );
+    assert_eq!(
+        t.writer().replace_all([(r(8, 8), 0)]),
+        Err(TreeError::EmptyRange)
+    );
+    let after: Vec<_> = t.iter(&t.pin()).map(|(e, v)| (e, *v)).collect();
+    assert_eq!(before, after);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn a_store_or_erase_over_many_entries_rebuilds_in_one_step() {
+    let fill = |t: &RangeTree<u64>| {
+        let mut w = t.writer();
+        for i in 0..200u64 {
+            w.insert(r(i * 16, i * 16 + 8), i).unwrap();
+        }
+    };
+    // Over entries 100..=150 (51 of 200: rebuilt, not removed one by one),
+    // trimming the two at the ends.
+    let over = r(100 * 16 + 3, 150 * 16 + 5);
+    for store in [true, false] {
+        let t = RangeTree::new();
+        fill(&t);
+        let got = if store {
+            t.writer().store(over, 999)
+        } else {
+            t.writer().erase(over)
+        };
+        t.check_invariants().unwrap();
+        assert_eq!(got.len(), 51);
+        assert_eq!(got[0], (r(1603, 1608), 100));
+        assert_eq!(got[50], (r(2400, 2405), 150));
+        let g = t.pin();
+        let all: Vec<_> = t.iter(&g).map(|(e, v)| (e, *v)).collect();
+        let mut want: Vec<_> = (0..100u64).map(|i| (r(i * 16, i * 16 + 8), i)).collect();
+        want.push((r(1600, 1603), 100));
+        if store {
+            want.push((over, 999));
+        }
+        want.push((r(2405, 2408), 150));
+        want.extend((151..200u64).map(|i| (r(i * 16, i * 16 + 8), i)));
+        assert_eq!(all, want);
+        assert_eq!(t.len(), want.len());
+    }
+}

@@ -230,6 +230,51 @@ impl RmapIndex {
         stale.is_some_and(|k| self.map.remove(&k).is_some())
     }
 
+    /// Links a batch of VMAs (each with the anon_vma id it uses). A batch
+    /// that is large next to the index rebuilds it in one pass of the two
+    /// sorted sequences instead of inserting entry by entry.
+    pub(crate) fn insert_many(&mut self, batch: Vec<(VmaRef, u64)>) {
+        if batch.len() < REBUILD_MIN || batch.len() * 4 < self.map.len() {
+            for (v, anon) in batch {
+                self.insert(v, anon);
+            }
+            return;
+        }
+        let mut new: Vec<_> = batch
+            .into_iter()
+            .map(|(vma, anon)| (key(vma), Entry { vma, anon }))
+            .collect();
+        new.sort_unstable_by_key(|(k, _)| *k);
+        let old = core::mem::take(&mut self.map);
+        let total = old.len() + new.len();
+        // `from_iter` of sorted input builds the map bottom-up.
+        self.map = merge_sorted(old.into_iter(), new.into_iter()).collect();
+        debug_assert_eq!(self.map.len(), total, "two VMAs filed under one rmap key");
+    }
+
+    /// Unlinks a batch of VMAs (filed under their current keys). A batch
+    /// that is large next to the index rebuilds it in one pass.
+    pub(crate) fn remove_many(&mut self, vmas: &[VmaRef]) {
+        if vmas.len() < REBUILD_MIN || vmas.len() * 4 < self.map.len() {
+            for &v in vmas {
+                self.remove(v);
+            }
+            return;
+        }
+        let mut gone: Vec<_> = vmas.iter().map(|&v| key(v)).collect();
+        gone.sort_unstable();
+        let before = self.map.len();
+        self.map = core::mem::take(&mut self.map)
+            .into_iter()
+            .filter(|(k, _)| gone.binary_search(k).is_err())
+            .collect();
+        debug_assert_eq!(
+            before - self.map.len(),
+            vmas.len(),
+            "rmap batch not all filed"
+        );
+    }
+
     /// Re-files `vma` from its old start and page offset under its
     /// current ones (after its start moved; Linux's interval-tree pre/post
     /// update).
@@ -275,6 +320,22 @@ impl RmapIndex {
     }
 }
 
+/// Batches at least this large may rebuild the index.
+const REBUILD_MIN: usize = 64;
+
+/// Merges two sequences sorted by key into one.
+fn merge_sorted<K: Ord, V>(
+    a: impl Iterator<Item = (K, V)>,
+    b: impl Iterator<Item = (K, V)>,
+) -> impl Iterator<Item = (K, V)> {
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    core::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some(x), Some(y)) if y.0 < x.0 => b.next(),
+        (Some(_), _) => a.next(),
+        (None, _) => b.next(),
+    })
+}
+
 impl core::fmt::Debug for AnonVma {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(
@@ -289,4 +350,57 @@ impl core::fmt::Debug for AnonRoot {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(f, "AnonRoot({})", self.id)
     }
+}
+
+/// Splits `items` into runs of consecutive items whose anon_vmas (`anon`)
+/// belong to one family, skipping items without one, and calls `f(the
+/// run's first anon_vma, run)` for each: the batches that each need one
+/// acquisition of a family's lock.
+pub(crate) fn for_each_family_run<T>(
+    items: &[T],
+    anon: impl Fn(&T) -> Option<&AnonVma>,
+    mut f: impl FnMut(&AnonVma, &[T]),
+) {
+    let mut rest = items;
+    while let Some(first) = rest.iter().position(|x| anon(x).is_some()) {
+        rest = &rest[first..];
+        let head = anon(&rest[0]).expect("found above");
+        let run = rest
+            .iter()
+            .position(|x| !anon(x).is_some_and(|a| a.same_family(head)))
+            .unwrap_or(rest.len());
+        f(head, &rest[..run]);
+        rest = &rest[run..];
+    }
+}
+
+/// Links each VMA of `links` (detached or write-locked, with no
+/// anon_vma) to its anon_vma, all of the family whose lock the caller
+/// holds (`idx`), filing them in the reverse map as one batch (fork).
+pub(crate) fn link_all(
+    idx: &mut RmapIndex,
+    links: impl IntoIterator<Item = (VmaRef, Arc<AnonVma>)>,
+) {
+    let batch: Vec<(VmaRef, u64)> = links.into_iter().map(|(v, a)| (v, v.put_anon(a))).collect();
+    idx.insert_many(batch);
+}
+
+/// Unlinks every VMA of `vmas` (detached, or write-locked by the caller)
+/// from its anon_vma, taking each family's lock once per run of
+/// consecutive VMAs of that family and updating its reverse map as one
+/// batch (teardown, unmapping many VMAs).
+pub(crate) fn unlink_all(vmas: &[VmaRef], stats: &StatCounters) {
+    for_each_family_run(
+        vmas,
+        |v| v.anon_vma(),
+        |anon, run| {
+            let mut idx = anon.root().lock(Some(stats));
+            idx.remove_many(run);
+            let released: Vec<_> = run.iter().map(|v| v.take_anon()).collect();
+            drop(idx);
+            // The anon_vmas (and the ancestors they alone kept) are freed
+            // outside the family's lock.
+            drop(released);
+        },
+    );
 }

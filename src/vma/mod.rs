@@ -24,7 +24,7 @@ pub mod lock;
 mod pool;
 mod shmem;
 
-pub(crate) use anon::RmapIndex;
+pub(crate) use anon::{for_each_family_run, link_all, unlink_all, RmapIndex};
 pub use anon::{AnonRoot, AnonVma, RmapHit};
 pub(crate) use pool::{VmaPool, VmaRef};
 pub use shmem::Shmem;
@@ -248,28 +248,43 @@ impl Vma {
     /// Links a VMA that has no anon_vma to `a`; the caller holds the lock
     /// of `a`'s family (`idx`) and has the VMA write-locked or detached.
     pub(crate) fn link_anon_held(&self, a: Arc<AnonVma>, idx: &mut RmapIndex) {
+        let id = self.put_anon(a);
+        idx.insert(self.as_ref_unchecked(), id);
+    }
+
+    /// Stores `a` as the anon_vma of a VMA that has none, without filing
+    /// it in the reverse map (the caller does, under the family's lock, as
+    /// [`anon::link_all`] does for a batch). Returns the anon_vma's id.
+    fn put_anon(&self, a: Arc<AnonVma>) -> u64 {
         debug_assert!(self.anon_vma().is_none());
         let id = a.id();
         let new = Arc::into_raw(a) as *mut AnonVma;
         self.anon_vma.store(new, Ordering::Release);
-        idx.insert(self.as_ref_unchecked(), id);
+        id
     }
 
     /// Unlinks the VMA from its anon_vma (if any); the caller holds the
     /// lock of that anon_vma's family (`idx`) and has the VMA write-locked
     /// or detached.
     pub(crate) fn unlink_anon_held(&self, idx: &mut RmapIndex) {
-        let old = self.anon_vma.swap(core::ptr::null_mut(), Ordering::AcqRel);
-        if old.is_null() {
-            return;
+        if let Some(old) = self.take_anon() {
+            let found = idx.remove(self.as_ref_unchecked());
+            debug_assert!(found, "VMA with an anon_vma was not in the rmap");
+            drop(old);
         }
-        let found = idx.remove(self.as_ref_unchecked());
-        debug_assert!(found, "VMA with an anon_vma was not in the rmap");
-        // SAFETY: `old` came from `Arc::into_raw` in `link_anon_held` or
-        // `install_anon_vma`; the swap took it out of the VMA, so this is
-        // its only release. Readers that could still use it hold the VMA
-        // (read lock or mmap_lock), which the caller excludes.
-        unsafe { drop(Arc::from_raw(old)) };
+    }
+
+    /// Takes the anon_vma out of the VMA, leaving the reverse-map entry to
+    /// the caller (who removes it under the family's lock, as
+    /// [`anon::unlink_all`] does for a batch). The caller has the VMA
+    /// write-locked or detached.
+    fn take_anon(&self) -> Option<Arc<AnonVma>> {
+        let old = self.anon_vma.swap(core::ptr::null_mut(), Ordering::AcqRel);
+        // SAFETY: a non-null `old` came from `Arc::into_raw` in `put_anon`
+        // or `install_anon_vma`; the swap took it out of the VMA, so this
+        // is its only release. Readers that could still use it hold the
+        // VMA (read lock or mmap_lock), which the caller excludes.
+        (!old.is_null()).then(|| unsafe { Arc::from_raw(old) })
     }
 
     /// This object as a `VmaRef`. Only for VMA objects that live in a
