@@ -365,7 +365,7 @@ fn check_bytes(addr: u64, b: &[u8]) {
 #[test]
 fn stress_translators_against_flushes() {
     const PAGES: u64 = 8;
-    const ROUNDS: u64 = 300;
+    const ROUNDS: u64 = 200;
     let mm = AddressSpace::new(Config {
         memory_budget: 64 * PAGE_SIZE,
         ..Config::default()
@@ -373,9 +373,10 @@ fn stress_translators_against_flushes() {
     mm.mmap(A, PAGES * PAGE_SIZE, RW, fixed()).unwrap();
     let stop = AtomicBool::new(false);
     let ok_ops = AtomicU64::new(0);
+    let ops = AtomicU64::new(0);
     std::thread::scope(|s| {
         for tid in 0..2u64 {
-            let (mm, stop, ok_ops) = (&mm, &stop, &ok_ops);
+            let (mm, stop, ok_ops, ops) = (&mm, &stop, &ok_ops, &ops);
             s.spawn(move || {
                 let mut t: Translator<'_> = mm.translator();
                 let mut x = tid.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -404,11 +405,20 @@ fn stress_translators_against_flushes() {
                     if ok {
                         ok_ops.fetch_add(1, Ordering::Relaxed);
                     }
+                    ops.fetch_add(1, Ordering::Relaxed);
                 }
             });
         }
         let mut x = 0x1234_5678u64;
+        // Lets the translators run a while.
+        let let_run = || {
+            let seen = ops.load(Ordering::Relaxed);
+            while ops.load(Ordering::Relaxed) < seen + 100 {
+                std::thread::yield_now();
+            }
+        };
         for _ in 0..ROUNDS {
+            let_run();
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
@@ -418,7 +428,7 @@ fn stress_translators_against_flushes() {
             match (x >> 16) % 4 {
                 0 => {
                     mm.munmap(at, len).unwrap();
-                    std::thread::yield_now();
+                    let_run();
                     mm.mmap(at, len, RW, fixed()).unwrap();
                 }
                 1 => {
@@ -426,9 +436,7 @@ fn stress_translators_against_flushes() {
                     let mut before = vec![0u8; len as usize];
                     mm.read(at, &mut before).unwrap();
                     check_bytes(at, &before);
-                    for _ in 0..20 {
-                        std::thread::yield_now();
-                    }
+                    let_run();
                     let mut after = vec![0u8; len as usize];
                     mm.read(at, &mut after).unwrap();
                     assert!(before == after, "a store landed in a read-only range");
@@ -440,9 +448,7 @@ fn stress_translators_against_flushes() {
                     // and stays zero however stale the writers' entries.
                     mm.munmap(at, len).unwrap();
                     mm.mmap(at, len, Prot::READ, fixed()).unwrap();
-                    for _ in 0..20 {
-                        std::thread::yield_now();
-                    }
+                    let_run();
                     let mut b = vec![0u8; len as usize];
                     mm.read(at, &mut b).unwrap();
                     assert!(b.iter().all(|&v| v == 0), "a store landed in a new mapping");
