@@ -40,11 +40,16 @@ fn loads(c: &mut Criterion) {
 
     let mut g = c.benchmark_group("translate/flush");
     g.sample_size(10).measurement_time(Duration::from_secs(2));
-    for busy in [0, 2] {
-        g.bench_function(format!("mprotect_busy_translators/{busy}"), |b| {
+    for (name, busy, own) in [("none", 0, false), ("two_threads_one_loading", 1, true)] {
+        let tr = Translators {
+            busy,
+            idle: 0,
+            own,
+        };
+        g.bench_function(format!("mprotect_translators/{name}"), |b| {
             // One iteration is one mprotect pair (two flushes).
             b.iter_custom(|iters| {
-                Duration::from_secs_f64(flush_ns(&mm, busy, iters) * 2.0 * iters as f64 / 1e9)
+                Duration::from_secs_f64(flush_ns(&mm, tr, iters) * 2.0 * iters as f64 / 1e9)
             })
         });
     }

@@ -9,8 +9,10 @@
 //! working set of 64 pages (each load on the next page), the ratios the
 //! design targets (translator hit >= 20x `mm.read`, >= 0.3x the plain
 //! loop, two threads >= 1.9x one), and the cost of a flush (an mprotect
-//! to read-only and back, per flush) with translators loading on two other
-//! threads against none. Each figure is the best of R repetitions.
+//! to read-only and back, per flush) with no translators, with translators
+//! on two threads (the flusher's own and another, idle or loading), and
+//! with translators loading on two threads besides the flusher's. Each
+//! figure is the best of R repetitions.
 
 #[path = "../benches/common/machine.rs"]
 mod machine;
@@ -66,8 +68,15 @@ fn main() {
     let two = best(reps, || translated_threads(&mm, 2, loads));
     let scaling = 2.0 * one / two;
     let pairs = 2_000;
-    let flush0 = best(reps, || flush_ns(&mm, 0, pairs));
-    let flush2 = best(reps, || flush_ns(&mm, 2, pairs));
+    let flush = |busy, idle, own| {
+        best(reps, || flush_ns(&mm, Translators { busy, idle, own }, pairs)) / 1e3
+    };
+    let flushes = [
+        ("no translators", flush(0, 0, false)),
+        ("translators on 2 threads, both idle", flush(0, 1, true)),
+        ("translators on 2 threads, one loading", flush(1, 0, true)),
+        ("translators loading on 2 other threads", flush(2, 0, false)),
+    ];
 
     println!("translate: 8-byte loads, 64-page working set; {}", machine());
     println!("{:<44} {:>10}", "", "ns/load");
@@ -99,6 +108,7 @@ fn main() {
     );
     println!();
     println!("{:<44} {:>10}", "flush (mprotect, per flush)", "us");
-    println!("{:<44} {:>10.2}", "no translators", flush0 / 1e3);
-    println!("{:<44} {:>10.2}", "translators loading on 2 threads", flush2 / 1e3);
+    for (what, us) in flushes {
+        println!("{what:<44} {us:>10.2}");
+    }
 }

@@ -34,32 +34,39 @@
 //!   drops all entries before translating. In steady state nobody writes
 //!   the line, so it stays shared in every core's cache.
 //! - Each translator owns a slot (its own cache line, registered here
-//!   under `flush_lock`) holding `seq`, odd while it is inside an access.
-//!   An access stores `seq + 1`, issues a *light* fence, loads `gen`,
-//!   translates (a cache hit, or a page-table walk that fills the cache)
-//!   and touches the frame, then stores `seq + 2` (Release). A miss that
-//!   must fault leaves the access first (`seq` even): the fault may flush,
-//!   or wait for an mmap_lock writer that is flushing.
-//! - A flush, after changing the page table, bumps `gen`, issues a *heavy*
-//!   fence ([`crate::sync::asymmetric`]: `membarrier(2)`, a full barrier on
-//!   every running thread, which is what an IPI is), then, for each
-//!   registered slot whose `seq` is odd, waits until `seq` changes.
+//!   under `flush_lock`) holding `busy`, 1 while it is inside an access,
+//!   and `acked`, the last generation it dropped its entries for. An
+//!   access stores `busy = 1`, issues a *light* fence, loads `gen` (and if
+//!   it changed, drops its entries and stores `acked = gen`, Release),
+//!   translates (a cache hit, or a page-table walk that fills the cache),
+//!   touches the frame, then stores `busy = 0` (Release). Both stores are
+//!   of constants, so a hit carries no dependency through memory from one
+//!   access to the next. A miss that must fault leaves the access first:
+//!   the fault may flush, or wait for an mmap_lock writer that is
+//!   flushing.
+//! - A flush, after changing the page table, bumps `gen` to `target`,
+//!   issues a *heavy* fence ([`crate::sync::asymmetric`]: `membarrier(2)`,
+//!   a full barrier on every running thread, which is what an IPI is),
+//!   then for each registered slot waits until `busy == 0` or
+//!   `acked >= target`.
 //!
 //! Why no stale entry survives the flush: take an access A and the flush
 //! F. The fence pair orders like two `SeqCst` fences. If A's light fence
 //! comes after F's heavy fence, A's load of `gen` sees the bump, so A
 //! drops its entries; its walk, ordered after that Acquire load, sees the
-//! page-table change made before the Release bump. Otherwise A's odd
-//! `seq` store is visible to F after the heavy fence, and F waits until A
-//! ends; A's frame access happens before its Release store of the even
-//! `seq` that F reads with Acquire, so it happens before F returns and
-//! before the gathered frames are freed. An entry A filled from the old
-//! page table carries the old generation and is dropped by A's next
-//! access, whose `gen` load follows F's bump (F saw A's later `seq`).
-//! A translator that is idle has an even `seq`: F reads it once and goes
-//! on. F never waits for an access that began after the bump: `seq`
-//! changing means the access it saw ended. Translators registered after F
-//! took `flush_lock` see F's page-table change through the lock.
+//! page-table change made before the Release bump. Otherwise A's
+//! `busy = 1` is visible to F after the heavy fence, and F waits until it
+//! reads `busy == 0` or `acked >= target`, both stored (Release) after A
+//! ended: A's frame access happens before F returns and before the
+//! gathered frames are freed. Every later access of that translator loads
+//! `gen` after its own light fence, which follows that store, so it sees
+//! the bump (were its fence before F's in the fence order, F would have
+//! read its `busy = 1` rather than the earlier value) and drops what A
+//! filled from the old page table. A translator that is idle has
+//! `busy == 0`: F reads it once and goes on. F is not starved by a
+//! translator that keeps accessing: its next access acknowledges the
+//! bump. Translators registered after F took `flush_lock` see F's
+//! page-table change through the lock.
 //!
 //! With no translators, a flush does none of this (no `gen` bump, no
 //! heavy fence). The shootdowns counted in [`crate::Stats`] are then real:
@@ -85,9 +92,13 @@ pub(crate) struct CpuSlot {
     inflight: [AtomicU64; 2],
 }
 
-/// One translator's access sequence: odd while it is inside an access.
+/// One translator's state as flushes see it.
 pub(crate) struct TranslatorSlot {
-    pub(crate) seq: AtomicU64,
+    /// 1 while the translator is inside an access, else 0.
+    pub(crate) busy: AtomicU64,
+    /// The generation whose flush the translator has obeyed (dropped its
+    /// entries for, at the start of an access).
+    pub(crate) acked: AtomicU64,
     /// The owning thread ([`thread_token`]), for the shootdown count.
     owner: usize,
 }
@@ -240,7 +251,8 @@ impl TlbState {
     /// Registers a new translator: a slot the flushes will look at.
     pub(crate) fn register_translator(&self) -> TranslatorRef {
         let slot = Arc::new(CachePadded::new(TranslatorSlot {
-            seq: AtomicU64::new(0),
+            busy: AtomicU64::new(0),
+            acked: AtomicU64::new(self.gen.load(Ordering::Acquire)),
             owner: thread_token(),
         }));
         self.flush_lock.lock().push(slot.clone());
@@ -258,12 +270,15 @@ impl TlbState {
     /// Makes every translator drop its entries, and waits for the accesses
     /// that may still use one (the argument is in the module docs).
     fn shoot_translators(&self, translators: &[TranslatorRef]) {
-        self.gen.fetch_add(1, Ordering::Release);
+        let target = self.gen.fetch_add(1, Ordering::Release) + 1;
         asymmetric::heavy();
         for slot in translators {
-            let seq = slot.seq.load(Ordering::Acquire);
-            if seq & 1 != 0 {
-                wait_until(|| slot.seq.load(Ordering::Acquire) != seq);
+            let done = || {
+                slot.busy.load(Ordering::Acquire) == 0
+                    || slot.acked.load(Ordering::Acquire) >= target
+            };
+            if !done() {
+                wait_until(done);
             }
         }
     }

@@ -30,7 +30,7 @@ use crate::mm::{Access, AddressSpace};
 use crate::pt::PteFlags;
 use crate::sync::asymmetric;
 use crate::sync::frame::{AtomicU64 as FrameWord, Ordering as FrameOrdering};
-use crate::sync::Ordering;
+use crate::sync::{AtomicU64, Ordering};
 use crate::tlb::TranslatorRef;
 
 /// Entries in a translator (direct-mapped by page number).
@@ -190,9 +190,9 @@ enum Lookup {
 /// ```
 pub struct Translator<'a> {
     mm: &'a AddressSpace,
+    /// `mm`'s flush generation.
+    mm_gen: &'a AtomicU64,
     slot: TranslatorRef,
-    /// Our last `slot.seq` value (even: outside an access).
-    seq: u64,
     /// The generation the entries belong to.
     gen: u64,
     /// [`asymmetric::expedited`], cached off the hot path.
@@ -207,9 +207,9 @@ impl<'a> Translator<'a> {
         let slot = mm.tlb.register_translator();
         Translator {
             mm,
+            mm_gen: mm.tlb.generation(),
+            gen: slot.acked.load(Ordering::Relaxed),
             slot,
-            seq: 0,
-            gen: mm.tlb.generation().load(Ordering::Acquire),
             expedited,
             entries: Box::new([EMPTY; ENTRIES]),
         }
@@ -219,9 +219,9 @@ impl<'a> Translator<'a> {
     /// ran since the last one (see [`crate::tlb`]).
     #[inline(always)]
     fn enter(&mut self) {
-        self.slot.seq.store(self.seq + 1, Ordering::Relaxed);
+        self.slot.busy.store(1, Ordering::Relaxed);
         asymmetric::light(self.expedited);
-        let gen = self.mm.tlb.generation().load(Ordering::Acquire);
+        let gen = self.mm_gen.load(Ordering::Acquire);
         if gen != self.gen {
             self.drop_entries(gen);
         }
@@ -231,14 +231,16 @@ impl<'a> Translator<'a> {
     /// waits for it returns.
     #[inline(always)]
     fn leave(&mut self) {
-        self.seq += 2;
-        self.slot.seq.store(self.seq, Ordering::Release);
+        self.slot.busy.store(0, Ordering::Release);
     }
 
+    /// Obeys the flushes up to `gen`, which the flushers may be waiting
+    /// to hear (inside an access that began after them).
     #[cold]
     fn drop_entries(&mut self, gen: u64) {
         self.entries.fill(EMPTY);
         self.gen = gen;
+        self.slot.acked.store(gen, Ordering::Release);
     }
 
     /// The cached frame of `addr`'s page if it allows the access.

@@ -79,46 +79,69 @@ pub fn mm_read(mm: &AddressSpace, n: u64) -> u64 {
 }
 
 /// Seconds for `threads` threads to do `n` translated loads each, all
-/// started together (wall time of the slowest).
+/// started together: from the first start to the last end.
 pub fn translated_threads(mm: &AddressSpace, threads: usize, n: u64) -> f64 {
-    let go = Barrier::new(threads + 1);
+    let go = Barrier::new(threads);
     std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads)
+        let spans: Vec<(Instant, Instant)> = (0..threads)
             .map(|_| {
                 let go = &go;
                 s.spawn(move || {
                     let mut t = mm.translator();
                     translated(&mut t, WORDS); // warm the entries
                     go.wait();
+                    let start = Instant::now();
                     translated(&mut t, n);
-                    Instant::now()
+                    (start, Instant::now())
                 })
             })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
             .collect();
-        go.wait();
-        let start = Instant::now();
-        let end = hs.into_iter().map(|h| h.join().unwrap()).max().unwrap();
+        let start = spans.iter().map(|s| s.0).min().unwrap();
+        let end = spans.iter().map(|s| s.1).max().unwrap();
         (end - start).as_secs_f64()
     })
 }
 
+/// Who holds translators while [`flush_ns`] flushes.
+#[derive(Clone, Copy, Debug)]
+pub struct Translators {
+    /// Other threads loading through a translator all the time.
+    pub busy: usize,
+    /// Other threads that hold a warm translator and sleep.
+    pub idle: usize,
+    /// Whether the flushing thread holds one too (warm, between accesses).
+    pub own: bool,
+}
+
 /// Nanoseconds per flush (an mprotect of one working-set page to
-/// read-only and back, divided by the flushes counted), with `busy`
-/// threads loading through translators meanwhile (0: no translators).
-pub fn flush_ns(mm: &AddressSpace, busy: usize, pairs: u64) -> f64 {
+/// read-only and back, divided by the flushes counted) while `tr` hold
+/// translators.
+pub fn flush_ns(mm: &AddressSpace, tr: Translators, pairs: u64) -> f64 {
     let stop = AtomicBool::new(false);
-    let ready = Barrier::new(busy + 1);
+    let ready = Barrier::new(tr.busy + tr.idle + 1);
+    let done = Barrier::new(tr.idle + 1);
     std::thread::scope(|s| {
-        for _ in 0..busy {
-            let (stop, ready) = (&stop, &ready);
+        for i in 0..tr.busy + tr.idle {
+            let (stop, ready, done) = (&stop, &ready, &done);
             s.spawn(move || {
                 let mut t = mm.translator();
                 translated(&mut t, WORDS);
                 ready.wait();
-                while !stop.load(Ordering::Relaxed) {
-                    translated(&mut t, 4096);
+                if i < tr.busy {
+                    while !stop.load(Ordering::Relaxed) {
+                        translated(&mut t, 4096);
+                    }
+                } else {
+                    done.wait();
                 }
             });
+        }
+        let mut own = tr.own.then(|| mm.translator());
+        if let Some(t) = own.as_mut() {
+            translated(t, WORDS);
         }
         ready.wait();
         let page = BASE + (PAGES - 1) * PAGE_SIZE;
@@ -130,6 +153,7 @@ pub fn flush_ns(mm: &AddressSpace, busy: usize, pairs: u64) -> f64 {
         }
         let el = start.elapsed().as_secs_f64();
         stop.store(true, Ordering::Relaxed);
+        done.wait();
         let flushes = (mm.stats().tlb_flushes - before).max(1);
         el * 1e9 / flushes as f64
     })
