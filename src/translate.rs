@@ -23,6 +23,9 @@
 //! zero page (which, unlike a copy-on-write break, flushes nothing) never
 //! leaves a translator reading stale zeros.
 
+#[cfg(feature = "vm-memory")]
+pub mod guest;
+
 use crate::addr::PAGE_SIZE;
 use crate::error::FaultError;
 use crate::fault::ZERO_PFN;
@@ -262,29 +265,14 @@ impl<'a> Translator<'a> {
         if let Some(base) = self.hit(page, write) {
             return Lookup::Frame(base);
         }
-        let g = self.mm.pt.pin();
-        let pte = self.mm.pt.lookup(page, &g);
-        let f = pte.flags();
-        if !pte.is_present()
-            || !f.contains(PteFlags::USER)
-            || (write && !f.contains(PteFlags::WRITE))
-        {
-            return Lookup::Fault;
+        let (l, writable) = walk(self.mm, page, write);
+        if let Lookup::Frame(base) = l {
+            self.entries[index(page)] = Entry {
+                tag: page | VALID | if writable { WRITABLE } else { 0 },
+                base,
+            };
         }
-        if pte.pfn() == ZERO_PFN {
-            return Lookup::Zero;
-        }
-        let base = self.mm.frames.frame_ptr(pte.pfn());
-        let writable = if f.contains(PteFlags::WRITE) {
-            WRITABLE
-        } else {
-            0
-        };
-        self.entries[index(page)] = Entry {
-            tag: page | VALID | writable,
-            base,
-        };
-        Lookup::Frame(base)
+        l
     }
 
     /// Runs `f` on the translations of the (at most two) pages of
@@ -507,6 +495,22 @@ impl<'a> Translator<'a> {
     pub fn swap<T: Scalar>(&mut self, addr: u64, v: T) -> Result<T, FaultError> {
         self.rmw(addr, |_| Some(v)).map(|(old, _)| old)
     }
+}
+
+/// Walks `mm`'s page table for `page`: what it maps if that allows the
+/// access, and whether the entry is writable.
+fn walk(mm: &AddressSpace, page: u64, write: bool) -> (Lookup, bool) {
+    let g = mm.pt.pin();
+    let pte = mm.pt.lookup(page, &g);
+    let f = pte.flags();
+    let writable = f.contains(PteFlags::WRITE);
+    if !pte.is_present() || !f.contains(PteFlags::USER) || (write && !writable) {
+        return (Lookup::Fault, false);
+    }
+    if pte.pfn() == ZERO_PFN {
+        return (Lookup::Zero, false);
+    }
+    (Lookup::Frame(mm.frames.frame_ptr(pte.pfn())), writable)
 }
 
 /// The frame a read copies from (`None`: zeros).
