@@ -38,9 +38,10 @@ fn rw() -> Prot {
 /// returned (B reads zero).
 ///
 /// Catches: deleting the wait in `TlbState::shoot_translators`
-/// (`wait_until(|| slot.seq.load(..) != seq)`): a store whose access began
-/// before the flush lands in the frame after it was freed and reused.
-/// Deleting the `gen.fetch_add` there is caught by the first assertion.
+/// (`if !done() { wait_until(done) }`): a store whose access began before
+/// the flush lands in the frame after it was freed and reused. Also
+/// catches replacing its `gen.fetch_add` by a load (no translator drops
+/// its entries): a later store goes through the stale entry.
 #[test]
 fn translator_store_vs_munmap() {
     loom::model(|| {
@@ -76,8 +77,8 @@ fn translator_store_vs_munmap() {
 ///
 /// Catches: deleting the wait in `TlbState::shoot_translators` (a store
 /// in flight lands after mprotect returned: the two reads differ), and
-/// deleting the `gen.fetch_add` (a later store hits the stale writable
-/// entry).
+/// replacing its `gen.fetch_add` by a load (a later store hits the stale
+/// writable entry).
 #[test]
 fn translator_store_vs_mprotect_read() {
     loom::model(|| {

@@ -191,6 +191,14 @@ enum Lookup {
 /// t.write(a + 4094, b"hi!!").unwrap();           // crosses a page
 /// assert_eq!(t.load::<u32>(a + 4094).unwrap(), u32::from_le_bytes(*b"hi!!"));
 /// ```
+///
+/// A translator stays on its thread:
+///
+/// ```compile_fail
+/// fn send<T: Send>(_: T) {}
+/// let mm = aspace::AddressSpace::new(aspace::Config::default());
+/// send(mm.translator());
+/// ```
 pub struct Translator<'a> {
     mm: &'a AddressSpace,
     /// `mm`'s flush generation.
