@@ -41,11 +41,7 @@ fn loads(c: &mut Criterion) {
     let mut g = c.benchmark_group("translate/flush");
     g.sample_size(10).measurement_time(Duration::from_secs(2));
     for (name, busy, own) in [("none", 0, false), ("two_threads_one_loading", 1, true)] {
-        let tr = Translators {
-            busy,
-            idle: 0,
-            own,
-        };
+        let tr = Translators { busy, idle: 0, own };
         g.bench_function(format!("mprotect_translators/{name}"), |b| {
             // One iteration is one mprotect pair (two flushes).
             b.iter_custom(|iters| {

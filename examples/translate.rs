@@ -69,7 +69,9 @@ fn main() {
     let scaling = 2.0 * one / two;
     let pairs = 2_000;
     let flush = |busy, idle, own| {
-        best(reps, || flush_ns(&mm, Translators { busy, idle, own }, pairs)) / 1e3
+        best(reps, || {
+            flush_ns(&mm, Translators { busy, idle, own }, pairs)
+        }) / 1e3
     };
     let flushes = [
         ("no translators", flush(0, 0, false)),
@@ -78,7 +80,10 @@ fn main() {
         ("translators loading on 2 other threads", flush(2, 0, false)),
     ];
 
-    println!("translate: 8-byte loads, 64-page working set; {}", machine());
+    println!(
+        "translate: 8-byte loads, 64-page working set; {}",
+        machine()
+    );
     println!("{:<44} {:>10}", "", "ns/load");
     println!("{:<44} {:>10.2}", "plain loop over &[u64]", plain_ns);
     println!("{:<44} {:>10.2}", "translator hit, 1 thread", hit_ns);

@@ -80,7 +80,8 @@ fn page_crossing_store_into_a_hole_writes_nothing() {
     assert_eq!(t.load::<u64>(A + 4088).unwrap(), 0x55, "nothing written");
     assert_eq!(t.load::<u64>(A + 4092), Err(FaultError::NoMapping));
     // A read-only second page: also nothing written.
-    mm.mmap(A + PAGE_SIZE, PAGE_SIZE, Prot::READ, fixed()).unwrap();
+    mm.mmap(A + PAGE_SIZE, PAGE_SIZE, Prot::READ, fixed())
+        .unwrap();
     assert_eq!(t.store::<u32>(A + 4094, !0), Err(FaultError::AccessDenied));
     assert_eq!(t.load::<u64>(A + 4088).unwrap(), 0x55);
     assert_eq!(t.load::<u32>(A + 4094).unwrap(), 0);
@@ -116,7 +117,10 @@ fn bulk_read_and_write_cross_pages() {
         t.write(A + 4 * PAGE_SIZE - 8, &[9u8; 16]),
         Err(FaultError::NoMapping)
     );
-    assert_eq!(t.load::<u64>(A + 4 * PAGE_SIZE - 8).unwrap(), 0x0909_0909_0909_0909);
+    assert_eq!(
+        t.load::<u64>(A + 4 * PAGE_SIZE - 8).unwrap(),
+        0x0909_0909_0909_0909
+    );
 }
 
 #[test]
@@ -131,12 +135,18 @@ fn errors_are_fault_kinds() {
     assert_eq!(t.load::<u8>(B), Err(FaultError::AccessDenied));
     assert_eq!(t.load::<u8>(B + PAGE_SIZE), Err(FaultError::NoMapping));
     assert_eq!(t.load::<u64>(u64::MAX - 3), Err(FaultError::NoMapping));
-    assert_eq!(t.read(u64::MAX - 3, &mut [0; 8]), Err(FaultError::NoMapping));
+    assert_eq!(
+        t.read(u64::MAX - 3, &mut [0; 8]),
+        Err(FaultError::NoMapping)
+    );
     assert_eq!(t.load::<u8>(1 << 62), Err(FaultError::NoMapping));
     let mm2 = mm_with(1);
     let mut t2 = mm2.translator();
     assert_eq!(t2.fetch_add::<u32>(A + 2, 1), Err(FaultError::Bus));
-    assert_eq!(t2.compare_exchange::<u64>(A + 4, 0, 1), Err(FaultError::Bus));
+    assert_eq!(
+        t2.compare_exchange::<u64>(A + 4, 0, 1),
+        Err(FaultError::Bus)
+    );
     assert_eq!(t2.load::<u64>(A).unwrap(), 0, "nothing written");
 }
 
@@ -237,7 +247,11 @@ fn copy_on_write_after_fork() {
     assert_eq!(mm.stats().cow_copies, copies + 1);
     assert_eq!(t.load::<u64>(A).unwrap(), 2);
     let mut ct = child.translator();
-    assert_eq!(ct.load::<u64>(A).unwrap(), 1, "the child keeps the old frame");
+    assert_eq!(
+        ct.load::<u64>(A).unwrap(),
+        1,
+        "the child keeps the old frame"
+    );
     ct.store::<u64>(A, 3).unwrap();
     assert_eq!(t.load::<u64>(A).unwrap(), 2);
     assert_eq!(ct.load::<u64>(A).unwrap(), 3);
@@ -262,11 +276,18 @@ fn every_flush_invalidates_the_translator() {
     mm.mprotect(A, PAGE_SIZE, RW).unwrap();
     t.store::<u64>(A, 10).unwrap();
     // madvise(DONTNEED): the page reads as zero again.
-    mm.madvise(A + PAGE_SIZE, PAGE_SIZE, Advice::DontNeed).unwrap();
+    mm.madvise(A + PAGE_SIZE, PAGE_SIZE, Advice::DontNeed)
+        .unwrap();
     assert_eq!(t.load::<u64>(A + PAGE_SIZE).unwrap(), 0);
     // mremap: the old address is gone, the new one has the data.
     let to = mm
-        .mremap(A + 2 * PAGE_SIZE, PAGE_SIZE, PAGE_SIZE, MremapFlags::MAYMOVE | MremapFlags::FIXED, B)
+        .mremap(
+            A + 2 * PAGE_SIZE,
+            PAGE_SIZE,
+            PAGE_SIZE,
+            MremapFlags::MAYMOVE | MremapFlags::FIXED,
+            B,
+        )
         .unwrap();
     assert_eq!(to, B);
     assert_eq!(t.load::<u64>(A + 2 * PAGE_SIZE), Err(FaultError::NoMapping));
@@ -354,7 +375,10 @@ fn check_word(addr: u64, v: u64) {
 
 fn check_bytes(addr: u64, b: &[u8]) {
     for (i, w) in b.chunks_exact(8).enumerate() {
-        check_word(addr + 8 * i as u64, u64::from_le_bytes(w.try_into().unwrap()));
+        check_word(
+            addr + 8 * i as u64,
+            u64::from_le_bytes(w.try_into().unwrap()),
+        );
     }
 }
 
@@ -389,7 +413,10 @@ fn stress_translators_against_flushes() {
                     n += 1;
                     let ok = match x >> 60 {
                         0..=6 => t.store::<u64>(addr, tagged(addr, tid, n)).is_ok(),
-                        7..=8 => t.swap::<u64>(addr, tagged(addr, tid, n)).map(|v| check_word(addr, v)).is_ok(),
+                        7..=8 => t
+                            .swap::<u64>(addr, tagged(addr, tid, n))
+                            .map(|v| check_word(addr, v))
+                            .is_ok(),
                         9..=13 => t.load::<u64>(addr).map(|v| check_word(addr, v)).is_ok(),
                         _ => {
                             // 24 bytes, often crossing a page.

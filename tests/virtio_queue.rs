@@ -175,8 +175,16 @@ fn permissions_and_faulting_through_guest_memory() {
     assert!(!mm.check_range(GuestAddress(RO), 16, Permissions::ReadWrite));
     assert!(!mm.check_range(GuestAddress(HOLE), 1, Permissions::Read));
     assert!(!mm.check_range(GuestAddress(u64::MAX - 1), 4, Permissions::Read));
-    assert!(mm.check_range(GuestAddress(DATA), 2 * PAGE_SIZE as usize, Permissions::Write));
-    assert!(!mm.check_range(GuestAddress(DATA), 2 * PAGE_SIZE as usize + 1, Permissions::Read));
+    assert!(mm.check_range(
+        GuestAddress(DATA),
+        2 * PAGE_SIZE as usize,
+        Permissions::Write
+    ));
+    assert!(!mm.check_range(
+        GuestAddress(DATA),
+        2 * PAGE_SIZE as usize + 1,
+        Permissions::Read
+    ));
     // Reads of never-written memory see zeros and allocate nothing.
     let frames = mm.frames_used();
     let mut z = [0xffu8; 32];
@@ -184,8 +192,12 @@ fn permissions_and_faulting_through_guest_memory() {
     assert_eq!(z, [0u8; 32]);
     assert_eq!(mm.frames_used(), frames);
     // Atomic accesses (as virtio-queue uses for ring indices).
-    mm.store(7u32, GuestAddress(DATA + 8), std::sync::atomic::Ordering::Release)
-        .unwrap();
+    mm.store(
+        7u32,
+        GuestAddress(DATA + 8),
+        std::sync::atomic::Ordering::Release,
+    )
+    .unwrap();
     assert_eq!(
         mm.load::<u32>(GuestAddress(DATA + 8), std::sync::atomic::Ordering::Acquire)
             .unwrap(),

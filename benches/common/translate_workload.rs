@@ -149,7 +149,8 @@ pub fn flush_ns(mm: &AddressSpace, tr: Translators, pairs: u64) -> f64 {
         let start = Instant::now();
         for _ in 0..pairs {
             mm.mprotect(page, PAGE_SIZE, Prot::READ).unwrap();
-            mm.mprotect(page, PAGE_SIZE, Prot::READ | Prot::WRITE).unwrap();
+            mm.mprotect(page, PAGE_SIZE, Prot::READ | Prot::WRITE)
+                .unwrap();
         }
         let el = start.elapsed().as_secs_f64();
         stop.store(true, Ordering::Relaxed);
