@@ -67,9 +67,11 @@ fn main() {
     let one = best(reps, || translated_threads(&mm, 1, loads));
     let two = best(reps, || translated_threads(&mm, 2, loads));
     let scaling = 2.0 * one / two;
-    let pairs = 2_000;
+    // A flush may wait for a translator that the machine descheduled
+    // inside an access: fewer repetitions of fewer flushes.
+    let pairs = 500;
     let flush = |busy, idle, own| {
-        best(reps, || {
+        best(reps.min(10), || {
             flush_ns(&mm, Translators { busy, idle, own }, pairs)
         }) / 1e3
     };
