@@ -30,6 +30,8 @@ fn loads(c: &mut Criterion) {
     }
     g.bench_function("mm_read", |b| b.iter(|| mm_read(&mm, LOADS)));
     for threads in [1, 2] {
+        // Every thread does LOADS loads per iteration.
+        g.throughput(Throughput::Elements(LOADS * threads as u64));
         g.bench_function(format!("translator_threads/{threads}"), |b| {
             b.iter_custom(|iters| {
                 Duration::from_secs_f64(translated_threads(&mm, threads, iters * LOADS))
