@@ -26,6 +26,7 @@ pub mod reclaim;
 pub mod stats;
 pub mod sync;
 mod tlb;
+pub mod translate;
 pub mod tree;
 pub mod vma;
 pub mod vmap;
@@ -37,6 +38,7 @@ pub use mm::{
     MremapFlags, Prot,
 };
 pub use stats::Stats;
+pub use translate::{Scalar, Translator};
 pub use vma::{RmapHit, VmFlags, VmaInfo};
 
 /// The README's examples run as doctests.

@@ -709,6 +709,14 @@ impl FrameAllocator {
     pub fn reserved_bytes(&self) -> u64 {
         self.reserved.load(std::sync::atomic::Ordering::Relaxed)
     }
+
+    /// The first byte of an allocated frame's 4096 bytes (4096-aligned).
+    /// The memory stays valid while the allocator lives, whatever happens
+    /// to the frame; shared accesses to it must be 8-byte atomics, as
+    /// [`read`](Self::read) and [`write`](Self::write) do.
+    pub(crate) fn frame_ptr(&self, pfn: Pfn) -> *mut u8 {
+        self.base(pfn)
+    }
 }
 
 impl Drop for FrameAllocator {

@@ -73,6 +73,10 @@ counters! {
     tlb_pages_flushed,
     /// Shootdowns sent to other CPUs of the address space.
     tlb_shootdowns,
+    /// Soft TLBs ([`crate::Translator`]) of other threads that flushes
+    /// invalidated (each one's entries dropped, its access in flight
+    /// waited for).
+    translator_shootdowns,
     /// Page-table entries mremap moved one by one.
     mremap_ptes_moved,
     /// PTE tables mremap moved whole by relinking their PMD entry.

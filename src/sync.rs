@@ -293,3 +293,79 @@ pub use imp::*;
 pub mod counter {
     pub use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 }
+
+/// Atomics on frame memory (guest data): plain `std` atomics even under
+/// loom, which cannot model raw memory; the protocols that guard frames
+/// (TLB flushes, refcounts) use the loom-checked atomics above.
+pub mod frame {
+    pub use std::sync::atomic::{AtomicU64, Ordering};
+}
+
+/// An asymmetric fence pair (Linux's `membarrier(2)`): a `light` fence on
+/// the hot side that costs nothing at run time, paired with a `heavy`
+/// fence on the rare side that makes every running thread of the process
+/// execute a full barrier. Together they order like two `SeqCst` fences:
+/// for a light fence L and a heavy fence H, either every access before L
+/// is visible after H, or every access after L sees what preceded H.
+///
+/// Where `membarrier`'s private expedited command is unavailable (other
+/// systems, seccomp), [`expedited`](asymmetric::expedited) is false and
+/// both sides are `SeqCst` fences. Under loom both sides are loom's
+/// `SeqCst` fence, which is the ordering the pair promises.
+pub mod asymmetric {
+    use super::{fence, Ordering};
+
+    /// True if heavy fences are `membarrier` calls (registered on first
+    /// use, process-wide); the light side may then be a compiler fence.
+    pub fn expedited() -> bool {
+        #[cfg(all(target_os = "linux", not(aspace_loom)))]
+        {
+            static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            *OK.get_or_init(|| {
+                // SAFETY: membarrier takes no pointers; registering has no
+                // effect beyond allowing PRIVATE_EXPEDITED later.
+                let r = unsafe {
+                    libc::syscall(libc::SYS_membarrier, CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0)
+                };
+                r == 0
+            })
+        }
+        #[cfg(not(all(target_os = "linux", not(aspace_loom))))]
+        {
+            false
+        }
+    }
+
+    #[cfg(all(target_os = "linux", not(aspace_loom)))]
+    const CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+    #[cfg(all(target_os = "linux", not(aspace_loom)))]
+    const CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+
+    /// The hot side. `expedited` must be [`expedited()`]'s value (callers
+    /// cache it, to keep the hot path free of the check).
+    #[inline(always)]
+    pub fn light(expedited: bool) {
+        if cfg!(not(aspace_loom)) && expedited {
+            std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        } else {
+            fence(Ordering::SeqCst);
+        }
+    }
+
+    /// The rare side: a full barrier on every running thread of the
+    /// process (a few microseconds: an IPI to each CPU running one).
+    pub fn heavy() {
+        #[cfg(all(target_os = "linux", not(aspace_loom)))]
+        if expedited() {
+            // SAFETY: registered by `expedited`; the call takes no pointers.
+            let r = unsafe { libc::syscall(libc::SYS_membarrier, CMD_PRIVATE_EXPEDITED, 0, 0) };
+            if r == 0 {
+                return;
+            }
+            // Registered commands do not fail; if one ever did, light
+            // fences would be unsound, so refuse to continue.
+            panic!("membarrier(PRIVATE_EXPEDITED) failed after registration");
+        }
+        fence(Ordering::SeqCst);
+    }
+}

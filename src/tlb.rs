@@ -18,12 +18,68 @@
 //! bucket to drain, twice (once per bucket). A bucket it waits for only
 //! drains (new accesses go to the other one), so a flush cannot be starved
 //! by a stream of later accesses.
+//!
+//! # Soft TLBs ([`crate::translate::Translator`])
+//!
+//! A translator caches translations across accesses, so unlike
+//! `read`/`write` it holds TLB entries between them; a flush must make
+//! every translator on every thread drop its entries, without waiting for
+//! a translator that is idle (its thread may be blocked for good), and
+//! without a shared write, an atomic read-modify-write or a full fence on
+//! a hit. The design, per address space:
+//!
+//! - `gen`, a translation generation on its own cache line, bumped
+//!   (Release) by every flush while translators exist. Every access loads
+//!   it (Acquire) and, if it changed since the translator last looked,
+//!   drops all entries before translating. In steady state nobody writes
+//!   the line, so it stays shared in every core's cache.
+//! - Each translator owns a slot (its own cache line, registered here
+//!   under `flush_lock`) holding `busy`, 1 while it is inside an access,
+//!   and `acked`, the last generation it dropped its entries for. An
+//!   access stores `busy = 1`, issues a *light* fence, loads `gen` (and if
+//!   it changed, drops its entries and stores `acked = gen`, Release),
+//!   translates (a cache hit, or a page-table walk that fills the cache),
+//!   touches the frame, then stores `busy = 0` (Release). Both stores are
+//!   of constants, so a hit carries no dependency through memory from one
+//!   access to the next. A miss that must fault leaves the access first:
+//!   the fault may flush, or wait for an mmap_lock writer that is
+//!   flushing.
+//! - A flush, after changing the page table, bumps `gen` to `target`,
+//!   issues a *heavy* fence ([`crate::sync::asymmetric`]: `membarrier(2)`,
+//!   a full barrier on every running thread, which is what an IPI is),
+//!   then for each registered slot waits until `busy == 0` or
+//!   `acked >= target`.
+//!
+//! Why no stale entry survives the flush: take an access A and the flush
+//! F. The fence pair orders like two `SeqCst` fences. If A's light fence
+//! comes after F's heavy fence, A's load of `gen` sees the bump, so A
+//! drops its entries; its walk, ordered after that Acquire load, sees the
+//! page-table change made before the Release bump. Otherwise A's
+//! `busy = 1` is visible to F after the heavy fence, and F waits until it
+//! reads `busy == 0` or `acked >= target`, both stored (Release) after A
+//! ended: A's frame access happens before F returns and before the
+//! gathered frames are freed. Every later access of that translator loads
+//! `gen` after its own light fence, which follows that store, so it sees
+//! the bump (were its fence before F's in the fence order, F would have
+//! read its `busy = 1` rather than the earlier value) and drops what A
+//! filled from the old page table. A translator that is idle has
+//! `busy == 0`: F reads it once and goes on. F is not starved by a
+//! translator that keeps accessing: its next access acknowledges the
+//! bump. Translators registered after F took `flush_lock` see F's
+//! page-table change through the lock.
+//!
+//! With no translators, a flush does none of this (no `gen` bump, no
+//! heavy fence). The shootdowns counted in [`crate::Stats`] are then real:
+//! each CPU in the mask that runs a translator drops its entries.
 
 use crate::addr::Range;
 use crate::percpu::{cpu_id, PerCpu};
 use crate::phys::{FrameAllocator, Pfn};
 use crate::stats::{Event, StatCounters};
-use crate::sync::{fence, wait_until, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::{
+    asymmetric, fence, wait_until, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering,
+};
+use crossbeam_utils::CachePadded;
 
 /// Frames gathered before a flush is forced (bounds the batch's memory).
 const GATHER_MAX_FRAMES: usize = 4096;
@@ -36,15 +92,39 @@ pub(crate) struct CpuSlot {
     inflight: [AtomicU64; 2],
 }
 
+/// One translator's state as flushes see it.
+pub(crate) struct TranslatorSlot {
+    /// 1 while the translator is inside an access, else 0.
+    pub(crate) busy: AtomicU64,
+    /// The generation whose flush the translator has obeyed (dropped its
+    /// entries for, at the start of an access).
+    pub(crate) acked: AtomicU64,
+    /// The owning thread ([`thread_token`]), for the shootdown count.
+    owner: usize,
+}
+
+/// A number that no other live thread has.
+fn thread_token() -> usize {
+    thread_local!(static TOKEN: u8 = const { 0 });
+    TOKEN.with(|t| t as *const u8 as usize)
+}
+
+/// A registered translator's slot, on its own cache line.
+pub(crate) type TranslatorRef = Arc<CachePadded<TranslatorSlot>>;
+
 /// The CPUs of one address space.
 pub(crate) struct TlbState {
     cpus: PerCpu<CpuSlot>,
     /// The bucket new accesses count in (low bit); flipped by flushes.
     phase: AtomicUsize,
+    /// Translation generation of the soft TLBs, bumped by each flush
+    /// while translators exist (see the module docs).
+    gen: CachePadded<AtomicU64>,
     /// Serializes flushes, so that each waits on a bucket no other flush
-    /// has made current again. Holders wait only for accesses, which never
-    /// take it, and never wait for a page-table lock.
-    flush_lock: Mutex<()>,
+    /// has made current again, and holds the registered translators.
+    /// Holders wait only for accesses, which never take it, and never wait
+    /// for a page-table lock.
+    flush_lock: Mutex<Vec<TranslatorRef>>,
     /// Simulated cost of one shootdown, in nanoseconds (0 = off).
     shootdown_cost_ns: u64,
 }
@@ -79,7 +159,8 @@ impl TlbState {
         TlbState {
             cpus: PerCpu::new(CpuSlot::default),
             phase: AtomicUsize::new(0),
-            flush_lock: Mutex::new(()),
+            gen: CachePadded::new(AtomicU64::new(0)),
+            flush_lock: Mutex::new(Vec::new()),
             shootdown_cost_ns,
         }
     }
@@ -131,7 +212,15 @@ impl TlbState {
         // bucket it counts in, one of the two rounds waits for it to drain.
         // Our own slot too: another thread may share it (the flusher itself
         // is never inside an access).
-        let _serial = self.flush_lock.lock();
+        let translators = self.flush_lock.lock();
+        if !translators.is_empty() {
+            self.shoot_translators(&translators);
+            let me = thread_token();
+            let others = translators.iter().filter(|s| s.owner != me).count();
+            if others > 0 {
+                stats.add(Event::translator_shootdowns, others as u64);
+            }
+        }
         for _ in 0..2 {
             let old = self.phase.load(Ordering::Relaxed) & 1;
             self.phase.store(old ^ 1, Ordering::Relaxed);
@@ -147,6 +236,49 @@ impl TlbState {
                 if count.load(Ordering::Acquire) != 0 {
                     wait_until(|| count.load(Ordering::Acquire) == 0);
                 }
+            }
+        }
+    }
+}
+
+impl TlbState {
+    /// The soft-TLB generation that accesses compare against.
+    #[inline]
+    pub(crate) fn generation(&self) -> &AtomicU64 {
+        &self.gen
+    }
+
+    /// Registers a new translator: a slot the flushes will look at.
+    pub(crate) fn register_translator(&self) -> TranslatorRef {
+        let slot = Arc::new(CachePadded::new(TranslatorSlot {
+            busy: AtomicU64::new(0),
+            acked: AtomicU64::new(self.gen.load(Ordering::Acquire)),
+            owner: thread_token(),
+        }));
+        self.flush_lock.lock().push(slot.clone());
+        slot
+    }
+
+    /// Forgets a translator (it is outside any access).
+    pub(crate) fn unregister_translator(&self, slot: &TranslatorRef) {
+        let mut all = self.flush_lock.lock();
+        if let Some(i) = all.iter().position(|s| Arc::ptr_eq(s, slot)) {
+            all.swap_remove(i);
+        }
+    }
+
+    /// Makes every translator drop its entries, and waits for the accesses
+    /// that may still use one (the argument is in the module docs).
+    fn shoot_translators(&self, translators: &[TranslatorRef]) {
+        let target = self.gen.fetch_add(1, Ordering::Release) + 1;
+        asymmetric::heavy();
+        for slot in translators {
+            let done = || {
+                slot.busy.load(Ordering::Acquire) == 0
+                    || slot.acked.load(Ordering::Acquire) >= target
+            };
+            if !done() {
+                wait_until(done);
             }
         }
     }

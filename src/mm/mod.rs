@@ -190,6 +190,13 @@ impl AddressSpace {
         crate::fault::handle(self, addr, access)
     }
 
+    /// A soft TLB for the calling thread: loads, stores and atomics at
+    /// cached translations, faulting like a CPU on a miss (see
+    /// [`crate::translate`]).
+    pub fn translator(&self) -> crate::translate::Translator<'_> {
+        crate::translate::Translator::new(self)
+    }
+
     /// Snapshot of every VMA, in address order.
     pub fn vmas(&self) -> Vec<VmaInfo> {
         let st = self.mmap_lock.read();

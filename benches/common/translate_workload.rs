@@ -1,0 +1,161 @@
+//! The soft-TLB workload shared by `benches/translate.rs` and
+//! `examples/translate.rs`: 8-byte loads over a hot working set of 64
+//! pages, each load on the next page (stride 4104 bytes), through a
+//! translator, through `mm.read`, and as a plain loop over a `&[u64]` of
+//! the same size (the physical limit); and the cost of a flush with busy
+//! translators on two threads against one with none.
+#![allow(dead_code)]
+
+use aspace::{AddressSpace, Config, MapFlags, Prot, Translator, PAGE_SIZE};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Barrier;
+use std::time::Instant;
+
+/// Pages in the working set.
+pub const PAGES: u64 = 64;
+/// 8-byte words in the working set.
+pub const WORDS: u64 = PAGES * PAGE_SIZE / 8;
+/// Where the working set is mapped.
+pub const BASE: u64 = 0x10_0000_0000;
+
+/// Word `i` of the access pattern: 513 words on, so each load lands on
+/// the next page, at the next word.
+#[inline(always)]
+pub fn word(i: u64) -> u64 {
+    (i * 513) & (WORDS - 1)
+}
+
+/// An address space with the working set mapped and written.
+pub fn setup() -> AddressSpace {
+    let mm = AddressSpace::new(Config::default());
+    mm.mmap(
+        BASE,
+        PAGES * PAGE_SIZE,
+        Prot::READ | Prot::WRITE,
+        MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED,
+    )
+    .unwrap();
+    let bytes: Vec<u8> = (0..WORDS).flat_map(|w| w.to_le_bytes()).collect();
+    mm.write(BASE, &bytes).unwrap();
+    mm
+}
+
+/// The same working set as a plain slice.
+pub fn slice() -> Vec<u64> {
+    (0..WORDS).collect()
+}
+
+/// `n` loads from the slice.
+#[inline(never)]
+pub fn plain(s: &[u64], n: u64) -> u64 {
+    let mut sum = 0u64;
+    for i in 0..n {
+        sum = sum.wrapping_add(s[word(i) as usize]);
+    }
+    black_box(sum)
+}
+
+/// `n` loads through a translator.
+#[inline(never)]
+pub fn translated(t: &mut Translator<'_>, n: u64) -> u64 {
+    let mut sum = 0u64;
+    for i in 0..n {
+        sum = sum.wrapping_add(t.load::<u64>(BASE + word(i) * 8).unwrap());
+    }
+    black_box(sum)
+}
+
+/// `n` 8-byte `mm.read`s.
+#[inline(never)]
+pub fn mm_read(mm: &AddressSpace, n: u64) -> u64 {
+    let mut sum = 0u64;
+    let mut b = [0u8; 8];
+    for i in 0..n {
+        mm.read(BASE + word(i) * 8, &mut b).unwrap();
+        sum = sum.wrapping_add(u64::from_le_bytes(b));
+    }
+    black_box(sum)
+}
+
+/// Seconds for `threads` threads to do `n` translated loads each, all
+/// started together: from the first start to the last end.
+pub fn translated_threads(mm: &AddressSpace, threads: usize, n: u64) -> f64 {
+    let go = Barrier::new(threads);
+    std::thread::scope(|s| {
+        let spans: Vec<(Instant, Instant)> = (0..threads)
+            .map(|_| {
+                let go = &go;
+                s.spawn(move || {
+                    let mut t = mm.translator();
+                    translated(&mut t, WORDS); // warm the entries
+                    go.wait();
+                    let start = Instant::now();
+                    translated(&mut t, n);
+                    (start, Instant::now())
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        let start = spans.iter().map(|s| s.0).min().unwrap();
+        let end = spans.iter().map(|s| s.1).max().unwrap();
+        (end - start).as_secs_f64()
+    })
+}
+
+/// Who holds translators while [`flush_ns`] flushes.
+#[derive(Clone, Copy, Debug)]
+pub struct Translators {
+    /// Other threads loading through a translator all the time.
+    pub busy: usize,
+    /// Other threads that hold a warm translator and sleep.
+    pub idle: usize,
+    /// Whether the flushing thread holds one too (warm, between accesses).
+    pub own: bool,
+}
+
+/// Nanoseconds per flush (an mprotect of one working-set page to
+/// read-only and back, divided by the flushes counted) while `tr` hold
+/// translators.
+pub fn flush_ns(mm: &AddressSpace, tr: Translators, pairs: u64) -> f64 {
+    let stop = AtomicBool::new(false);
+    let ready = Barrier::new(tr.busy + tr.idle + 1);
+    let done = Barrier::new(tr.idle + 1);
+    std::thread::scope(|s| {
+        for i in 0..tr.busy + tr.idle {
+            let (stop, ready, done) = (&stop, &ready, &done);
+            s.spawn(move || {
+                let mut t = mm.translator();
+                translated(&mut t, WORDS);
+                ready.wait();
+                if i < tr.busy {
+                    while !stop.load(Ordering::Relaxed) {
+                        translated(&mut t, 4096);
+                    }
+                } else {
+                    done.wait();
+                }
+            });
+        }
+        let mut own = tr.own.then(|| mm.translator());
+        if let Some(t) = own.as_mut() {
+            translated(t, WORDS);
+        }
+        ready.wait();
+        let page = BASE + (PAGES - 1) * PAGE_SIZE;
+        let before = mm.stats().tlb_flushes;
+        let start = Instant::now();
+        for _ in 0..pairs {
+            mm.mprotect(page, PAGE_SIZE, Prot::READ).unwrap();
+            mm.mprotect(page, PAGE_SIZE, Prot::READ | Prot::WRITE)
+                .unwrap();
+        }
+        let el = start.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        done.wait();
+        let flushes = (mm.stats().tlb_flushes - before).max(1);
+        el * 1e9 / flushes as f64
+    })
+}

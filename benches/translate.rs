@@ -1,0 +1,58 @@
+#![allow(missing_docs)] // criterion_group! generates undocumented items
+//! The soft TLB as criterion groups: 8-byte loads over a hot 64-page
+//! working set through a translator (1 and 2 threads), `mm.read` and a
+//! plain slice (Throughput = loads); and flushes with and without busy
+//! translators.
+//!
+//! `cargo bench --bench translate`
+
+#[path = "common/machine.rs"]
+mod machine;
+#[path = "common/translate_workload.rs"]
+mod translate_workload;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use std::time::Duration;
+use translate_workload::*;
+
+const LOADS: u64 = 1 << 16;
+
+fn loads(c: &mut Criterion) {
+    let mm = setup();
+    let s = slice();
+    let mut g = c.benchmark_group("translate/load8");
+    g.throughput(Throughput::Elements(LOADS))
+        .measurement_time(Duration::from_secs(2));
+    g.bench_function("plain_slice", |b| b.iter(|| plain(&s, LOADS)));
+    {
+        let mut t = mm.translator();
+        g.bench_function("translator_1t", |b| b.iter(|| translated(&mut t, LOADS)));
+    }
+    g.bench_function("mm_read", |b| b.iter(|| mm_read(&mm, LOADS)));
+    for threads in [1, 2] {
+        // Every thread does LOADS loads per iteration.
+        g.throughput(Throughput::Elements(LOADS * threads as u64));
+        g.bench_function(format!("translator_threads/{threads}"), |b| {
+            b.iter_custom(|iters| {
+                Duration::from_secs_f64(translated_threads(&mm, threads, iters * LOADS))
+            })
+        });
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("translate/flush");
+    g.sample_size(10).measurement_time(Duration::from_secs(2));
+    for (name, busy, own) in [("none", 0, false), ("two_threads_one_loading", 1, true)] {
+        let tr = Translators { busy, idle: 0, own };
+        g.bench_function(format!("mprotect_translators/{name}"), |b| {
+            // One iteration is one mprotect pair (two flushes).
+            b.iter_custom(|iters| {
+                Duration::from_secs_f64(flush_ns(&mm, tr, iters) * 2.0 * iters as f64 / 1e9)
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, loads);
+criterion_main!(benches);

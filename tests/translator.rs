@@ -1,0 +1,508 @@
+//! The soft TLB ([`aspace::Translator`]): every access kind, page
+//! crossing, faults and their errors, copy-on-write after fork, and
+//! invalidation by every kind of flush, on the translator's own thread and
+//! on others; atomics between threads; and a stress test of translators
+//! racing with munmap, remap, mprotect and madvise(DONTNEED).
+
+use aspace::{
+    AddressSpace, Advice, Config, FaultError, MapFlags, MremapFlags, Prot, Translator, PAGE_SIZE,
+};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Barrier};
+
+const RW: Prot = Prot::READ.union(Prot::WRITE);
+const A: u64 = 0x10_0000_0000;
+const B: u64 = 0x20_0000_0000;
+
+fn fixed() -> MapFlags {
+    MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED
+}
+
+fn mm_with(pages: u64) -> AddressSpace {
+    let mm = AddressSpace::new(Config::default());
+    mm.mmap(A, pages * PAGE_SIZE, RW, fixed()).unwrap();
+    mm
+}
+
+#[test]
+fn scalars_of_every_width_round_trip() {
+    let mm = mm_with(2);
+    let mut t = mm.translator();
+    t.store::<u64>(A, 0x1122_3344_5566_7788).unwrap();
+    assert_eq!(t.load::<u64>(A).unwrap(), 0x1122_3344_5566_7788);
+    assert_eq!(t.load::<u32>(A).unwrap(), 0x5566_7788);
+    assert_eq!(t.load::<u32>(A + 4).unwrap(), 0x1122_3344);
+    assert_eq!(t.load::<u16>(A + 2).unwrap(), 0x5566);
+    assert_eq!(t.load::<u8>(A + 7).unwrap(), 0x11);
+    t.store::<u8>(A + 1, 0xab).unwrap();
+    t.store::<u16>(A + 4, 0xbeef).unwrap();
+    t.store::<i32>(A + 8, -2).unwrap();
+    t.store::<i8>(A + 12, -1).unwrap();
+    t.store::<i16>(A + 14, -3).unwrap();
+    t.store::<i64>(A + 16, -5).unwrap();
+    assert_eq!(t.load::<u64>(A).unwrap(), 0x1122_beef_5566_ab88);
+    assert_eq!(t.load::<i32>(A + 8).unwrap(), -2);
+    assert_eq!(t.load::<u32>(A + 8).unwrap(), u32::MAX - 1);
+    assert_eq!(t.load::<i8>(A + 12).unwrap(), -1);
+    assert_eq!(t.load::<i16>(A + 14).unwrap(), -3);
+    assert_eq!(t.load::<i64>(A + 16).unwrap(), -5);
+    // The plain API sees the same bytes.
+    let mut b = [0u8; 8];
+    mm.read(A, &mut b).unwrap();
+    assert_eq!(u64::from_le_bytes(b), 0x1122_beef_5566_ab88);
+    mm.write(A + 24, &7u64.to_le_bytes()).unwrap();
+    assert_eq!(t.load::<u64>(A + 24).unwrap(), 7);
+}
+
+#[test]
+fn unaligned_and_page_crossing_scalars() {
+    let mm = mm_with(2);
+    let mut t = mm.translator();
+    for addr in [A + 3, A + 4093, A + 4095, A + 4090, A + 4092] {
+        t.store::<u64>(addr, 0x0102_0304_0506_0708 ^ addr).unwrap();
+        assert_eq!(t.load::<u64>(addr).unwrap(), 0x0102_0304_0506_0708 ^ addr);
+        let mut b = [0u8; 8];
+        mm.read(addr, &mut b).unwrap();
+        assert_eq!(u64::from_le_bytes(b), 0x0102_0304_0506_0708 ^ addr);
+    }
+    t.store::<u32>(A + 4094, 0xa1b2_c3d4).unwrap();
+    assert_eq!(t.load::<u32>(A + 4094).unwrap(), 0xa1b2_c3d4);
+    assert_eq!(t.load::<u16>(A + 4095).unwrap(), 0xb2c3);
+    assert_eq!(t.load::<u8>(A + 4097).unwrap(), 0xa1);
+}
+
+#[test]
+fn page_crossing_store_into_a_hole_writes_nothing() {
+    let mm = mm_with(1);
+    let mut t = mm.translator();
+    t.store::<u64>(A + 4088, 0x55).unwrap();
+    assert_eq!(t.store::<u64>(A + 4092, !0), Err(FaultError::NoMapping));
+    assert_eq!(t.load::<u64>(A + 4088).unwrap(), 0x55, "nothing written");
+    assert_eq!(t.load::<u64>(A + 4092), Err(FaultError::NoMapping));
+    // A read-only second page: also nothing written.
+    mm.mmap(A + PAGE_SIZE, PAGE_SIZE, Prot::READ, fixed())
+        .unwrap();
+    assert_eq!(t.store::<u32>(A + 4094, !0), Err(FaultError::AccessDenied));
+    assert_eq!(t.load::<u64>(A + 4088).unwrap(), 0x55);
+    assert_eq!(t.load::<u32>(A + 4094).unwrap(), 0);
+}
+
+#[test]
+fn bulk_read_and_write_cross_pages() {
+    let mm = mm_with(4);
+    let mut t = mm.translator();
+    let data: Vec<u8> = (0..3 * PAGE_SIZE as usize + 100)
+        .map(|i| (i * 7 + 3) as u8)
+        .collect();
+    t.write(A + 50, &data).unwrap();
+    let mut back = vec![0u8; data.len()];
+    t.read(A + 50, &mut back).unwrap();
+    assert_eq!(back, data);
+    let mut via_mm = vec![0u8; data.len()];
+    mm.read(A + 50, &mut via_mm).unwrap();
+    assert_eq!(via_mm, data);
+    // Zero-length accesses succeed anywhere.
+    t.read(0, &mut []).unwrap();
+    t.write(0, &[]).unwrap();
+    // A read running off the end: earlier pages are in the buffer.
+    let mut big = vec![0xffu8; 2 * PAGE_SIZE as usize];
+    assert_eq!(
+        t.read(A + 3 * PAGE_SIZE, &mut big),
+        Err(FaultError::NoMapping)
+    );
+    assert_eq!(&big[..150], &data[data.len() - 150..]);
+    assert!(big[150..PAGE_SIZE as usize].iter().all(|&b| b == 0));
+    // A write running off the end writes the pages before the hole.
+    assert_eq!(
+        t.write(A + 4 * PAGE_SIZE - 8, &[9u8; 16]),
+        Err(FaultError::NoMapping)
+    );
+    assert_eq!(
+        t.load::<u64>(A + 4 * PAGE_SIZE - 8).unwrap(),
+        0x0909_0909_0909_0909
+    );
+}
+
+#[test]
+fn errors_are_fault_kinds() {
+    let mm = AddressSpace::new(Config::default());
+    mm.mmap(A, PAGE_SIZE, Prot::READ, fixed()).unwrap();
+    mm.mmap(B, PAGE_SIZE, Prot::NONE, fixed()).unwrap();
+    let mut t = mm.translator();
+    assert_eq!(t.load::<u64>(A).unwrap(), 0, "the zero page");
+    assert_eq!(t.store::<u64>(A, 1), Err(FaultError::AccessDenied));
+    assert_eq!(t.swap::<u64>(A, 1), Err(FaultError::AccessDenied));
+    assert_eq!(t.load::<u8>(B), Err(FaultError::AccessDenied));
+    assert_eq!(t.load::<u8>(B + PAGE_SIZE), Err(FaultError::NoMapping));
+    assert_eq!(t.load::<u64>(u64::MAX - 3), Err(FaultError::NoMapping));
+    assert_eq!(
+        t.read(u64::MAX - 3, &mut [0; 8]),
+        Err(FaultError::NoMapping)
+    );
+    assert_eq!(t.load::<u8>(1 << 62), Err(FaultError::NoMapping));
+    let mm2 = mm_with(1);
+    let mut t2 = mm2.translator();
+    assert_eq!(t2.fetch_add::<u32>(A + 2, 1), Err(FaultError::Bus));
+    assert_eq!(
+        t2.compare_exchange::<u64>(A + 4, 0, 1),
+        Err(FaultError::Bus)
+    );
+    assert_eq!(t2.load::<u64>(A).unwrap(), 0, "nothing written");
+}
+
+#[test]
+fn atomics_of_every_width() {
+    let mm = mm_with(1);
+    let mut t = mm.translator();
+    t.store::<u64>(A, 0x10).unwrap();
+    assert_eq!(t.compare_exchange::<u64>(A, 0x10, 0x20).unwrap(), Ok(0x10));
+    assert_eq!(t.compare_exchange::<u64>(A, 0x10, 0x30).unwrap(), Err(0x20));
+    assert_eq!(t.fetch_add::<u64>(A, u64::MAX).unwrap(), 0x20);
+    assert_eq!(t.swap::<u64>(A, 5).unwrap(), 0x1f);
+    // Narrow widths leave their neighbours alone and wrap in their width.
+    t.store::<u64>(A + 8, 0x8877_6655_4433_22ff).unwrap();
+    assert_eq!(t.fetch_add::<u8>(A + 8, 1).unwrap(), 0xff);
+    assert_eq!(t.load::<u64>(A + 8).unwrap(), 0x8877_6655_4433_2200);
+    assert_eq!(t.swap::<u16>(A + 10, 0xaaaa).unwrap(), 0x4433);
+    assert_eq!(
+        t.compare_exchange::<u32>(A + 12, 0x8877_6655, 1).unwrap(),
+        Ok(0x8877_6655)
+    );
+    assert_eq!(t.load::<u64>(A + 8).unwrap(), 0x0000_0001_aaaa_2200);
+    assert_eq!(t.fetch_add::<i32>(A + 12, -2).unwrap(), 1);
+    assert_eq!(t.load::<i32>(A + 12).unwrap(), -1);
+    // An atomic on a never-written page faults it in for write.
+    assert_eq!(t.fetch_add::<u32>(A + 2048, 3).unwrap(), 0);
+    assert_eq!(t.load::<u32>(A + 2048).unwrap(), 3);
+}
+
+#[test]
+fn fetch_add_from_two_threads_is_exact() {
+    const N: u64 = 200_000;
+    let mm = mm_with(1);
+    let start = Barrier::new(2);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let mut t = mm.translator();
+                start.wait();
+                for _ in 0..N {
+                    t.fetch_add::<u64>(A, 1).unwrap();
+                    t.fetch_add::<u16>(A + 8, 1).unwrap();
+                    t.fetch_add::<u32>(A + 12, 1).unwrap();
+                }
+            });
+        }
+    });
+    let mut t = mm.translator();
+    assert_eq!(t.load::<u64>(A).unwrap(), 2 * N);
+    assert_eq!(t.load::<u16>(A + 8).unwrap(), (2 * N) as u16);
+    assert_eq!(t.load::<u16>(A + 10).unwrap(), 0, "neighbour untouched");
+    assert_eq!(t.load::<u32>(A + 12).unwrap(), 2 * N as u32);
+}
+
+/// A lock built on compare_exchange and swap protects a non-atomic
+/// read-modify-write done with plain loads and stores.
+#[test]
+fn compare_exchange_lock_between_threads() {
+    const N: u64 = 20_000;
+    let mm = mm_with(1);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let mut t = mm.translator();
+                for _ in 0..N {
+                    while t.compare_exchange::<u32>(A, 0, 1).unwrap().is_err() {
+                        std::hint::spin_loop();
+                    }
+                    let v = t.load::<u64>(A + 8).unwrap();
+                    t.store::<u64>(A + 8, v + 1).unwrap();
+                    assert_eq!(t.swap::<u32>(A, 0).unwrap(), 1);
+                }
+            });
+        }
+    });
+    assert_eq!(mm.translator().load::<u64>(A + 8).unwrap(), 2 * N);
+}
+
+#[test]
+fn zero_page_reads_see_a_later_write_from_another_thread() {
+    let mm = mm_with(1);
+    let mut t = mm.translator();
+    assert_eq!(t.load::<u64>(A).unwrap(), 0);
+    std::thread::scope(|s| {
+        s.spawn(|| mm.translator().store::<u64>(A, 42).unwrap());
+    });
+    assert_eq!(t.load::<u64>(A).unwrap(), 42);
+}
+
+#[test]
+fn copy_on_write_after_fork() {
+    let mm = mm_with(1);
+    let mut t = mm.translator();
+    t.store::<u64>(A, 1).unwrap(); // a writable entry is cached
+    let child = mm.fork().unwrap();
+    let copies = mm.stats().cow_copies;
+    t.store::<u64>(A, 2).unwrap(); // faults (write-protected) and copies
+    assert_eq!(mm.stats().cow_copies, copies + 1);
+    assert_eq!(t.load::<u64>(A).unwrap(), 2);
+    let mut ct = child.translator();
+    assert_eq!(
+        ct.load::<u64>(A).unwrap(),
+        1,
+        "the child keeps the old frame"
+    );
+    ct.store::<u64>(A, 3).unwrap();
+    assert_eq!(t.load::<u64>(A).unwrap(), 2);
+    assert_eq!(ct.load::<u64>(A).unwrap(), 3);
+    drop(ct);
+    drop(child);
+}
+
+#[test]
+fn every_flush_invalidates_the_translator() {
+    let mm = mm_with(4);
+    let mut t = mm.translator();
+    for p in 0..4 {
+        t.store::<u64>(A + p * PAGE_SIZE, p + 1).unwrap();
+    }
+    // mprotect(PROT_READ): loads still hit, stores fault.
+    mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
+    assert_eq!(t.store::<u64>(A, 9), Err(FaultError::AccessDenied));
+    assert_eq!(t.fetch_add::<u64>(A, 1), Err(FaultError::AccessDenied));
+    assert_eq!(t.load::<u64>(A).unwrap(), 1);
+    mm.mprotect(A, PAGE_SIZE, Prot::NONE).unwrap();
+    assert_eq!(t.load::<u64>(A), Err(FaultError::AccessDenied));
+    mm.mprotect(A, PAGE_SIZE, RW).unwrap();
+    t.store::<u64>(A, 10).unwrap();
+    // madvise(DONTNEED): the page reads as zero again.
+    mm.madvise(A + PAGE_SIZE, PAGE_SIZE, Advice::DontNeed)
+        .unwrap();
+    assert_eq!(t.load::<u64>(A + PAGE_SIZE).unwrap(), 0);
+    // mremap: the old address is gone, the new one has the data.
+    let to = mm
+        .mremap(
+            A + 2 * PAGE_SIZE,
+            PAGE_SIZE,
+            PAGE_SIZE,
+            MremapFlags::MAYMOVE | MremapFlags::FIXED,
+            B,
+        )
+        .unwrap();
+    assert_eq!(to, B);
+    assert_eq!(t.load::<u64>(A + 2 * PAGE_SIZE), Err(FaultError::NoMapping));
+    assert_eq!(t.load::<u64>(B).unwrap(), 3);
+    // munmap, then a new mapping at the same address: zeros, not the old
+    // frame.
+    mm.munmap(A + 3 * PAGE_SIZE, PAGE_SIZE).unwrap();
+    assert_eq!(t.load::<u64>(A + 3 * PAGE_SIZE), Err(FaultError::NoMapping));
+    mm.mmap(A + 3 * PAGE_SIZE, PAGE_SIZE, RW, fixed()).unwrap();
+    assert_eq!(t.load::<u64>(A + 3 * PAGE_SIZE).unwrap(), 0);
+    assert_eq!(t.load::<u64>(A).unwrap(), 10);
+}
+
+/// A translator on another thread caches writable entries; after each
+/// flush returns, its next access fails (or sees the new mapping), and
+/// the flush counted a shootdown to it.
+#[test]
+fn flushes_reach_translators_on_other_threads() {
+    let mm = mm_with(2);
+    let (cmd_tx, cmd_rx) = mpsc::channel::<u64>();
+    let (res_tx, res_rx) = mpsc::channel();
+    std::thread::scope(|s| {
+        let mm = &mm;
+        s.spawn(move || {
+            let mut t = mm.translator();
+            t.store::<u64>(A, 1).unwrap();
+            t.store::<u64>(A + PAGE_SIZE, 2).unwrap();
+            res_tx.send(Ok(0)).unwrap();
+            while let Ok(addr) = cmd_rx.recv() {
+                res_tx.send(t.store::<u64>(addr, 7).map(|_| 0)).unwrap();
+            }
+        });
+        res_rx.recv().unwrap().unwrap();
+        let before = mm.stats().translator_shootdowns;
+        mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
+        assert_eq!(mm.stats().translator_shootdowns, before + 1);
+        cmd_tx.send(A).unwrap();
+        assert_eq!(res_rx.recv().unwrap(), Err(FaultError::AccessDenied));
+        let mut x = [0u8; 8];
+        mm.read(A, &mut x).unwrap();
+        assert_eq!(u64::from_le_bytes(x), 1);
+        mm.munmap(A + PAGE_SIZE, PAGE_SIZE).unwrap();
+        cmd_tx.send(A + PAGE_SIZE).unwrap();
+        assert_eq!(res_rx.recv().unwrap(), Err(FaultError::NoMapping));
+        drop(cmd_tx);
+    });
+}
+
+/// A translator whose thread is blocked forever (here: until the flush
+/// is done) does not hold up a flush.
+#[test]
+fn an_idle_translator_does_not_block_a_flush() {
+    let mm = mm_with(1);
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let mm = &mm;
+        s.spawn(move || {
+            let mut t = mm.translator();
+            t.store::<u64>(A, 1).unwrap();
+            ready_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            assert_eq!(t.load::<u64>(A), Err(FaultError::NoMapping));
+        });
+        ready_rx.recv().unwrap();
+        mm.munmap(A, PAGE_SIZE).unwrap(); // returns although t never runs
+        assert_eq!(mm.frames_used(), 0);
+        go_tx.send(()).unwrap();
+    });
+}
+
+/// The value a stress writer stores at `addr`: it names the address, so a
+/// read can tell a word that came from another page (a stale frame).
+fn tagged(addr: u64, tid: u64, n: u64) -> u64 {
+    (addr >> 3) << 20 | tid << 16 | (n & 0xffff)
+}
+
+fn check_word(addr: u64, v: u64) {
+    assert!(
+        v == 0 || v >> 20 == addr >> 3,
+        "{addr:#x} holds {v:#x}, a word written at {:#x}",
+        (v >> 20) << 3
+    );
+}
+
+fn check_bytes(addr: u64, b: &[u8]) {
+    for (i, w) in b.chunks_exact(8).enumerate() {
+        check_word(
+            addr + 8 * i as u64,
+            u64::from_le_bytes(w.try_into().unwrap()),
+        );
+    }
+}
+
+/// Translators read and write while another thread munmaps and remaps,
+/// mprotects and DONTNEEDs the same pages. Every word read was written at
+/// that address (or is zero); while a range is read-only nothing in it
+/// changes, so no store goes through a stale writable entry.
+#[test]
+fn stress_translators_against_flushes() {
+    const PAGES: u64 = 8;
+    const ROUNDS: u64 = 200;
+    let mm = AddressSpace::new(Config {
+        memory_budget: 64 * PAGE_SIZE,
+        ..Config::default()
+    });
+    mm.mmap(A, PAGES * PAGE_SIZE, RW, fixed()).unwrap();
+    let stop = AtomicBool::new(false);
+    let ok_ops = AtomicU64::new(0);
+    let ops = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for tid in 0..2u64 {
+            let (mm, stop, ok_ops, ops) = (&mm, &stop, &ok_ops, &ops);
+            s.spawn(move || {
+                let mut t: Translator<'_> = mm.translator();
+                let mut x = tid.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let addr = A + (x % (PAGES * PAGE_SIZE / 8)) * 8;
+                    n += 1;
+                    let ok = match x >> 60 {
+                        0..=6 => t.store::<u64>(addr, tagged(addr, tid, n)).is_ok(),
+                        7..=8 => t
+                            .swap::<u64>(addr, tagged(addr, tid, n))
+                            .map(|v| check_word(addr, v))
+                            .is_ok(),
+                        9..=13 => t.load::<u64>(addr).map(|v| check_word(addr, v)).is_ok(),
+                        _ => {
+                            // 24 bytes, often crossing a page.
+                            let a = (addr + 4096 - 8).min(A + PAGES * PAGE_SIZE - 24);
+                            let mut b = [0u8; 24];
+                            let r = t.read(a, &mut b);
+                            if r.is_ok() {
+                                check_bytes(a, &b);
+                            }
+                            r.is_ok()
+                        }
+                    };
+                    if ok {
+                        ok_ops.fetch_add(1, Ordering::Relaxed);
+                    }
+                    ops.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        let mut x = 0x1234_5678u64;
+        // Lets the translators run a while.
+        let let_run = || {
+            let seen = ops.load(Ordering::Relaxed);
+            while ops.load(Ordering::Relaxed) < seen + 100 {
+                std::thread::yield_now();
+            }
+        };
+        for _ in 0..ROUNDS {
+            let_run();
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let p = x % PAGES;
+            let len = (1 + (x >> 8) % 3).min(PAGES - p) * PAGE_SIZE;
+            let at = A + p * PAGE_SIZE;
+            match (x >> 16) % 4 {
+                0 => {
+                    mm.munmap(at, len).unwrap();
+                    let_run();
+                    mm.mmap(at, len, RW, fixed()).unwrap();
+                }
+                1 => {
+                    mm.mprotect(at, len, Prot::READ).unwrap();
+                    let mut before = vec![0u8; len as usize];
+                    mm.read(at, &mut before).unwrap();
+                    check_bytes(at, &before);
+                    let_run();
+                    let mut after = vec![0u8; len as usize];
+                    mm.read(at, &mut after).unwrap();
+                    assert!(before == after, "a store landed in a read-only range");
+                    mm.mprotect(at, len, RW).unwrap();
+                }
+                2 => mm.madvise(at, len, Advice::DontNeed).unwrap(),
+                _ => {
+                    // Unmap and map read-only: the fresh range reads zero
+                    // and stays zero however stale the writers' entries.
+                    mm.munmap(at, len).unwrap();
+                    mm.mmap(at, len, Prot::READ, fixed()).unwrap();
+                    let_run();
+                    let mut b = vec![0u8; len as usize];
+                    mm.read(at, &mut b).unwrap();
+                    assert!(b.iter().all(|&v| v == 0), "a store landed in a new mapping");
+                    mm.mprotect(at, len, RW).unwrap();
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(ok_ops.load(Ordering::Relaxed) > 0);
+    let mut all = vec![0u8; (PAGES * PAGE_SIZE) as usize];
+    mm.read(A, &mut all).unwrap();
+    check_bytes(A, &all);
+    mm.munmap(A, PAGES * PAGE_SIZE).unwrap();
+    assert_eq!(mm.frames_used(), 0, "no frame leaked");
+}
+
+/// Translators are not `Send`, but the address space they borrow is
+/// shared by many; dropping a translator unregisters it.
+#[test]
+fn many_translators_come_and_go() {
+    let mm = Arc::new(mm_with(1));
+    for i in 0..100u64 {
+        let mut t = mm.translator();
+        t.store::<u64>(A, i).unwrap();
+        drop(t);
+        mm.mprotect(A, PAGE_SIZE, RW).unwrap();
+    }
+    assert_eq!(mm.translator().load::<u64>(A).unwrap(), 99);
+}
