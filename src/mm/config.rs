@@ -75,6 +75,11 @@ pub struct Config {
     /// leaks until the address space is dropped).
     #[doc(hidden)]
     pub deferred_reclaim: bool,
+    /// Initial stack limit in bytes (`RLIMIT_STACK`'s soft limit; default
+    /// 8 MiB, `u64::MAX` for unlimited): the largest size a growsdown VMA
+    /// may grow to. Change it at run time with
+    /// [`AddressSpace::set_stack_limit`](crate::AddressSpace::set_stack_limit).
+    pub stack_limit: u64,
 }
 
 /// Linux x86-64 `TASK_SIZE` with 4-level paging.
@@ -98,6 +103,7 @@ impl Default for Config {
             shootdown_cost_ns: 0,
             deferred_reclaim: false,
             brk_fast_path: true,
+            stack_limit: 8 << 20,
         }
     }
 }

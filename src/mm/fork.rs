@@ -61,6 +61,8 @@ impl AddressSpace {
         let ed = Edit::begin(self);
         let child =
             AddressSpace::with_parts(self.cfg.clone(), self.frames.clone(), self.pool.clone());
+        // Resource limits are inherited, as the rlimits of a forked task.
+        child.set_stack_limit(self.stack_limit());
         let ok = {
             let mut ced = Edit::begin(&child);
             ced.st.start_brk = ed.st.start_brk;

@@ -53,6 +53,7 @@ mod mmap;
 mod mprotect;
 mod mremap;
 mod munmap;
+pub(crate) mod stack;
 
 pub use config::{Config, FaultLocking, MremapExtent};
 pub use flags::{Access, Advice, MapFlags, MremapFlags, Prot};
@@ -116,6 +117,8 @@ pub struct AddressSpace {
     pub(crate) cfg: Config,
     pub(crate) id: u64,
     pending_frees: AtomicU64,
+    /// `RLIMIT_STACK` (see [`AddressSpace::set_stack_limit`]).
+    stack_limit: AtomicU64,
 }
 
 const _: () = {
@@ -139,6 +142,7 @@ impl AddressSpace {
             }
         };
         let start_brk = cfg.brk_start;
+        let stack_limit = cfg.stack_limit;
         AddressSpace {
             tree: RangeTree::with_reclaimer(reclaimer()),
             mmap_lock: MmapLock::new(MmState {
@@ -154,6 +158,7 @@ impl AddressSpace {
             cfg,
             id: next_id(),
             pending_frees: AtomicU64::new(0),
+            stack_limit: AtomicU64::new(stack_limit),
         }
     }
 

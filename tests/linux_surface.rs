@@ -1,0 +1,325 @@
+//! The Linux surface a syscall-forwarding emulator needs, compared with the
+//! running kernel: the stack limit, mmap's flags, and (where the kernel
+//! needs a process of its own) scenarios run in a forked child of this
+//! test process.
+//!
+//! Every expectation is written once and checked first against Linux
+//! (when the kernel harness can run here), then required of aspace at the
+//! same addresses.
+
+mod common;
+
+use aspace::{AddressSpace, Config, MapFlags, Prot};
+use common::kernel::parse_maps_line;
+use common::*;
+use std::io::Read;
+use std::os::fd::FromRawFd;
+
+/// A one-byte store through a pipe (`copy_to_user`): the kernel takes the
+/// user page-fault path, stack growth included, and returns EFAULT where
+/// a user-mode store would get SIGSEGV. Only raw system calls: it runs in
+/// forked children. `pipe` is [read end, write end].
+fn kernel_store(pipe: [libc::c_int; 2], addr: u64) -> bool {
+    let one = 1u8;
+    // SAFETY: `pipe` is an open pipe of this process; the write reads one
+    // byte of a local, the read stores one byte at `addr`, which the
+    // caller chose inside the test region (the kernel checks the address
+    // and returns EFAULT for a bad one); the drain reads into a local.
+    unsafe {
+        libc::write(pipe[1], (&one as *const u8).cast(), 1);
+        if libc::read(pipe[0], addr as *mut libc::c_void, 1) == 1 {
+            return true;
+        }
+        let mut scratch = 0u8;
+        libc::read(pipe[0], (&mut scratch as *mut u8).cast(), 1);
+    }
+    false
+}
+
+/// Runs `f` in a forked child of this process and returns the bytes it
+/// reported followed by its `/proc/self/maps`. `f` gets a copy pipe for
+/// [`kernel_store`] and must use raw system calls only (the child has
+/// none of this process's other threads, so it must not allocate or take
+/// locks); it returns the bytes to report in a fixed buffer.
+fn in_forked_child(f: impl FnOnce([libc::c_int; 2]) -> ([u8; 64], usize)) -> (Vec<u8>, String) {
+    let mut out = [0; 2];
+    let mut copy = [0; 2];
+    // SAFETY: each array holds two ints for pipe2 to fill.
+    unsafe {
+        assert_eq!(libc::pipe2(out.as_mut_ptr(), libc::O_CLOEXEC), 0);
+        assert_eq!(libc::pipe2(copy.as_mut_ptr(), libc::O_CLOEXEC), 0);
+    }
+    let path = c"/proc/self/maps";
+    // SAFETY: fork has no memory-safety preconditions; the child runs only
+    // `f` (raw system calls, see above) and the calls below.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let (res, n) = f(copy);
+        // SAFETY: writes from local buffers of the given lengths; a valid
+        // C string; `_exit` ends the child without running destructors.
+        unsafe {
+            let len = [n as u8];
+            libc::write(out[1], len.as_ptr().cast(), 1);
+            libc::write(out[1], res.as_ptr().cast(), n);
+            let fd = libc::open(path.as_ptr(), libc::O_RDONLY);
+            let mut buf = [0u8; 4096];
+            loop {
+                let k = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+                if k <= 0 {
+                    break;
+                }
+                libc::write(out[1], buf.as_ptr().cast(), k as usize);
+            }
+            libc::_exit(0);
+        }
+    }
+    // SAFETY: closing our copies of pipe ends the child owns now.
+    unsafe {
+        libc::close(out[1]);
+        libc::close(copy[0]);
+        libc::close(copy[1]);
+    }
+    // SAFETY: `out[0]` is our open read end; the File takes it over.
+    let mut pipe = unsafe { std::fs::File::from_raw_fd(out[0]) };
+    let mut text = Vec::new();
+    pipe.read_to_end(&mut text)
+        .expect("read the child's report");
+    let mut status = 0;
+    // SAFETY: waiting for our own child; `status` is a valid int.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "forked child failed (status {status:#x})"
+    );
+    let n = text[0] as usize;
+    let maps = String::from_utf8_lossy(&text[1 + n..]).into_owned();
+    (text[1..1 + n].to_vec(), maps)
+}
+
+/// (start, end, perms) of VMAs.
+type Layout = Vec<(u64, u64, String)>;
+
+/// The VMAs inside `r` (guards excluded) as (start, end, perms).
+fn interior(maps: &str, r: &Region) -> Layout {
+    maps.lines()
+        .filter_map(parse_maps_line)
+        .filter(|v| v.start >= r.lo && v.end <= r.hi)
+        .map(|v| (v.start, v.end, v.perms))
+        .collect()
+}
+
+// ---------------------------------------------------------------- stack
+
+/// One step of a stack-limit scenario.
+#[derive(Clone, Copy, Debug)]
+enum StackStep {
+    /// `setrlimit(RLIMIT_STACK)` soft limit, in bytes.
+    Limit(u64),
+    /// A one-byte store this many bytes below the stack's original start.
+    StoreBelow(u64),
+}
+
+/// Interior pages of the stack scenarios' region: 12 MiB.
+const STACK_REGION_PAGES: u64 = 3072;
+/// The stack: 1 MiB of growsdown memory at the top of the interior.
+const STACK_LEN: u64 = 1 << 20;
+
+fn stack_top(r: &Region) -> u64 {
+    r.hi
+}
+
+fn stack_start(r: &Region) -> u64 {
+    stack_top(r) - STACK_LEN
+}
+
+/// Runs the scenario on the kernel in a forked child; the result of each
+/// store, and the interior layout at the end.
+fn stack_on_kernel(steps: &[StackStep]) -> Option<(Region, Vec<bool>, Layout)> {
+    let k = KernelTarget::new(STACK_REGION_PAGES)?;
+    let r = k.region();
+    let (res, maps) = in_forked_child(|pipe| {
+        let mut res = [0u8; 64];
+        let mut n = 0;
+        let start = stack_start(&r);
+        // SAFETY: MAP_FIXED inside the region's interior, which the
+        // harness reserved for this test (no Rust object lives there).
+        let p = unsafe {
+            libc::mmap(
+                start as *mut libc::c_void,
+                STACK_LEN as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_GROWSDOWN,
+                -1,
+                0,
+            )
+        };
+        if p as u64 != start {
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(2) };
+        }
+        for &s in steps {
+            match s {
+                StackStep::Limit(b) => {
+                    let rl = libc::rlimit {
+                        rlim_cur: b,
+                        rlim_max: libc::RLIM_INFINITY,
+                    };
+                    // SAFETY: `rl` is a valid rlimit. Raising the hard
+                    // limit needs privilege: keep the current one then.
+                    unsafe {
+                        let mut cur = rl;
+                        libc::getrlimit(libc::RLIMIT_STACK, &mut cur);
+                        let want = libc::rlimit {
+                            rlim_cur: b.min(cur.rlim_max),
+                            rlim_max: cur.rlim_max,
+                        };
+                        libc::setrlimit(libc::RLIMIT_STACK, &want);
+                    }
+                }
+                StackStep::StoreBelow(off) => {
+                    res[n] = kernel_store(pipe, start - off) as u8;
+                    n += 1;
+                }
+            }
+        }
+        (res, n)
+    });
+    Some((
+        r,
+        res.iter().map(|&b| b == 1).collect(),
+        interior(&maps, &r),
+    ))
+}
+
+fn stack_on_aspace(r: &Region, steps: &[StackStep]) -> (Vec<bool>, Layout) {
+    let t = AspaceTarget::new(*r);
+    let mm: &AddressSpace = &t.mm;
+    let start = stack_start(r);
+    let got = mm.mmap(
+        start,
+        STACK_LEN,
+        Prot::READ | Prot::WRITE,
+        MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED | MapFlags::GROWSDOWN,
+    );
+    assert_eq!(got, Ok(start));
+    let mut res = Vec::new();
+    for &s in steps {
+        match s {
+            StackStep::Limit(b) => mm.set_stack_limit(b),
+            StackStep::StoreBelow(off) => res.push(mm.write(start - off, &[1]).is_ok()),
+        }
+    }
+    (res, interior(&mm.maps(), r))
+}
+
+/// Runs a stack scenario on both; `want` is the result of each store, and
+/// `want_start` how far below the original start the stack reaches at the
+/// end (bytes).
+fn stack_case(name: &str, steps: &[StackStep], want: &[bool], want_below: u64) {
+    let r = match stack_on_kernel(steps) {
+        Some((r, res, layout)) => {
+            assert_eq!(res, want, "{name}: kernel stores");
+            let s = stack_start(&r) - want_below;
+            assert_eq!(
+                layout,
+                vec![(s, stack_top(&r), "rw-p".to_string())],
+                "{name}: kernel layout"
+            );
+            r
+        }
+        None => Region::new(aspace_target::DEFAULT_REGION_START, STACK_REGION_PAGES),
+    };
+    let (res, layout) = stack_on_aspace(&r, steps);
+    assert_eq!(res, want, "{name}: aspace stores");
+    let s = stack_start(&r) - want_below;
+    assert_eq!(
+        layout,
+        vec![(s, stack_top(&r), "rw-p".to_string())],
+        "{name}: aspace layout"
+    );
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn stack_grows_to_the_limit_and_no_further() {
+    use StackStep::*;
+    // 8 MiB limit, 1 MiB stack: 4 MiB below grows; the whole VMA may be
+    // exactly 8 MiB (7 MiB below), not one page more.
+    stack_case(
+        "8 MiB",
+        &[
+            Limit(8 * MIB),
+            StoreBelow(4 * MIB),
+            StoreBelow(7 * MIB),
+            StoreBelow(7 * MIB + 1),
+            StoreBelow(8 * MIB),
+        ],
+        &[true, true, false, false],
+        7 * MIB,
+    );
+}
+
+#[test]
+fn stack_limit_counts_pages_not_bytes() {
+    use StackStep::*;
+    // A limit one byte short of two more pages allows only one.
+    stack_case(
+        "1 MiB + 8191",
+        &[
+            Limit(MIB + 8191),
+            StoreBelow(1),
+            StoreBelow(4097),
+            Limit(MIB + 8192),
+            StoreBelow(4097),
+        ],
+        &[true, false, true],
+        8192,
+    );
+}
+
+#[test]
+fn a_stack_over_a_lowered_limit_keeps_its_pages_but_cannot_grow() {
+    use StackStep::*;
+    stack_case(
+        "lowered",
+        &[
+            StoreBelow(2 * MIB),
+            Limit(MIB),
+            StoreBelow(MIB),
+            StoreBelow(2 * MIB + 1),
+            Limit(u64::MAX),
+            StoreBelow(2 * MIB + 1),
+        ],
+        &[true, true, false, true],
+        2 * MIB + 4096,
+    );
+}
+
+#[test]
+fn an_unlimited_stack_stops_at_the_guard_gap() {
+    use StackStep::*;
+    // The region's bottom guard page (accessible, not a stack) sits 11 MiB
+    // below the stack's start; the stack keeps a 1 MiB gap above it.
+    let to_guard = (STACK_REGION_PAGES * PAGE) - STACK_LEN;
+    stack_case(
+        "unlimited",
+        &[
+            Limit(u64::MAX),
+            StoreBelow(to_guard - MIB + 1),
+            StoreBelow(to_guard - MIB),
+        ],
+        &[false, true],
+        to_guard - MIB,
+    );
+}
+
+#[test]
+fn stack_limit_defaults_to_8_mib_and_fork_inherits_it() {
+    let mm = AddressSpace::new(Config::default());
+    assert_eq!(Config::default().stack_limit, 8 << 20);
+    assert_eq!(mm.stack_limit(), 8 << 20);
+    mm.set_stack_limit(1 << 20);
+    assert_eq!(mm.fork().unwrap().stack_limit(), 1 << 20);
+}
