@@ -323,3 +323,258 @@ fn stack_limit_defaults_to_8_mib_and_fork_inherits_it() {
     mm.set_stack_limit(1 << 20);
     assert_eq!(mm.fork().unwrap().stack_limit(), 1 << 20);
 }
+
+// ---------------------------------------------------------------- mmap flags
+
+const MAP_32BIT: u32 = 0x40;
+const MAP_DENYWRITE: u32 = 0x800;
+const MAP_EXECUTABLE: u32 = 0x1000;
+const MAP_LOCKED: u32 = 0x2000;
+const MAP_NONBLOCK: u32 = 0x1_0000;
+const MAP_STACK: u32 = 0x2_0000;
+const MAP_HUGETLB: u32 = 0x4_0000;
+const MAP_SYNC: u32 = 0x8_0000;
+const MAP_SHARED_VALIDATE: u32 = 0x03;
+const MAP_UNINITIALIZED: u32 = 0x400_0000;
+const MAP_HUGE_SHIFT: u32 = 26;
+
+/// (first page, end page, compared smaps flags) of the VMAs in the
+/// interior.
+fn flags_layout(t: &mut dyn Target) -> Vec<(u64, u64, Vec<String>)> {
+    let r = t.region();
+    t.vm_flags()
+        .expect("both targets report flags")
+        .into_iter()
+        .filter(|&(s, e, _)| s >= r.lo && e <= r.hi)
+        .map(|(s, e, f)| ((s - r.lo) / PAGE, (e - r.lo) / PAGE, f))
+        .collect()
+}
+
+#[track_caller]
+fn assert_flags(t: &mut dyn Target, want: &[(u64, u64, &str)]) {
+    let want: Vec<(u64, u64, Vec<String>)> = want
+        .iter()
+        .map(|&(s, e, f)| {
+            let mut v: Vec<String> = f.split_whitespace().map(str::to_string).collect();
+            v.sort();
+            (s, e, v)
+        })
+        .collect();
+    assert_eq!(flags_layout(t), want, "[{}] flags\n{}", t.name(), dump(t));
+}
+
+/// Which of `n` pages from `addr` have a frame (aspace) or are resident
+/// (kernel, mincore).
+fn resident(t: &mut dyn Target, addr: u64, n: u64) -> Vec<bool> {
+    match t.aspace() {
+        Some(mm) => (0..n)
+            .map(|i| mm.translate(addr + i * PAGE).is_some())
+            .collect(),
+        None => t.resident(addr, n).expect("kernel mincore"),
+    }
+}
+
+const PRIV_RW: &str = "rd wr mr mw me ac";
+
+#[test]
+fn mmap_ignores_unknown_flag_bits() {
+    on_both(8, |t| {
+        let r = t.region();
+        for (i, extra) in [
+            0x80_0000,
+            0x4000_0000,
+            MAP_UNINITIALIZED,
+            MAP_DENYWRITE | MAP_EXECUTABLE,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let a = r.page(2 * i as u64);
+            assert_eq!(
+                t.mmap(a, PAGE, RW, ANON | MAP_FIXED | extra),
+                Ok(a),
+                "{extra:#x}"
+            );
+        }
+        assert_flags(
+            t,
+            &[
+                (0, 1, PRIV_RW),
+                (2, 3, PRIV_RW),
+                (4, 5, PRIV_RW),
+                (6, 7, PRIV_RW),
+            ],
+        );
+    });
+}
+
+#[test]
+fn mmap_type_field_takes_only_shared_or_private_for_anonymous_memory() {
+    on_both(4, |t| {
+        let a = t.region().page(0);
+        for ty in [0, MAP_SHARED_VALIDATE, 0x04, 0x06, 0x0c | MAP_PRIVATE, 0x0f] {
+            assert_eq!(
+                t.mmap(a, PAGE, RW, MAP_ANONYMOUS | MAP_FIXED | ty),
+                Err(EINVAL),
+                "type {ty:#x}"
+            );
+        }
+        // MAP_SHARED_VALIDATE rejects unknown bits and MAP_SYNC, but for
+        // anonymous memory the type alone already fails.
+        for extra in [MAP_SYNC, 0x80_0000, MAP_STACK] {
+            let f = MAP_SHARED_VALIDATE | MAP_ANONYMOUS | MAP_FIXED | extra;
+            assert_eq!(t.mmap(a, PAGE, RW, f), Err(EINVAL), "validate {extra:#x}");
+        }
+        assert_layout(t, &[]);
+    });
+}
+
+#[test]
+fn map_hugetlb_without_a_huge_page_pool() {
+    on_both(4, |t| {
+        // Placed by the kernel: fails before any mapping is made.
+        let f = ANON | MAP_HUGETLB;
+        assert_eq!(t.mmap(0, PAGE, RW, f), Err(ENOMEM));
+        assert_eq!(t.mmap(0, 0, RW, f), Err(EINVAL));
+        assert_eq!(t.mmap(0, PAGE, RW, f | (30 << MAP_HUGE_SHIFT)), Err(ENOMEM));
+        assert_eq!(t.mmap(0, PAGE, RW, f | (21 << MAP_HUGE_SHIFT)), Err(ENOMEM));
+        assert_eq!(t.mmap(0, PAGE, RW, f | (25 << MAP_HUGE_SHIFT)), Err(EINVAL));
+        assert_eq!(t.mmap(0, PAGE, RW, f | (12 << MAP_HUGE_SHIFT)), Err(EINVAL));
+        // A hugetlb file takes MAP_SHARED_VALIDATE.
+        let v = MAP_SHARED_VALIDATE | MAP_ANONYMOUS | MAP_HUGETLB;
+        assert_eq!(t.mmap(0, PAGE, RW, v), Err(ENOMEM));
+        // A fixed address must be aligned to the huge page size (the
+        // region's pages are not 2 MiB aligned).
+        let a = t.region().page(0);
+        assert_ne!(a % (2 << 20), 0);
+        assert_eq!(t.mmap(a, PAGE, RW, f | MAP_FIXED), Err(EINVAL));
+        assert_layout(t, &[]);
+    });
+}
+
+#[test]
+fn map_stack_sets_nohugepage_which_keeps_vmas_apart() {
+    on_both(8, |t| {
+        let r = t.region();
+        let (a, b, c) = (r.page(0), r.page(1), r.page(2));
+        assert_eq!(t.mmap(a, PAGE, RW, ANON | MAP_FIXED | MAP_STACK), Ok(a));
+        assert_eq!(t.mmap(b, PAGE, RW, ANON | MAP_FIXED | MAP_STACK), Ok(b));
+        assert_eq!(t.mmap(c, PAGE, RW, ANON | MAP_FIXED), Ok(c));
+        let s = r.page(5);
+        let gd = ANON | MAP_FIXED | MAP_GROWSDOWN | MAP_STACK;
+        assert_eq!(t.mmap(s, PAGE, RW, gd), Ok(s));
+        assert_flags(
+            t,
+            &[
+                (0, 2, "rd wr mr mw me ac nh"),
+                (2, 3, PRIV_RW),
+                (5, 6, "rd wr mr mw me gd ac nh"),
+            ],
+        );
+    });
+}
+
+#[test]
+fn map_sync_is_recorded_on_anonymous_memory() {
+    on_both(8, |t| {
+        let r = t.region();
+        let (a, b) = (r.page(0), r.page(1));
+        assert_eq!(t.mmap(a, PAGE, RW, ANON | MAP_FIXED | MAP_SYNC), Ok(a));
+        assert_eq!(t.mmap(b, PAGE, RW, ANON | MAP_FIXED), Ok(b));
+        let s = r.page(3);
+        assert_eq!(
+            t.mmap(s, PAGE, RW, SHARED_ANON | MAP_FIXED | MAP_SYNC),
+            Ok(s)
+        );
+        assert_flags(
+            t,
+            &[
+                (0, 1, "rd wr mr mw me ac sf"),
+                (1, 2, PRIV_RW),
+                (3, 4, "rd wr sh mr mw me ms sf"),
+            ],
+        );
+    });
+}
+
+#[test]
+fn map_locked_locks_and_populates() {
+    on_both(8, |t| {
+        let r = t.region();
+        let (a, n) = (r.page(0), r.page(4));
+        assert_eq!(
+            t.mmap(a, 3 * PAGE, RW, ANON | MAP_FIXED | MAP_LOCKED),
+            Ok(a)
+        );
+        assert_eq!(
+            t.mmap(n, PAGE, PROT_NONE, ANON | MAP_FIXED | MAP_LOCKED),
+            Ok(n)
+        );
+        assert_eq!(t.mmap(r.page(3), PAGE, RW, ANON | MAP_FIXED), Ok(r.page(3)));
+        assert_flags(
+            t,
+            &[
+                (0, 3, "rd wr mr mw me lo ac"),
+                (3, 4, PRIV_RW),
+                (4, 5, "mr mw me lo"),
+            ],
+        );
+        assert_eq!(resident(t, a, 4), [true, true, true, false]);
+        if let Some(mm) = t.aspace() {
+            let v = mm.vmas().into_iter().find(|v| v.start == a).unwrap();
+            assert_eq!(v.smaps_vmflags(), "VmFlags: rd wr mr mw me lo ac ");
+        }
+        // Locked pages cannot be dropped: EINVAL at the locked VMA.
+        assert_eq!(t.madvise(r.page(3), 2 * PAGE, MADV_DONTNEED), Err(EINVAL));
+        assert_eq!(t.madvise(a, PAGE, MADV_DONTNEED), Err(EINVAL));
+    });
+}
+
+#[test]
+fn map_populate_with_nonblock_does_not_populate() {
+    on_both(4, |t| {
+        let a = t.region().page(0);
+        let f = ANON | MAP_FIXED | MAP_POPULATE | MAP_NONBLOCK;
+        assert_eq!(t.mmap(a, 2 * PAGE, RW, f), Ok(a));
+        assert_eq!(resident(t, a, 2), [false, false]);
+        let b = t.region().page(2);
+        assert_eq!(
+            t.mmap(b, 2 * PAGE, RW, ANON | MAP_FIXED | MAP_POPULATE),
+            Ok(b)
+        );
+        assert_eq!(resident(t, b, 2), [true, true]);
+    });
+}
+
+#[test]
+fn map_32bit_places_below_2_gib() {
+    on_both(4, |t| {
+        // A hint above 2 GiB (a free page of the region) is not used.
+        let hint = t.region().page(0);
+        let a = t.mmap(hint, 2 * PAGE, RW, ANON | MAP_32BIT).unwrap();
+        assert!(
+            (0x4000_0000..0x8000_0000).contains(&a),
+            "[{}] {a:#x}",
+            t.name()
+        );
+        assert_eq!(t.unmap_outside(a, 2 * PAGE), Ok(()));
+        // With MAP_FIXED the address is used as given.
+        let f = ANON | MAP_32BIT | MAP_FIXED;
+        assert_eq!(t.mmap(hint, PAGE, RW, f), Ok(hint));
+        assert_layout(t, &[(0, 1, "rw-p")]);
+    });
+    // Without randomization, aspace takes the lowest fit from 1 GiB, or a
+    // free hint below 2 GiB.
+    let mm = AddressSpace::new(Config::default());
+    let f = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::BIT32;
+    assert_eq!(mm.mmap(0, PAGE, Prot::READ, f), Ok(0x4000_0000));
+    assert_eq!(mm.mmap(0x1000_0000, PAGE, Prot::READ, f), Ok(0x1000_0000));
+    assert_eq!(
+        mm.mmap(0x7fff_f000, 2 * PAGE, Prot::READ, f),
+        Ok(0x4000_1000)
+    );
+    assert_eq!(
+        mm.mmap(0, 1 << 31, Prot::READ, f),
+        Err(aspace::Error::NoMem)
+    );
+}

@@ -53,7 +53,39 @@ bitflags! {
         /// Like FIXED, but fail with EEXIST instead of replacing
         /// (`MAP_FIXED_NOREPLACE`).
         const FIXED_NOREPLACE = 0x10_0000;
+        /// `MAP_SHARED_VALIDATE` (both type bits): shared, rejecting unknown
+        /// flags. Linux accepts it for files only: anonymous mappings get
+        /// `EINVAL`.
+        const SHARED_VALIDATE = 0x03;
+        /// Place the mapping in the first 2 GiB, at or above 1 GiB when
+        /// searching (`MAP_32BIT`; a fixed address is used as given).
+        const BIT32 = 0x40;
+        /// Lock the pages in memory and fault them in now (`MAP_LOCKED`:
+        /// `VM_LOCKED`, as `mlock` after the mmap).
+        const LOCKED = 0x2000;
+        /// With `POPULATE`: do not populate (`MAP_NONBLOCK`).
+        const NONBLOCK = 0x1_0000;
+        /// A thread stack (`MAP_STACK`): no transparent huge pages
+        /// (`VM_NOHUGEPAGE`, Linux 6.7+).
+        const STACK = 0x2_0000;
+        /// Huge pages from the hugetlb pool (`MAP_HUGETLB`). aspace has no
+        /// pool, like a kernel with `nr_hugepages = 0`: `ENOMEM` (or
+        /// `EINVAL` for a zero length or a huge page size, in bits 26..31,
+        /// that x86-64 lacks).
+        const HUGETLB = 0x4_0000;
+        /// `MAP_SYNC`: recorded as `VM_SYNC`, as Linux does for anonymous
+        /// memory (it is checked only for files mapped `SHARED_VALIDATE`).
+        const SYNC = 0x8_0000;
     }
+}
+
+impl MapFlags {
+    /// The mapping-type field (`MAP_TYPE`): `SHARED`, `PRIVATE` or
+    /// `SHARED_VALIDATE`; other values are invalid.
+    pub const TYPE: u32 = 0x0f;
+    /// Shift of the huge page size (log2 of the size) in the flags, for
+    /// `HUGETLB` (`MAP_HUGE_SHIFT`); 0 there means the default (2 MiB).
+    pub const HUGE_SHIFT: u32 = 26;
 }
 
 bitflags! {

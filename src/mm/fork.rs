@@ -28,7 +28,7 @@ use crate::fault::ZERO_PFN;
 use crate::phys::Pfn;
 use crate::pt::{Pte, PteFlags};
 use crate::sync::Arc;
-use crate::vma::{AnonVma, RmapHit};
+use crate::vma::{AnonVma, RmapHit, VmFlags};
 
 impl AddressSpace {
     /// A copy-on-write copy of this address space, like `fork(2)`'s
@@ -80,7 +80,9 @@ impl AddressSpace {
                 let anon = parent_anon
                     .as_ref()
                     .map(|pa| Arc::new(AnonVma::fork_child(pa, next_id())));
-                let nv = ced.new_vma(v.range(), v.pgoff(), v.flags(), anon, v.shmem_arc());
+                // Locks are not inherited (dup_mmap clears VM_LOCKED).
+                let flags = v.flags() - VmFlags::LOCKED;
+                let nv = ced.new_vma(v.range(), v.pgoff(), flags, anon, v.shmem_arc());
                 ced.insert(nv);
                 if v.shmem().is_some() || parent_anon.is_none() || !ok {
                     continue;

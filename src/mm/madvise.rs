@@ -38,6 +38,13 @@ impl AddressSpace {
             if vr.start > cursor {
                 hole = true;
             }
+            // Locked pages cannot be dropped (Linux's
+            // madvise_dontneed_free_valid_vma): EINVAL at this VMA, after
+            // the ones before it were processed.
+            if advice == Advice::DontNeed && v.flags().contains(VmFlags::LOCKED) {
+                gather.flush();
+                return Err(Error::Inval);
+            }
             let part = vr
                 .intersect(&r)
                 .expect("range() yields intersecting entries");

@@ -56,14 +56,42 @@ bitflags! {
         const MAYSHARE = 0x80;
         /// Grows down (a stack).
         const GROWSDOWN = 0x100;
+        /// Pages are locked in memory (`mlock`, `MAP_LOCKED`).
+        const LOCKED = 0x2000;
         /// Charged against the commit limit (private writable).
         const ACCOUNT = 0x10_0000;
         /// Mapped with MAP_NORESERVE.
         const NORESERVE = 0x20_0000;
+        /// Mapped with `MAP_SYNC`.
+        const SYNC = 0x80_0000;
         /// Soft-dirty tracking bit; ignored when merging.
         const SOFTDIRTY = 0x800_0000;
+        /// Transparent huge pages asked for (`MADV_HUGEPAGE`).
+        const HUGEPAGE = 0x2000_0000;
+        /// No transparent huge pages (`MADV_NOHUGEPAGE`, `MAP_STACK`).
+        const NOHUGEPAGE = 0x4000_0000;
     }
 }
+
+/// `/proc/pid/smaps` `VmFlags` mnemonics, in the kernel's (bit) order.
+const MNEMONICS: [(VmFlags, &str); 16] = [
+    (VmFlags::READ, "rd"),
+    (VmFlags::WRITE, "wr"),
+    (VmFlags::EXEC, "ex"),
+    (VmFlags::SHARED, "sh"),
+    (VmFlags::MAYREAD, "mr"),
+    (VmFlags::MAYWRITE, "mw"),
+    (VmFlags::MAYEXEC, "me"),
+    (VmFlags::MAYSHARE, "ms"),
+    (VmFlags::GROWSDOWN, "gd"),
+    (VmFlags::LOCKED, "lo"),
+    (VmFlags::ACCOUNT, "ac"),
+    (VmFlags::NORESERVE, "nr"),
+    (VmFlags::SYNC, "sf"),
+    (VmFlags::SOFTDIRTY, "sd"),
+    (VmFlags::HUGEPAGE, "hg"),
+    (VmFlags::NOHUGEPAGE, "nh"),
+];
 
 impl VmFlags {
     /// The access bits (READ, WRITE, EXEC).
@@ -86,6 +114,16 @@ impl VmFlags {
     /// Any access at all (Linux's `vma_is_accessible`).
     pub fn accessible(self) -> bool {
         self.intersects(VmFlags::ACCESS)
+    }
+
+    /// The `/proc/pid/smaps` mnemonics of these flags (`rd`, `wr`, `lo`,
+    /// ...), in the order the kernel prints them.
+    pub fn mnemonics(self) -> Vec<&'static str> {
+        MNEMONICS
+            .iter()
+            .filter(|(f, _)| self.contains(*f))
+            .map(|&(_, m)| m)
+            .collect()
     }
 }
 
@@ -450,6 +488,18 @@ impl VmaInfo {
     /// `[start, end)`.
     pub fn range(&self) -> Range {
         Range::new(self.start, self.end)
+    }
+
+    /// The `VmFlags:` line `/proc/pid/smaps` prints for this VMA (no
+    /// newline), e.g. `VmFlags: rd wr mr mw me lo ac `.
+    pub fn smaps_vmflags(&self) -> String {
+        let mut s = String::from("VmFlags:");
+        for m in self.flags.mnemonics() {
+            s.push(' ');
+            s.push_str(m);
+        }
+        s.push(' ');
+        s
     }
 
     /// The line `/proc/pid/maps` prints for this VMA (no newline).
