@@ -31,9 +31,10 @@ pub mod vma;
 pub mod vmap;
 
 pub use addr::{Range, PAGE_SIZE};
-pub use error::{Error, FaultError, Result};
+pub use error::{Error, FaultError, MemoryFault, Result};
 pub use mm::{
-    Access, AddressSpace, Advice, Config, FaultLocking, MapFlags, MremapExtent, MremapFlags, Prot,
+    Access, AddressSpace, Advice, Config, ConfigError, FaultLocking, MapFlags, MremapExtent,
+    MremapFlags, Prot,
 };
 pub use stats::Stats;
 pub use vma::{RmapHit, VmFlags, VmaInfo};

@@ -55,7 +55,7 @@ mod mremap;
 mod munmap;
 pub(crate) mod stack;
 
-pub use config::{Config, FaultLocking, MremapExtent};
+pub use config::{Config, ConfigError, FaultLocking, MremapExtent};
 pub use flags::{Access, Advice, MapFlags, MremapFlags, Prot};
 
 use crate::addr::{Range, PAGE_SIZE};
@@ -127,10 +127,36 @@ const _: () = {
 };
 
 impl AddressSpace {
-    /// An empty address space.
+    /// An empty address space. The configuration is used as given; see
+    /// [`try_new`](Self::try_new) to have it checked first.
     pub fn new(cfg: Config) -> AddressSpace {
         let frames = Arc::new(FrameAllocator::new(cfg.memory_budget, cfg.zero_pages));
         Self::with_parts(cfg, frames, Arc::new(VmaPool::new()))
+    }
+
+    /// An empty address space, after [`Config::validate`] accepts the
+    /// configuration.
+    ///
+    /// ```
+    /// use aspace::{AddressSpace, Config};
+    /// let bad = Config { brk_start: 1 << 60, ..Config::default() };
+    /// let e = AddressSpace::try_new(bad).unwrap_err();
+    /// assert_eq!(e.field, "brk_start");
+    /// assert!(AddressSpace::try_new(Config::x86_32()).is_ok());
+    /// ```
+    pub fn try_new(cfg: Config) -> Result<AddressSpace, ConfigError> {
+        cfg.validate()?;
+        Ok(Self::new(cfg))
+    }
+
+    /// The VMA containing `addr`, if any (one VMA, without snapshotting
+    /// the others as [`vmas`](Self::vmas) does).
+    pub fn vma_at(&self, addr: u64) -> Option<VmaInfo> {
+        let st = self.mmap_lock.read();
+        let g = self.tree.pin();
+        self.tree
+            .find(addr, &g)
+            .map(|(_, v)| v.info(is_heap(&st, v.range())))
     }
 
     pub(crate) fn with_parts(cfg: Config, frames: Arc<FrameAllocator>, pool: Arc<VmaPool>) -> Self {
@@ -237,6 +263,25 @@ impl AddressSpace {
     #[allow(dead_code)]
     pub(crate) fn pending_frees(&self) -> u64 {
         self.pending_frees.load(Ordering::Relaxed)
+    }
+}
+
+impl core::fmt::Debug for AddressSpace {
+    /// A summary: identity, VMA count, resident frames, break, and the
+    /// configuration.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let (map_count, brk) = {
+            let st = self.mmap_lock.read();
+            (st.map_count, st.brk)
+        };
+        f.debug_struct("AddressSpace")
+            .field("id", &self.id)
+            .field("map_count", &map_count)
+            .field("frames_used", &self.frames_used())
+            .field("brk", &format_args!("{brk:#x}"))
+            .field("stack_limit", &self.stack_limit())
+            .field("config", &self.cfg)
+            .finish()
     }
 }
 
