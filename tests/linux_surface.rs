@@ -578,3 +578,225 @@ fn map_32bit_places_below_2_gib() {
         Err(aspace::Error::NoMem)
     );
 }
+
+// ---------------------------------------------------------------- madvise
+
+const MADV_RANDOM: i32 = 1;
+const MADV_SEQUENTIAL: i32 = 2;
+const MADV_WILLNEED: i32 = 3;
+const MADV_FREE: i32 = 8;
+const MADV_REMOVE: i32 = 9;
+const MADV_DONTFORK: i32 = 10;
+const MADV_DOFORK: i32 = 11;
+const MADV_HUGEPAGE: i32 = 14;
+const MADV_NOHUGEPAGE: i32 = 15;
+const MADV_WIPEONFORK: i32 = 18;
+const MADV_KEEPONFORK: i32 = 19;
+const MADV_POPULATE_READ: i32 = 22;
+const MADV_POPULATE_WRITE: i32 = 23;
+const MADV_DONTNEED_LOCKED: i32 = 24;
+
+/// Interior pages 0-1 private rw, a hole at 2, 3 private read-only, 4
+/// private inaccessible, 5 shared rw.
+fn madvise_setup(t: &mut dyn Target) {
+    let r = t.region();
+    let f = ANON | MAP_FIXED;
+    assert_eq!(t.mmap(r.page(0), 2 * PAGE, RW, f), Ok(r.page(0)));
+    assert_eq!(t.mmap(r.page(3), PAGE, PROT_READ, f), Ok(r.page(3)));
+    assert_eq!(t.mmap(r.page(4), PAGE, PROT_NONE, f), Ok(r.page(4)));
+    let s = SHARED_ANON | MAP_FIXED;
+    assert_eq!(t.mmap(r.page(5), PAGE, RW, s), Ok(r.page(5)));
+}
+
+#[test]
+fn madvise_flag_advice_splits_merges_and_reports_holes() {
+    on_both(8, |t| {
+        madvise_setup(t);
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        let (p0, p1, p3, p4, p5) = (p(0), p(1), p(3), p(4), p(5));
+        assert_eq!(t.madvise(p0, 5 * PAGE, MADV_WIPEONFORK), Err(ENOMEM));
+        assert_eq!(t.madvise(p5, PAGE, MADV_WIPEONFORK), Err(EINVAL));
+        assert_eq!(t.madvise(p1, PAGE, MADV_KEEPONFORK), Ok(()));
+        assert_eq!(t.madvise(p0, 6 * PAGE, MADV_DONTFORK), Err(ENOMEM));
+        assert_eq!(t.madvise(p0, PAGE, MADV_DOFORK), Ok(()));
+        assert_eq!(t.madvise(p3, 3 * PAGE, MADV_HUGEPAGE), Ok(()));
+        assert_eq!(t.madvise(p4, PAGE, MADV_NOHUGEPAGE), Ok(()));
+        assert_eq!(t.madvise(p0, PAGE, MADV_RANDOM), Ok(()));
+        assert_eq!(t.madvise(p1, PAGE, MADV_SEQUENTIAL), Ok(()));
+        assert_flags(
+            t,
+            &[
+                (0, 1, "rd wr mr mw me rr ac wf"),
+                (1, 2, "rd wr mr mw me sr dc ac"),
+                (3, 4, "rd mr mw me dc wf hg"),
+                (4, 5, "mr mw me dc wf nh"),
+                (5, 6, "rd wr sh mr mw me ms dc hg"),
+            ],
+        );
+        assert_eq!(t.madvise(p0, 2 * PAGE, MADV_NORMAL), Ok(()));
+        assert_eq!(t.madvise(p0, 2 * PAGE, MADV_KEEPONFORK), Ok(()));
+        assert_eq!(t.madvise(p1, PAGE, MADV_DOFORK), Ok(()));
+        // Back to the same flags: the two pages merge again.
+        assert_flags(
+            t,
+            &[
+                (0, 2, PRIV_RW),
+                (3, 4, "rd mr mw me dc wf hg"),
+                (4, 5, "mr mw me dc wf nh"),
+                (5, 6, "rd wr sh mr mw me ms dc hg"),
+            ],
+        );
+        assert_eq!(t.madvise(p0, 6 * PAGE, MADV_HUGEPAGE), Err(ENOMEM));
+        assert_eq!(t.madvise(p0, 6 * PAGE, MADV_WILLNEED), Err(ENOMEM));
+        assert_eq!(t.madvise(p0, 2 * PAGE, MADV_WILLNEED), Ok(()));
+    });
+}
+
+#[test]
+fn madvise_free_remove_and_dontneed_locked() {
+    on_both(8, |t| {
+        madvise_setup(t);
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        let (p0, p3, p5) = (p(0), p(3), p(5));
+        assert_eq!(t.madvise(p0, PAGE, MADV_REMOVE), Err(EINVAL));
+        assert_eq!(t.madvise(p3, 3 * PAGE, MADV_REMOVE), Err(EINVAL));
+        assert_eq!(t.write(p5, b"shared"), Ok(()));
+        assert_eq!(t.madvise(p5, PAGE, MADV_REMOVE), Ok(()));
+        assert_eq!(read_vec(t, p5, 6), Ok(vec![0; 6]));
+        // VM_MAYWRITE stays after mprotect: still allowed.
+        assert_eq!(t.mprotect(p5, PAGE, PROT_READ), Ok(()));
+        assert_eq!(t.madvise(p5, PAGE, MADV_REMOVE), Ok(()));
+        assert_eq!(t.madvise(p5, PAGE, MADV_FREE), Err(EINVAL));
+        assert_eq!(t.madvise(p0, 3 * PAGE, MADV_FREE), Err(ENOMEM));
+        assert_eq!(t.madvise(p3, PAGE, MADV_FREE), Ok(()));
+        assert_layout(
+            t,
+            &[
+                (0, 2, "rw-p"),
+                (3, 4, "r--p"),
+                (4, 5, "---p"),
+                (5, 6, "r--s"),
+            ],
+        );
+    });
+}
+
+#[test]
+fn madvise_on_locked_memory() {
+    on_both(8, |t| {
+        let r = t.region();
+        let a = r.page(0);
+        assert_eq!(
+            t.mmap(a, 2 * PAGE, RW, ANON | MAP_FIXED | MAP_LOCKED),
+            Ok(a)
+        );
+        assert_eq!(t.write(a, b"locked"), Ok(()));
+        assert_eq!(t.madvise(a, PAGE, MADV_DONTNEED), Err(EINVAL));
+        assert_eq!(t.madvise(a, PAGE, MADV_FREE), Err(EINVAL));
+        assert_eq!(t.madvise(a, PAGE, MADV_REMOVE), Err(EINVAL));
+        assert_eq!(read_vec(t, a, 6), Ok(b"locked".to_vec()));
+        assert_eq!(t.madvise(a, PAGE, MADV_DONTNEED_LOCKED), Ok(()));
+        assert_eq!(read_vec(t, a, 6), Ok(vec![0; 6]));
+        assert_eq!(t.madvise(a, 3 * PAGE, MADV_DONTNEED_LOCKED), Err(ENOMEM));
+    });
+}
+
+#[test]
+fn madvise_populate_read_and_write() {
+    on_both(8, |t| {
+        madvise_setup(t);
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        let (p0, p3, p4, p5) = (p(0), p(3), p(4), p(5));
+        assert_eq!(t.madvise(p0, 4 * PAGE, MADV_POPULATE_WRITE), Err(ENOMEM));
+        // The pages before the hole were populated, for writing.
+        assert_eq!(resident(t, p0, 2), [true, true]);
+        assert_eq!(t.madvise(p3, PAGE, MADV_POPULATE_WRITE), Err(EINVAL));
+        assert_eq!(t.madvise(p3, PAGE, MADV_POPULATE_READ), Ok(()));
+        assert_eq!(t.madvise(p4, PAGE, MADV_POPULATE_READ), Err(EINVAL));
+        assert_eq!(t.madvise(p3, 3 * PAGE, MADV_POPULATE_READ), Err(EINVAL));
+        assert_eq!(t.madvise(p5, PAGE, MADV_POPULATE_WRITE), Ok(()));
+        assert_eq!(t.madvise(p(2), 2 * PAGE, MADV_POPULATE_READ), Err(ENOMEM));
+        assert_eq!(t.madvise(p0 + 1, PAGE, MADV_POPULATE_READ), Err(EINVAL));
+    });
+}
+
+/// A one-byte load through a pipe (`copy_from_user`), for forked
+/// children: the byte, or None on EFAULT.
+fn kernel_load(pipe: [libc::c_int; 2], addr: u64) -> Option<u8> {
+    let mut b = 0u8;
+    // SAFETY: `pipe` is an open pipe; the write reads one byte at `addr`
+    // (the kernel checks it and returns EFAULT for a bad address), the
+    // read stores into a local.
+    unsafe {
+        if libc::write(pipe[1], addr as *const libc::c_void, 1) != 1 {
+            return None;
+        }
+        libc::read(pipe[0], (&mut b as *mut u8).cast(), 1);
+    }
+    Some(b)
+}
+
+#[test]
+fn fork_honours_dontfork_and_wipeonfork() {
+    // Pages 0-1 DONTFORK, 2 WIPEONFORK, 3 plain; each written with 7.
+    let setup = |t: &mut dyn Target| {
+        let r = t.region();
+        assert_eq!(
+            t.mmap(r.page(0), 4 * PAGE, RW, ANON | MAP_FIXED),
+            Ok(r.page(0))
+        );
+        for i in 0..4 {
+            assert_eq!(t.write(r.page(i), &[7]), Ok(()));
+        }
+        assert_eq!(t.madvise(r.page(0), 2 * PAGE, MADV_DONTFORK), Ok(()));
+        assert_eq!(t.madvise(r.page(2), PAGE, MADV_WIPEONFORK), Ok(()));
+    };
+    // What the child sees at pages 1, 2, 3 (None: no mapping), and its
+    // layout.
+    let want_loads = [None, Some(0), Some(7)];
+    let want_layout = |r: &Region| {
+        vec![
+            (r.page(2), r.page(3), "rw-p".to_string()),
+            (r.page(3), r.page(4), "rw-p".to_string()),
+        ]
+    };
+    let region = match KernelTarget::new(8) {
+        Some(mut k) => {
+            setup(&mut k);
+            let r = k.region();
+            let (res, maps) = in_forked_child(|pipe| {
+                let mut out = [0u8; 64];
+                for (i, p) in [1, 2, 3].into_iter().enumerate() {
+                    out[2 * i] = kernel_load(pipe, r.page(p)).is_some() as u8;
+                    out[2 * i + 1] = kernel_load(pipe, r.page(p)).unwrap_or(0);
+                }
+                (out, 6)
+            });
+            let loads: Vec<Option<u8>> =
+                res.chunks(2).map(|c| (c[0] == 1).then_some(c[1])).collect();
+            assert_eq!(loads, want_loads, "kernel child loads");
+            assert_eq!(interior(&maps, &r), want_layout(&r), "kernel child layout");
+            r
+        }
+        None => Region::new(aspace_target::DEFAULT_REGION_START, 8),
+    };
+    let mut t = AspaceTarget::new(region);
+    setup(&mut t);
+    let child = t.mm.fork().unwrap();
+    let loads: Vec<Option<u8>> = [1, 2, 3]
+        .into_iter()
+        .map(|p| {
+            let mut b = [0u8];
+            child.read(region.page(p), &mut b).ok().map(|_| b[0])
+        })
+        .collect();
+    assert_eq!(loads, want_loads, "aspace child loads");
+    assert_eq!(interior(&child.maps(), &region), want_layout(&region));
+    // The parent keeps its data and flags.
+    let mut b = [0u8];
+    t.mm.read(region.page(2), &mut b).unwrap();
+    assert_eq!(b, [7]);
+}

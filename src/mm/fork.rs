@@ -73,10 +73,17 @@ impl AddressSpace {
             let cg = child.pt.pin();
             let mut ok = true;
             for v in vmas {
+                // MADV_DONTFORK: the child does not get this VMA.
+                if v.flags().contains(VmFlags::DONTCOPY) {
+                    continue;
+                }
                 // dup_mmap's vma_start_write: no per-VMA fault runs in `v`
                 // until the mmap_lock is released.
                 ed.lock(v);
-                let parent_anon = v.anon_vma_arc();
+                // MADV_WIPEONFORK: the child starts with an empty VMA (no
+                // anon_vma, no entries copied).
+                let wipe = v.flags().contains(VmFlags::WIPEONFORK);
+                let parent_anon = v.anon_vma_arc().filter(|_| !wipe);
                 let anon = parent_anon
                     .as_ref()
                     .map(|pa| Arc::new(AnonVma::fork_child(pa, next_id())));

@@ -58,12 +58,20 @@ bitflags! {
         const GROWSDOWN = 0x100;
         /// Pages are locked in memory (`mlock`, `MAP_LOCKED`).
         const LOCKED = 0x2000;
+        /// Sequential access expected (`MADV_SEQUENTIAL`).
+        const SEQ_READ = 0x8000;
+        /// Random access expected (`MADV_RANDOM`).
+        const RAND_READ = 0x1_0000;
+        /// Not copied into fork children (`MADV_DONTFORK`).
+        const DONTCOPY = 0x2_0000;
         /// Charged against the commit limit (private writable).
         const ACCOUNT = 0x10_0000;
         /// Mapped with MAP_NORESERVE.
         const NORESERVE = 0x20_0000;
         /// Mapped with `MAP_SYNC`.
         const SYNC = 0x80_0000;
+        /// Fork children get zero-filled memory here (`MADV_WIPEONFORK`).
+        const WIPEONFORK = 0x200_0000;
         /// Soft-dirty tracking bit; ignored when merging.
         const SOFTDIRTY = 0x800_0000;
         /// Transparent huge pages asked for (`MADV_HUGEPAGE`).
@@ -74,7 +82,7 @@ bitflags! {
 }
 
 /// `/proc/pid/smaps` `VmFlags` mnemonics, in the kernel's (bit) order.
-const MNEMONICS: [(VmFlags, &str); 16] = [
+const MNEMONICS: [(VmFlags, &str); 20] = [
     (VmFlags::READ, "rd"),
     (VmFlags::WRITE, "wr"),
     (VmFlags::EXEC, "ex"),
@@ -85,9 +93,13 @@ const MNEMONICS: [(VmFlags, &str); 16] = [
     (VmFlags::MAYSHARE, "ms"),
     (VmFlags::GROWSDOWN, "gd"),
     (VmFlags::LOCKED, "lo"),
+    (VmFlags::SEQ_READ, "sr"),
+    (VmFlags::RAND_READ, "rr"),
+    (VmFlags::DONTCOPY, "dc"),
     (VmFlags::ACCOUNT, "ac"),
     (VmFlags::NORESERVE, "nr"),
     (VmFlags::SYNC, "sf"),
+    (VmFlags::WIPEONFORK, "wf"),
     (VmFlags::SOFTDIRTY, "sd"),
     (VmFlags::HUGEPAGE, "hg"),
     (VmFlags::NOHUGEPAGE, "nh"),
@@ -167,6 +179,19 @@ impl Shmem {
             Err(winner) => {
                 self.frames.put(pfn);
                 Some(winner)
+            }
+        }
+    }
+
+    /// Zero-fills the pages of `range` (indices) that have a frame:
+    /// `MADV_REMOVE`'s hole punch, which every mapping of the object sees.
+    /// The frames stay allocated to the object.
+    pub(crate) fn zero_range(&self, range: core::ops::Range<u64>, frames: &FrameAllocator) {
+        let zeros = [0u8; crate::addr::PAGE_SIZE as usize];
+        for i in range.start..range.end.min(self.npages()) {
+            let pfn = self.pages[i as usize].load(Ordering::Acquire);
+            if pfn != Self::NO_FRAME {
+                frames.write(pfn, 0, &zeros);
             }
         }
     }

@@ -90,11 +90,8 @@ impl Target for AspaceTarget {
     }
 
     fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> Res<()> {
-        let advice = match advice {
-            0 => Advice::Normal,
-            4 => Advice::DontNeed,
-            a => panic!("madvise advice {a} is not part of aspace's API"),
-        };
+        let advice = Advice::from_raw(advice)
+            .unwrap_or_else(|| panic!("madvise advice {advice} is not part of aspace's API"));
         errno(self.mm.madvise(addr, len, advice))
     }
 
