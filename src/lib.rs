@@ -33,8 +33,8 @@ pub mod vmap;
 pub use addr::{Range, PAGE_SIZE};
 pub use error::{Error, FaultError, MemoryFault, Result};
 pub use mm::{
-    Access, AddressSpace, Advice, Config, ConfigError, FaultLocking, MapFlags, MremapExtent,
-    MremapFlags, Prot,
+    Access, AddressSpace, Advice, Config, ConfigError, FaultLocking, MapFlags, MlockAllFlags,
+    MlockFlags, MremapExtent, MremapFlags, MsyncFlags, Prot,
 };
 pub use stats::Stats;
 pub use vma::{RmapHit, VmFlags, VmaInfo};

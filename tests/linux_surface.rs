@@ -37,11 +37,20 @@ fn kernel_store(pipe: [libc::c_int; 2], addr: u64) -> bool {
 }
 
 /// Runs `f` in a forked child of this process and returns the bytes it
-/// reported followed by its `/proc/self/maps`. `f` gets a copy pipe for
+/// reported and its `/proc/self/maps`. `f` gets a copy pipe for
 /// [`kernel_store`] and must use raw system calls only (the child has
 /// none of this process's other threads, so it must not allocate or take
 /// locks); it returns the bytes to report in a fixed buffer.
 fn in_forked_child(f: impl FnOnce([libc::c_int; 2]) -> ([u8; 64], usize)) -> (Vec<u8>, String) {
+    in_forked_child_reporting(c"/proc/self/maps", f)
+}
+
+/// [`in_forked_child`], reporting the file at `path` (e.g. smaps) instead
+/// of the maps.
+fn in_forked_child_reporting(
+    path: &std::ffi::CStr,
+    f: impl FnOnce([libc::c_int; 2]) -> ([u8; 64], usize),
+) -> (Vec<u8>, String) {
     let mut out = [0; 2];
     let mut copy = [0; 2];
     // SAFETY: each array holds two ints for pipe2 to fill.
@@ -49,7 +58,6 @@ fn in_forked_child(f: impl FnOnce([libc::c_int; 2]) -> ([u8; 64], usize)) -> (Ve
         assert_eq!(libc::pipe2(out.as_mut_ptr(), libc::O_CLOEXEC), 0);
         assert_eq!(libc::pipe2(copy.as_mut_ptr(), libc::O_CLOEXEC), 0);
     }
-    let path = c"/proc/self/maps";
     // SAFETY: fork has no memory-safety preconditions; the child runs only
     // `f` (raw system calls, see above) and the calls below.
     let pid = unsafe { libc::fork() };
@@ -363,13 +371,10 @@ fn assert_flags(t: &mut dyn Target, want: &[(u64, u64, &str)]) {
     assert_eq!(flags_layout(t), want, "[{}] flags\n{}", t.name(), dump(t));
 }
 
-/// Which of `n` pages from `addr` have a frame (aspace) or are resident
-/// (kernel, mincore).
+/// Which of `n` pages from `addr` are resident (`mincore`).
 fn resident(t: &mut dyn Target, addr: u64, n: u64) -> Vec<bool> {
     match t.aspace() {
-        Some(mm) => (0..n)
-            .map(|i| mm.translate(addr + i * PAGE).is_some())
-            .collect(),
+        Some(mm) => mm.mincore(addr, n * PAGE).expect("aspace mincore"),
         None => t.resident(addr, n).expect("kernel mincore"),
     }
 }
@@ -799,4 +804,280 @@ fn fork_honours_dontfork_and_wipeonfork() {
     let mut b = [0u8];
     t.mm.read(region.page(2), &mut b).unwrap();
     assert_eq!(b, [7]);
+}
+
+// ---------------------------------------------------------------- mlock, mincore, msync
+
+const MLOCK_ONFAULT: u32 = 1;
+
+/// Panics unless `[addr, addr + len)` (page-rounded as mlock rounds it)
+/// lies in `t`'s region: the kernel calls below act on this process.
+fn assert_in_region(t: &dyn Target, addr: u64, len: u64) {
+    let r = t.region();
+    let start = addr & !(PAGE - 1);
+    // A length that wraps when rounded makes the kernel do nothing.
+    let Some(l) = len.checked_add(addr - start).and_then(page_align) else {
+        return;
+    };
+    assert!(
+        start >= r.start && start + l <= r.end,
+        "test bug: {addr:#x}+{len:#x} is outside the region"
+    );
+}
+
+fn errno_of(rc: libc::c_long) -> Res<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+    }
+}
+
+/// `mlock2` (flags 0 is `mlock`), on either side.
+fn mlock2(t: &mut dyn Target, addr: u64, len: u64, flags: u32) -> Res<()> {
+    if let Some(mm) = t.aspace() {
+        return mm
+            .mlock2(addr, len, aspace::MlockFlags::from_bits_retain(flags))
+            .map_err(|e| e.errno());
+    }
+    assert_in_region(t, addr, len);
+    // SAFETY: the range is inside the test region (checked above); mlock2
+    // only changes VMA flags and faults pages in there.
+    errno_of(unsafe { libc::syscall(libc::SYS_mlock2, addr, len, flags) })
+}
+
+fn munlock(t: &mut dyn Target, addr: u64, len: u64) -> Res<()> {
+    if let Some(mm) = t.aspace() {
+        return mm.munlock(addr, len).map_err(|e| e.errno());
+    }
+    assert_in_region(t, addr, len);
+    // SAFETY: as in `mlock2`.
+    errno_of(unsafe { libc::syscall(libc::SYS_munlock, addr, len) })
+}
+
+fn msync(t: &mut dyn Target, addr: u64, len: u64, flags: u32) -> Res<()> {
+    if let Some(mm) = t.aspace() {
+        return mm
+            .msync(addr, len, aspace::MsyncFlags::from_bits_retain(flags))
+            .map_err(|e| e.errno());
+    }
+    // SAFETY: msync of anonymous memory writes nothing back; it only
+    // inspects the VMAs.
+    errno_of(unsafe { libc::syscall(libc::SYS_msync, addr, len, flags) })
+}
+
+/// mincore of `len` bytes, on either side: one entry per page, or errno.
+fn mincore(t: &mut dyn Target, addr: u64, len: u64) -> Res<Vec<bool>> {
+    if let Some(mm) = t.aspace() {
+        return mm.mincore(addr, len).map_err(|e| e.errno());
+    }
+    let mut v = vec![0u8; len.div_ceil(PAGE) as usize];
+    // SAFETY: mincore reads page-table state only and writes one byte per
+    // page into `v`, which has that many.
+    let rc = unsafe { libc::syscall(libc::SYS_mincore, addr, len, v.as_mut_ptr()) };
+    errno_of(rc).map(|_| v.into_iter().map(|b| b & 1 != 0).collect())
+}
+
+#[test]
+fn mlock_locks_populates_and_stops_at_holes() {
+    on_both(8, |t| {
+        madvise_setup(t);
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        // An inaccessible VMA is locked but cannot be populated: ENOMEM.
+        assert_eq!(mlock2(t, p(4), PAGE, 0), Err(ENOMEM));
+        assert_eq!(mlock2(t, p(3), 3 * PAGE, 0), Err(ENOMEM));
+        assert_eq!(resident(t, p(3), 3), [true, false, false]);
+        // An unaligned start is rounded down.
+        assert_eq!(mlock2(t, p(0) + 100, 10, 0), Ok(()));
+        assert_eq!(resident(t, p(0), 2), [true, false]);
+        // A hole: the VMA before it is locked, then ENOMEM.
+        assert_eq!(mlock2(t, p(0), 3 * PAGE, 0), Err(ENOMEM));
+        assert_eq!(mlock2(t, p(2), 2 * PAGE, 0), Err(ENOMEM));
+        assert_flags(
+            t,
+            &[
+                (0, 2, "rd wr mr mw me lo ac"),
+                (3, 4, "rd mr mw me lo"),
+                (4, 5, "mr mw me lo"),
+                (5, 6, "rd wr sh mr mw me ms lo"),
+            ],
+        );
+        assert_eq!(munlock(t, p(0), 6 * PAGE), Err(ENOMEM));
+        assert_flags(
+            t,
+            &[
+                (0, 2, PRIV_RW),
+                (3, 4, "rd mr mw me lo"),
+                (4, 5, "mr mw me lo"),
+                (5, 6, "rd wr sh mr mw me ms lo"),
+            ],
+        );
+        assert_eq!(munlock(t, p(3), 3 * PAGE), Ok(()));
+        assert_eq!(mlock2(t, p(2), 0, 0), Ok(()));
+        assert_eq!(mlock2(t, p(0), u64::MAX, 0), Ok(()));
+    });
+}
+
+#[test]
+fn mlock2_onfault_locks_without_populating() {
+    on_both(8, |t| {
+        let r = t.region();
+        let a = r.page(0);
+        assert_eq!(t.mmap(a, 2 * PAGE, RW, ANON | MAP_FIXED), Ok(a));
+        assert_eq!(mlock2(t, a, 2 * PAGE, 2), Err(EINVAL));
+        assert_eq!(mlock2(t, a, 0, 2), Err(EINVAL));
+        assert_eq!(mlock2(t, a, 2 * PAGE, MLOCK_ONFAULT), Ok(()));
+        assert_eq!(resident(t, a, 2), [false, false]);
+        assert_flags(t, &[(0, 2, "rd wr mr mw me lo lf ac")]);
+        // A plain lock over an on-fault one populates.
+        assert_eq!(mlock2(t, a, PAGE, 0), Ok(()));
+        assert_eq!(resident(t, a, 2), [true, false]);
+        assert_flags(
+            t,
+            &[
+                (0, 1, "rd wr mr mw me lo ac"),
+                (1, 2, "rd wr mr mw me lo lf ac"),
+            ],
+        );
+        assert_eq!(munlock(t, a, 2 * PAGE), Ok(()));
+        assert_flags(t, &[(0, 2, PRIV_RW)]);
+    });
+}
+
+#[test]
+fn mincore_reports_resident_pages_and_holes() {
+    on_both(12, |t| {
+        madvise_setup(t);
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        assert_eq!(mincore(t, p(0) + 1, PAGE), Err(EINVAL));
+        assert_eq!(mincore(t, p(0), 3 * PAGE), Err(ENOMEM));
+        assert_eq!(mincore(t, p(2), 0), Ok(vec![]));
+        assert_eq!(mincore(t, TASK_SIZE - PAGE, 2 * PAGE), Err(ENOMEM));
+        assert_eq!(t.write(p(1), b"x"), Ok(()));
+        assert_eq!(read_vec(t, p(3), 1), Ok(vec![0]));
+        assert_eq!(mincore(t, p(0), 1), Ok(vec![false]));
+        assert_eq!(mincore(t, p(0), 2 * PAGE), Ok(vec![false, true]));
+        // The zero page counts; a shared object's page stays resident in
+        // the object after its entry is dropped.
+        assert_eq!(mincore(t, p(3), PAGE), Ok(vec![true]));
+        let s = p(8);
+        assert_eq!(t.mmap(s, 2 * PAGE, RW, SHARED_ANON | MAP_FIXED), Ok(s));
+        assert_eq!(t.write(s, b"s"), Ok(()));
+        assert_eq!(t.madvise(s, 2 * PAGE, MADV_DONTNEED), Ok(()));
+        assert_eq!(mincore(t, s, 2 * PAGE), Ok(vec![true, false]));
+    });
+}
+
+#[test]
+fn msync_argument_checks_and_holes() {
+    const MS_ASYNC: u32 = 1;
+    const MS_INVALIDATE: u32 = 2;
+    const MS_SYNC: u32 = 4;
+    on_both(12, |t| {
+        madvise_setup(t);
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        assert_eq!(msync(t, p(0), PAGE, 8), Err(EINVAL));
+        assert_eq!(msync(t, p(0), PAGE, MS_ASYNC | MS_SYNC), Err(EINVAL));
+        assert_eq!(msync(t, p(0) + 1, PAGE, MS_SYNC), Err(EINVAL));
+        assert_eq!(msync(t, p(0), PAGE, 0), Ok(()));
+        assert_eq!(msync(t, p(0), 3 * PAGE, MS_ASYNC), Err(ENOMEM));
+        assert_eq!(msync(t, p(0), 3 * PAGE, MS_SYNC), Err(ENOMEM));
+        assert_eq!(msync(t, p(2), 2 * PAGE, MS_SYNC), Err(ENOMEM));
+        assert_eq!(msync(t, p(2), 0, MS_SYNC), Ok(()));
+        assert_eq!(msync(t, p(0), u64::MAX, MS_SYNC), Ok(()));
+        assert_eq!(msync(t, p(5), 4 * PAGE, MS_SYNC), Err(ENOMEM));
+        assert_eq!(msync(t, p(8), 2 * PAGE, MS_SYNC), Err(ENOMEM));
+        assert_eq!(msync(t, p(3), 3 * PAGE, MS_SYNC | MS_INVALIDATE), Ok(()));
+        assert_eq!(mlock2(t, p(0), PAGE, 0), Ok(()));
+        assert_eq!(msync(t, p(0), PAGE, MS_INVALIDATE), Err(16));
+        assert_eq!(msync(t, p(0), PAGE, MS_SYNC), Ok(()));
+    });
+}
+
+#[test]
+fn mlockall_current_onfault_and_future() {
+    const MCL_CURRENT: i32 = 1;
+    const MCL_FUTURE: i32 = 2;
+    const MCL_ONFAULT: i32 = 4;
+    // In a forked child (mlockall acts on the whole process): lock the
+    // current mappings on fault, then make future ones locked, map two
+    // pages, and report smaps; the expected flags of the region's VMAs.
+    let want: Vec<Vec<&str>> = vec![
+        vec!["ac", "lf", "lo", "me", "mr", "mw", "rd", "wr"],
+        vec!["ac", "lo", "me", "mr", "mw", "rd", "wr"],
+    ];
+    let want: Vec<Vec<String>> = want
+        .into_iter()
+        .map(|v| v.into_iter().map(String::from).collect())
+        .collect();
+    let region = match KernelTarget::new(8) {
+        Some(mut k) => {
+            let r = k.region();
+            assert_eq!(k.mmap(r.page(0), PAGE, RW, ANON | MAP_FIXED), Ok(r.page(0)));
+            let (res, smaps) = in_forked_child_reporting(c"/proc/self/smaps", |_| {
+                let mut out = [0u8; 64];
+                // SAFETY: mlockall and mmap on this child's own memory;
+                // the mapping is MAP_FIXED inside the test region.
+                unsafe {
+                    out[0] = libc::mlockall(MCL_ONFAULT) as u8;
+                    out[1] = libc::mlockall(MCL_CURRENT | MCL_ONFAULT) as u8;
+                    out[2] = libc::mlockall(MCL_FUTURE) as u8;
+                    let p = libc::mmap(
+                        r.page(2) as *mut libc::c_void,
+                        PAGE as usize,
+                        RW as i32,
+                        (ANON | MAP_FIXED) as i32,
+                        -1,
+                        0,
+                    );
+                    out[3] = (p as u64 == r.page(2)) as u8;
+                }
+                (out, 4)
+            });
+            assert_eq!(res, [u8::MAX, 0, 0, 1], "kernel mlockall results");
+            let flags: Vec<Vec<String>> = common::kernel::smaps_flags_in(&smaps, r.lo, r.hi)
+                .into_iter()
+                .map(|(_, _, f)| comparable_flags(f))
+                .collect();
+            assert_eq!(flags, want, "kernel child");
+            r
+        }
+        None => Region::new(aspace_target::DEFAULT_REGION_START, 8),
+    };
+    use aspace::MlockAllFlags as M;
+    let t = AspaceTarget::new(region);
+    let mm = &t.mm;
+    let f = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED;
+    mm.mmap(region.page(0), PAGE, Prot::READ | Prot::WRITE, f)
+        .unwrap();
+    assert_eq!(mm.mlockall(M::ONFAULT), Err(aspace::Error::Inval));
+    assert_eq!(mm.mlockall(M::CURRENT | M::ONFAULT), Ok(()));
+    assert_eq!(mm.mlockall(M::FUTURE), Ok(()));
+    mm.mmap(region.page(2), PAGE, Prot::READ | Prot::WRITE, f)
+        .unwrap();
+    let flags: Vec<Vec<String>> = mm
+        .vmas()
+        .into_iter()
+        .filter(|v| v.start >= region.lo && v.end <= region.hi)
+        .map(|v| common::aspace_target::mnemonics(v.flags))
+        .collect();
+    assert_eq!(flags, want, "aspace");
+    // The future lock populated the new mapping; munlockall clears all.
+    assert_eq!(mm.mincore(region.page(2), PAGE), Ok(vec![true]));
+    assert_eq!(mm.munlockall(), Ok(()));
+    assert!(mm
+        .vmas()
+        .iter()
+        .all(|v| !v.flags.contains(aspace::VmFlags::LOCKED)));
+    let g = mm
+        .mmap(0, PAGE, Prot::READ, MapFlags::PRIVATE | MapFlags::ANONYMOUS)
+        .unwrap();
+    assert!(!mm
+        .vma_at(g)
+        .unwrap()
+        .flags
+        .contains(aspace::VmFlags::LOCKED));
 }

@@ -85,7 +85,9 @@ impl AddressSpace {
         if flags.contains(MapFlags::NORESERVE) {
             vf |= VmFlags::NORESERVE;
         }
+        // mm->def_flags (VM_LOCKED after mlockall(MCL_FUTURE)), then
         // calc_vm_flag_bits.
+        vf |= self.def_flags();
         if flags.contains(MapFlags::LOCKED) {
             vf |= VmFlags::LOCKED;
         }
@@ -121,7 +123,7 @@ impl AddressSpace {
         };
         // Locked memory is populated as mlock does; MAP_POPULATE unless
         // MAP_NONBLOCK says not to.
-        let populate = vf.contains(VmFlags::LOCKED)
+        let populate = vf.contains(VmFlags::LOCKED) && !vf.contains(VmFlags::LOCKONFAULT)
             || flags.contains(MapFlags::POPULATE) && !flags.contains(MapFlags::NONBLOCK);
         let _ = vma;
         drop(ed);

@@ -49,6 +49,7 @@ mod brk;
 pub(crate) mod edit;
 mod fork;
 mod madvise;
+mod mlock;
 mod mmap;
 mod mprotect;
 mod mremap;
@@ -57,6 +58,7 @@ pub(crate) mod stack;
 
 pub use config::{Config, ConfigError, FaultLocking, MremapExtent};
 pub use flags::{Access, Advice, MapFlags, MremapFlags, Prot};
+pub use mlock::{MlockAllFlags, MlockFlags, MsyncFlags};
 
 use crate::addr::{Range, PAGE_SIZE};
 use crate::error::FaultError;
@@ -119,6 +121,8 @@ pub struct AddressSpace {
     pending_frees: AtomicU64,
     /// `RLIMIT_STACK` (see [`AddressSpace::set_stack_limit`]).
     stack_limit: AtomicU64,
+    /// Flags every new mapping gets (`mm->def_flags`, set by mlockall).
+    def_flags: crate::sync::AtomicU32,
 }
 
 const _: () = {
@@ -185,6 +189,7 @@ impl AddressSpace {
             id: next_id(),
             pending_frees: AtomicU64::new(0),
             stack_limit: AtomicU64::new(stack_limit),
+            def_flags: crate::sync::AtomicU32::new(0),
         }
     }
 

@@ -64,6 +64,8 @@ bitflags! {
         const RAND_READ = 0x1_0000;
         /// Not copied into fork children (`MADV_DONTFORK`).
         const DONTCOPY = 0x2_0000;
+        /// With `LOCKED`: lock pages as they fault in (`MLOCK_ONFAULT`).
+        const LOCKONFAULT = 0x8_0000;
         /// Charged against the commit limit (private writable).
         const ACCOUNT = 0x10_0000;
         /// Mapped with MAP_NORESERVE.
@@ -82,7 +84,7 @@ bitflags! {
 }
 
 /// `/proc/pid/smaps` `VmFlags` mnemonics, in the kernel's (bit) order.
-const MNEMONICS: [(VmFlags, &str); 20] = [
+const MNEMONICS: [(VmFlags, &str); 21] = [
     (VmFlags::READ, "rd"),
     (VmFlags::WRITE, "wr"),
     (VmFlags::EXEC, "ex"),
@@ -96,6 +98,7 @@ const MNEMONICS: [(VmFlags, &str); 20] = [
     (VmFlags::SEQ_READ, "sr"),
     (VmFlags::RAND_READ, "rr"),
     (VmFlags::DONTCOPY, "dc"),
+    (VmFlags::LOCKONFAULT, "lf"),
     (VmFlags::ACCOUNT, "ac"),
     (VmFlags::NORESERVE, "nr"),
     (VmFlags::SYNC, "sf"),
@@ -194,6 +197,12 @@ impl Shmem {
                 frames.write(pfn, 0, &zeros);
             }
         }
+    }
+
+    /// True if page `index` has a frame (it is resident in the object).
+    pub(crate) fn has_frame(&self, index: u64) -> bool {
+        index < self.npages()
+            && self.pages[index as usize].load(Ordering::Acquire) != Self::NO_FRAME
     }
 
     /// Size in pages.
