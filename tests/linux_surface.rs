@@ -1081,3 +1081,62 @@ fn mlockall_current_onfault_and_future() {
         .flags
         .contains(aspace::VmFlags::LOCKED));
 }
+
+// ---------------------------------------------------------------- [heap]
+
+/// `start_brk` of this process (field 47 of /proc/self/stat).
+fn start_brk() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(47 - 3)?.parse().ok()
+}
+
+/// The path column of the maps line of the VMA containing `addr`.
+fn label_at(maps: &str, addr: u64) -> Option<String> {
+    maps.lines().find_map(|l| {
+        let v = parse_maps_line(l)?;
+        (v.start <= addr && addr < v.end)
+            .then(|| l.split_whitespace().nth(5).unwrap_or("").to_string())
+    })
+}
+
+#[test]
+fn a_vma_that_ends_at_the_heap_start_is_not_the_heap() {
+    // The kernel, in a forked child (other threads of this process may
+    // move the break): a read-only page right below start_brk.
+    if let Some(sb) = start_brk().filter(|&b| b % PAGE == 0) {
+        let (res, maps) = in_forked_child(|_| {
+            let mut out = [0u8; 64];
+            // SAFETY: MAP_FIXED_NOREPLACE maps only where nothing is (it
+            // fails with EEXIST otherwise); no Rust object lives in a free
+            // range.
+            let p = unsafe {
+                libc::mmap(
+                    (sb - PAGE) as *mut libc::c_void,
+                    PAGE as usize,
+                    libc::PROT_READ,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+            out[0] = (p as u64 == sb - PAGE) as u8;
+            (out, 1)
+        });
+        if res[0] == 1 {
+            assert_eq!(label_at(&maps, sb - PAGE).as_deref(), Some(""), "kernel");
+        }
+    }
+    let mm = AddressSpace::new(Config::default());
+    let sb = Config::default().brk_start;
+    let f = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED;
+    mm.mmap(sb - PAGE, PAGE, Prot::READ, f).unwrap();
+    // An empty heap: nothing is the heap.
+    assert_eq!(label_at(&mm.maps(), sb - PAGE).as_deref(), Some(""));
+    assert_eq!(mm.brk(sb + 2 * PAGE), Ok(sb + 2 * PAGE));
+    assert_eq!(label_at(&mm.maps(), sb).as_deref(), Some("[heap]"));
+    assert_eq!(label_at(&mm.maps(), sb - PAGE).as_deref(), Some(""));
+    // Nor is a VMA that starts at the break.
+    mm.mmap(sb + 2 * PAGE, PAGE, Prot::READ, f).unwrap();
+    assert_eq!(label_at(&mm.maps(), sb + 2 * PAGE).as_deref(), Some(""));
+}

@@ -290,9 +290,11 @@ impl core::fmt::Debug for AddressSpace {
     }
 }
 
-/// Linux prints `[heap]` for the VMA that overlaps `[start_brk, brk]`.
+/// Linux (6.7+, `vma_is_initial_heap`) prints `[heap]` for a VMA that
+/// overlaps `[start_brk, brk)`: one that merely ends at the heap's start,
+/// or starts at the break, is not the heap, and an empty heap has none.
 pub(crate) fn is_heap(st: &MmState, r: Range) -> bool {
-    r.start <= st.brk && r.end >= st.start_brk
+    r.start < st.brk && r.end > st.start_brk
 }
 
 impl Drop for AddressSpace {
