@@ -1140,3 +1140,138 @@ fn a_vma_that_ends_at_the_heap_start_is_not_the_heap() {
     mm.mmap(sb + 2 * PAGE, PAGE, Prot::READ, f).unwrap();
     assert_eq!(label_at(&mm.maps(), sb + 2 * PAGE).as_deref(), Some(""));
 }
+
+// ---------------------------------------------------------------- names
+
+/// `prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME)` (or `set_anon_name`).
+fn set_name(t: &mut dyn Target, addr: u64, len: u64, name: Option<&str>) -> Res<()> {
+    if let Some(mm) = t.aspace() {
+        return mm.set_anon_name(addr, len, name).map_err(|e| e.errno());
+    }
+    assert_in_region(t, addr, len);
+    let c = name.map(|n| std::ffi::CString::new(n).unwrap());
+    let p = c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: the range is inside the test region (checked above); the
+    // name is a valid C string or null; the call only names VMAs.
+    let rc = unsafe { libc::prctl(libc::PR_SET_VMA, libc::PR_SET_VMA_ANON_NAME, addr, len, p) };
+    errno_of(rc as libc::c_long)
+}
+
+/// (first page, end page, path column) of the interior's VMAs.
+fn labels(t: &mut dyn Target) -> Vec<(u64, u64, String)> {
+    let r = t.region();
+    let maps = match t.aspace() {
+        Some(mm) => mm.maps(),
+        None => std::fs::read_to_string("/proc/self/maps").unwrap(),
+    };
+    maps.lines()
+        .filter_map(|l| {
+            let v = parse_maps_line(l)?;
+            let path = l.split_whitespace().nth(5).unwrap_or("").to_string();
+            (v.start >= r.lo && v.end <= r.hi)
+                .then(|| ((v.start - r.lo) / PAGE, (v.end - r.lo) / PAGE, path))
+        })
+        .collect()
+}
+
+/// True if the running kernel names VMAs (`CONFIG_ANON_VMA_NAME`); says
+/// on stderr when it does not.
+fn kernel_names_vmas() -> bool {
+    let Some(mut k) = KernelTarget::new(1) else {
+        return false;
+    };
+    let a = k.region().page(0);
+    assert_eq!(k.mmap(a, PAGE, RW, ANON | MAP_FIXED), Ok(a));
+    let ok = set_name(&mut k, a, PAGE, Some("probe")) == Ok(());
+    if !ok {
+        eprintln!("kernel side skipped: this kernel has no CONFIG_ANON_VMA_NAME");
+    }
+    ok
+}
+
+/// Runs `f` on the kernel when it names VMAs, then on aspace.
+fn on_both_names(pages: u64, f: impl Fn(&mut dyn Target)) {
+    if kernel_names_vmas() {
+        on_both(pages, f);
+    } else {
+        f(&mut AspaceTarget::new(Region::new(
+            aspace_target::DEFAULT_REGION_START,
+            pages,
+        )));
+    }
+}
+
+#[test]
+fn anon_names_split_merge_and_show_in_maps() {
+    on_both_names(8, |t| {
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        assert_eq!(t.mmap(p(0), 4 * PAGE, RW, ANON | MAP_FIXED), Ok(p(0)));
+        assert_eq!(
+            t.mmap(p(5), 2 * PAGE, RW, SHARED_ANON | MAP_FIXED),
+            Ok(p(5))
+        );
+        assert_eq!(set_name(t, p(1), PAGE, Some("foo")), Ok(()));
+        assert_eq!(set_name(t, p(2), PAGE, Some("foo")), Ok(()));
+        assert_eq!(
+            labels(t),
+            [
+                (0, 1, String::new()),
+                (1, 3, "[anon:foo]".into()),
+                (3, 4, String::new()),
+                (5, 7, "/dev/zero".into())
+            ]
+        );
+        // Over a hole: the mapped parts are named, then ENOMEM.
+        assert_eq!(set_name(t, p(0), 7 * PAGE, Some("bar")), Err(ENOMEM));
+        assert_eq!(
+            labels(t),
+            [
+                (0, 4, "[anon:bar]".into()),
+                (5, 7, "[anon_shmem:bar]".into())
+            ]
+        );
+        // Clearing merges back; a new mapping merges only with the unnamed.
+        assert_eq!(set_name(t, p(0), 4 * PAGE, None), Ok(()));
+        assert_eq!(set_name(t, p(3), PAGE, Some("z")), Ok(()));
+        assert_eq!(t.mmap(p(4), PAGE, RW, ANON | MAP_FIXED), Ok(p(4)));
+        assert_eq!(
+            labels(t),
+            [
+                (0, 3, String::new()),
+                (3, 4, "[anon:z]".into()),
+                (4, 5, String::new()),
+                (5, 7, "[anon_shmem:bar]".into())
+            ]
+        );
+        for bad in ["a[b", "a$", "a\tb", "x\\", "`", &"y".repeat(80)] {
+            assert_eq!(set_name(t, p(0), PAGE, Some(bad)), Err(EINVAL), "{bad:?}");
+        }
+        assert_eq!(set_name(t, p(0), PAGE, Some(&"y".repeat(79))), Ok(()));
+        assert_eq!(set_name(t, p(0), PAGE, Some("a b")), Ok(()));
+        assert_eq!(set_name(t, p(0) + 1, PAGE, Some("a")), Err(EINVAL));
+        assert_eq!(set_name(t, p(0), 0, Some("a")), Ok(()));
+        assert_eq!(set_name(t, p(7), PAGE, Some("a")), Err(ENOMEM));
+    });
+}
+
+#[test]
+fn anon_names_survive_mremap_and_fork() {
+    let t = AspaceTarget::new(Region::new(aspace_target::DEFAULT_REGION_START, 16));
+    let r = t.region();
+    let mm = &t.mm;
+    let f = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED;
+    mm.mmap(r.page(0), 2 * PAGE, Prot::READ | Prot::WRITE, f)
+        .unwrap();
+    mm.set_anon_name(r.page(0), 2 * PAGE, Some("heap2"))
+        .unwrap();
+    let mv = aspace::MremapFlags::MAYMOVE | aspace::MremapFlags::FIXED;
+    assert_eq!(
+        mm.mremap(r.page(0), 2 * PAGE, 4 * PAGE, mv, r.page(8)),
+        Ok(r.page(8))
+    );
+    assert_eq!(mm.vma_at(r.page(8)).unwrap().name.as_deref(), Some("heap2"));
+    assert_eq!(mm.vma_at(r.page(11)).unwrap().end, r.page(12));
+    let child = mm.fork().unwrap();
+    assert!(child.maps().contains("[anon:heap2]"));
+}

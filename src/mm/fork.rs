@@ -90,6 +90,7 @@ impl AddressSpace {
                 // Locks are not inherited (dup_mmap clears VM_LOCKED).
                 let flags = v.flags() - VmFlags::LOCKED;
                 let nv = ced.new_vma(v.range(), v.pgoff(), flags, anon, v.shmem_arc());
+                nv.set_name(v.name_arc());
                 ced.insert(nv);
                 if v.shmem().is_some() || parent_anon.is_none() || !ok {
                     continue;

@@ -1,6 +1,5 @@
 //! madvise.
 
-use super::edit::Edit;
 use super::{Access, AddressSpace, Advice};
 use crate::addr::{is_page_aligned, page_align_up, Range, PAGE_SIZE};
 use crate::error::{Error, FaultError, Result};
@@ -129,32 +128,7 @@ impl AddressSpace {
     /// Advice that changes VMA flags, under the mmap_lock write side:
     /// each VMA's part of `r` gets the new flags, splitting or merging.
     fn madvise_flags(&self, r: Range, advice: Advice) -> Result<()> {
-        let mut ed = Edit::begin(self);
-        let mut hole = false;
-        let mut cursor = r.start;
-        while cursor < r.end {
-            let Some(v) = ed.find_after(cursor).filter(|v| v.start() < r.end) else {
-                break;
-            };
-            if v.start() > cursor {
-                hole = true;
-                cursor = v.start();
-            }
-            let e = v.end().min(r.end);
-            let new = advised_flags(&v, advice)?;
-            let cur = if new == v.flags() {
-                v
-            } else {
-                ed.modify_flags(v, cursor, e, new)?
-            };
-            // A merge may have carried the VMA past `e`.
-            cursor = e.max(cur.end());
-        }
-        if hole || cursor < r.end {
-            Err(Error::NoMem)
-        } else {
-            Ok(())
-        }
+        self.modify_each(r, |v| Ok((advised_flags(v, advice)?, v.name_arc())))
     }
 
     /// `MADV_POPULATE_READ`/`WRITE`: faults every page in, VMA by VMA,

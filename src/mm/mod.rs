@@ -54,11 +54,13 @@ mod mmap;
 mod mprotect;
 mod mremap;
 mod munmap;
+mod name;
 pub(crate) mod stack;
 
 pub use config::{Config, ConfigError, FaultLocking, MremapExtent};
 pub use flags::{Access, Advice, MapFlags, MremapFlags, Prot};
 pub use mlock::{MlockAllFlags, MlockFlags, MsyncFlags};
+pub use name::ANON_NAME_MAX;
 
 use crate::addr::{Range, PAGE_SIZE};
 use crate::error::FaultError;

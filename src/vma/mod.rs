@@ -224,7 +224,13 @@ pub struct Vma {
     flags: AtomicU32,
     anon_vma: AtomicPtr<AnonVma>,
     shmem: AtomicPtr<Shmem>,
+    name: AtomicPtr<AnonName>,
 }
+
+/// The name of an anonymous VMA (`PR_SET_VMA_ANON_NAME`), shared by the
+/// VMAs split from one another.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct AnonName(pub(crate) Box<str>);
 
 impl Vma {
     pub(crate) fn new_detached() -> Self {
@@ -237,6 +243,7 @@ impl Vma {
             flags: AtomicU32::new(0),
             anon_vma: AtomicPtr::new(core::ptr::null_mut()),
             shmem: AtomicPtr::new(core::ptr::null_mut()),
+            name: AtomicPtr::new(core::ptr::null_mut()),
         }
     }
 
@@ -457,6 +464,45 @@ impl Vma {
         }
     }
 
+    /// The VMA's name, if any. The caller holds the mmap_lock (either
+    /// side): names change only under its write side.
+    pub(crate) fn name(&self) -> Option<&str> {
+        let p = self.name.load(Ordering::Acquire);
+        // SAFETY: a non-null pointer came from `Arc::into_raw` in
+        // `set_name`, whose count is released only by a later `set_name`,
+        // which runs under the mmap_lock write side; the caller holds the
+        // mmap_lock, so it does not run now.
+        unsafe { p.as_ref() }.map(|n| &*n.0)
+    }
+
+    /// The name as an owned handle (for a VMA made from this one).
+    pub(crate) fn name_arc(&self) -> Option<Arc<AnonName>> {
+        let p = self.name.load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: as in `name`; bump the count the VMA owns before making
+        // an Arc of it.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Some(Arc::from_raw(p))
+        }
+    }
+
+    /// Sets the name; the caller holds the mmap_lock write side and has
+    /// this VMA write-locked or detached.
+    pub(crate) fn set_name(&self, n: Option<Arc<AnonName>>) {
+        let new = n.map_or(core::ptr::null_mut(), |n| Arc::into_raw(n) as *mut AnonName);
+        let old = self.name.swap(new, Ordering::AcqRel);
+        if !old.is_null() {
+            // SAFETY: `old` came from `Arc::into_raw` here; the swap took
+            // it out of the VMA, so this is its only release, and no
+            // reader holds it (they hold the mmap_lock, which our caller
+            // holds for write).
+            unsafe { drop(Arc::from_raw(old)) };
+        }
+    }
+
     /// A public snapshot of this VMA.
     pub(crate) fn info(&self, heap: bool) -> VmaInfo {
         let f = self.flags();
@@ -471,6 +517,7 @@ impl Vma {
             anon_vma: !self.anon_vma.load(Ordering::Relaxed).is_null(),
             shmem_id: self.shmem().map(|s| s.id),
             heap,
+            name: self.name().map(str::to_string),
         }
     }
 }
@@ -490,6 +537,7 @@ impl Drop for Vma {
     fn drop(&mut self) {
         self.set_anon_vma(None);
         self.set_shmem(None);
+        self.set_name(None);
     }
 }
 
@@ -516,6 +564,8 @@ pub struct VmaInfo {
     pub shmem_id: Option<u64>,
     /// This is the brk heap.
     pub heap: bool,
+    /// The name given with [`set_anon_name`](crate::AddressSpace::set_anon_name).
+    pub name: Option<String>,
 }
 
 impl VmaInfo {
@@ -560,12 +610,14 @@ impl VmaInfo {
                 self.start, self.end, perms
             ),
         };
-        let path = if self.shmem_id.is_some() {
-            "/dev/zero (deleted)"
-        } else if self.heap {
-            "[heap]"
-        } else {
-            ""
+        // show_map_vma: a shared mapping's object first, then the heap,
+        // then an anonymous VMA's name.
+        let path = match (&self.name, self.shmem_id.is_some()) {
+            (Some(n), true) => format!("[anon_shmem:{n}]"),
+            (None, true) => "/dev/zero (deleted)".to_string(),
+            _ if self.heap => "[heap]".to_string(),
+            (Some(n), false) => format!("[anon:{n}]"),
+            (None, false) => String::new(),
         };
         if path.is_empty() {
             format!("{head} ")
