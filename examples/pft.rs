@@ -2,16 +2,22 @@
 //! mmtests' compare-kernels table.
 //!
 //! ```text
-//! cargo run --release --example pft -- [--threads 1,2,4] [--reps 5]
+//! cargo run --release --example pft -- [--full] [--threads 1,2,4] [--reps N]
 //!     [--workload single|per-thread|all] [--writer|--no-writer]
-//!     [--mib M] [--no-zero] [--csv FILE] [--plot FILE.svg]
+//!     [--mib M] [--seconds S] [--no-zero] [--csv FILE] [--plot FILE.svg]
 //! ```
 //!
-//! By default: threads 1, 2, 4, ... up to the core count; both workloads;
-//! rows without and with a concurrent mmap/mprotect/munmap writer; the
-//! memory per thread sized so that a one-thread point takes about 0.2 s.
-//! The worker threads persist across repetitions and modes (a barrier
-//! releases them), so only the faulting phase is timed.
+//! By default (about a minute): threads 1 and the core count; both
+//! workloads; rows without and with a concurrent mmap/mprotect/munmap
+//! writer; 3 repetitions; the memory per thread sized so that the whole
+//! run takes about `--seconds` (60), from a probe that times one full
+//! run (setup, faults, teardown). `--full` is the long sweep: threads 1,
+//! 2, 4, ... up to the core count, 5 repetitions, and points sized so that
+//! a one-thread point faults for about 0.2 s. The plan and its expected
+//! duration are printed before anything runs. The worker threads persist
+//! across repetitions and modes (a barrier releases them), so only the
+//! faulting phase is timed. Progress goes to stderr, on one line redrawn
+//! with `\r` when stderr is a terminal, one line per point otherwise.
 
 #[path = "../benches/common/machine.rs"]
 mod machine;
@@ -22,11 +28,17 @@ use aspace::FaultLocking;
 use machine::{hmean, machine, parse_arg, parse_threads, thread_counts};
 use pft_workload::{Params, Sample, Workers, Workload};
 use std::fmt::Write as _;
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
+use std::time::Instant;
 
 struct Args {
+    /// The long sweep.
+    full: bool,
     threads: Vec<usize>,
-    reps: usize,
+    /// Repetitions; `None` = 3, or 5 with `--full`.
+    reps: Option<usize>,
+    /// Target duration of a default run, seconds.
+    seconds: f64,
     workloads: Vec<Workload>,
     writer: Vec<bool>,
     /// MiB each thread faults per repetition; `None` = calibrate.
@@ -38,16 +50,19 @@ struct Args {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: pft [--threads 1,2,4] [--reps N] [--workload single|per-thread|all] \
-         [--writer|--no-writer] [--mib M] [--no-zero] [--csv FILE] [--plot FILE.svg]"
+        "usage: pft [--full] [--threads 1,2,4] [--reps N] [--workload single|per-thread|all] \
+         [--writer|--no-writer] [--mib M] [--seconds S] [--no-zero] [--csv FILE] [--plot FILE.svg]"
     );
     std::process::exit(2)
 }
 
 fn parse() -> Args {
+    let mut threads = None;
     let mut a = Args {
-        threads: thread_counts(),
-        reps: 5,
+        full: false,
+        threads: Vec::new(),
+        reps: None,
+        seconds: 60.0,
         workloads: vec![Workload::Single, Workload::PerThread],
         writer: vec![false, true],
         mib: None,
@@ -59,8 +74,14 @@ fn parse() -> Args {
     while let Some(arg) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| usage());
         match arg.as_str() {
-            "--threads" => a.threads = parse_threads(&val()).unwrap_or_else(|| usage()),
-            "--reps" => a.reps = parse_arg(&val(), |&n: &usize| n > 0).unwrap_or_else(|| usage()),
+            "--full" => a.full = true,
+            "--threads" => threads = Some(parse_threads(&val()).unwrap_or_else(|| usage())),
+            "--reps" => {
+                a.reps = Some(parse_arg(&val(), |&n: &usize| n > 0).unwrap_or_else(|| usage()))
+            }
+            "--seconds" => {
+                a.seconds = parse_arg(&val(), |&s: &f64| s > 0.0).unwrap_or_else(|| usage())
+            }
             "--workload" => {
                 a.workloads = match val().as_str() {
                     "single" => vec![Workload::Single],
@@ -79,6 +100,16 @@ fn parse() -> Args {
             _ => usage(),
         }
     }
+    a.threads = threads.unwrap_or_else(|| {
+        if a.full {
+            thread_counts()
+        } else {
+            // The ends of the sweep: one thread, and every core.
+            let mut t = thread_counts();
+            t.retain(|&n| n == 1 || n == *thread_counts().last().unwrap_or(&1));
+            t
+        }
+    });
     a
 }
 
@@ -96,25 +127,40 @@ struct Point {
     pervma: Vec<f64>,
 }
 
-/// MiB per thread that makes a one-thread point take about 0.2 s: one
-/// probe run of 16 MiB through the per-VMA path, scaled, clamped to
-/// 8..=1024 MiB, and to what lets `max_threads` threads fit in half of the
-/// memory available now (frames are real memory).
-fn calibrate(zero: bool, max_threads: usize) -> u64 {
-    const PROBE_MIB: u64 = 16;
-    let pool = Workers::new(1, false);
+/// What a probe run measured: the seconds one thread takes per MiB, for
+/// the faulting phase alone and for a whole run (setup, faults, teardown).
+#[derive(Clone, Copy)]
+struct Probe {
+    fault_s_per_mib: f64,
+    run_s_per_mib: f64,
+}
+
+/// Times one full one-thread run of `mib` MiB of a table's workload in
+/// one mode.
+fn probe(wl: Workload, writer: bool, locking: FaultLocking, zero: bool, mib: u64) -> Probe {
+    let pool = Workers::new(1, writer);
+    let t0 = Instant::now();
     let s = pool.run(Params {
         threads: 1,
-        workload: Workload::PerThread,
-        writer: false,
-        locking: FaultLocking::PerVma,
-        bytes_per_thread: PROBE_MIB << 20,
+        workload: wl,
+        writer,
+        locking,
+        bytes_per_thread: mib << 20,
         zero,
     });
-    let fit = available_mib().map_or(1024, |m| m / 2 / max_threads.max(1) as u64);
-    ((PROBE_MIB as f64 * 0.2 / s.wall.max(1e-6)) as u64)
-        .clamp(8, 1024)
-        .min(fit.max(8))
+    let run = t0.elapsed().as_secs_f64();
+    Probe {
+        fault_s_per_mib: s.wall.max(1e-6) / mib as f64,
+        run_s_per_mib: run.max(1e-6) / mib as f64,
+    }
+}
+
+/// MiB per thread, clamped to 4..=`max` and to what lets `max_threads`
+/// threads fit in half of the memory available now (frames are real
+/// memory).
+fn clamp_mib(mib: f64, max: u64, max_threads: usize) -> u64 {
+    let fit = available_mib().map_or(max, |m| m / 2 / max_threads.max(1) as u64);
+    (mib as u64).clamp(4, max).min(fit.max(4))
 }
 
 /// `MemAvailable` from /proc/meminfo, in MiB.
@@ -126,41 +172,96 @@ fn available_mib() -> Option<u64> {
 }
 
 fn main() {
-    let mut args = parse();
+    let args = parse();
     let max_threads = args.threads.iter().copied().max().unwrap_or(1);
-    let mib = *args
-        .mib
-        .get_or_insert_with(|| calibrate(args.zero, max_threads));
+    let reps = args.reps.unwrap_or(if args.full { 5 } else { 3 });
+    // One table per (workload, writer); each gets its own size, because
+    // a writer slows MmapLock faults by orders of magnitude.
+    let tables: Vec<(Workload, bool)> = args
+        .workloads
+        .iter()
+        .flat_map(|&wl| args.writer.iter().map(move |&w| (wl, w)))
+        .collect();
+    // Thread-runs of one table (a run of t threads faults t slices).
+    let table_thread_runs = args.threads.iter().sum::<usize>() * reps;
+    // Warm up (the first run pays for the allocator's growth), then probe.
+    probe(
+        Workload::PerThread,
+        false,
+        FaultLocking::PerVma,
+        args.zero,
+        8,
+    );
+    let mut sized: Vec<(Workload, bool, u64)> = Vec::new();
+    let mut estimate = 0.0;
+    for &(wl, writer) in &tables {
+        let p = [FaultLocking::MmapLock, FaultLocking::PerVma]
+            .map(|l| probe(wl, writer, l, args.zero, if args.full { 32 } else { 8 }));
+        let per_mib = p[0].run_s_per_mib + p[1].run_s_per_mib;
+        let mib = args.mib.unwrap_or_else(|| {
+            if args.full {
+                // A one-thread PerVma point faults for about 0.2 s.
+                clamp_mib(0.2 / p[1].fault_s_per_mib, 1024, max_threads)
+            } else {
+                // An even share of the time; at most 256 MiB (64k faults
+                // per thread is plenty for stable figures, and a probe
+                // that ran fast by chance must not blow the budget).
+                let share = args.seconds / tables.len() as f64;
+                clamp_mib(
+                    share / (per_mib * table_thread_runs as f64),
+                    256,
+                    max_threads,
+                )
+            }
+        });
+        estimate += per_mib * (mib * table_thread_runs as u64) as f64;
+        sized.push((wl, writer, mib));
+    }
+    let runs = tables.len() * args.threads.len() * reps * 2;
     println!(
-        "pft on {} ({} MiB per thread per rep, {} reps, zeroing {})",
+        "pft on {}: {} reps, zeroing {}",
         machine(),
-        mib,
-        args.reps,
+        reps,
         if args.zero { "on" } else { "off" }
     );
+    println!(
+        "plan: {} tables x threads {:?} x {} reps x 2 modes = {} runs; about {:.0} s{}",
+        tables.len(),
+        args.threads,
+        reps,
+        runs,
+        estimate,
+        if args.full {
+            ""
+        } else {
+            " (--full for the long sweep)"
+        }
+    );
+    let tty = std::io::stderr().is_terminal();
+    let started = Instant::now();
     let mut csv = String::from("workload,writer,locking,threads,rep,faults,wall_s,faults_per_sec,faults_per_cpu,per_vma_faults,writer_ops\n");
     let mut plot_series: Vec<(String, Vec<(usize, f64)>)> = Vec::new();
-    for &wl in &args.workloads {
-        for &writer in &args.writer {
+    for &(wl, writer, mib) in &sized {
+        {
             let title = format!("{}{}", wl.name(), if writer { " + writer" } else { "" });
             let mut rows: Vec<Point> = Vec::new();
             let mut per_mode_sec: [Vec<(usize, f64)>; 2] = [Vec::new(), Vec::new()];
             for &threads in &args.threads {
                 let pool = Workers::new(threads, writer);
                 let mut samples: [Vec<Sample>; 2] = [Vec::new(), Vec::new()];
-                for rep in 0..args.reps {
+                for rep in 0..reps {
                     // Alternate the modes so drift hits both alike.
                     for (m, locking) in [FaultLocking::MmapLock, FaultLocking::PerVma]
                         .into_iter()
                         .enumerate()
                     {
-                        eprint!(
-                            "\r{title}: {threads} threads, rep {}/{} {:?}        ",
-                            rep + 1,
-                            args.reps,
-                            locking
-                        );
-                        let _ = std::io::stderr().flush();
+                        if tty {
+                            eprint!(
+                                "\r{title}: {threads} threads, rep {}/{reps} {locking:?}        ",
+                                rep + 1,
+                            );
+                            let _ = std::io::stderr().flush();
+                        }
                         let s = pool.run(Params {
                             threads,
                             workload: wl,
@@ -186,6 +287,9 @@ fn main() {
                         );
                         samples[m].push(s);
                     }
+                }
+                if !tty {
+                    eprintln!("{title}: {threads} threads done ({} runs)", reps * 2);
                 }
                 let cpu = |m: usize| {
                     samples[m]
@@ -214,8 +318,10 @@ fn main() {
                 per_mode_sec[0].push((threads, hmean(&sec(0))));
                 per_mode_sec[1].push((threads, hmean(&sec(1))));
             }
-            eprint!("\r{:70}\r", "");
-            println!("\n{title}");
+            if tty {
+                eprint!("\r{:70}\r", "");
+            }
+            println!("\n{title} ({mib} MiB per thread per rep)");
             println!("{:<22} {:>22} {:>24}", "", "MmapLock", "PerVma");
             for r in &rows {
                 let (a, b) = (hmean(&r.mmap), hmean(&r.pervma));
@@ -233,6 +339,7 @@ fn main() {
             plot_series.push((format!("{title}, PerVma"), per_mode_sec[1].clone()));
         }
     }
+    println!("\nran in {:.0} s", started.elapsed().as_secs_f64());
     if let Some(path) = &args.csv {
         std::fs::write(path, csv).unwrap_or_else(|e| panic!("writing {path}: {e}"));
         println!("\nsamples written to {path}");

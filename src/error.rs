@@ -3,8 +3,10 @@
 use core::fmt;
 
 /// An error from an address-space call, with the errno Linux returns for the
-/// same call.
+/// same call ([`Error::errno`]). Convert it into a [`std::io::Error`] with
+/// `?` or `From` (the raw errno).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Error {
     /// `EPERM`: the operation is not permitted (e.g. below `mmap_min_addr`).
     Perm,
@@ -13,9 +15,18 @@ pub enum Error {
     /// `ENOMEM`: no room, no memory, a hole in the range, or too many maps.
     NoMem,
     /// `EACCES`: the protection asked for is not allowed.
-    Acces,
+    AccessDenied,
     /// `EFAULT`: an address is not mapped or not accessible.
     Fault,
+    /// A load or store by [`read`](crate::AddressSpace::read) or
+    /// [`write`](crate::AddressSpace::write) faulted: where, why, and how
+    /// many bytes were copied before. `EFAULT` (`ENOMEM` when the fault
+    /// ran out of memory).
+    Memory(MemoryFault),
+    /// A page fault that could not be resolved, converted from
+    /// [`FaultError`] (`EFAULT`, or `ENOMEM` for
+    /// [`FaultError::OutOfMemory`]).
+    PageFault(FaultError),
     /// `EBUSY`: the resource is busy.
     Busy,
     /// `EEXIST`: the range is already mapped (`MAP_FIXED_NOREPLACE`).
@@ -31,8 +42,10 @@ impl Error {
             Error::Perm => 1,
             Error::Again => 11,
             Error::NoMem => 12,
-            Error::Acces => 13,
+            Error::AccessDenied => 13,
             Error::Fault => 14,
+            Error::Memory(m) => m.kind.errno(),
+            Error::PageFault(k) => k.errno(),
             Error::Busy => 16,
             Error::Exist => 17,
             Error::Inval => 22,
@@ -45,7 +58,7 @@ impl Error {
             1 => Error::Perm,
             11 => Error::Again,
             12 => Error::NoMem,
-            13 => Error::Acces,
+            13 => Error::AccessDenied,
             14 => Error::Fault,
             16 => Error::Busy,
             17 => Error::Exist,
@@ -60,8 +73,10 @@ impl Error {
             Error::Perm => "EPERM",
             Error::Again => "EAGAIN",
             Error::NoMem => "ENOMEM",
-            Error::Acces => "EACCES",
+            Error::AccessDenied => "EACCES",
             Error::Fault => "EFAULT",
+            Error::Memory(m) => m.kind.as_error().name(),
+            Error::PageFault(k) => k.as_error().name(),
             Error::Busy => "EBUSY",
             Error::Exist => "EEXIST",
             Error::Inval => "EINVAL",
@@ -71,15 +86,59 @@ impl Error {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (errno {})", self.name(), self.errno())
+        write!(f, "{} (errno {})", self.name(), self.errno())?;
+        if let Error::Memory(m) = self {
+            write!(f, ": {m}")?;
+        }
+        Ok(())
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Memory(m) => Some(&m.kind),
+            Error::PageFault(k) => Some(k),
+            _ => None,
+        }
+    }
+}
+
+impl From<Error> for std::io::Error {
+    /// The raw OS error with the same errno.
+    fn from(e: Error) -> Self {
+        std::io::Error::from_raw_os_error(e.errno())
+    }
+}
+
+/// Where and why a [`read`](crate::AddressSpace::read) or
+/// [`write`](crate::AddressSpace::write) stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MemoryFault {
+    /// The first address that could not be accessed.
+    pub addr: u64,
+    /// What a user-mode access there would get (`SEGV_MAPERR`,
+    /// `SEGV_ACCERR`, `SIGBUS`, or out of memory).
+    pub kind: FaultError,
+    /// Bytes copied before it (the pages before `addr` were accessed, as
+    /// by a real `memcpy` that faults part-way).
+    pub done: usize,
+}
+
+impl fmt::Display for MemoryFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} at {:#x} after {} bytes",
+            self.kind, self.addr, self.done
+        )
+    }
+}
 
 /// Why a page fault could not be resolved: what Linux would deliver as a
 /// signal to the faulting task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum FaultError {
     /// No VMA covers the address (`SIGSEGV`, `SEGV_MAPERR`).
     NoMapping,
@@ -102,6 +161,11 @@ impl FaultError {
             _ => Error::Fault,
         }
     }
+
+    /// The errno of [`as_error`](Self::as_error).
+    pub const fn errno(self) -> i32 {
+        self.as_error().errno()
+    }
 }
 
 impl fmt::Display for FaultError {
@@ -118,8 +182,10 @@ impl fmt::Display for FaultError {
 impl std::error::Error for FaultError {}
 
 impl From<FaultError> for Error {
+    /// [`Error::PageFault`]: the kind is kept, the errno is
+    /// [`FaultError::as_error`]'s.
     fn from(e: FaultError) -> Self {
-        e.as_error()
+        Error::PageFault(e)
     }
 }
 
@@ -136,7 +202,7 @@ mod tests {
             Error::Perm,
             Error::Again,
             Error::NoMem,
-            Error::Acces,
+            Error::AccessDenied,
             Error::Fault,
             Error::Busy,
             Error::Exist,
@@ -152,10 +218,26 @@ mod tests {
     }
 
     #[test]
-    fn fault_errors_map_to_errno() {
-        assert_eq!(Error::from(FaultError::NoMapping), Error::Fault);
-        assert_eq!(Error::from(FaultError::AccessDenied), Error::Fault);
-        assert_eq!(Error::from(FaultError::Bus), Error::Fault);
-        assert_eq!(Error::from(FaultError::OutOfMemory), Error::NoMem);
+    fn fault_errors_keep_their_kind_and_map_to_errno() {
+        use std::error::Error as _;
+        for (k, errno) in [
+            (FaultError::NoMapping, 14),
+            (FaultError::AccessDenied, 14),
+            (FaultError::Bus, 14),
+            (FaultError::OutOfMemory, 12),
+        ] {
+            let e = Error::from(k);
+            assert_eq!(e, Error::PageFault(k));
+            assert_eq!(e.errno(), errno);
+            assert_eq!(e.source().unwrap().to_string(), k.to_string());
+            let m = Error::Memory(MemoryFault {
+                addr: 0x1000,
+                kind: k,
+                done: 3,
+            });
+            assert_eq!(m.errno(), errno);
+            assert!(m.to_string().contains("at 0x1000 after 3 bytes"), "{m}");
+            assert_eq!(std::io::Error::from(m).raw_os_error(), Some(errno));
+        }
     }
 }

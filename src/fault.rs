@@ -17,7 +17,6 @@
 
 use crate::addr::{page_align_down, pages};
 use crate::error::FaultError;
-use crate::mm::edit::Edit;
 use crate::mm::{next_id, Access, AddressSpace, FaultLocking};
 use crate::phys::Pfn;
 use crate::pt::{Pte, PteFlags};
@@ -55,7 +54,7 @@ fn access_ok(flags: VmFlags, access: Access) -> bool {
 }
 
 /// Why a step could not finish.
-enum Step {
+pub(crate) enum Step {
     /// Retry under the mmap_lock; the event says why.
     Retry(Event),
     /// The fault fails.
@@ -163,7 +162,7 @@ fn under_mmap_lock(mm: &AddressSpace, addr: u64, access: Access) -> Result<(), F
             }
             drop(g);
             drop(st);
-            if !expand_stack(mm, addr) {
+            if !crate::mm::stack::expand_stack(mm, addr) {
                 return Err(count_failure(mm, FaultError::NoMapping));
             }
             continue;
@@ -185,49 +184,11 @@ fn under_mmap_lock(mm: &AddressSpace, addr: u64, access: Access) -> Result<(), F
     }
 }
 
-/// Grows the growsdown VMA above `addr` down to cover it, keeping the
-/// stack guard gap to the mapping below. Takes the mmap_lock for write.
-fn expand_stack(mm: &AddressSpace, addr: u64) -> bool {
-    let mut ed = Edit::begin(mm);
-    let Some(v) = ed.find_after(addr) else {
-        return false;
-    };
-    if v.start() <= addr {
-        return true; // someone else grew it
-    }
-    if !v.flags().contains(VmFlags::GROWSDOWN) {
-        return false;
-    }
-    let new_start = page_align_down(addr);
-    if new_start < mm.cfg.mmap_min_addr {
-        return false;
-    }
-    if let Some(prev) = ed.prev(v.start()) {
-        if prev.end() > new_start {
-            return false;
-        }
-        if !prev.flags().contains(VmFlags::GROWSDOWN)
-            && prev.flags().accessible()
-            && new_start - prev.end() < mm.cfg.stack_guard_gap
-        {
-            return false;
-        }
-    }
-    let Some(pgoff) = v.pgoff().checked_sub(pages(v.start() - new_start)) else {
-        return false;
-    };
-    ed.lock(v);
-    // Growing a stack gives it an anon_vma, as Linux's expand_downwards.
-    let _ = anon_vma_prepare(mm, &v, false);
-    ed.set_range(v, new_start, v.end(), pgoff);
-    true
-}
-
 /// Gives `vma` an anon_vma (Linux's `anon_vma_prepare`): reuse a
 /// neighbour's where the two could merge but for their protection, else a
 /// new one. Under the per-VMA lock this needs the mmap_lock read side for
 /// the neighbours, and only try-locks it.
-fn anon_vma_prepare<'v>(
+pub(crate) fn anon_vma_prepare<'v>(
     mm: &AddressSpace,
     vma: &'v Vma,
     vma_locked: bool,

@@ -32,10 +32,10 @@ pub mod vma;
 pub mod vmap;
 
 pub use addr::{Range, PAGE_SIZE};
-pub use error::{Error, FaultError, Result};
+pub use error::{Error, FaultError, MemoryFault, Result};
 pub use mm::{
-    Access, AddressSpace, Advice, Config, FaultLocking, FrameAllocator, MapFlags, MremapExtent,
-    MremapFlags, Prot,
+    Access, AddressSpace, Advice, Config, ConfigError, FaultLocking, FrameAllocator, MapFlags,
+    MlockAllFlags, MlockFlags, MremapExtent, MremapFlags, MsyncFlags, Prot,
 };
 pub use stats::Stats;
 pub use translate::{Scalar, Translator};

@@ -7,6 +7,7 @@
 
 use crate::percpu::PerCpu;
 use crate::sync::counter::{AtomicU64, Ordering};
+use core::fmt;
 
 macro_rules! counters {
     ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
@@ -28,8 +29,41 @@ macro_rules! counters {
             fn from_array(a: &[u64; NR_EVENTS]) -> Stats {
                 Stats { $( $name: a[Event::$name as usize], )* }
             }
+
+            /// (name, value) of every counter, in declaration order.
+            pub fn counters(&self) -> [(&'static str, u64); NR_EVENTS] {
+                [$( (stringify!($name), self.$name), )*]
+            }
+        }
+
+        impl core::ops::Sub for Stats {
+            type Output = Stats;
+
+            /// The events between two snapshots (`later - earlier`); a
+            /// counter that went backwards (snapshots of a running system
+            /// are estimates) reads 0.
+            fn sub(self, earlier: Stats) -> Stats {
+                Stats { $( $name: self.$name.saturating_sub(earlier.$name), )* }
+            }
         }
     };
+}
+
+impl fmt::Display for Stats {
+    /// The non-zero counters, one `name value` per line.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut any = false;
+        for (name, v) in self.counters() {
+            if v != 0 {
+                writeln!(f, "{name:<24} {v}")?;
+                any = true;
+            }
+        }
+        if !any {
+            writeln!(f, "(no events)")?;
+        }
+        Ok(())
+    }
 }
 
 counters! {

@@ -2,7 +2,7 @@
 
 use super::{Access, AddressSpace};
 use crate::addr::{Range, PAGE_SIZE};
-use crate::error::{Error, Result};
+use crate::error::{Error, FaultError, MemoryFault, Result};
 use crate::fault::ZERO_PFN;
 use crate::phys::Pfn;
 use crate::pt::PteFlags;
@@ -12,6 +12,8 @@ impl AddressSpace {
     /// Reads `buf.len()` bytes at `addr` like user-mode loads: pages fault
     /// in on demand; `EFAULT` if a page is unmapped or not readable (bytes
     /// of earlier pages may already be in `buf`, as after a real fault).
+    /// The error is [`Error::Memory`]: the faulting address, the kind of
+    /// fault, and how many bytes were read before it.
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
         let frames = &self.frames;
         self.copy_user(addr, buf.len(), Access::Read, |pfn, off, b, n| {
@@ -28,7 +30,8 @@ impl AddressSpace {
     /// hole in the range is not writable. Otherwise `EFAULT` at the first
     /// page that cannot be written (a hole no stack grows into, or a page
     /// past the hole without write permission); the pages before it are
-    /// written, as by a real `memcpy`.
+    /// written, as by a real `memcpy`. The error is [`Error::Memory`], as
+    /// for [`read`](Self::read).
     pub fn write(&self, addr: u64, data: &[u8]) -> Result<()> {
         let frames = &self.frames;
         self.copy_user(addr, data.len(), Access::Write, |pfn, off, b, n| {
@@ -48,10 +51,19 @@ impl AddressSpace {
         if len == 0 {
             return Ok(());
         }
-        let end = addr.checked_add(len as u64).ok_or(Error::Fault)?;
-        if end > self.cfg.task_size {
-            return Err(Error::Fault);
-        }
+        let task = self.cfg.task_size;
+        let fail = |at: u64, kind: FaultError, done: usize| {
+            Error::Memory(MemoryFault {
+                addr: at,
+                kind,
+                done,
+            })
+        };
+        // Like access_ok: a range past the task size copies nothing.
+        let end = addr
+            .checked_add(len as u64)
+            .filter(|&e| e <= task)
+            .ok_or(fail(addr.max(task), FaultError::NoMapping, 0))?;
         self.precheck(Range::new(addr, end), access)?;
         let write = access == Access::Write;
         let mut a = addr;
@@ -75,7 +87,7 @@ impl AddressSpace {
                 }
                 drop(acc);
                 drop(g);
-                self.fault(page, access).map_err(|e| e.as_error())?;
+                self.fault(page, access).map_err(|kind| fail(a, kind, b))?;
             }
             a += n as u64;
         }
@@ -130,7 +142,11 @@ impl AddressSpace {
                 _ => f.accessible(),
             };
             if !ok {
-                return Some(Err(Error::Fault));
+                return Some(Err(Error::Memory(MemoryFault {
+                    addr: vr.start.max(r.start),
+                    kind: FaultError::AccessDenied,
+                    done: 0,
+                })));
             }
             next = vr.end;
         }

@@ -73,7 +73,9 @@ impl AddressSpace {
             }
         }
         let heap = ed.ending_at(oldbrk).filter(|v| {
-            v.start() >= ed.st.start_brk && super::edit::flags_mergeable(v.flags(), BRK_FLAGS)
+            v.start() >= ed.st.start_brk
+                && super::edit::flags_mergeable(v.flags(), BRK_FLAGS)
+                && v.name().is_none()
         });
         match heap {
             Some(v) => {

@@ -85,6 +85,11 @@ pub struct Config {
     /// leaks until the address space is dropped).
     #[doc(hidden)]
     pub deferred_reclaim: bool,
+    /// Initial stack limit in bytes (`RLIMIT_STACK`'s soft limit; default
+    /// 8 MiB, `u64::MAX` for unlimited): the largest size a growsdown VMA
+    /// may grow to. Change it at run time with
+    /// [`AddressSpace::set_stack_limit`](crate::AddressSpace::set_stack_limit).
+    pub stack_limit: u64,
 }
 
 /// Linux x86-64 `TASK_SIZE` with 4-level paging.
@@ -108,6 +113,7 @@ impl Default for Config {
             shootdown_cost_ns: 0,
             deferred_reclaim: false,
             brk_fast_path: true,
+            stack_limit: 8 << 20,
         }
     }
 }
@@ -119,5 +125,89 @@ impl Config {
             fault_locking,
             ..Config::default()
         }
+    }
+}
+
+/// Linux's `TASK_SIZE` for a 32-bit (compat) task on x86-64: 4 GiB less
+/// two pages.
+pub const X86_32_TASK_SIZE: u64 = 0xffff_e000;
+
+/// Why a [`Config`] cannot make a working address space
+/// ([`Config::validate`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConfigError {
+    /// The field at fault.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub reason: &'static str,
+}
+
+impl core::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "invalid aspace Config: {} {}", self.field, self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    /// The layout of a 32-bit guest (an x86 compat task on x86-64): task
+    /// size 4 GiB less two pages, the mmap area below it (less the
+    /// 128 MiB stack gap), the heap at 0x0900_0000 above a classic ELF
+    /// image at 0x0804_8000. The other fields are the defaults.
+    pub fn x86_32() -> Self {
+        Config {
+            task_size: X86_32_TASK_SIZE,
+            mmap_base: X86_32_TASK_SIZE - (128 << 20),
+            brk_start: 0x0900_0000,
+            ..Config::default()
+        }
+    }
+
+    /// Checks that the layout is consistent: every address and size
+    /// page-aligned, `mmap_min_addr < mmap_base <= task_size <= 2^56`, the
+    /// heap start in `[mmap_min_addr, mmap_base)` (so that the heap can
+    /// grow), a non-zero map count.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |field, reason| Err(ConfigError { field, reason });
+        let aligned = |v: u64| v % PAGE_SIZE == 0;
+        if self.task_size == 0 || !aligned(self.task_size) || self.task_size > 1 << 56 {
+            return err(
+                "task_size",
+                "must be a non-zero multiple of the page size, at most 2^56",
+            );
+        }
+        if !aligned(self.mmap_min_addr) || self.mmap_min_addr >= self.task_size {
+            return err("mmap_min_addr", "must be page-aligned and below task_size");
+        }
+        if !aligned(self.mmap_base)
+            || self.mmap_base <= self.mmap_min_addr
+            || self.mmap_base > self.task_size
+        {
+            return err(
+                "mmap_base",
+                "must be page-aligned, above mmap_min_addr and at most task_size",
+            );
+        }
+        if !aligned(self.brk_start)
+            || self.brk_start < self.mmap_min_addr
+            || self.brk_start >= self.mmap_base
+        {
+            return err(
+                "brk_start",
+                "must be page-aligned, at or above mmap_min_addr and below mmap_base \
+                 (else the heap can never grow)",
+            );
+        }
+        if !aligned(self.stack_guard_gap) || self.stack_guard_gap >= self.task_size {
+            return err(
+                "stack_guard_gap",
+                "must be page-aligned and below task_size",
+            );
+        }
+        if self.max_map_count == 0 {
+            return err("max_map_count", "must be at least 1");
+        }
+        Ok(())
     }
 }

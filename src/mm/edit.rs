@@ -18,7 +18,7 @@ use crate::stats::Event;
 use crate::sync::Arc;
 use crate::tlb::Gather;
 use crate::tree::TreeWriter;
-use crate::vma::{AnonVma, RmapIndex, Shmem, VmFlags, Vma, VmaRef, VMA_BYTES};
+use crate::vma::{AnonName, AnonVma, RmapIndex, Shmem, VmFlags, Vma, VmaRef, VMA_BYTES};
 
 /// An mmap_lock writer's view of the address space.
 pub(crate) struct Edit<'a> {
@@ -82,6 +82,8 @@ pub(crate) struct Proto<'p> {
     /// The range's own anon_vma chain has at most one entry (true for a
     /// new range, which has no VMA yet).
     pub(crate) singular: bool,
+    /// The range's name: VMAs merge only with equal names.
+    pub(crate) name: Option<&'p str>,
 }
 
 impl Proto<'_> {
@@ -89,6 +91,7 @@ impl Proto<'_> {
     /// `pgoff` (Linux's `can_vma_merge_after`).
     fn merges_after(&self, prev: &Vma, pgoff: u64) -> bool {
         flags_mergeable(prev.flags(), self.flags)
+            && prev.name() == self.name
             && same_shmem(prev.shmem(), self.shmem)
             && anon_mergeable(self.anon, self.singular, prev.anon_vma())
             && prev.pgoff() + pages(prev.range().len()) == pgoff
@@ -98,6 +101,7 @@ impl Proto<'_> {
     /// with page offset `pgoff` (Linux's `can_vma_merge_before`).
     fn merges_before(&self, next: &Vma, pgoff: u64, len: u64) -> bool {
         flags_mergeable(next.flags(), self.flags)
+            && next.name() == self.name
             && same_shmem(next.shmem(), self.shmem)
             && anon_mergeable(self.anon, self.singular, next.anon_vma())
             && pgoff + pages(len) == next.pgoff()
@@ -372,6 +376,7 @@ impl<'a> Edit<'a> {
         Ok(self.with_rmap(anon.clone(), |ed, idx| {
             let upper = Range::new(at, v.end());
             let n = ed.new_vma_in(upper, v.pgoff_of(at), v.flags(), anon, v.shmem_arc(), idx);
+            n.set_name(v.name_arc());
             n.lock.mark_attached();
             // One store moves [at, end) from v to n atomically for readers.
             ed.w.store(upper, n);
@@ -409,11 +414,26 @@ impl<'a> Edit<'a> {
         anon: Option<Arc<AnonVma>>,
         shmem: Option<Arc<Shmem>>,
     ) -> VmaRef {
+        self.map_new_named(r, pgoff, flags, anon, shmem, None)
+    }
+
+    /// [`map_new`](Self::map_new) for a range with a name (mremap moving
+    /// or growing a named VMA).
+    pub(crate) fn map_new_named(
+        &mut self,
+        r: Range,
+        pgoff: u64,
+        flags: VmFlags,
+        anon: Option<Arc<AnonVma>>,
+        shmem: Option<Arc<Shmem>>,
+        name: Option<Arc<AnonName>>,
+    ) -> VmaRef {
         let proto = Proto {
             flags,
             anon: anon.as_deref(),
             shmem: shmem.as_deref(),
             singular: true,
+            name: name.as_deref().map(|n| &*n.0),
         };
         let prev = self.ending_at(r.start);
         let next = self.starting_at(r.end);
@@ -455,6 +475,7 @@ impl<'a> Edit<'a> {
             }
             (false, false) => {
                 let v = self.new_vma(r, pgoff, flags, anon, shmem);
+                v.set_name(name);
                 self.insert(v);
                 v
             }
@@ -471,6 +492,20 @@ impl<'a> Edit<'a> {
         e: u64,
         flags: VmFlags,
     ) -> Result<VmaRef> {
+        let name = v.name_arc();
+        self.modify(v, s, e, flags, name)
+    }
+
+    /// [`modify_flags`](Self::modify_flags) that also gives `[s, e)` the
+    /// name `name` (Linux's `vma_modify_flags_name`).
+    pub(crate) fn modify(
+        &mut self,
+        v: VmaRef,
+        s: u64,
+        e: u64,
+        flags: VmFlags,
+        name: Option<Arc<AnonName>>,
+    ) -> Result<VmaRef> {
         let left_side = s == v.start();
         let right_side = e == v.end();
         let pgoff = v.pgoff_of(s);
@@ -481,6 +516,7 @@ impl<'a> Edit<'a> {
             anon: anon.as_deref(),
             shmem: shmem.as_deref(),
             singular: anon.as_ref().is_none_or(|a| a.chain_len() == 1),
+            name: name.as_deref().map(|n| &*n.0),
         };
         let prev = if left_side { self.ending_at(s) } else { None };
         let next = if right_side {
@@ -559,6 +595,7 @@ impl<'a> Edit<'a> {
                     self.split(mid, e, true)?;
                 }
                 mid.set_flags(flags);
+                mid.set_name(name);
                 Ok(mid)
             }
         }

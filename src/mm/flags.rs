@@ -53,7 +53,39 @@ bitflags! {
         /// Like FIXED, but fail with EEXIST instead of replacing
         /// (`MAP_FIXED_NOREPLACE`).
         const FIXED_NOREPLACE = 0x10_0000;
+        /// `MAP_SHARED_VALIDATE` (both type bits): shared, rejecting unknown
+        /// flags. Linux accepts it for files only: anonymous mappings get
+        /// `EINVAL`.
+        const SHARED_VALIDATE = 0x03;
+        /// Place the mapping in the first 2 GiB, at or above 1 GiB when
+        /// searching (`MAP_32BIT`; a fixed address is used as given).
+        const BIT32 = 0x40;
+        /// Lock the pages in memory and fault them in now (`MAP_LOCKED`:
+        /// `VM_LOCKED`, as `mlock` after the mmap).
+        const LOCKED = 0x2000;
+        /// With `POPULATE`: do not populate (`MAP_NONBLOCK`).
+        const NONBLOCK = 0x1_0000;
+        /// A thread stack (`MAP_STACK`): no transparent huge pages
+        /// (`VM_NOHUGEPAGE`, Linux 6.7+).
+        const STACK = 0x2_0000;
+        /// Huge pages from the hugetlb pool (`MAP_HUGETLB`). aspace has no
+        /// pool, like a kernel with `nr_hugepages = 0`: `ENOMEM` (or
+        /// `EINVAL` for a zero length or a huge page size, in bits 26..31,
+        /// that x86-64 lacks).
+        const HUGETLB = 0x4_0000;
+        /// `MAP_SYNC`: recorded as `VM_SYNC`, as Linux does for anonymous
+        /// memory (it is checked only for files mapped `SHARED_VALIDATE`).
+        const SYNC = 0x8_0000;
     }
+}
+
+impl MapFlags {
+    /// The mapping-type field (`MAP_TYPE`): `SHARED`, `PRIVATE` or
+    /// `SHARED_VALIDATE`; other values are invalid.
+    pub const TYPE: u32 = 0x0f;
+    /// Shift of the huge page size (log2 of the size) in the flags, for
+    /// `HUGETLB` (`MAP_HUGE_SHIFT`); 0 there means the default (2 MiB).
+    pub const HUGE_SHIFT: u32 = 26;
 }
 
 bitflags! {
@@ -70,23 +102,105 @@ bitflags! {
     }
 }
 
-/// madvise advice.
+/// madvise advice (`MADV_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Advice {
-    /// `MADV_NORMAL`: no special treatment (validates the range only).
+    /// `MADV_NORMAL`: no special treatment (clears `Random` and
+    /// `Sequential`).
     Normal,
+    /// `MADV_RANDOM`: expect random access (`VM_RAND_READ`).
+    Random,
+    /// `MADV_SEQUENTIAL`: expect sequential access (`VM_SEQ_READ`).
+    Sequential,
+    /// `MADV_WILLNEED`: the pages will be needed soon (nothing to read
+    /// ahead here: validates the range only).
+    WillNeed,
     /// `MADV_DONTNEED`: drop the pages; private anonymous memory reads back
-    /// as zero, shared memory keeps its contents.
+    /// as zero, shared memory keeps its contents. `EINVAL` on locked
+    /// memory.
     DontNeed,
+    /// `MADV_FREE`: the pages may be freed. aspace frees them at once (as
+    /// if reclaimed right away, which Linux allows): they read back as
+    /// zero. Private anonymous memory only (`EINVAL` otherwise, and on
+    /// locked memory).
+    Free,
+    /// `MADV_REMOVE`: punch a hole in a shared mapping's object: its pages
+    /// read back as zero in every mapping of it. `EINVAL` on private or
+    /// locked memory, `EACCES` without `VM_MAYWRITE`.
+    Remove,
+    /// `MADV_DONTFORK`: the VMA is not copied into fork children
+    /// (`VM_DONTCOPY`).
+    DontFork,
+    /// `MADV_DOFORK`: undoes `DontFork`.
+    DoFork,
+    /// `MADV_HUGEPAGE`: ask for transparent huge pages (`VM_HUGEPAGE`;
+    /// recorded, pages stay 4 KiB).
+    HugePage,
+    /// `MADV_NOHUGEPAGE`: no transparent huge pages (`VM_NOHUGEPAGE`).
+    NoHugePage,
+    /// `MADV_WIPEONFORK`: fork children get this range zero-filled
+    /// (`VM_WIPEONFORK`; private anonymous memory only, else `EINVAL`).
+    WipeOnFork,
+    /// `MADV_KEEPONFORK`: undoes `WipeOnFork`.
+    KeepOnFork,
+    /// `MADV_POPULATE_READ`: fault the pages in for reading (`EINVAL` on
+    /// inaccessible memory, `ENOMEM` at a hole, `EFAULT` at `SIGBUS`).
+    PopulateRead,
+    /// `MADV_POPULATE_WRITE`: fault the pages in for writing, breaking
+    /// copy-on-write (`EINVAL` without write permission).
+    PopulateWrite,
+    /// `MADV_DONTNEED_LOCKED`: `DontNeed` that also drops locked pages.
+    DontNeedLocked,
 }
 
 impl Advice {
+    /// Every advice, for conversions.
+    const ALL: [Advice; 16] = [
+        Advice::Normal,
+        Advice::Random,
+        Advice::Sequential,
+        Advice::WillNeed,
+        Advice::DontNeed,
+        Advice::Free,
+        Advice::Remove,
+        Advice::DontFork,
+        Advice::DoFork,
+        Advice::HugePage,
+        Advice::NoHugePage,
+        Advice::WipeOnFork,
+        Advice::KeepOnFork,
+        Advice::PopulateRead,
+        Advice::PopulateWrite,
+        Advice::DontNeedLocked,
+    ];
+
     /// Linux's `MADV_*` number.
     pub const fn to_raw(self) -> i32 {
         match self {
             Advice::Normal => 0,
+            Advice::Random => 1,
+            Advice::Sequential => 2,
+            Advice::WillNeed => 3,
             Advice::DontNeed => 4,
+            Advice::Free => 8,
+            Advice::Remove => 9,
+            Advice::DontFork => 10,
+            Advice::DoFork => 11,
+            Advice::HugePage => 14,
+            Advice::NoHugePage => 15,
+            Advice::WipeOnFork => 18,
+            Advice::KeepOnFork => 19,
+            Advice::PopulateRead => 22,
+            Advice::PopulateWrite => 23,
+            Advice::DontNeedLocked => 24,
         }
+    }
+
+    /// The advice with Linux's number `raw`; `None` for one aspace does
+    /// not know (madvise would fail with `EINVAL`).
+    pub fn from_raw(raw: i32) -> Option<Advice> {
+        Self::ALL.into_iter().find(|a| a.to_raw() == raw)
     }
 }
 

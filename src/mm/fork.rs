@@ -40,7 +40,7 @@ use crate::pt::{Pte, PteFlags};
 use crate::stats::StatCounters;
 use crate::sync::Arc;
 use crate::tlb::Gather;
-use crate::vma::{for_each_family_run, link_all, AnonVma, RmapHit, VmaRef};
+use crate::vma::{for_each_family_run, link_all, AnonVma, RmapHit, VmFlags, VmaRef};
 
 impl AddressSpace {
     /// A copy-on-write copy of this address space, like `fork(2)`'s
@@ -78,6 +78,8 @@ impl AddressSpace {
         }
         let child =
             AddressSpace::with_parts(self.cfg.clone(), self.frames.clone(), self.pool.clone());
+        // Resource limits are inherited, as the rlimits of a forked task.
+        child.set_stack_limit(self.stack_limit());
         let ok = {
             let mut ced = Edit::begin(&child);
             ced.st.start_brk = ed.st.start_brk;
@@ -92,11 +94,21 @@ impl AddressSpace {
             }
             let mut dups = Vec::with_capacity(vmas.len());
             for v in vmas {
-                let copy = ced.new_vma(v.range(), v.pgoff(), v.flags(), None, v.shmem_arc());
+                // MADV_DONTFORK: the child does not get this VMA.
+                if v.flags().contains(VmFlags::DONTCOPY) {
+                    continue;
+                }
+                // Locks are not inherited (dup_mmap clears VM_LOCKED).
+                let flags = v.flags() - VmFlags::LOCKED;
+                let copy = ced.new_vma(v.range(), v.pgoff(), flags, None, v.shmem_arc());
+                copy.set_name(v.name_arc());
+                // MADV_WIPEONFORK: the child starts with an empty VMA (no
+                // anon_vma, no entries copied).
+                let wipe = v.flags().contains(VmFlags::WIPEONFORK);
                 dups.push(Dup {
                     parent: v,
                     copy,
-                    anon: v.anon_vma_arc(),
+                    anon: v.anon_vma_arc().filter(|_| !wipe),
                 });
             }
             link_anon_vmas(&dups, &self.stats);

@@ -1,19 +1,22 @@
 //! madvise.
 
-use super::{AddressSpace, Advice};
-use crate::addr::{is_page_aligned, page_align_up, Range};
-use crate::error::{Error, Result};
-use crate::vma::VmFlags;
+use super::{Access, AddressSpace, Advice};
+use crate::addr::{is_page_aligned, page_align_up, Range, PAGE_SIZE};
+use crate::error::{Error, FaultError, Result};
+use crate::vma::{VmFlags, VmaRef};
 
 impl AddressSpace {
-    /// Gives advice about `[addr, addr + len)`, like `madvise(2)`.
+    /// Gives advice about `[addr, addr + len)`, like `madvise(2)`; see
+    /// [`Advice`] for what each does and the errors it adds.
     ///
     /// `DontNeed` drops the pages without changing the VMAs: private
     /// anonymous memory reads back as zero, shared memory keeps its
-    /// contents (the shared object still holds the frames). Mapped parts of
-    /// a range with holes are still processed, then the call fails with
-    /// `ENOMEM`, as Linux does. `EINVAL` for an unaligned address or an
-    /// overflowing range.
+    /// contents (the shared object still holds the frames). Advice that
+    /// sets VMA flags splits and merges VMAs as mprotect does. Mapped parts
+    /// of a range with holes are still processed, then the call fails with
+    /// `ENOMEM`, as Linux does; an error at a VMA (`EINVAL`, `EACCES`)
+    /// stops there, the VMAs before it done. `EINVAL` for an unaligned
+    /// address or an overflowing range.
     pub fn madvise(&self, addr: u64, len: u64, advice: Advice) -> Result<()> {
         if !is_page_aligned(addr) {
             return Err(Error::Inval);
@@ -27,6 +30,14 @@ impl AddressSpace {
             return Ok(());
         }
         let r = Range::new(addr, end);
+        match advice {
+            Advice::PopulateRead | Advice::PopulateWrite => {
+                return self.madvise_populate(r, advice == Advice::PopulateWrite);
+            }
+            Advice::WillNeed | Advice::DontNeed | Advice::DontNeedLocked => {}
+            Advice::Free | Advice::Remove => {}
+            _ => return self.madvise_flags(r, advice),
+        }
         // Linux runs DONTNEED under the mmap_lock read side: concurrent
         // faults may refill pages meanwhile, as they may in the kernel.
         let _st = self.mmap_lock.read();
@@ -38,13 +49,28 @@ impl AddressSpace {
             if vr.start > cursor {
                 hole = true;
             }
+            // An error stops the walk at this VMA, after the ones before
+            // it were processed, as in Linux.
+            if let Err(e) = zap_advice_allowed(v, advice) {
+                gather.flush();
+                return Err(e);
+            }
             let part = vr
                 .intersect(&r)
                 .expect("range() yields intersecting entries");
             cursor = part.end;
-            if advice == Advice::DontNeed {
-                let _ = v.flags().contains(VmFlags::SHARED);
-                super::edit::zap_range(self, part, &mut gather);
+            match advice {
+                Advice::DontNeed | Advice::DontNeedLocked | Advice::Free => {
+                    super::edit::zap_range(self, part, &mut gather);
+                }
+                Advice::Remove => {
+                    super::edit::zap_range(self, part, &mut gather);
+                    if let Some(shm) = v.shmem() {
+                        let pages = v.pgoff_of(part.start)..v.pgoff_of(part.end);
+                        shm.zero_range(pages, &self.frames);
+                    }
+                }
+                _ => {}
             }
         }
         gather.flush();
@@ -56,5 +82,88 @@ impl AddressSpace {
         } else {
             Ok(())
         }
+    }
+}
+
+/// Whether a zapping advice applies to `v` (Linux's
+/// `madvise_dontneed_free_valid_vma`, `madvise_free_single_vma` and
+/// `madvise_remove` checks).
+fn zap_advice_allowed(v: &VmaRef, advice: Advice) -> Result<()> {
+    let f = v.flags();
+    let locked = f.contains(VmFlags::LOCKED);
+    match advice {
+        Advice::DontNeed if locked => Err(Error::Inval),
+        Advice::Free if locked || v.shmem().is_some() => Err(Error::Inval),
+        Advice::Remove if locked || v.shmem().is_none() => Err(Error::Inval),
+        Advice::Remove if !f.contains(VmFlags::SHARED | VmFlags::MAYWRITE) => {
+            Err(Error::AccessDenied)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The flags advice `a` gives a VMA with flags `f`, or `EINVAL` where it
+/// does not apply (Linux's `madvise_vma_behavior`).
+fn advised_flags(v: &VmaRef, a: Advice) -> Result<VmFlags> {
+    let f = v.flags();
+    let seq = VmFlags::SEQ_READ | VmFlags::RAND_READ;
+    Ok(match a {
+        Advice::Normal => f - seq,
+        Advice::Random => (f - seq) | VmFlags::RAND_READ,
+        Advice::Sequential => (f - seq) | VmFlags::SEQ_READ,
+        Advice::DontFork => f | VmFlags::DONTCOPY,
+        Advice::DoFork => f - VmFlags::DONTCOPY,
+        Advice::HugePage => (f - VmFlags::NOHUGEPAGE) | VmFlags::HUGEPAGE,
+        Advice::NoHugePage => (f - VmFlags::HUGEPAGE) | VmFlags::NOHUGEPAGE,
+        Advice::WipeOnFork if v.shmem().is_some() || f.contains(VmFlags::SHARED) => {
+            return Err(Error::Inval)
+        }
+        Advice::WipeOnFork => f | VmFlags::WIPEONFORK,
+        Advice::KeepOnFork => f - VmFlags::WIPEONFORK,
+        _ => f,
+    })
+}
+
+impl AddressSpace {
+    /// Advice that changes VMA flags, under the mmap_lock write side:
+    /// each VMA's part of `r` gets the new flags, splitting or merging.
+    fn madvise_flags(&self, r: Range, advice: Advice) -> Result<()> {
+        self.modify_each(r, |v| Ok((advised_flags(v, advice)?, v.name_arc())))
+    }
+
+    /// `MADV_POPULATE_READ`/`WRITE`: faults every page in, VMA by VMA,
+    /// stopping at the first hole (`ENOMEM`), at a VMA that does not allow
+    /// the access (`EINVAL`), or at a fault that fails (`EFAULT`, or
+    /// `ENOMEM` out of memory). The pages before stay populated.
+    fn madvise_populate(&self, r: Range, write: bool) -> Result<()> {
+        let access = if write { Access::Write } else { Access::Read };
+        let mut a = r.start;
+        while a < r.end {
+            let Some(v) = self.vma_at(a) else {
+                return Err(Error::NoMem);
+            };
+            let ok = if write {
+                v.flags.contains(VmFlags::WRITE)
+            } else {
+                v.flags.accessible()
+            };
+            if !ok {
+                return Err(Error::Inval);
+            }
+            let e = v.end.min(r.end);
+            while a < e {
+                match self.fault(a, access) {
+                    Ok(()) => {}
+                    Err(FaultError::OutOfMemory) => return Err(Error::NoMem),
+                    // Unmapped under us: a hole now.
+                    Err(FaultError::NoMapping) if self.vma_at(a).is_none() => {
+                        return Err(Error::NoMem)
+                    }
+                    Err(_) => return Err(Error::Fault),
+                }
+                a += PAGE_SIZE;
+            }
+        }
+        Ok(())
     }
 }

@@ -13,9 +13,14 @@ impl AddressSpace {
     /// `addr` is a hint (0 for none) unless `FIXED` or `FIXED_NOREPLACE`
     /// is given. Returns the address of the mapping.
     ///
-    /// Errors, in Linux's order: `EINVAL` for flags aspace does not know
-    /// (Linux ignores unknown bits for `MAP_PRIVATE`; aspace rejects them)
-    /// and for zero `len`; `ENOMEM` when the
+    /// Flags as Linux's: unknown bits are ignored; `LOCKED` sets
+    /// `VM_LOCKED` and populates, `STACK` sets `VM_NOHUGEPAGE`, `SYNC`
+    /// sets `VM_SYNC`, `BIT32` places the mapping in `[1 GiB, 2 GiB)`.
+    ///
+    /// Errors, in Linux's order: `HUGETLB` fails first (`ENOMEM`: there is
+    /// no huge page pool; `EINVAL` for a bad size or a fixed address not
+    /// aligned to it); `EINVAL` for zero
+    /// `len`; `ENOMEM` when the
     /// page-rounded length overflows, the map count is at its limit, the
     /// length or a fixed range exceeds the task size, or no gap fits;
     /// `EINVAL` for an unaligned fixed address; `EPERM` for a fixed address
@@ -23,11 +28,15 @@ impl AddressSpace {
     /// mapping; `EINVAL` when neither `SHARED` nor `PRIVATE` is given, or
     /// `GROWSDOWN` is combined with `SHARED`; `EINVAL` also for
     /// `SHARED | PRIVATE` (Linux's `MAP_SHARED_VALIDATE`, which anonymous
-    /// mappings do not accept); then `ENOMEM` when the memory budget has
-    /// no room for the new VMA.
+    /// mappings do not accept) and for the other values of the type field
+    /// ([`MapFlags::TYPE`]); then `ENOMEM` when the memory budget has no
+    /// room for the new VMA.
     pub fn mmap(&self, addr: u64, len: u64, prot: Prot, flags: MapFlags) -> Result<u64> {
-        if !MapFlags::all().contains(flags) {
-            return Err(Error::Inval);
+        // Unknown bits are ignored, as Linux's mmap ignores them (only
+        // MAP_SHARED_VALIDATE rejects them, and anonymous memory rejects
+        // that type below).
+        if flags.contains(MapFlags::HUGETLB) {
+            return Err(hugetlb_error(addr, len, flags));
         }
         // mmap takes only the access bits of `prot`; other bits are
         // ignored, as in Linux (mprotect rejects them).
@@ -67,6 +76,11 @@ impl AddressSpace {
         if shared && flags.contains(MapFlags::GROWSDOWN) {
             return Err(Error::Inval);
         }
+        // The other type values (MAP_DROPPABLE, 0x08, included) are not
+        // modelled: EINVAL, as Linux for an unknown type.
+        if flags.bits() & MapFlags::TYPE & !MapFlags::SHARED_VALIDATE.bits() != 0 {
+            return Err(Error::Inval);
+        }
 
         let mut vf = VmFlags::from_prot(prot) | VmFlags::MAY;
         if shared {
@@ -77,6 +91,18 @@ impl AddressSpace {
         }
         if flags.contains(MapFlags::NORESERVE) {
             vf |= VmFlags::NORESERVE;
+        }
+        // mm->def_flags (VM_LOCKED after mlockall(MCL_FUTURE)), then
+        // calc_vm_flag_bits.
+        vf |= self.def_flags();
+        if flags.contains(MapFlags::LOCKED) {
+            vf |= VmFlags::LOCKED;
+        }
+        if flags.contains(MapFlags::SYNC) {
+            vf |= VmFlags::SYNC;
+        }
+        if flags.contains(MapFlags::STACK) {
+            vf |= VmFlags::NOHUGEPAGE;
         }
         // Private writable memory is charged (Linux's accountable_mapping).
         if !shared && vf.contains(VmFlags::WRITE) && !vf.contains(VmFlags::NORESERVE) {
@@ -107,7 +133,10 @@ impl AddressSpace {
         } else {
             ed.map_new(r, addr >> PAGE_SHIFT, vf, None, None)
         };
-        let populate = flags.contains(MapFlags::POPULATE);
+        // Locked memory is populated as mlock does; MAP_POPULATE unless
+        // MAP_NONBLOCK says not to.
+        let populate = vf.contains(VmFlags::LOCKED) && !vf.contains(VmFlags::LOCKONFAULT)
+            || flags.contains(MapFlags::POPULATE) && !flags.contains(MapFlags::NONBLOCK);
         let _ = vma;
         drop(ed);
         if populate {
@@ -184,6 +213,9 @@ impl AddressSpace {
             }
             return Ok(hint);
         }
+        if flags.contains(MapFlags::BIT32) {
+            return self.unmapped_area_32bit(ed, hint, len);
+        }
         let min = self.cfg.mmap_min_addr.max(PAGE_SIZE);
         if hint != 0 {
             // The arch code rounds down. `h <= task - len` comes first, so
@@ -193,9 +225,9 @@ impl AddressSpace {
                 return Ok(h);
             }
         }
-        let _ = flags;
+        let low = self.cfg.mmap_base.max(min);
         self.unmapped_area_topdown(ed, len, min)
-            .or_else(|| self.unmapped_area_bottomup(ed, len))
+            .or_else(|| self.unmapped_area_bottomup(ed, len, low, task))
             .ok_or(Error::NoMem)
     }
 
@@ -235,13 +267,34 @@ impl AddressSpace {
         }
     }
 
-    fn unmapped_area_bottomup(&self, ed: &Edit<'_>, len: u64) -> Option<u64> {
-        let mut low = self
-            .cfg
-            .mmap_base
-            .max(self.cfg.mmap_min_addr)
-            .max(PAGE_SIZE);
-        let high = self.cfg.task_size;
+    /// `MAP_32BIT` without a fixed address (x86-64's `find_start_end`
+    /// without randomization): a hint that ends at or below 2 GiB and is
+    /// free, else the lowest fit in `[1 GiB, 2 GiB)`.
+    fn unmapped_area_32bit(&self, ed: &Edit<'_>, hint: u64, len: u64) -> Result<u64> {
+        const BEGIN: u64 = 0x4000_0000;
+        const END: u64 = 0x8000_0000;
+        if len > END {
+            return Err(Error::NoMem);
+        }
+        // The hint was already rounded up to mmap_min_addr by the caller's
+        // rules; here it is only rounded down to a page.
+        let h = if hint != 0 && hint < self.cfg.mmap_min_addr {
+            page_align_up(self.cfg.mmap_min_addr).unwrap_or(0)
+        } else {
+            hint & !(PAGE_SIZE - 1)
+        };
+        if h != 0 && h <= END - len && self.range_usable(ed, Range::new(h, h + len)) {
+            return Ok(h);
+        }
+        let low = BEGIN.max(self.cfg.mmap_min_addr);
+        self.unmapped_area_bottomup(ed, len, low, END.min(self.cfg.task_size))
+            .ok_or(Error::NoMem)
+    }
+
+    /// The lowest fit of `len` bytes in `[low, high)`, keeping stack guard
+    /// gaps.
+    fn unmapped_area_bottomup(&self, ed: &Edit<'_>, len: u64, low: u64, high: u64) -> Option<u64> {
+        let mut low = low.max(PAGE_SIZE);
         loop {
             if high < low || high - low < len {
                 return None;
@@ -253,5 +306,24 @@ impl AddressSpace {
                 _ => return Some(s),
             }
         }
+    }
+}
+
+/// What `MAP_HUGETLB` gets with no huge page pool (Linux with
+/// `nr_hugepages = 0`): `EINVAL` for a huge page size x86-64 does not have
+/// (only 2 MiB and 1 GiB), for a length that rounds to zero and for a
+/// fixed address not aligned to the huge page size, else `ENOMEM` (no
+/// huge page can be reserved).
+fn hugetlb_error(addr: u64, len: u64, flags: MapFlags) -> Error {
+    let log = (flags.bits() >> MapFlags::HUGE_SHIFT) & 0x3f;
+    let size: u64 = match log {
+        0 | 21 => 2 << 20,
+        30 => 1 << 30,
+        _ => return Error::Inval,
+    };
+    let fixed = flags.intersects(MapFlags::FIXED | MapFlags::FIXED_NOREPLACE);
+    match len.checked_next_multiple_of(size) {
+        Some(l) if l != 0 && !(fixed && addr % size != 0) => Error::NoMem,
+        _ => Error::Inval,
     }
 }

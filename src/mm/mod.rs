@@ -49,13 +49,18 @@ mod brk;
 pub(crate) mod edit;
 mod fork;
 mod madvise;
+mod mlock;
 mod mmap;
 mod mprotect;
 mod mremap;
 mod munmap;
+mod name;
+pub(crate) mod stack;
 
-pub use config::{Config, FaultLocking, MremapExtent};
+pub use config::{Config, ConfigError, FaultLocking, MremapExtent};
 pub use flags::{Access, Advice, MapFlags, MremapFlags, Prot};
+pub use mlock::{MlockAllFlags, MlockFlags, MsyncFlags};
+pub use name::ANON_NAME_MAX;
 
 use crate::addr::Range;
 use crate::error::FaultError;
@@ -116,6 +121,10 @@ pub struct AddressSpace {
     pub(crate) cfg: Config,
     pub(crate) id: u64,
     pending_frees: AtomicU64,
+    /// `RLIMIT_STACK` (see [`AddressSpace::set_stack_limit`]).
+    stack_limit: AtomicU64,
+    /// Flags every new mapping gets (`mm->def_flags`, set by mlockall).
+    def_flags: crate::sync::AtomicU32,
 }
 
 const _: () = {
@@ -125,7 +134,9 @@ const _: () = {
 
 impl AddressSpace {
     /// An empty address space with a physical memory of its own:
-    /// `cfg.memory_budget` bytes, zeroing frames if `cfg.zero_pages`.
+    /// `cfg.memory_budget` bytes, zeroing frames if `cfg.zero_pages`. The
+    /// configuration is used as given; see [`try_new`](Self::try_new) to
+    /// have it checked first.
     pub fn new(cfg: Config) -> AddressSpace {
         let frames = Arc::new(FrameAllocator::new(cfg.memory_budget, cfg.zero_pages));
         Self::with_parts(cfg, frames, Arc::new(VmaPool::new()))
@@ -152,6 +163,31 @@ impl AddressSpace {
         Self::with_parts(cfg, pool, Arc::new(VmaPool::new()))
     }
 
+    /// An empty address space, after [`Config::validate`] accepts the
+    /// configuration.
+    ///
+    /// ```
+    /// use aspace::{AddressSpace, Config};
+    /// let bad = Config { brk_start: 1 << 60, ..Config::default() };
+    /// let e = AddressSpace::try_new(bad).unwrap_err();
+    /// assert_eq!(e.field, "brk_start");
+    /// assert!(AddressSpace::try_new(Config::x86_32()).is_ok());
+    /// ```
+    pub fn try_new(cfg: Config) -> Result<AddressSpace, ConfigError> {
+        cfg.validate()?;
+        Ok(Self::new(cfg))
+    }
+
+    /// The VMA containing `addr`, if any (one VMA, without snapshotting
+    /// the others as [`vmas`](Self::vmas) does).
+    pub fn vma_at(&self, addr: u64) -> Option<VmaInfo> {
+        let st = self.mmap_lock.read();
+        let g = self.tree.pin();
+        self.tree
+            .find(addr, &g)
+            .map(|(_, v)| v.info(is_heap(&st, v.range())))
+    }
+
     pub(crate) fn with_parts(cfg: Config, frames: Arc<FrameAllocator>, pool: Arc<VmaPool>) -> Self {
         let reclaimer = || {
             if cfg.deferred_reclaim {
@@ -161,6 +197,7 @@ impl AddressSpace {
             }
         };
         let start_brk = cfg.brk_start;
+        let stack_limit = cfg.stack_limit;
         AddressSpace {
             tree: RangeTree::with_reclaimer(reclaimer()),
             mmap_lock: MmapLock::new(MmState {
@@ -176,6 +213,8 @@ impl AddressSpace {
             cfg,
             id: next_id(),
             pending_frees: AtomicU64::new(0),
+            stack_limit: AtomicU64::new(stack_limit),
+            def_flags: crate::sync::AtomicU32::new(0),
         }
     }
 
@@ -276,9 +315,30 @@ impl AddressSpace {
     }
 }
 
-/// Linux prints `[heap]` for the VMA that overlaps `[start_brk, brk]`.
+impl core::fmt::Debug for AddressSpace {
+    /// A summary: identity, VMA count, resident frames, break, and the
+    /// configuration.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let (map_count, brk) = {
+            let st = self.mmap_lock.read();
+            (st.map_count, st.brk)
+        };
+        f.debug_struct("AddressSpace")
+            .field("id", &self.id)
+            .field("map_count", &map_count)
+            .field("frames_used", &self.frames_used())
+            .field("brk", &format_args!("{brk:#x}"))
+            .field("stack_limit", &self.stack_limit())
+            .field("config", &self.cfg)
+            .finish()
+    }
+}
+
+/// Linux (6.7+, `vma_is_initial_heap`) prints `[heap]` for a VMA that
+/// overlaps `[start_brk, brk)`: one that merely ends at the heap's start,
+/// or starts at the break, is not the heap, and an empty heap has none.
 pub(crate) fn is_heap(st: &MmState, r: Range) -> bool {
-    r.start <= st.brk && r.end >= st.start_brk
+    r.start < st.brk && r.end > st.start_brk
 }
 
 impl Drop for AddressSpace {

@@ -72,7 +72,7 @@ impl AddressSpace {
                 .difference(may)
                 .is_empty()
             {
-                return Err(Error::Acces);
+                return Err(Error::AccessDenied);
             }
             let tmp = vma.end().min(end);
             let cur = Self::mprotect_fixup(&mut ed, vma, nstart, tmp, newflags)?;

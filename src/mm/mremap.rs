@@ -133,7 +133,8 @@ impl AddressSpace {
         if old_addr + old_len == vma.end() && self.expandable(&ed, vma, delta) {
             let r = Range::new(vma.end(), vma.end() + delta);
             let pgoff = vma.pgoff_of(vma.end());
-            ed.map_new(r, pgoff, vma.flags(), vma.anon_vma_arc(), vma.shmem_arc());
+            let (anon, shmem, name) = (vma.anon_vma_arc(), vma.shmem_arc(), vma.name_arc());
+            ed.map_new_named(r, pgoff, vma.flags(), anon, shmem, name);
             return Ok(old_addr);
         }
         if !flags.contains(MremapFlags::MAYMOVE) {
@@ -286,12 +287,13 @@ impl AddressSpace {
         } else {
             vma.pgoff_of(old_addr)
         };
-        let new = ed.map_new(
+        let new = ed.map_new_named(
             Range::new(dst, dst + new_len),
             pgoff,
             vma.flags(),
             vma.anon_vma_arc(),
             vma.shmem_arc(),
+            vma.name_arc(),
         );
         let _ = new;
         let moved_len = old_len.min(new_len);

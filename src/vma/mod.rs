@@ -58,14 +58,57 @@ bitflags! {
         const MAYSHARE = 0x80;
         /// Grows down (a stack).
         const GROWSDOWN = 0x100;
+        /// Pages are locked in memory (`mlock`, `MAP_LOCKED`).
+        const LOCKED = 0x2000;
+        /// Sequential access expected (`MADV_SEQUENTIAL`).
+        const SEQ_READ = 0x8000;
+        /// Random access expected (`MADV_RANDOM`).
+        const RAND_READ = 0x1_0000;
+        /// Not copied into fork children (`MADV_DONTFORK`).
+        const DONTCOPY = 0x2_0000;
+        /// With `LOCKED`: lock pages as they fault in (`MLOCK_ONFAULT`).
+        const LOCKONFAULT = 0x8_0000;
         /// Charged against the commit limit (private writable).
         const ACCOUNT = 0x10_0000;
         /// Mapped with MAP_NORESERVE.
         const NORESERVE = 0x20_0000;
+        /// Mapped with `MAP_SYNC`.
+        const SYNC = 0x80_0000;
+        /// Fork children get zero-filled memory here (`MADV_WIPEONFORK`).
+        const WIPEONFORK = 0x200_0000;
         /// Soft-dirty tracking bit; ignored when merging.
         const SOFTDIRTY = 0x800_0000;
+        /// Transparent huge pages asked for (`MADV_HUGEPAGE`).
+        const HUGEPAGE = 0x2000_0000;
+        /// No transparent huge pages (`MADV_NOHUGEPAGE`, `MAP_STACK`).
+        const NOHUGEPAGE = 0x4000_0000;
     }
 }
+
+/// `/proc/pid/smaps` `VmFlags` mnemonics, in the kernel's (bit) order.
+const MNEMONICS: [(VmFlags, &str); 21] = [
+    (VmFlags::READ, "rd"),
+    (VmFlags::WRITE, "wr"),
+    (VmFlags::EXEC, "ex"),
+    (VmFlags::SHARED, "sh"),
+    (VmFlags::MAYREAD, "mr"),
+    (VmFlags::MAYWRITE, "mw"),
+    (VmFlags::MAYEXEC, "me"),
+    (VmFlags::MAYSHARE, "ms"),
+    (VmFlags::GROWSDOWN, "gd"),
+    (VmFlags::LOCKED, "lo"),
+    (VmFlags::SEQ_READ, "sr"),
+    (VmFlags::RAND_READ, "rr"),
+    (VmFlags::DONTCOPY, "dc"),
+    (VmFlags::LOCKONFAULT, "lf"),
+    (VmFlags::ACCOUNT, "ac"),
+    (VmFlags::NORESERVE, "nr"),
+    (VmFlags::SYNC, "sf"),
+    (VmFlags::WIPEONFORK, "wf"),
+    (VmFlags::SOFTDIRTY, "sd"),
+    (VmFlags::HUGEPAGE, "hg"),
+    (VmFlags::NOHUGEPAGE, "nh"),
+];
 
 impl VmFlags {
     /// The access bits (READ, WRITE, EXEC).
@@ -89,6 +132,16 @@ impl VmFlags {
     pub fn accessible(self) -> bool {
         self.intersects(VmFlags::ACCESS)
     }
+
+    /// The `/proc/pid/smaps` mnemonics of these flags (`rd`, `wr`, `lo`,
+    /// ...), in the order the kernel prints them.
+    pub fn mnemonics(self) -> Vec<&'static str> {
+        MNEMONICS
+            .iter()
+            .filter(|(f, _)| self.contains(*f))
+            .map(|&(_, m)| m)
+            .collect()
+    }
 }
 
 /// Bytes of metadata charged to the budget for each VMA: the object and
@@ -110,7 +163,13 @@ pub struct Vma {
     flags: AtomicU32,
     anon_vma: AtomicPtr<AnonVma>,
     shmem: AtomicPtr<Shmem>,
+    name: AtomicPtr<AnonName>,
 }
+
+/// The name of an anonymous VMA (`PR_SET_VMA_ANON_NAME`), shared by the
+/// VMAs split from one another.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct AnonName(pub(crate) Box<str>);
 
 impl Vma {
     pub(crate) fn new_detached() -> Self {
@@ -123,6 +182,7 @@ impl Vma {
             flags: AtomicU32::new(0),
             anon_vma: AtomicPtr::new(core::ptr::null_mut()),
             shmem: AtomicPtr::new(core::ptr::null_mut()),
+            name: AtomicPtr::new(core::ptr::null_mut()),
         }
     }
 
@@ -358,6 +418,45 @@ impl Vma {
         }
     }
 
+    /// The VMA's name, if any. The caller holds the mmap_lock (either
+    /// side): names change only under its write side.
+    pub(crate) fn name(&self) -> Option<&str> {
+        let p = self.name.load(Ordering::Acquire);
+        // SAFETY: a non-null pointer came from `Arc::into_raw` in
+        // `set_name`, whose count is released only by a later `set_name`,
+        // which runs under the mmap_lock write side; the caller holds the
+        // mmap_lock, so it does not run now.
+        unsafe { p.as_ref() }.map(|n| &*n.0)
+    }
+
+    /// The name as an owned handle (for a VMA made from this one).
+    pub(crate) fn name_arc(&self) -> Option<Arc<AnonName>> {
+        let p = self.name.load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: as in `name`; bump the count the VMA owns before making
+        // an Arc of it.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Some(Arc::from_raw(p))
+        }
+    }
+
+    /// Sets the name; the caller holds the mmap_lock write side and has
+    /// this VMA write-locked or detached.
+    pub(crate) fn set_name(&self, n: Option<Arc<AnonName>>) {
+        let new = n.map_or(core::ptr::null_mut(), |n| Arc::into_raw(n) as *mut AnonName);
+        let old = self.name.swap(new, Ordering::AcqRel);
+        if !old.is_null() {
+            // SAFETY: `old` came from `Arc::into_raw` here; the swap took
+            // it out of the VMA, so this is its only release, and no
+            // reader holds it (they hold the mmap_lock, which our caller
+            // holds for write).
+            unsafe { drop(Arc::from_raw(old)) };
+        }
+    }
+
     /// A public snapshot of this VMA.
     pub(crate) fn info(&self, heap: bool) -> VmaInfo {
         let f = self.flags();
@@ -372,6 +471,7 @@ impl Vma {
             anon_vma: !self.anon_vma.load(Ordering::Relaxed).is_null(),
             shmem_id: self.shmem().map(|s| s.id),
             heap,
+            name: self.name().map(str::to_string),
         }
     }
 }
@@ -380,6 +480,7 @@ impl Drop for Vma {
     fn drop(&mut self) {
         self.set_anon_vma(None);
         self.set_shmem(None);
+        self.set_name(None);
     }
 }
 
@@ -406,12 +507,26 @@ pub struct VmaInfo {
     pub shmem_id: Option<u64>,
     /// This is the brk heap.
     pub heap: bool,
+    /// The name given with [`set_anon_name`](crate::AddressSpace::set_anon_name).
+    pub name: Option<String>,
 }
 
 impl VmaInfo {
     /// `[start, end)`.
     pub fn range(&self) -> Range {
         Range::new(self.start, self.end)
+    }
+
+    /// The `VmFlags:` line `/proc/pid/smaps` prints for this VMA (no
+    /// newline), e.g. `VmFlags: rd wr mr mw me lo ac `.
+    pub fn smaps_vmflags(&self) -> String {
+        let mut s = String::from("VmFlags:");
+        for m in self.flags.mnemonics() {
+            s.push(' ');
+            s.push_str(m);
+        }
+        s.push(' ');
+        s
     }
 
     /// The line `/proc/pid/maps` prints for this VMA (no newline).
@@ -438,12 +553,14 @@ impl VmaInfo {
                 self.start, self.end, perms
             ),
         };
-        let path = if self.shmem_id.is_some() {
-            "/dev/zero (deleted)"
-        } else if self.heap {
-            "[heap]"
-        } else {
-            ""
+        // show_map_vma: a shared mapping's object first, then the heap,
+        // then an anonymous VMA's name.
+        let path = match (&self.name, self.shmem_id.is_some()) {
+            (Some(n), true) => format!("[anon_shmem:{n}]"),
+            (None, true) => "/dev/zero (deleted)".to_string(),
+            _ if self.heap => "[heap]".to_string(),
+            (Some(n), false) => format!("[anon:{n}]"),
+            (None, false) => String::new(),
         };
         if path.is_empty() {
             format!("{head} ")

@@ -87,6 +87,7 @@ impl VmaPool {
         debug_assert!(!v.lock.is_attached());
         v.set_anon_vma(None);
         v.set_shmem(None);
+        v.set_name(None);
         self.inner.lock().free.push(v);
     }
 

@@ -128,6 +128,78 @@ impl Shmem {
         self.npages
     }
 
+    /// The frame of page `index`, if it has one (nothing is allocated).
+    pub(crate) fn resident(&self, index: u64) -> Option<Pfn> {
+        if index >= self.npages {
+            return None;
+        }
+        let mut node = &self.root;
+        for level in (1..self.height).rev() {
+            let p = node.slots[Self::slot(index, level)].load(Ordering::Acquire);
+            if p == 0 {
+                return None;
+            }
+            // SAFETY: as in `child_or_make`: a published node, freed only
+            // when the object drops.
+            node = unsafe { &*(p as *const Node) };
+        }
+        let v = node.slots[Self::slot(index, 0)].load(Ordering::Acquire);
+        (v != 0).then(|| (v - 1) as Pfn)
+    }
+
+    /// True if page `index` has a frame (it is resident in the object).
+    pub(crate) fn has_frame(&self, index: u64) -> bool {
+        self.resident(index).is_some()
+    }
+
+    /// Zero-fills the pages of `range` (indices) that have a frame:
+    /// `MADV_REMOVE`'s hole punch, which every mapping of the object sees.
+    /// The frames stay allocated to the object. Visits only the nodes that
+    /// exist, so a huge, sparse range costs what it holds.
+    pub(crate) fn zero_range(&self, range: core::ops::Range<u64>, frames: &FrameAllocator) {
+        let zeros = [0u8; crate::addr::PAGE_SIZE as usize];
+        let end = range.end.min(self.npages);
+        self.visit(&self.root, self.height - 1, 0, range.start, end, &mut |pfn| {
+            frames.write(pfn, 0, &zeros)
+        });
+    }
+
+    /// Calls `f` on the frame of every page in `[start, end)` below `node`
+    /// (at `level`, covering pages from `base`), skipping empty subtrees.
+    fn visit(
+        &self,
+        node: &Node,
+        level: u32,
+        base: u64,
+        start: u64,
+        end: u64,
+        f: &mut impl FnMut(Pfn),
+    ) {
+        let span = 1u64 << (level * SHIFT);
+        for (i, s) in node.slots.iter().enumerate() {
+            let Some(lo) = (i as u64).checked_mul(span).and_then(|o| o.checked_add(base)) else {
+                break;
+            };
+            if lo >= end {
+                break;
+            }
+            if lo.saturating_add(span) <= start {
+                continue;
+            }
+            let v = s.load(Ordering::Acquire);
+            if v == 0 {
+                continue;
+            }
+            if level == 0 {
+                f((v - 1) as Pfn);
+            } else {
+                // SAFETY: as in `resident`.
+                let child = unsafe { &*(v as *const Node) };
+                self.visit(child, level - 1, lo, start, end, f);
+            }
+        }
+    }
+
     /// Frees the nodes below `node` (at `level`) and drops the object's
     /// frame references.
     fn release(&self, node: &Node, level: u32) {

@@ -40,28 +40,10 @@ fn errno<T>(r: aspace::Result<T>) -> Res<T> {
     r.map_err(|e| e.errno())
 }
 
-/// aspace's flags as `/proc/pid/smaps` mnemonics.
+/// aspace's flags as the `/proc/pid/smaps` mnemonics the harness
+/// compares ([`super::MODELLED_FLAGS`]), sorted.
 pub fn mnemonics(f: VmFlags) -> Vec<String> {
-    let table = [
-        (VmFlags::READ, "rd"),
-        (VmFlags::WRITE, "wr"),
-        (VmFlags::EXEC, "ex"),
-        (VmFlags::SHARED, "sh"),
-        (VmFlags::MAYREAD, "mr"),
-        (VmFlags::MAYWRITE, "mw"),
-        (VmFlags::MAYEXEC, "me"),
-        (VmFlags::MAYSHARE, "ms"),
-        (VmFlags::GROWSDOWN, "gd"),
-        (VmFlags::ACCOUNT, "ac"),
-        (VmFlags::NORESERVE, "nr"),
-    ];
-    let mut v: Vec<String> = table
-        .iter()
-        .filter(|(b, _)| f.contains(*b))
-        .map(|(_, m)| m.to_string())
-        .collect();
-    v.sort();
-    v
+    super::comparable_flags(f.mnemonics().into_iter().map(String::from).collect())
 }
 
 impl Target for AspaceTarget {
@@ -108,11 +90,8 @@ impl Target for AspaceTarget {
     }
 
     fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> Res<()> {
-        let advice = match advice {
-            0 => Advice::Normal,
-            4 => Advice::DontNeed,
-            a => panic!("madvise advice {a} is not part of aspace's API"),
-        };
+        let advice = Advice::from_raw(advice)
+            .unwrap_or_else(|| panic!("madvise advice {advice} is not part of aspace's API"));
         errno(self.mm.madvise(addr, len, advice))
     }
 

@@ -265,22 +265,10 @@ impl KernelTarget {
     /// (start, end, sorted mnemonics).
     pub fn smaps_flags(&self) -> Vec<(u64, u64, Vec<String>)> {
         let text = std::fs::read_to_string("/proc/self/smaps").expect("read /proc/self/smaps");
-        let mut out = Vec::new();
-        let mut cur: Option<(u64, u64)> = None;
-        for line in text.lines() {
-            if let Some(v) = parse_maps_line(line) {
-                cur = (v.start >= self.region.start && v.end <= self.region.end)
-                    .then_some((v.start, v.end));
-                self.check_straddle(v.start, v.end);
-            } else if let Some(rest) = line.strip_prefix("VmFlags:") {
-                if let Some((s, e)) = cur.take() {
-                    let mut f: Vec<String> = rest.split_whitespace().map(str::to_string).collect();
-                    f.sort();
-                    out.push((s, e, f));
-                }
-            }
+        for v in text.lines().filter_map(parse_maps_line) {
+            self.check_straddle(v.start, v.end);
         }
-        out
+        smaps_flags_in(&text, self.region.start, self.region.end)
     }
 
     /// The raw `/proc/self/maps` lines of the region's VMAs.
@@ -304,6 +292,25 @@ impl KernelTarget {
             r.start, r.end
         );
     }
+}
+
+/// The `VmFlags` of the VMAs of a `/proc/pid/smaps` text that lie inside
+/// `[start, end)`, as (start, end, sorted mnemonics).
+pub fn smaps_flags_in(text: &str, start: u64, end: u64) -> Vec<(u64, u64, Vec<String>)> {
+    let mut out = Vec::new();
+    let mut cur: Option<(u64, u64)> = None;
+    for line in text.lines() {
+        if let Some(v) = parse_maps_line(line) {
+            cur = (v.start >= start && v.end <= end).then_some((v.start, v.end));
+        } else if let Some(rest) = line.strip_prefix("VmFlags:") {
+            if let Some((s, e)) = cur.take() {
+                let mut f: Vec<String> = rest.split_whitespace().map(str::to_string).collect();
+                f.sort();
+                out.push((s, e, f));
+            }
+        }
+    }
+    out
 }
 
 /// Parses one `/proc/pid/maps` line into a [`Vma`] (shared-object identity

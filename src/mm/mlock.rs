@@ -1,0 +1,332 @@
+//! mlock, mlock2, munlock, mlockall, munlockall, and the two calls that
+//! only inspect: mincore and msync.
+//!
+//! Locking sets `VM_LOCKED` (and `VM_LOCKONFAULT` for `MLOCK_ONFAULT`) on
+//! the VMAs of the range, splitting and merging as any flag change, then
+//! populates the pages (not for on-fault locks). aspace never swaps, so a
+//! lock changes what is resident and which calls refuse the range
+//! (`MADV_DONTNEED`, `MADV_FREE`, `msync(MS_INVALIDATE)`), nothing else.
+//! `RLIMIT_MEMLOCK` is not modelled: every caller may lock as much as it
+//! likes, as a task with `CAP_IPC_LOCK`.
+
+use super::edit::Edit;
+use super::{Access, AddressSpace};
+use crate::addr::{is_page_aligned, page_align_down, Range, PAGE_SIZE};
+use crate::error::{Error, FaultError, Result};
+use crate::sync::Ordering;
+use crate::vma::VmFlags;
+use bitflags::bitflags;
+
+bitflags! {
+    /// `mlock2` flags (`MLOCK_*`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct MlockFlags: u32 {
+        /// Lock pages as they are faulted in, without populating now
+        /// (`MLOCK_ONFAULT`: `VM_LOCKONFAULT`).
+        const ONFAULT = 1;
+    }
+}
+
+bitflags! {
+    /// `mlockall` flags (`MCL_*`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct MlockAllFlags: u32 {
+        /// Lock every current mapping (`MCL_CURRENT`).
+        const CURRENT = 1;
+        /// Lock every future mapping (`MCL_FUTURE`).
+        const FUTURE = 2;
+        /// With either: lock on fault, do not populate (`MCL_ONFAULT`).
+        const ONFAULT = 4;
+    }
+}
+
+bitflags! {
+    /// `msync` flags (`MS_*`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct MsyncFlags: u32 {
+        /// Schedule the write-back (`MS_ASYNC`).
+        const ASYNC = 1;
+        /// Invalidate other mappings of the object (`MS_INVALIDATE`).
+        const INVALIDATE = 2;
+        /// Write back and wait (`MS_SYNC`).
+        const SYNC = 4;
+    }
+}
+
+/// The lock flags of a VMA (`VM_LOCKED_MASK`).
+const LOCKED_MASK: VmFlags = VmFlags::LOCKED.union(VmFlags::LOCKONFAULT);
+
+/// `mlock`'s page rounding: the start down to its page, the length grown
+/// by the start's offset and rounded up (wrapping, as the kernel's
+/// `PAGE_ALIGN`).
+fn lock_range(addr: u64, len: u64) -> (u64, u64) {
+    let start = page_align_down(addr);
+    let len = len.wrapping_add(addr - start).wrapping_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+    (start, len)
+}
+
+impl AddressSpace {
+    /// Locks the pages of `[addr, addr + len)` in memory and faults them
+    /// in, like `mlock(2)`. `addr` is rounded down to its page.
+    ///
+    /// Errors as Linux's: `ENOMEM` when the range is not fully mapped (the
+    /// VMAs before the first hole are locked) or when a page cannot be
+    /// faulted in (an inaccessible VMA: it stays locked); `EAGAIN` when a
+    /// fault runs out of memory; `EINVAL` when the range wraps.
+    pub fn mlock(&self, addr: u64, len: u64) -> Result<()> {
+        self.mlock2(addr, len, MlockFlags::empty())
+    }
+
+    /// `mlock2(2)`: [`mlock`](Self::mlock), or with
+    /// [`MlockFlags::ONFAULT`] a lock that takes pages as they fault in
+    /// (nothing is populated now). `EINVAL` for unknown flags.
+    pub fn mlock2(&self, addr: u64, len: u64, flags: MlockFlags) -> Result<()> {
+        if !MlockFlags::all().contains(flags) {
+            return Err(Error::Inval);
+        }
+        let mut add = VmFlags::LOCKED;
+        if flags.contains(MlockFlags::ONFAULT) {
+            add |= VmFlags::LOCKONFAULT;
+        }
+        let (start, len) = lock_range(addr, len);
+        self.apply_lock_flags(start, len, add)?;
+        let end = start.saturating_add(len);
+        self.populate_locked(Range::new(start, end), false)
+    }
+
+    /// Unlocks the pages of `[addr, addr + len)`, like `munlock(2)`;
+    /// errors as [`mlock`](Self::mlock)'s (the VMAs before a hole are
+    /// unlocked).
+    pub fn munlock(&self, addr: u64, len: u64) -> Result<()> {
+        let (start, len) = lock_range(addr, len);
+        self.apply_lock_flags(start, len, VmFlags::empty())
+    }
+
+    /// Locks every mapping, like `mlockall(2)`: `CURRENT` locks (and
+    /// populates, ignoring failures) the mappings there are, `FUTURE`
+    /// makes new mappings (mmap) locked, `ONFAULT` makes either lock on
+    /// fault. `EINVAL` for no flags, unknown flags, or `ONFAULT` alone.
+    pub fn mlockall(&self, flags: MlockAllFlags) -> Result<()> {
+        if flags.is_empty()
+            || !MlockAllFlags::all().contains(flags)
+            || flags == MlockAllFlags::ONFAULT
+        {
+            return Err(Error::Inval);
+        }
+        self.apply_mlockall(flags);
+        if flags.contains(MlockAllFlags::CURRENT) {
+            let _ = self.populate_locked(Range::new(0, self.cfg.task_size), true);
+        }
+        Ok(())
+    }
+
+    /// Unlocks every mapping and stops locking new ones, like
+    /// `munlockall(2)`.
+    pub fn munlockall(&self) -> Result<()> {
+        self.apply_mlockall(MlockAllFlags::empty());
+        Ok(())
+    }
+
+    /// The flags every new mapping gets (`mm->def_flags`: `VM_LOCKED` after
+    /// `mlockall(MCL_FUTURE)`).
+    pub(crate) fn def_flags(&self) -> VmFlags {
+        VmFlags::from_bits_retain(self.def_flags.load(Ordering::Relaxed))
+    }
+
+    /// Which pages of `[addr, addr + len)` are resident, like `mincore(2)`:
+    /// a page-table entry is present (the zero page counts), or the page of
+    /// a shared mapping's object has a frame. One entry per page.
+    ///
+    /// Errors: `EINVAL` for an unaligned `addr`; `ENOMEM` when the range
+    /// passes the task size or any page of it is unmapped.
+    pub fn mincore(&self, addr: u64, len: u64) -> Result<Vec<bool>> {
+        if !is_page_aligned(addr) {
+            return Err(Error::Inval);
+        }
+        let end = addr
+            .checked_add(len)
+            .filter(|&e| e <= self.cfg.task_size)
+            .ok_or(Error::NoMem)?;
+        let npages = len.div_ceil(PAGE_SIZE);
+        let _st = self.mmap_lock.read();
+        let g = self.tree.pin();
+        let pg = self.pt.pin();
+        let mut out = Vec::with_capacity(npages.min(1 << 20) as usize);
+        let mut a = addr;
+        while a < end {
+            let Some((_, v)) = self.tree.find(a, &g) else {
+                return Err(Error::NoMem);
+            };
+            let stop = v.end().min(end);
+            while a < stop {
+                let present = self.pt.lookup(a, &pg).is_present()
+                    || v.shmem().is_some_and(|s| s.has_frame(v.pgoff_of(a)));
+                out.push(present);
+                a += PAGE_SIZE;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Checks an `msync(2)` of `[addr, addr + len)`; anonymous memory has
+    /// nothing to write back, so only the errors remain, in Linux's order:
+    /// `EINVAL` for unknown flags, an unaligned `addr`, or `ASYNC` with
+    /// `SYNC`; `ENOMEM` when the range wraps or has an unmapped part;
+    /// `EBUSY` for `INVALIDATE` on locked memory.
+    pub fn msync(&self, addr: u64, len: u64, flags: MsyncFlags) -> Result<()> {
+        if !MsyncFlags::all().contains(flags)
+            || !is_page_aligned(addr)
+            || flags.contains(MsyncFlags::ASYNC | MsyncFlags::SYNC)
+        {
+            return Err(Error::Inval);
+        }
+        let len = len.wrapping_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+        let end = addr.checked_add(len).ok_or(Error::NoMem)?;
+        if end == addr {
+            return Ok(());
+        }
+        let _st = self.mmap_lock.read();
+        let g = self.tree.pin();
+        let mut start = addr;
+        let mut unmapped = false;
+        loop {
+            let Some((_, v)) = self.tree.find_after(start, &g) else {
+                return Err(Error::NoMem);
+            };
+            if start < v.start() {
+                if flags == MsyncFlags::ASYNC {
+                    return Err(Error::NoMem);
+                }
+                start = v.start();
+                if start >= end {
+                    return Err(Error::NoMem);
+                }
+                unmapped = true;
+            }
+            if flags.contains(MsyncFlags::INVALIDATE) && v.flags().contains(VmFlags::LOCKED) {
+                return Err(Error::Busy);
+            }
+            start = v.end();
+            if start >= end {
+                return if unmapped { Err(Error::NoMem) } else { Ok(()) };
+            }
+        }
+    }
+
+    /// Linux's `apply_vma_lock_flags`: the lock flags of every VMA of
+    /// `[start, start + len)` become `add`, until the first hole
+    /// (`ENOMEM`).
+    fn apply_lock_flags(&self, start: u64, len: u64, add: VmFlags) -> Result<()> {
+        let end = start.checked_add(len).ok_or(Error::Inval)?;
+        if end == start {
+            return Ok(());
+        }
+        let mut ed = Edit::begin(self);
+        let Some(mut vma) = ed.find(start) else {
+            return Err(Error::NoMem);
+        };
+        let mut nstart = start;
+        loop {
+            let tmp = vma.end().min(end);
+            let newflags = (vma.flags() - LOCKED_MASK) | add;
+            let cur = if newflags == vma.flags() {
+                vma
+            } else {
+                ed.modify_flags(vma, nstart, tmp, newflags)?
+            };
+            nstart = tmp.max(cur.end());
+            if nstart >= end {
+                return Ok(());
+            }
+            match ed.find(nstart) {
+                Some(next) if next.start() == nstart => vma = next,
+                _ => return Err(Error::NoMem),
+            }
+        }
+    }
+
+    /// Linux's `apply_mlockall_flags`.
+    fn apply_mlockall(&self, flags: MlockAllFlags) {
+        let mut ed = Edit::begin(self);
+        let mut add = VmFlags::LOCKED;
+        if flags.contains(MlockAllFlags::ONFAULT) {
+            add |= VmFlags::LOCKONFAULT;
+        }
+        let future = if flags.contains(MlockAllFlags::FUTURE) {
+            add
+        } else {
+            VmFlags::empty()
+        };
+        self.def_flags.store(future.bits(), Ordering::Relaxed);
+        if !flags.is_empty() && !flags.contains(MlockAllFlags::CURRENT) {
+            return;
+        }
+        if !flags.contains(MlockAllFlags::CURRENT) {
+            add = VmFlags::empty();
+        }
+        let mut cursor = 0;
+        while let Some(v) = ed.find_after(cursor) {
+            let newflags = (v.flags() - LOCKED_MASK) | add;
+            let cur = if newflags == v.flags() {
+                v
+            } else {
+                // Splitting is not needed (whole VMAs); a merge cannot
+                // fail for want of map count.
+                ed.modify_flags(v, v.start(), v.end(), newflags)
+                    .unwrap_or(v)
+            };
+            cursor = cur.end();
+        }
+    }
+
+    /// Linux's `__mm_populate` after a lock: faults in the locked VMAs of
+    /// `r` that do not lock on fault, for writing where private and
+    /// writable. A failure ends it: `ENOMEM` for an inaccessible VMA or a
+    /// fault that cannot be resolved, `EAGAIN` when out of memory (mlock's
+    /// errors); with `ignore_errors` it goes on to the next VMA.
+    fn populate_locked(&self, r: Range, ignore_errors: bool) -> Result<()> {
+        let mut a = r.start;
+        while a < r.end {
+            let Some(v) = self.vma_after(a).filter(|v| v.start < r.end) else {
+                return Ok(());
+            };
+            a = a.max(v.start);
+            let stop = v.end.min(r.end);
+            let f = v.flags;
+            if !f.contains(VmFlags::LOCKED) || f.contains(VmFlags::LOCKONFAULT) {
+                a = stop;
+                continue;
+            }
+            let access = if f.contains(VmFlags::WRITE) && !f.contains(VmFlags::SHARED) {
+                Access::Write
+            } else {
+                Access::Read
+            };
+            let mut failed = None;
+            if !f.accessible() {
+                failed = Some(Error::NoMem);
+            }
+            while failed.is_none() && a < stop {
+                match self.fault(a, access) {
+                    Ok(()) => a += PAGE_SIZE,
+                    Err(FaultError::OutOfMemory) => failed = Some(Error::Again),
+                    Err(_) => failed = Some(Error::NoMem),
+                }
+            }
+            match failed {
+                Some(e) if !ignore_errors => return Err(e),
+                _ => a = stop,
+            }
+        }
+        Ok(())
+    }
+
+    /// A snapshot of the first VMA ending above `addr`.
+    fn vma_after(&self, addr: u64) -> Option<crate::vma::VmaInfo> {
+        let st = self.mmap_lock.read();
+        let g = self.tree.pin();
+        self.tree
+            .find_after(addr, &g)
+            .map(|(_, v)| v.info(super::is_heap(&st, v.range())))
+    }
+}

@@ -1,0 +1,1277 @@
+//! The Linux surface a syscall-forwarding emulator needs, compared with the
+//! running kernel: the stack limit, mmap's flags, and (where the kernel
+//! needs a process of its own) scenarios run in a forked child of this
+//! test process.
+//!
+//! Every expectation is written once and checked first against Linux
+//! (when the kernel harness can run here), then required of aspace at the
+//! same addresses.
+
+mod common;
+
+use aspace::{AddressSpace, Config, MapFlags, Prot};
+use common::kernel::parse_maps_line;
+use common::*;
+use std::io::Read;
+use std::os::fd::FromRawFd;
+
+/// A one-byte store through a pipe (`copy_to_user`): the kernel takes the
+/// user page-fault path, stack growth included, and returns EFAULT where
+/// a user-mode store would get SIGSEGV. Only raw system calls: it runs in
+/// forked children. `pipe` is [read end, write end].
+fn kernel_store(pipe: [libc::c_int; 2], addr: u64) -> bool {
+    let one = 1u8;
+    // SAFETY: `pipe` is an open pipe of this process; the write reads one
+    // byte of a local, the read stores one byte at `addr`, which the
+    // caller chose inside the test region (the kernel checks the address
+    // and returns EFAULT for a bad one); the drain reads into a local.
+    unsafe {
+        libc::write(pipe[1], (&one as *const u8).cast(), 1);
+        if libc::read(pipe[0], addr as *mut libc::c_void, 1) == 1 {
+            return true;
+        }
+        let mut scratch = 0u8;
+        libc::read(pipe[0], (&mut scratch as *mut u8).cast(), 1);
+    }
+    false
+}
+
+/// Runs `f` in a forked child of this process and returns the bytes it
+/// reported and its `/proc/self/maps`. `f` gets a copy pipe for
+/// [`kernel_store`] and must use raw system calls only (the child has
+/// none of this process's other threads, so it must not allocate or take
+/// locks); it returns the bytes to report in a fixed buffer.
+fn in_forked_child(f: impl FnOnce([libc::c_int; 2]) -> ([u8; 64], usize)) -> (Vec<u8>, String) {
+    in_forked_child_reporting(c"/proc/self/maps", f)
+}
+
+/// [`in_forked_child`], reporting the file at `path` (e.g. smaps) instead
+/// of the maps.
+fn in_forked_child_reporting(
+    path: &std::ffi::CStr,
+    f: impl FnOnce([libc::c_int; 2]) -> ([u8; 64], usize),
+) -> (Vec<u8>, String) {
+    let mut out = [0; 2];
+    let mut copy = [0; 2];
+    // SAFETY: each array holds two ints for pipe2 to fill.
+    unsafe {
+        assert_eq!(libc::pipe2(out.as_mut_ptr(), libc::O_CLOEXEC), 0);
+        assert_eq!(libc::pipe2(copy.as_mut_ptr(), libc::O_CLOEXEC), 0);
+    }
+    // SAFETY: fork has no memory-safety preconditions; the child runs only
+    // `f` (raw system calls, see above) and the calls below.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let (res, n) = f(copy);
+        // SAFETY: writes from local buffers of the given lengths; a valid
+        // C string; `_exit` ends the child without running destructors.
+        unsafe {
+            let len = [n as u8];
+            libc::write(out[1], len.as_ptr().cast(), 1);
+            libc::write(out[1], res.as_ptr().cast(), n);
+            let fd = libc::open(path.as_ptr(), libc::O_RDONLY);
+            let mut buf = [0u8; 4096];
+            loop {
+                let k = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+                if k <= 0 {
+                    break;
+                }
+                libc::write(out[1], buf.as_ptr().cast(), k as usize);
+            }
+            libc::_exit(0);
+        }
+    }
+    // SAFETY: closing our copies of pipe ends the child owns now.
+    unsafe {
+        libc::close(out[1]);
+        libc::close(copy[0]);
+        libc::close(copy[1]);
+    }
+    // SAFETY: `out[0]` is our open read end; the File takes it over.
+    let mut pipe = unsafe { std::fs::File::from_raw_fd(out[0]) };
+    let mut text = Vec::new();
+    pipe.read_to_end(&mut text)
+        .expect("read the child's report");
+    let mut status = 0;
+    // SAFETY: waiting for our own child; `status` is a valid int.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "forked child failed (status {status:#x})"
+    );
+    let n = text[0] as usize;
+    let maps = String::from_utf8_lossy(&text[1 + n..]).into_owned();
+    (text[1..1 + n].to_vec(), maps)
+}
+
+/// (start, end, perms) of VMAs.
+type Layout = Vec<(u64, u64, String)>;
+
+/// The VMAs inside `r` (guards excluded) as (start, end, perms).
+fn interior(maps: &str, r: &Region) -> Layout {
+    maps.lines()
+        .filter_map(parse_maps_line)
+        .filter(|v| v.start >= r.lo && v.end <= r.hi)
+        .map(|v| (v.start, v.end, v.perms))
+        .collect()
+}
+
+// ---------------------------------------------------------------- stack
+
+/// One step of a stack-limit scenario.
+#[derive(Clone, Copy, Debug)]
+enum StackStep {
+    /// `setrlimit(RLIMIT_STACK)` soft limit, in bytes.
+    Limit(u64),
+    /// A one-byte store this many bytes below the stack's original start.
+    StoreBelow(u64),
+}
+
+/// Interior pages of the stack scenarios' region: 12 MiB.
+const STACK_REGION_PAGES: u64 = 3072;
+/// The stack: 1 MiB of growsdown memory at the top of the interior.
+const STACK_LEN: u64 = 1 << 20;
+
+fn stack_top(r: &Region) -> u64 {
+    r.hi
+}
+
+fn stack_start(r: &Region) -> u64 {
+    stack_top(r) - STACK_LEN
+}
+
+/// Runs the scenario on the kernel in a forked child; the result of each
+/// store, and the interior layout at the end.
+fn stack_on_kernel(steps: &[StackStep]) -> Option<(Region, Vec<bool>, Layout)> {
+    let k = KernelTarget::new(STACK_REGION_PAGES)?;
+    let r = k.region();
+    let (res, maps) = in_forked_child(|pipe| {
+        let mut res = [0u8; 64];
+        let mut n = 0;
+        let start = stack_start(&r);
+        // SAFETY: MAP_FIXED inside the region's interior, which the
+        // harness reserved for this test (no Rust object lives there).
+        let p = unsafe {
+            libc::mmap(
+                start as *mut libc::c_void,
+                STACK_LEN as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_GROWSDOWN,
+                -1,
+                0,
+            )
+        };
+        if p as u64 != start {
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(2) };
+        }
+        for &s in steps {
+            match s {
+                StackStep::Limit(b) => {
+                    let rl = libc::rlimit {
+                        rlim_cur: b,
+                        rlim_max: libc::RLIM_INFINITY,
+                    };
+                    // SAFETY: `rl` is a valid rlimit. Raising the hard
+                    // limit needs privilege: keep the current one then.
+                    unsafe {
+                        let mut cur = rl;
+                        libc::getrlimit(libc::RLIMIT_STACK, &mut cur);
+                        let want = libc::rlimit {
+                            rlim_cur: b.min(cur.rlim_max),
+                            rlim_max: cur.rlim_max,
+                        };
+                        libc::setrlimit(libc::RLIMIT_STACK, &want);
+                    }
+                }
+                StackStep::StoreBelow(off) => {
+                    res[n] = kernel_store(pipe, start - off) as u8;
+                    n += 1;
+                }
+            }
+        }
+        (res, n)
+    });
+    Some((
+        r,
+        res.iter().map(|&b| b == 1).collect(),
+        interior(&maps, &r),
+    ))
+}
+
+fn stack_on_aspace(r: &Region, steps: &[StackStep]) -> (Vec<bool>, Layout) {
+    let t = AspaceTarget::new(*r);
+    let mm: &AddressSpace = &t.mm;
+    let start = stack_start(r);
+    let got = mm.mmap(
+        start,
+        STACK_LEN,
+        Prot::READ | Prot::WRITE,
+        MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED | MapFlags::GROWSDOWN,
+    );
+    assert_eq!(got, Ok(start));
+    let mut res = Vec::new();
+    for &s in steps {
+        match s {
+            StackStep::Limit(b) => mm.set_stack_limit(b),
+            StackStep::StoreBelow(off) => res.push(mm.write(start - off, &[1]).is_ok()),
+        }
+    }
+    (res, interior(&mm.maps(), r))
+}
+
+/// Runs a stack scenario on both; `want` is the result of each store, and
+/// `want_start` how far below the original start the stack reaches at the
+/// end (bytes).
+fn stack_case(name: &str, steps: &[StackStep], want: &[bool], want_below: u64) {
+    let r = match stack_on_kernel(steps) {
+        Some((r, res, layout)) => {
+            assert_eq!(res, want, "{name}: kernel stores");
+            let s = stack_start(&r) - want_below;
+            assert_eq!(
+                layout,
+                vec![(s, stack_top(&r), "rw-p".to_string())],
+                "{name}: kernel layout"
+            );
+            r
+        }
+        None => Region::new(aspace_target::DEFAULT_REGION_START, STACK_REGION_PAGES),
+    };
+    let (res, layout) = stack_on_aspace(&r, steps);
+    assert_eq!(res, want, "{name}: aspace stores");
+    let s = stack_start(&r) - want_below;
+    assert_eq!(
+        layout,
+        vec![(s, stack_top(&r), "rw-p".to_string())],
+        "{name}: aspace layout"
+    );
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn stack_grows_to_the_limit_and_no_further() {
+    use StackStep::*;
+    // 8 MiB limit, 1 MiB stack: 4 MiB below grows; the whole VMA may be
+    // exactly 8 MiB (7 MiB below), not one page more.
+    stack_case(
+        "8 MiB",
+        &[
+            Limit(8 * MIB),
+            StoreBelow(4 * MIB),
+            StoreBelow(7 * MIB),
+            StoreBelow(7 * MIB + 1),
+            StoreBelow(8 * MIB),
+        ],
+        &[true, true, false, false],
+        7 * MIB,
+    );
+}
+
+#[test]
+fn stack_limit_counts_pages_not_bytes() {
+    use StackStep::*;
+    // A limit one byte short of two more pages allows only one.
+    stack_case(
+        "1 MiB + 8191",
+        &[
+            Limit(MIB + 8191),
+            StoreBelow(1),
+            StoreBelow(4097),
+            Limit(MIB + 8192),
+            StoreBelow(4097),
+        ],
+        &[true, false, true],
+        8192,
+    );
+}
+
+#[test]
+fn a_stack_over_a_lowered_limit_keeps_its_pages_but_cannot_grow() {
+    use StackStep::*;
+    stack_case(
+        "lowered",
+        &[
+            StoreBelow(2 * MIB),
+            Limit(MIB),
+            StoreBelow(MIB),
+            StoreBelow(2 * MIB + 1),
+            Limit(u64::MAX),
+            StoreBelow(2 * MIB + 1),
+        ],
+        &[true, true, false, true],
+        2 * MIB + 4096,
+    );
+}
+
+#[test]
+fn an_unlimited_stack_stops_at_the_guard_gap() {
+    use StackStep::*;
+    // The region's bottom guard page (accessible, not a stack) sits 11 MiB
+    // below the stack's start; the stack keeps a 1 MiB gap above it.
+    let to_guard = (STACK_REGION_PAGES * PAGE) - STACK_LEN;
+    stack_case(
+        "unlimited",
+        &[
+            Limit(u64::MAX),
+            StoreBelow(to_guard - MIB + 1),
+            StoreBelow(to_guard - MIB),
+        ],
+        &[false, true],
+        to_guard - MIB,
+    );
+}
+
+#[test]
+fn stack_limit_defaults_to_8_mib_and_fork_inherits_it() {
+    let mm = AddressSpace::new(Config::default());
+    assert_eq!(Config::default().stack_limit, 8 << 20);
+    assert_eq!(mm.stack_limit(), 8 << 20);
+    mm.set_stack_limit(1 << 20);
+    assert_eq!(mm.fork().unwrap().stack_limit(), 1 << 20);
+}
+
+// ---------------------------------------------------------------- mmap flags
+
+const MAP_32BIT: u32 = 0x40;
+const MAP_DENYWRITE: u32 = 0x800;
+const MAP_EXECUTABLE: u32 = 0x1000;
+const MAP_LOCKED: u32 = 0x2000;
+const MAP_NONBLOCK: u32 = 0x1_0000;
+const MAP_STACK: u32 = 0x2_0000;
+const MAP_HUGETLB: u32 = 0x4_0000;
+const MAP_SYNC: u32 = 0x8_0000;
+const MAP_SHARED_VALIDATE: u32 = 0x03;
+const MAP_UNINITIALIZED: u32 = 0x400_0000;
+const MAP_HUGE_SHIFT: u32 = 26;
+
+/// (first page, end page, compared smaps flags) of the VMAs in the
+/// interior.
+fn flags_layout(t: &mut dyn Target) -> Vec<(u64, u64, Vec<String>)> {
+    let r = t.region();
+    t.vm_flags()
+        .expect("both targets report flags")
+        .into_iter()
+        .filter(|&(s, e, _)| s >= r.lo && e <= r.hi)
+        .map(|(s, e, f)| ((s - r.lo) / PAGE, (e - r.lo) / PAGE, f))
+        .collect()
+}
+
+#[track_caller]
+fn assert_flags(t: &mut dyn Target, want: &[(u64, u64, &str)]) {
+    let want: Vec<(u64, u64, Vec<String>)> = want
+        .iter()
+        .map(|&(s, e, f)| {
+            let mut v: Vec<String> = f.split_whitespace().map(str::to_string).collect();
+            v.sort();
+            (s, e, v)
+        })
+        .collect();
+    assert_eq!(flags_layout(t), want, "[{}] flags\n{}", t.name(), dump(t));
+}
+
+/// Which of `n` pages from `addr` are resident (`mincore`).
+fn resident(t: &mut dyn Target, addr: u64, n: u64) -> Vec<bool> {
+    match t.aspace() {
+        Some(mm) => mm.mincore(addr, n * PAGE).expect("aspace mincore"),
+        None => t.resident(addr, n).expect("kernel mincore"),
+    }
+}
+
+const PRIV_RW: &str = "rd wr mr mw me ac";
+
+#[test]
+fn mmap_ignores_unknown_flag_bits() {
+    on_both(8, |t| {
+        let r = t.region();
+        for (i, extra) in [
+            0x80_0000,
+            0x4000_0000,
+            MAP_UNINITIALIZED,
+            MAP_DENYWRITE | MAP_EXECUTABLE,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let a = r.page(2 * i as u64);
+            assert_eq!(
+                t.mmap(a, PAGE, RW, ANON | MAP_FIXED | extra),
+                Ok(a),
+                "{extra:#x}"
+            );
+        }
+        assert_flags(
+            t,
+            &[
+                (0, 1, PRIV_RW),
+                (2, 3, PRIV_RW),
+                (4, 5, PRIV_RW),
+                (6, 7, PRIV_RW),
+            ],
+        );
+    });
+}
+
+#[test]
+fn mmap_type_field_takes_only_shared_or_private_for_anonymous_memory() {
+    on_both(4, |t| {
+        let a = t.region().page(0);
+        for ty in [0, MAP_SHARED_VALIDATE, 0x04, 0x06, 0x0c | MAP_PRIVATE, 0x0f] {
+            assert_eq!(
+                t.mmap(a, PAGE, RW, MAP_ANONYMOUS | MAP_FIXED | ty),
+                Err(EINVAL),
+                "type {ty:#x}"
+            );
+        }
+        // MAP_SHARED_VALIDATE rejects unknown bits and MAP_SYNC, but for
+        // anonymous memory the type alone already fails.
+        for extra in [MAP_SYNC, 0x80_0000, MAP_STACK] {
+            let f = MAP_SHARED_VALIDATE | MAP_ANONYMOUS | MAP_FIXED | extra;
+            assert_eq!(t.mmap(a, PAGE, RW, f), Err(EINVAL), "validate {extra:#x}");
+        }
+        assert_layout(t, &[]);
+    });
+}
+
+#[test]
+fn map_hugetlb_without_a_huge_page_pool() {
+    on_both(4, |t| {
+        // Placed by the kernel: fails before any mapping is made.
+        let f = ANON | MAP_HUGETLB;
+        assert_eq!(t.mmap(0, PAGE, RW, f), Err(ENOMEM));
+        assert_eq!(t.mmap(0, 0, RW, f), Err(EINVAL));
+        assert_eq!(t.mmap(0, PAGE, RW, f | (30 << MAP_HUGE_SHIFT)), Err(ENOMEM));
+        assert_eq!(t.mmap(0, PAGE, RW, f | (21 << MAP_HUGE_SHIFT)), Err(ENOMEM));
+        assert_eq!(t.mmap(0, PAGE, RW, f | (25 << MAP_HUGE_SHIFT)), Err(EINVAL));
+        assert_eq!(t.mmap(0, PAGE, RW, f | (12 << MAP_HUGE_SHIFT)), Err(EINVAL));
+        // A hugetlb file takes MAP_SHARED_VALIDATE.
+        let v = MAP_SHARED_VALIDATE | MAP_ANONYMOUS | MAP_HUGETLB;
+        assert_eq!(t.mmap(0, PAGE, RW, v), Err(ENOMEM));
+        // A fixed address must be aligned to the huge page size (the
+        // region's pages are not 2 MiB aligned).
+        let a = t.region().page(0);
+        assert_ne!(a % (2 << 20), 0);
+        assert_eq!(t.mmap(a, PAGE, RW, f | MAP_FIXED), Err(EINVAL));
+        assert_layout(t, &[]);
+    });
+}
+
+#[test]
+fn map_stack_sets_nohugepage_which_keeps_vmas_apart() {
+    on_both(8, |t| {
+        let r = t.region();
+        let (a, b, c) = (r.page(0), r.page(1), r.page(2));
+        assert_eq!(t.mmap(a, PAGE, RW, ANON | MAP_FIXED | MAP_STACK), Ok(a));
+        assert_eq!(t.mmap(b, PAGE, RW, ANON | MAP_FIXED | MAP_STACK), Ok(b));
+        assert_eq!(t.mmap(c, PAGE, RW, ANON | MAP_FIXED), Ok(c));
+        let s = r.page(5);
+        let gd = ANON | MAP_FIXED | MAP_GROWSDOWN | MAP_STACK;
+        assert_eq!(t.mmap(s, PAGE, RW, gd), Ok(s));
+        assert_flags(
+            t,
+            &[
+                (0, 2, "rd wr mr mw me ac nh"),
+                (2, 3, PRIV_RW),
+                (5, 6, "rd wr mr mw me gd ac nh"),
+            ],
+        );
+    });
+}
+
+#[test]
+fn map_sync_is_recorded_on_anonymous_memory() {
+    on_both(8, |t| {
+        let r = t.region();
+        let (a, b) = (r.page(0), r.page(1));
+        assert_eq!(t.mmap(a, PAGE, RW, ANON | MAP_FIXED | MAP_SYNC), Ok(a));
+        assert_eq!(t.mmap(b, PAGE, RW, ANON | MAP_FIXED), Ok(b));
+        let s = r.page(3);
+        assert_eq!(
+            t.mmap(s, PAGE, RW, SHARED_ANON | MAP_FIXED | MAP_SYNC),
+            Ok(s)
+        );
+        assert_flags(
+            t,
+            &[
+                (0, 1, "rd wr mr mw me ac sf"),
+                (1, 2, PRIV_RW),
+                (3, 4, "rd wr sh mr mw me ms sf"),
+            ],
+        );
+    });
+}
+
+#[test]
+fn map_locked_locks_and_populates() {
+    on_both(8, |t| {
+        let r = t.region();
+        let (a, n) = (r.page(0), r.page(4));
+        assert_eq!(
+            t.mmap(a, 3 * PAGE, RW, ANON | MAP_FIXED | MAP_LOCKED),
+            Ok(a)
+        );
+        assert_eq!(
+            t.mmap(n, PAGE, PROT_NONE, ANON | MAP_FIXED | MAP_LOCKED),
+            Ok(n)
+        );
+        assert_eq!(t.mmap(r.page(3), PAGE, RW, ANON | MAP_FIXED), Ok(r.page(3)));
+        assert_flags(
+            t,
+            &[
+                (0, 3, "rd wr mr mw me lo ac"),
+                (3, 4, PRIV_RW),
+                (4, 5, "mr mw me lo"),
+            ],
+        );
+        assert_eq!(resident(t, a, 4), [true, true, true, false]);
+        if let Some(mm) = t.aspace() {
+            let v = mm.vmas().into_iter().find(|v| v.start == a).unwrap();
+            assert_eq!(v.smaps_vmflags(), "VmFlags: rd wr mr mw me lo ac ");
+        }
+        // Locked pages cannot be dropped: EINVAL at the locked VMA.
+        assert_eq!(t.madvise(r.page(3), 2 * PAGE, MADV_DONTNEED), Err(EINVAL));
+        assert_eq!(t.madvise(a, PAGE, MADV_DONTNEED), Err(EINVAL));
+    });
+}
+
+#[test]
+fn map_populate_with_nonblock_does_not_populate() {
+    on_both(4, |t| {
+        let a = t.region().page(0);
+        let f = ANON | MAP_FIXED | MAP_POPULATE | MAP_NONBLOCK;
+        assert_eq!(t.mmap(a, 2 * PAGE, RW, f), Ok(a));
+        assert_eq!(resident(t, a, 2), [false, false]);
+        let b = t.region().page(2);
+        assert_eq!(
+            t.mmap(b, 2 * PAGE, RW, ANON | MAP_FIXED | MAP_POPULATE),
+            Ok(b)
+        );
+        assert_eq!(resident(t, b, 2), [true, true]);
+    });
+}
+
+#[test]
+fn map_32bit_places_below_2_gib() {
+    on_both(4, |t| {
+        // A hint above 2 GiB (a free page of the region) is not used.
+        let hint = t.region().page(0);
+        let a = t.mmap(hint, 2 * PAGE, RW, ANON | MAP_32BIT).unwrap();
+        assert!(
+            (0x4000_0000..0x8000_0000).contains(&a),
+            "[{}] {a:#x}",
+            t.name()
+        );
+        assert_eq!(t.unmap_outside(a, 2 * PAGE), Ok(()));
+        // With MAP_FIXED the address is used as given.
+        let f = ANON | MAP_32BIT | MAP_FIXED;
+        assert_eq!(t.mmap(hint, PAGE, RW, f), Ok(hint));
+        assert_layout(t, &[(0, 1, "rw-p")]);
+    });
+    // Without randomization, aspace takes the lowest fit from 1 GiB, or a
+    // free hint below 2 GiB.
+    let mm = AddressSpace::new(Config::default());
+    let f = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::BIT32;
+    assert_eq!(mm.mmap(0, PAGE, Prot::READ, f), Ok(0x4000_0000));
+    assert_eq!(mm.mmap(0x1000_0000, PAGE, Prot::READ, f), Ok(0x1000_0000));
+    assert_eq!(
+        mm.mmap(0x7fff_f000, 2 * PAGE, Prot::READ, f),
+        Ok(0x4000_1000)
+    );
+    assert_eq!(
+        mm.mmap(0, 1 << 31, Prot::READ, f),
+        Err(aspace::Error::NoMem)
+    );
+}
+
+// ---------------------------------------------------------------- madvise
+
+const MADV_RANDOM: i32 = 1;
+const MADV_SEQUENTIAL: i32 = 2;
+const MADV_WILLNEED: i32 = 3;
+const MADV_FREE: i32 = 8;
+const MADV_REMOVE: i32 = 9;
+const MADV_DONTFORK: i32 = 10;
+const MADV_DOFORK: i32 = 11;
+const MADV_HUGEPAGE: i32 = 14;
+const MADV_NOHUGEPAGE: i32 = 15;
+const MADV_WIPEONFORK: i32 = 18;
+const MADV_KEEPONFORK: i32 = 19;
+const MADV_POPULATE_READ: i32 = 22;
+const MADV_POPULATE_WRITE: i32 = 23;
+const MADV_DONTNEED_LOCKED: i32 = 24;
+
+/// Interior pages 0-1 private rw, a hole at 2, 3 private read-only, 4
+/// private inaccessible, 5 shared rw.
+fn madvise_setup(t: &mut dyn Target) {
+    let r = t.region();
+    let f = ANON | MAP_FIXED;
+    assert_eq!(t.mmap(r.page(0), 2 * PAGE, RW, f), Ok(r.page(0)));
+    assert_eq!(t.mmap(r.page(3), PAGE, PROT_READ, f), Ok(r.page(3)));
+    assert_eq!(t.mmap(r.page(4), PAGE, PROT_NONE, f), Ok(r.page(4)));
+    let s = SHARED_ANON | MAP_FIXED;
+    assert_eq!(t.mmap(r.page(5), PAGE, RW, s), Ok(r.page(5)));
+}
+
+#[test]
+fn madvise_flag_advice_splits_merges_and_reports_holes() {
+    on_both(8, |t| {
+        madvise_setup(t);
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        let (p0, p1, p3, p4, p5) = (p(0), p(1), p(3), p(4), p(5));
+        assert_eq!(t.madvise(p0, 5 * PAGE, MADV_WIPEONFORK), Err(ENOMEM));
+        assert_eq!(t.madvise(p5, PAGE, MADV_WIPEONFORK), Err(EINVAL));
+        assert_eq!(t.madvise(p1, PAGE, MADV_KEEPONFORK), Ok(()));
+        assert_eq!(t.madvise(p0, 6 * PAGE, MADV_DONTFORK), Err(ENOMEM));
+        assert_eq!(t.madvise(p0, PAGE, MADV_DOFORK), Ok(()));
+        assert_eq!(t.madvise(p3, 3 * PAGE, MADV_HUGEPAGE), Ok(()));
+        assert_eq!(t.madvise(p4, PAGE, MADV_NOHUGEPAGE), Ok(()));
+        assert_eq!(t.madvise(p0, PAGE, MADV_RANDOM), Ok(()));
+        assert_eq!(t.madvise(p1, PAGE, MADV_SEQUENTIAL), Ok(()));
+        assert_flags(
+            t,
+            &[
+                (0, 1, "rd wr mr mw me rr ac wf"),
+                (1, 2, "rd wr mr mw me sr dc ac"),
+                (3, 4, "rd mr mw me dc wf hg"),
+                (4, 5, "mr mw me dc wf nh"),
+                (5, 6, "rd wr sh mr mw me ms dc hg"),
+            ],
+        );
+        assert_eq!(t.madvise(p0, 2 * PAGE, MADV_NORMAL), Ok(()));
+        assert_eq!(t.madvise(p0, 2 * PAGE, MADV_KEEPONFORK), Ok(()));
+        assert_eq!(t.madvise(p1, PAGE, MADV_DOFORK), Ok(()));
+        // Back to the same flags: the two pages merge again.
+        assert_flags(
+            t,
+            &[
+                (0, 2, PRIV_RW),
+                (3, 4, "rd mr mw me dc wf hg"),
+                (4, 5, "mr mw me dc wf nh"),
+                (5, 6, "rd wr sh mr mw me ms dc hg"),
+            ],
+        );
+        assert_eq!(t.madvise(p0, 6 * PAGE, MADV_HUGEPAGE), Err(ENOMEM));
+        assert_eq!(t.madvise(p0, 6 * PAGE, MADV_WILLNEED), Err(ENOMEM));
+        assert_eq!(t.madvise(p0, 2 * PAGE, MADV_WILLNEED), Ok(()));
+    });
+}
+
+#[test]
+fn madvise_free_remove_and_dontneed_locked() {
+    on_both(8, |t| {
+        madvise_setup(t);
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        let (p0, p3, p5) = (p(0), p(3), p(5));
+        assert_eq!(t.madvise(p0, PAGE, MADV_REMOVE), Err(EINVAL));
+        assert_eq!(t.madvise(p3, 3 * PAGE, MADV_REMOVE), Err(EINVAL));
+        assert_eq!(t.write(p5, b"shared"), Ok(()));
+        assert_eq!(t.madvise(p5, PAGE, MADV_REMOVE), Ok(()));
+        assert_eq!(read_vec(t, p5, 6), Ok(vec![0; 6]));
+        // VM_MAYWRITE stays after mprotect: still allowed.
+        assert_eq!(t.mprotect(p5, PAGE, PROT_READ), Ok(()));
+        assert_eq!(t.madvise(p5, PAGE, MADV_REMOVE), Ok(()));
+        assert_eq!(t.madvise(p5, PAGE, MADV_FREE), Err(EINVAL));
+        assert_eq!(t.madvise(p0, 3 * PAGE, MADV_FREE), Err(ENOMEM));
+        assert_eq!(t.madvise(p3, PAGE, MADV_FREE), Ok(()));
+        assert_layout(
+            t,
+            &[
+                (0, 2, "rw-p"),
+                (3, 4, "r--p"),
+                (4, 5, "---p"),
+                (5, 6, "r--s"),
+            ],
+        );
+    });
+}
+
+#[test]
+fn madvise_on_locked_memory() {
+    on_both(8, |t| {
+        let r = t.region();
+        let a = r.page(0);
+        assert_eq!(
+            t.mmap(a, 2 * PAGE, RW, ANON | MAP_FIXED | MAP_LOCKED),
+            Ok(a)
+        );
+        assert_eq!(t.write(a, b"locked"), Ok(()));
+        assert_eq!(t.madvise(a, PAGE, MADV_DONTNEED), Err(EINVAL));
+        assert_eq!(t.madvise(a, PAGE, MADV_FREE), Err(EINVAL));
+        assert_eq!(t.madvise(a, PAGE, MADV_REMOVE), Err(EINVAL));
+        assert_eq!(read_vec(t, a, 6), Ok(b"locked".to_vec()));
+        assert_eq!(t.madvise(a, PAGE, MADV_DONTNEED_LOCKED), Ok(()));
+        assert_eq!(read_vec(t, a, 6), Ok(vec![0; 6]));
+        assert_eq!(t.madvise(a, 3 * PAGE, MADV_DONTNEED_LOCKED), Err(ENOMEM));
+    });
+}
+
+#[test]
+fn madvise_populate_read_and_write() {
+    on_both(8, |t| {
+        madvise_setup(t);
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        let (p0, p3, p4, p5) = (p(0), p(3), p(4), p(5));
+        assert_eq!(t.madvise(p0, 4 * PAGE, MADV_POPULATE_WRITE), Err(ENOMEM));
+        // The pages before the hole were populated, for writing.
+        assert_eq!(resident(t, p0, 2), [true, true]);
+        assert_eq!(t.madvise(p3, PAGE, MADV_POPULATE_WRITE), Err(EINVAL));
+        assert_eq!(t.madvise(p3, PAGE, MADV_POPULATE_READ), Ok(()));
+        assert_eq!(t.madvise(p4, PAGE, MADV_POPULATE_READ), Err(EINVAL));
+        assert_eq!(t.madvise(p3, 3 * PAGE, MADV_POPULATE_READ), Err(EINVAL));
+        assert_eq!(t.madvise(p5, PAGE, MADV_POPULATE_WRITE), Ok(()));
+        assert_eq!(t.madvise(p(2), 2 * PAGE, MADV_POPULATE_READ), Err(ENOMEM));
+        assert_eq!(t.madvise(p0 + 1, PAGE, MADV_POPULATE_READ), Err(EINVAL));
+    });
+}
+
+/// A one-byte load through a pipe (`copy_from_user`), for forked
+/// children: the byte, or None on EFAULT.
+fn kernel_load(pipe: [libc::c_int; 2], addr: u64) -> Option<u8> {
+    let mut b = 0u8;
+    // SAFETY: `pipe` is an open pipe; the write reads one byte at `addr`
+    // (the kernel checks it and returns EFAULT for a bad address), the
+    // read stores into a local.
+    unsafe {
+        if libc::write(pipe[1], addr as *const libc::c_void, 1) != 1 {
+            return None;
+        }
+        libc::read(pipe[0], (&mut b as *mut u8).cast(), 1);
+    }
+    Some(b)
+}
+
+#[test]
+fn fork_honours_dontfork_and_wipeonfork() {
+    // Pages 0-1 DONTFORK, 2 WIPEONFORK, 3 plain; each written with 7.
+    let setup = |t: &mut dyn Target| {
+        let r = t.region();
+        assert_eq!(
+            t.mmap(r.page(0), 4 * PAGE, RW, ANON | MAP_FIXED),
+            Ok(r.page(0))
+        );
+        for i in 0..4 {
+            assert_eq!(t.write(r.page(i), &[7]), Ok(()));
+        }
+        assert_eq!(t.madvise(r.page(0), 2 * PAGE, MADV_DONTFORK), Ok(()));
+        assert_eq!(t.madvise(r.page(2), PAGE, MADV_WIPEONFORK), Ok(()));
+    };
+    // What the child sees at pages 1, 2, 3 (None: no mapping), and its
+    // layout.
+    let want_loads = [None, Some(0), Some(7)];
+    let want_layout = |r: &Region| {
+        vec![
+            (r.page(2), r.page(3), "rw-p".to_string()),
+            (r.page(3), r.page(4), "rw-p".to_string()),
+        ]
+    };
+    let region = match KernelTarget::new(8) {
+        Some(mut k) => {
+            setup(&mut k);
+            let r = k.region();
+            let (res, maps) = in_forked_child(|pipe| {
+                let mut out = [0u8; 64];
+                for (i, p) in [1, 2, 3].into_iter().enumerate() {
+                    out[2 * i] = kernel_load(pipe, r.page(p)).is_some() as u8;
+                    out[2 * i + 1] = kernel_load(pipe, r.page(p)).unwrap_or(0);
+                }
+                (out, 6)
+            });
+            let loads: Vec<Option<u8>> =
+                res.chunks(2).map(|c| (c[0] == 1).then_some(c[1])).collect();
+            assert_eq!(loads, want_loads, "kernel child loads");
+            assert_eq!(interior(&maps, &r), want_layout(&r), "kernel child layout");
+            r
+        }
+        None => Region::new(aspace_target::DEFAULT_REGION_START, 8),
+    };
+    let mut t = AspaceTarget::new(region);
+    setup(&mut t);
+    let child = t.mm.fork().unwrap();
+    let loads: Vec<Option<u8>> = [1, 2, 3]
+        .into_iter()
+        .map(|p| {
+            let mut b = [0u8];
+            child.read(region.page(p), &mut b).ok().map(|_| b[0])
+        })
+        .collect();
+    assert_eq!(loads, want_loads, "aspace child loads");
+    assert_eq!(interior(&child.maps(), &region), want_layout(&region));
+    // The parent keeps its data and flags.
+    let mut b = [0u8];
+    t.mm.read(region.page(2), &mut b).unwrap();
+    assert_eq!(b, [7]);
+}
+
+// ---------------------------------------------------------------- mlock, mincore, msync
+
+const MLOCK_ONFAULT: u32 = 1;
+
+/// Panics unless `[addr, addr + len)` (page-rounded as mlock rounds it)
+/// lies in `t`'s region: the kernel calls below act on this process.
+fn assert_in_region(t: &dyn Target, addr: u64, len: u64) {
+    let r = t.region();
+    let start = addr & !(PAGE - 1);
+    // A length that wraps when rounded makes the kernel do nothing.
+    let Some(l) = len.checked_add(addr - start).and_then(page_align) else {
+        return;
+    };
+    assert!(
+        start >= r.start && start + l <= r.end,
+        "test bug: {addr:#x}+{len:#x} is outside the region"
+    );
+}
+
+fn errno_of(rc: libc::c_long) -> Res<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+    }
+}
+
+/// `mlock2` (flags 0 is `mlock`), on either side.
+fn mlock2(t: &mut dyn Target, addr: u64, len: u64, flags: u32) -> Res<()> {
+    if let Some(mm) = t.aspace() {
+        return mm
+            .mlock2(addr, len, aspace::MlockFlags::from_bits_retain(flags))
+            .map_err(|e| e.errno());
+    }
+    assert_in_region(t, addr, len);
+    // SAFETY: the range is inside the test region (checked above); mlock2
+    // only changes VMA flags and faults pages in there.
+    errno_of(unsafe { libc::syscall(libc::SYS_mlock2, addr, len, flags) })
+}
+
+fn munlock(t: &mut dyn Target, addr: u64, len: u64) -> Res<()> {
+    if let Some(mm) = t.aspace() {
+        return mm.munlock(addr, len).map_err(|e| e.errno());
+    }
+    assert_in_region(t, addr, len);
+    // SAFETY: as in `mlock2`.
+    errno_of(unsafe { libc::syscall(libc::SYS_munlock, addr, len) })
+}
+
+fn msync(t: &mut dyn Target, addr: u64, len: u64, flags: u32) -> Res<()> {
+    if let Some(mm) = t.aspace() {
+        return mm
+            .msync(addr, len, aspace::MsyncFlags::from_bits_retain(flags))
+            .map_err(|e| e.errno());
+    }
+    // SAFETY: msync of anonymous memory writes nothing back; it only
+    // inspects the VMAs.
+    errno_of(unsafe { libc::syscall(libc::SYS_msync, addr, len, flags) })
+}
+
+/// mincore of `len` bytes, on either side: one entry per page, or errno.
+fn mincore(t: &mut dyn Target, addr: u64, len: u64) -> Res<Vec<bool>> {
+    if let Some(mm) = t.aspace() {
+        return mm.mincore(addr, len).map_err(|e| e.errno());
+    }
+    let mut v = vec![0u8; len.div_ceil(PAGE) as usize];
+    // SAFETY: mincore reads page-table state only and writes one byte per
+    // page into `v`, which has that many.
+    let rc = unsafe { libc::syscall(libc::SYS_mincore, addr, len, v.as_mut_ptr()) };
+    errno_of(rc).map(|_| v.into_iter().map(|b| b & 1 != 0).collect())
+}
+
+#[test]
+fn mlock_locks_populates_and_stops_at_holes() {
+    on_both(8, |t| {
+        madvise_setup(t);
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        // An inaccessible VMA is locked but cannot be populated: ENOMEM.
+        assert_eq!(mlock2(t, p(4), PAGE, 0), Err(ENOMEM));
+        assert_eq!(mlock2(t, p(3), 3 * PAGE, 0), Err(ENOMEM));
+        assert_eq!(resident(t, p(3), 3), [true, false, false]);
+        // An unaligned start is rounded down.
+        assert_eq!(mlock2(t, p(0) + 100, 10, 0), Ok(()));
+        assert_eq!(resident(t, p(0), 2), [true, false]);
+        // A hole: the VMA before it is locked, then ENOMEM.
+        assert_eq!(mlock2(t, p(0), 3 * PAGE, 0), Err(ENOMEM));
+        assert_eq!(mlock2(t, p(2), 2 * PAGE, 0), Err(ENOMEM));
+        assert_flags(
+            t,
+            &[
+                (0, 2, "rd wr mr mw me lo ac"),
+                (3, 4, "rd mr mw me lo"),
+                (4, 5, "mr mw me lo"),
+                (5, 6, "rd wr sh mr mw me ms lo"),
+            ],
+        );
+        assert_eq!(munlock(t, p(0), 6 * PAGE), Err(ENOMEM));
+        assert_flags(
+            t,
+            &[
+                (0, 2, PRIV_RW),
+                (3, 4, "rd mr mw me lo"),
+                (4, 5, "mr mw me lo"),
+                (5, 6, "rd wr sh mr mw me ms lo"),
+            ],
+        );
+        assert_eq!(munlock(t, p(3), 3 * PAGE), Ok(()));
+        assert_eq!(mlock2(t, p(2), 0, 0), Ok(()));
+        assert_eq!(mlock2(t, p(0), u64::MAX, 0), Ok(()));
+    });
+}
+
+#[test]
+fn mlock2_onfault_locks_without_populating() {
+    on_both(8, |t| {
+        let r = t.region();
+        let a = r.page(0);
+        assert_eq!(t.mmap(a, 2 * PAGE, RW, ANON | MAP_FIXED), Ok(a));
+        assert_eq!(mlock2(t, a, 2 * PAGE, 2), Err(EINVAL));
+        assert_eq!(mlock2(t, a, 0, 2), Err(EINVAL));
+        assert_eq!(mlock2(t, a, 2 * PAGE, MLOCK_ONFAULT), Ok(()));
+        assert_eq!(resident(t, a, 2), [false, false]);
+        assert_flags(t, &[(0, 2, "rd wr mr mw me lo lf ac")]);
+        // A plain lock over an on-fault one populates.
+        assert_eq!(mlock2(t, a, PAGE, 0), Ok(()));
+        assert_eq!(resident(t, a, 2), [true, false]);
+        assert_flags(
+            t,
+            &[
+                (0, 1, "rd wr mr mw me lo ac"),
+                (1, 2, "rd wr mr mw me lo lf ac"),
+            ],
+        );
+        assert_eq!(munlock(t, a, 2 * PAGE), Ok(()));
+        assert_flags(t, &[(0, 2, PRIV_RW)]);
+    });
+}
+
+#[test]
+fn mincore_reports_resident_pages_and_holes() {
+    on_both(12, |t| {
+        madvise_setup(t);
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        assert_eq!(mincore(t, p(0) + 1, PAGE), Err(EINVAL));
+        assert_eq!(mincore(t, p(0), 3 * PAGE), Err(ENOMEM));
+        assert_eq!(mincore(t, p(2), 0), Ok(vec![]));
+        assert_eq!(mincore(t, TASK_SIZE - PAGE, 2 * PAGE), Err(ENOMEM));
+        assert_eq!(t.write(p(1), b"x"), Ok(()));
+        assert_eq!(read_vec(t, p(3), 1), Ok(vec![0]));
+        assert_eq!(mincore(t, p(0), 1), Ok(vec![false]));
+        assert_eq!(mincore(t, p(0), 2 * PAGE), Ok(vec![false, true]));
+        // The zero page counts; a shared object's page stays resident in
+        // the object after its entry is dropped.
+        assert_eq!(mincore(t, p(3), PAGE), Ok(vec![true]));
+        let s = p(8);
+        assert_eq!(t.mmap(s, 2 * PAGE, RW, SHARED_ANON | MAP_FIXED), Ok(s));
+        assert_eq!(t.write(s, b"s"), Ok(()));
+        assert_eq!(t.madvise(s, 2 * PAGE, MADV_DONTNEED), Ok(()));
+        assert_eq!(mincore(t, s, 2 * PAGE), Ok(vec![true, false]));
+    });
+}
+
+#[test]
+fn msync_argument_checks_and_holes() {
+    const MS_ASYNC: u32 = 1;
+    const MS_INVALIDATE: u32 = 2;
+    const MS_SYNC: u32 = 4;
+    on_both(12, |t| {
+        madvise_setup(t);
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        assert_eq!(msync(t, p(0), PAGE, 8), Err(EINVAL));
+        assert_eq!(msync(t, p(0), PAGE, MS_ASYNC | MS_SYNC), Err(EINVAL));
+        assert_eq!(msync(t, p(0) + 1, PAGE, MS_SYNC), Err(EINVAL));
+        assert_eq!(msync(t, p(0), PAGE, 0), Ok(()));
+        assert_eq!(msync(t, p(0), 3 * PAGE, MS_ASYNC), Err(ENOMEM));
+        assert_eq!(msync(t, p(0), 3 * PAGE, MS_SYNC), Err(ENOMEM));
+        assert_eq!(msync(t, p(2), 2 * PAGE, MS_SYNC), Err(ENOMEM));
+        assert_eq!(msync(t, p(2), 0, MS_SYNC), Ok(()));
+        assert_eq!(msync(t, p(0), u64::MAX, MS_SYNC), Ok(()));
+        assert_eq!(msync(t, p(5), 4 * PAGE, MS_SYNC), Err(ENOMEM));
+        assert_eq!(msync(t, p(8), 2 * PAGE, MS_SYNC), Err(ENOMEM));
+        assert_eq!(msync(t, p(3), 3 * PAGE, MS_SYNC | MS_INVALIDATE), Ok(()));
+        assert_eq!(mlock2(t, p(0), PAGE, 0), Ok(()));
+        assert_eq!(msync(t, p(0), PAGE, MS_INVALIDATE), Err(16));
+        assert_eq!(msync(t, p(0), PAGE, MS_SYNC), Ok(()));
+    });
+}
+
+#[test]
+fn mlockall_current_onfault_and_future() {
+    const MCL_CURRENT: i32 = 1;
+    const MCL_FUTURE: i32 = 2;
+    const MCL_ONFAULT: i32 = 4;
+    // In a forked child (mlockall acts on the whole process): lock the
+    // current mappings on fault, then make future ones locked, map two
+    // pages, and report smaps; the expected flags of the region's VMAs.
+    let want: Vec<Vec<&str>> = vec![
+        vec!["ac", "lf", "lo", "me", "mr", "mw", "rd", "wr"],
+        vec!["ac", "lo", "me", "mr", "mw", "rd", "wr"],
+    ];
+    let want: Vec<Vec<String>> = want
+        .into_iter()
+        .map(|v| v.into_iter().map(String::from).collect())
+        .collect();
+    let region = match KernelTarget::new(8) {
+        Some(mut k) => {
+            let r = k.region();
+            assert_eq!(k.mmap(r.page(0), PAGE, RW, ANON | MAP_FIXED), Ok(r.page(0)));
+            let (res, smaps) = in_forked_child_reporting(c"/proc/self/smaps", |_| {
+                let mut out = [0u8; 64];
+                // SAFETY: mlockall and mmap on this child's own memory;
+                // the mapping is MAP_FIXED inside the test region.
+                unsafe {
+                    out[0] = libc::mlockall(MCL_ONFAULT) as u8;
+                    out[1] = libc::mlockall(MCL_CURRENT | MCL_ONFAULT) as u8;
+                    out[2] = libc::mlockall(MCL_FUTURE) as u8;
+                    let p = libc::mmap(
+                        r.page(2) as *mut libc::c_void,
+                        PAGE as usize,
+                        RW as i32,
+                        (ANON | MAP_FIXED) as i32,
+                        -1,
+                        0,
+                    );
+                    out[3] = (p as u64 == r.page(2)) as u8;
+                }
+                (out, 4)
+            });
+            assert_eq!(res, [u8::MAX, 0, 0, 1], "kernel mlockall results");
+            let flags: Vec<Vec<String>> = common::kernel::smaps_flags_in(&smaps, r.lo, r.hi)
+                .into_iter()
+                .map(|(_, _, f)| comparable_flags(f))
+                .collect();
+            assert_eq!(flags, want, "kernel child");
+            r
+        }
+        None => Region::new(aspace_target::DEFAULT_REGION_START, 8),
+    };
+    use aspace::MlockAllFlags as M;
+    let t = AspaceTarget::new(region);
+    let mm = &t.mm;
+    let f = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED;
+    mm.mmap(region.page(0), PAGE, Prot::READ | Prot::WRITE, f)
+        .unwrap();
+    assert_eq!(mm.mlockall(M::ONFAULT), Err(aspace::Error::Inval));
+    assert_eq!(mm.mlockall(M::CURRENT | M::ONFAULT), Ok(()));
+    assert_eq!(mm.mlockall(M::FUTURE), Ok(()));
+    mm.mmap(region.page(2), PAGE, Prot::READ | Prot::WRITE, f)
+        .unwrap();
+    let flags: Vec<Vec<String>> = mm
+        .vmas()
+        .into_iter()
+        .filter(|v| v.start >= region.lo && v.end <= region.hi)
+        .map(|v| common::aspace_target::mnemonics(v.flags))
+        .collect();
+    assert_eq!(flags, want, "aspace");
+    // The future lock populated the new mapping; munlockall clears all.
+    assert_eq!(mm.mincore(region.page(2), PAGE), Ok(vec![true]));
+    assert_eq!(mm.munlockall(), Ok(()));
+    assert!(mm
+        .vmas()
+        .iter()
+        .all(|v| !v.flags.contains(aspace::VmFlags::LOCKED)));
+    let g = mm
+        .mmap(0, PAGE, Prot::READ, MapFlags::PRIVATE | MapFlags::ANONYMOUS)
+        .unwrap();
+    assert!(!mm
+        .vma_at(g)
+        .unwrap()
+        .flags
+        .contains(aspace::VmFlags::LOCKED));
+}
+
+// ---------------------------------------------------------------- [heap]
+
+/// `start_brk` of this process (field 47 of /proc/self/stat).
+fn start_brk() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(47 - 3)?.parse().ok()
+}
+
+/// The path column of the maps line of the VMA containing `addr`.
+fn label_at(maps: &str, addr: u64) -> Option<String> {
+    maps.lines().find_map(|l| {
+        let v = parse_maps_line(l)?;
+        (v.start <= addr && addr < v.end)
+            .then(|| l.split_whitespace().nth(5).unwrap_or("").to_string())
+    })
+}
+
+#[test]
+fn a_vma_that_ends_at_the_heap_start_is_not_the_heap() {
+    // The kernel, in a forked child (other threads of this process may
+    // move the break): a read-only page right below start_brk.
+    if let Some(sb) = start_brk().filter(|&b| b % PAGE == 0) {
+        let (res, maps) = in_forked_child(|_| {
+            let mut out = [0u8; 64];
+            // SAFETY: MAP_FIXED_NOREPLACE maps only where nothing is (it
+            // fails with EEXIST otherwise); no Rust object lives in a free
+            // range.
+            let p = unsafe {
+                libc::mmap(
+                    (sb - PAGE) as *mut libc::c_void,
+                    PAGE as usize,
+                    libc::PROT_READ,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+            out[0] = (p as u64 == sb - PAGE) as u8;
+            (out, 1)
+        });
+        if res[0] == 1 {
+            assert_eq!(label_at(&maps, sb - PAGE).as_deref(), Some(""), "kernel");
+        }
+    }
+    let mm = AddressSpace::new(Config::default());
+    let sb = Config::default().brk_start;
+    let f = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED;
+    mm.mmap(sb - PAGE, PAGE, Prot::READ, f).unwrap();
+    // An empty heap: nothing is the heap.
+    assert_eq!(label_at(&mm.maps(), sb - PAGE).as_deref(), Some(""));
+    assert_eq!(mm.brk(sb + 2 * PAGE), Ok(sb + 2 * PAGE));
+    assert_eq!(label_at(&mm.maps(), sb).as_deref(), Some("[heap]"));
+    assert_eq!(label_at(&mm.maps(), sb - PAGE).as_deref(), Some(""));
+    // Nor is a VMA that starts at the break.
+    mm.mmap(sb + 2 * PAGE, PAGE, Prot::READ, f).unwrap();
+    assert_eq!(label_at(&mm.maps(), sb + 2 * PAGE).as_deref(), Some(""));
+}
+
+// ---------------------------------------------------------------- names
+
+/// `prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME)` (or `set_anon_name`).
+fn set_name(t: &mut dyn Target, addr: u64, len: u64, name: Option<&str>) -> Res<()> {
+    if let Some(mm) = t.aspace() {
+        return mm.set_anon_name(addr, len, name).map_err(|e| e.errno());
+    }
+    assert_in_region(t, addr, len);
+    let c = name.map(|n| std::ffi::CString::new(n).unwrap());
+    let p = c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: the range is inside the test region (checked above); the
+    // name is a valid C string or null; the call only names VMAs.
+    let rc = unsafe { libc::prctl(libc::PR_SET_VMA, libc::PR_SET_VMA_ANON_NAME, addr, len, p) };
+    errno_of(rc as libc::c_long)
+}
+
+/// (first page, end page, path column) of the interior's VMAs.
+fn labels(t: &mut dyn Target) -> Vec<(u64, u64, String)> {
+    let r = t.region();
+    let maps = match t.aspace() {
+        Some(mm) => mm.maps(),
+        None => std::fs::read_to_string("/proc/self/maps").unwrap(),
+    };
+    maps.lines()
+        .filter_map(|l| {
+            let v = parse_maps_line(l)?;
+            let path = l.split_whitespace().nth(5).unwrap_or("").to_string();
+            (v.start >= r.lo && v.end <= r.hi)
+                .then(|| ((v.start - r.lo) / PAGE, (v.end - r.lo) / PAGE, path))
+        })
+        .collect()
+}
+
+/// True if the running kernel names VMAs (`CONFIG_ANON_VMA_NAME`); says
+/// on stderr when it does not.
+fn kernel_names_vmas() -> bool {
+    let Some(mut k) = KernelTarget::new(1) else {
+        return false;
+    };
+    let a = k.region().page(0);
+    assert_eq!(k.mmap(a, PAGE, RW, ANON | MAP_FIXED), Ok(a));
+    let ok = set_name(&mut k, a, PAGE, Some("probe")) == Ok(());
+    if !ok {
+        eprintln!("kernel side skipped: this kernel has no CONFIG_ANON_VMA_NAME");
+    }
+    ok
+}
+
+/// Runs `f` on the kernel when it names VMAs, then on aspace.
+fn on_both_names(pages: u64, f: impl Fn(&mut dyn Target)) {
+    if kernel_names_vmas() {
+        on_both(pages, f);
+    } else {
+        f(&mut AspaceTarget::new(Region::new(
+            aspace_target::DEFAULT_REGION_START,
+            pages,
+        )));
+    }
+}
+
+#[test]
+fn anon_names_split_merge_and_show_in_maps() {
+    on_both_names(8, |t| {
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        assert_eq!(t.mmap(p(0), 4 * PAGE, RW, ANON | MAP_FIXED), Ok(p(0)));
+        assert_eq!(
+            t.mmap(p(5), 2 * PAGE, RW, SHARED_ANON | MAP_FIXED),
+            Ok(p(5))
+        );
+        assert_eq!(set_name(t, p(1), PAGE, Some("foo")), Ok(()));
+        assert_eq!(set_name(t, p(2), PAGE, Some("foo")), Ok(()));
+        assert_eq!(
+            labels(t),
+            [
+                (0, 1, String::new()),
+                (1, 3, "[anon:foo]".into()),
+                (3, 4, String::new()),
+                (5, 7, "/dev/zero".into())
+            ]
+        );
+        // Over a hole: the mapped parts are named, then ENOMEM.
+        assert_eq!(set_name(t, p(0), 7 * PAGE, Some("bar")), Err(ENOMEM));
+        assert_eq!(
+            labels(t),
+            [
+                (0, 4, "[anon:bar]".into()),
+                (5, 7, "[anon_shmem:bar]".into())
+            ]
+        );
+        // Clearing merges back; a new mapping merges only with the unnamed.
+        assert_eq!(set_name(t, p(0), 4 * PAGE, None), Ok(()));
+        assert_eq!(set_name(t, p(3), PAGE, Some("z")), Ok(()));
+        assert_eq!(t.mmap(p(4), PAGE, RW, ANON | MAP_FIXED), Ok(p(4)));
+        assert_eq!(
+            labels(t),
+            [
+                (0, 3, String::new()),
+                (3, 4, "[anon:z]".into()),
+                (4, 5, String::new()),
+                (5, 7, "[anon_shmem:bar]".into())
+            ]
+        );
+        for bad in ["a[b", "a$", "a\tb", "x\\", "`", &"y".repeat(80)] {
+            assert_eq!(set_name(t, p(0), PAGE, Some(bad)), Err(EINVAL), "{bad:?}");
+        }
+        assert_eq!(set_name(t, p(0), PAGE, Some(&"y".repeat(79))), Ok(()));
+        assert_eq!(set_name(t, p(0), PAGE, Some("a b")), Ok(()));
+        assert_eq!(set_name(t, p(0) + 1, PAGE, Some("a")), Err(EINVAL));
+        assert_eq!(set_name(t, p(0), 0, Some("a")), Ok(()));
+        assert_eq!(set_name(t, p(7), PAGE, Some("a")), Err(ENOMEM));
+    });
+}
+
+#[test]
+fn anon_names_survive_mremap_and_fork() {
+    let t = AspaceTarget::new(Region::new(aspace_target::DEFAULT_REGION_START, 16));
+    let r = t.region();
+    let mm = &t.mm;
+    let f = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED;
+    mm.mmap(r.page(0), 2 * PAGE, Prot::READ | Prot::WRITE, f)
+        .unwrap();
+    mm.set_anon_name(r.page(0), 2 * PAGE, Some("heap2"))
+        .unwrap();
+    let mv = aspace::MremapFlags::MAYMOVE | aspace::MremapFlags::FIXED;
+    assert_eq!(
+        mm.mremap(r.page(0), 2 * PAGE, 4 * PAGE, mv, r.page(8)),
+        Ok(r.page(8))
+    );
+    assert_eq!(mm.vma_at(r.page(8)).unwrap().name.as_deref(), Some("heap2"));
+    assert_eq!(mm.vma_at(r.page(11)).unwrap().end, r.page(12));
+    let child = mm.fork().unwrap();
+    assert!(child.maps().contains("[anon:heap2]"));
+}
