@@ -1,9 +1,9 @@
-//! pft: page-fault scaling, PerVma against MmapLock, in the shape of
-//! mmtests' compare-kernels table.
+//! pft: page-fault scaling, PerVma and Speculative against MmapLock, in
+//! the shape of mmtests' compare-kernels table.
 //!
 //! ```text
 //! cargo run --release --example pft -- [--threads 1,2,4] [--reps 5]
-//!     [--workload single|per-thread|all] [--writer|--no-writer]
+//!     [--workload single|per-thread|interleaved|all] [--writer|--no-writer]
 //!     [--mib M] [--no-zero] [--csv FILE] [--plot FILE.svg]
 //! ```
 //!
@@ -38,7 +38,7 @@ struct Args {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: pft [--threads 1,2,4] [--reps N] [--workload single|per-thread|all] \
+        "usage: pft [--threads 1,2,4] [--reps N] [--workload single|per-thread|interleaved|all] \
          [--writer|--no-writer] [--mib M] [--no-zero] [--csv FILE] [--plot FILE.svg]"
     );
     std::process::exit(2)
@@ -65,7 +65,8 @@ fn parse() -> Args {
                 a.workloads = match val().as_str() {
                     "single" => vec![Workload::Single],
                     "per-thread" => vec![Workload::PerThread],
-                    "all" => vec![Workload::Single, Workload::PerThread],
+                    "interleaved" => vec![Workload::Interleaved],
+                    "all" => vec![Workload::Single, Workload::PerThread, Workload::Interleaved],
                     _ => usage(),
                 }
             }
@@ -88,12 +89,17 @@ fn range(xs: &[f64]) -> (f64, f64) {
     (lo, hi)
 }
 
-/// One table row: a metric at a thread count for both modes.
+/// The modes, in table order (the first is the baseline).
+const MODES: [FaultLocking; 3] = [
+    FaultLocking::MmapLock,
+    FaultLocking::PerVma,
+    FaultLocking::Speculative,
+];
+
+/// One table row: a metric at a thread count for every mode.
 struct Point {
     label: String,
-    threads: usize,
-    mmap: Vec<f64>,
-    pervma: Vec<f64>,
+    by_mode: [Vec<f64>; MODES.len()],
 }
 
 /// MiB per thread that makes a one-thread point take about 0.2 s: one
@@ -138,22 +144,19 @@ fn main() {
         args.reps,
         if args.zero { "on" } else { "off" }
     );
-    let mut csv = String::from("workload,writer,locking,threads,rep,faults,wall_s,faults_per_sec,faults_per_cpu,per_vma_faults,writer_ops\n");
+    let mut csv = String::from("workload,writer,locking,threads,rep,faults,wall_s,faults_per_sec,faults_per_cpu,per_vma_faults,writer_ops,speculative_faults,spec_aborts\n");
     let mut plot_series: Vec<(String, Vec<(usize, f64)>)> = Vec::new();
     for &wl in &args.workloads {
         for &writer in &args.writer {
             let title = format!("{}{}", wl.name(), if writer { " + writer" } else { "" });
             let mut rows: Vec<Point> = Vec::new();
-            let mut per_mode_sec: [Vec<(usize, f64)>; 2] = [Vec::new(), Vec::new()];
+            let mut per_mode_sec: [Vec<(usize, f64)>; MODES.len()] = Default::default();
             for &threads in &args.threads {
                 let pool = Workers::new(threads, writer);
-                let mut samples: [Vec<Sample>; 2] = [Vec::new(), Vec::new()];
+                let mut samples: [Vec<Sample>; MODES.len()] = Default::default();
                 for rep in 0..args.reps {
                     // Alternate the modes so drift hits both alike.
-                    for (m, locking) in [FaultLocking::MmapLock, FaultLocking::PerVma]
-                        .into_iter()
-                        .enumerate()
-                    {
+                    for (m, locking) in MODES.into_iter().enumerate() {
                         eprint!(
                             "\r{title}: {threads} threads, rep {}/{} {:?}        ",
                             rep + 1,
@@ -171,7 +174,7 @@ fn main() {
                         });
                         let _ = writeln!(
                             csv,
-                            "{},{},{:?},{},{},{},{:.6},{:.1},{:.1},{},{}",
+                            "{},{},{:?},{},{},{},{:.6},{:.1},{:.1},{},{},{},{}",
                             wl.name(),
                             writer,
                             locking,
@@ -182,7 +185,9 @@ fn main() {
                             s.faults_per_sec(),
                             s.faults_per_cpu(),
                             s.per_vma,
-                            s.writer_ops
+                            s.writer_ops,
+                            s.speculative,
+                            s.spec_aborts
                         );
                         samples[m].push(s);
                     }
@@ -201,36 +206,40 @@ fn main() {
                 };
                 rows.push(Point {
                     label: format!("faults/cpu-{threads}"),
-                    threads,
-                    mmap: cpu(0),
-                    pervma: cpu(1),
+                    by_mode: core::array::from_fn(cpu),
                 });
                 rows.push(Point {
                     label: format!("faults/sec-{threads}"),
-                    threads,
-                    mmap: sec(0),
-                    pervma: sec(1),
+                    by_mode: core::array::from_fn(sec),
                 });
-                per_mode_sec[0].push((threads, hmean(&sec(0))));
-                per_mode_sec[1].push((threads, hmean(&sec(1))));
+                for (m, series) in per_mode_sec.iter_mut().enumerate() {
+                    series.push((threads, hmean(&sec(m))));
+                }
             }
             eprint!("\r{:70}\r", "");
             println!("\n{title}");
-            println!("{:<22} {:>22} {:>24}", "", "MmapLock", "PerVma");
+            println!(
+                "{:<22} {:>22} {:>24} {:>24}",
+                "", "MmapLock", "PerVma", "Speculative"
+            );
             for r in &rows {
-                let (a, b) = (hmean(&r.mmap), hmean(&r.pervma));
-                let pct = (b - a) / a * 100.0;
-                let ((alo, ahi), (blo, bhi)) = (range(&r.mmap), range(&r.pervma));
-                // Starred when the repetitions' ranges do not overlap.
-                let star = if blo > ahi || bhi < alo { '*' } else { ' ' };
-                println!(
-                    "Hmean {:<16} {:>12.2} (  0.00%) {:>12.2} {}{:>7.2}%{}",
-                    r.label, a, b, star, pct, star
-                );
-                let _ = r.threads;
+                let base = &r.by_mode[0];
+                let a = hmean(base);
+                let (alo, ahi) = range(base);
+                let mut line = format!("Hmean {:<16} {:>12.2} (  0.00%)", r.label, a);
+                for other in &r.by_mode[1..] {
+                    let b = hmean(other);
+                    let pct = (b - a) / a * 100.0;
+                    let (blo, bhi) = range(other);
+                    // Starred when the repetitions' ranges do not overlap.
+                    let star = if blo > ahi || bhi < alo { '*' } else { ' ' };
+                    let _ = write!(line, " {:>12.2} {}{:>7.2}%{}", b, star, pct, star);
+                }
+                println!("{line}");
             }
-            plot_series.push((format!("{title}, MmapLock"), per_mode_sec[0].clone()));
-            plot_series.push((format!("{title}, PerVma"), per_mode_sec[1].clone()));
+            for (m, series) in per_mode_sec.iter().enumerate() {
+                plot_series.push((format!("{title}, {:?}", MODES[m]), series.clone()));
+            }
         }
     }
     if let Some(path) = &args.csv {
@@ -280,7 +289,7 @@ fn plot(
         .draw()?;
     for (i, (name, pts)) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
-        let style = if name.ends_with("PerVma") {
+        let style = if name.ends_with("PerVma") || name.ends_with("Speculative") {
             color.stroke_width(3)
         } else {
             color.stroke_width(1)
