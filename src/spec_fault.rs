@@ -85,6 +85,11 @@
 //! munmap of ours walked past its PMD slot, and then no lock would order
 //! the two: we fall back there.
 //!
+//! Checked by `loom_tests/spec_fault.rs` (mprotect, a split) and
+//! `tests/stress_spec.rs` (splits, fork, DONTNEED under faults); loom
+//! models against munmap, mremap and VMA reuse are still missing (too slow
+//! to finish at bound 2 as written).
+//!
 //! # Shared-memory writes left on the path
 //!
 //! | write | where | why it is not contended |
