@@ -1,5 +1,5 @@
 #![allow(missing_docs)] // criterion_group! generates undocumented items
-//! pft as criterion groups: faults through both locking modes, for each
+//! pft as criterion groups: faults through every locking mode, for each
 //! workload and thread count (Throughput = faults).
 //!
 //! `cargo bench --bench pft`
@@ -18,7 +18,7 @@ use std::time::Duration;
 const MIB_PER_THREAD: u64 = 16;
 
 fn pft(c: &mut Criterion) {
-    for workload in [Workload::Single, Workload::PerThread] {
+    for workload in [Workload::Single, Workload::PerThread, Workload::Interleaved] {
         for writer in [false, true] {
             let name = format!(
                 "pft/{}{}",
@@ -35,7 +35,11 @@ fn pft(c: &mut Criterion) {
                 let pool = Workers::new(threads, writer);
                 let faults = threads as u64 * (MIB_PER_THREAD << 20) / aspace::PAGE_SIZE;
                 g.throughput(Throughput::Elements(faults));
-                for locking in [FaultLocking::MmapLock, FaultLocking::PerVma] {
+                for locking in [
+                    FaultLocking::MmapLock,
+                    FaultLocking::PerVma,
+                    FaultLocking::Speculative,
+                ] {
                     let p = Params {
                         threads,
                         workload,

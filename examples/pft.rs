@@ -1,9 +1,9 @@
-//! pft: page-fault scaling, PerVma against MmapLock, in the shape of
-//! mmtests' compare-kernels table.
+//! pft: page-fault scaling, PerVma and Speculative against MmapLock, in
+//! the shape of mmtests' compare-kernels table.
 //!
 //! ```text
 //! cargo run --release --example pft -- [--full] [--threads 1,2,4] [--reps N]
-//!     [--workload single|per-thread|all] [--writer|--no-writer]
+//!     [--workload single|per-thread|interleaved|all] [--writer|--no-writer]
 //!     [--mib M] [--seconds S] [--no-zero] [--csv FILE] [--plot FILE.svg]
 //! ```
 //!
@@ -50,8 +50,9 @@ struct Args {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: pft [--full] [--threads 1,2,4] [--reps N] [--workload single|per-thread|all] \
-         [--writer|--no-writer] [--mib M] [--seconds S] [--no-zero] [--csv FILE] [--plot FILE.svg]"
+        "usage: pft [--full] [--threads 1,2,4] [--reps N] \
+         [--workload single|per-thread|interleaved|all] [--writer|--no-writer] [--mib M] \
+         [--seconds S] [--no-zero] [--csv FILE] [--plot FILE.svg]"
     );
     std::process::exit(2)
 }
@@ -86,7 +87,8 @@ fn parse() -> Args {
                 a.workloads = match val().as_str() {
                     "single" => vec![Workload::Single],
                     "per-thread" => vec![Workload::PerThread],
-                    "all" => vec![Workload::Single, Workload::PerThread],
+                    "interleaved" => vec![Workload::Interleaved],
+                    "all" => vec![Workload::Single, Workload::PerThread, Workload::Interleaved],
                     _ => usage(),
                 }
             }
@@ -119,12 +121,17 @@ fn range(xs: &[f64]) -> (f64, f64) {
     (lo, hi)
 }
 
-/// One table row: a metric at a thread count for both modes.
+/// The modes, in table order (the first is the baseline).
+const MODES: [FaultLocking; 3] = [
+    FaultLocking::MmapLock,
+    FaultLocking::PerVma,
+    FaultLocking::Speculative,
+];
+
+/// One table row: a metric at a thread count for every mode.
 struct Point {
     label: String,
-    threads: usize,
-    mmap: Vec<f64>,
-    pervma: Vec<f64>,
+    by_mode: [Vec<f64>; MODES.len()],
 }
 
 /// What a probe run measured: the seconds one thread takes per MiB, for
@@ -195,13 +202,16 @@ fn main() {
     let mut sized: Vec<(Workload, bool, u64)> = Vec::new();
     let mut estimate = 0.0;
     for &(wl, writer) in &tables {
-        let p = [FaultLocking::MmapLock, FaultLocking::PerVma]
-            .map(|l| probe(wl, writer, l, args.zero, if args.full { 32 } else { 8 }));
-        let per_mib = p[0].run_s_per_mib + p[1].run_s_per_mib;
+        let p = MODES.map(|l| probe(wl, writer, l, args.zero, if args.full { 32 } else { 8 }));
+        let per_mib: f64 = p.iter().map(|p| p.run_s_per_mib).sum();
+        let pervma = MODES
+            .iter()
+            .position(|&m| m == FaultLocking::PerVma)
+            .expect("PerVma is a mode");
         let mib = args.mib.unwrap_or_else(|| {
             if args.full {
                 // A one-thread PerVma point faults for about 0.2 s.
-                clamp_mib(0.2 / p[1].fault_s_per_mib, 1024, max_threads)
+                clamp_mib(0.2 / p[pervma].fault_s_per_mib, 1024, max_threads)
             } else {
                 // An even share of the time; at most 256 MiB (64k faults
                 // per thread is plenty for stable figures, and a probe
@@ -217,7 +227,7 @@ fn main() {
         estimate += per_mib * (mib * table_thread_runs as u64) as f64;
         sized.push((wl, writer, mib));
     }
-    let runs = tables.len() * args.threads.len() * reps * 2;
+    let runs = tables.len() * args.threads.len() * reps * MODES.len();
     println!(
         "pft on {}: {} reps, zeroing {}",
         machine(),
@@ -225,10 +235,11 @@ fn main() {
         if args.zero { "on" } else { "off" }
     );
     println!(
-        "plan: {} tables x threads {:?} x {} reps x 2 modes = {} runs; about {:.0} s{}",
+        "plan: {} tables x threads {:?} x {} reps x {} modes = {} runs; about {:.0} s{}",
         tables.len(),
         args.threads,
         reps,
+        MODES.len(),
         runs,
         estimate,
         if args.full {
@@ -239,22 +250,19 @@ fn main() {
     );
     let tty = std::io::stderr().is_terminal();
     let started = Instant::now();
-    let mut csv = String::from("workload,writer,locking,threads,rep,faults,wall_s,faults_per_sec,faults_per_cpu,per_vma_faults,writer_ops\n");
+    let mut csv = String::from("workload,writer,locking,threads,rep,faults,wall_s,faults_per_sec,faults_per_cpu,per_vma_faults,writer_ops,speculative_faults,spec_aborts\n");
     let mut plot_series: Vec<(String, Vec<(usize, f64)>)> = Vec::new();
     for &(wl, writer, mib) in &sized {
         {
             let title = format!("{}{}", wl.name(), if writer { " + writer" } else { "" });
             let mut rows: Vec<Point> = Vec::new();
-            let mut per_mode_sec: [Vec<(usize, f64)>; 2] = [Vec::new(), Vec::new()];
+            let mut per_mode_sec: [Vec<(usize, f64)>; MODES.len()] = Default::default();
             for &threads in &args.threads {
                 let pool = Workers::new(threads, writer);
-                let mut samples: [Vec<Sample>; 2] = [Vec::new(), Vec::new()];
+                let mut samples: [Vec<Sample>; MODES.len()] = Default::default();
                 for rep in 0..reps {
-                    // Alternate the modes so drift hits both alike.
-                    for (m, locking) in [FaultLocking::MmapLock, FaultLocking::PerVma]
-                        .into_iter()
-                        .enumerate()
-                    {
+                    // Alternate the modes so drift hits all alike.
+                    for (m, locking) in MODES.into_iter().enumerate() {
                         if tty {
                             eprint!(
                                 "\r{title}: {threads} threads, rep {}/{reps} {locking:?}        ",
@@ -272,7 +280,7 @@ fn main() {
                         });
                         let _ = writeln!(
                             csv,
-                            "{},{},{:?},{},{},{},{:.6},{:.1},{:.1},{},{}",
+                            "{},{},{:?},{},{},{},{:.6},{:.1},{:.1},{},{},{},{}",
                             wl.name(),
                             writer,
                             locking,
@@ -283,13 +291,18 @@ fn main() {
                             s.faults_per_sec(),
                             s.faults_per_cpu(),
                             s.per_vma,
-                            s.writer_ops
+                            s.writer_ops,
+                            s.speculative,
+                            s.spec_aborts
                         );
                         samples[m].push(s);
                     }
                 }
                 if !tty {
-                    eprintln!("{title}: {threads} threads done ({} runs)", reps * 2);
+                    eprintln!(
+                        "{title}: {threads} threads done ({} runs)",
+                        reps * MODES.len()
+                    );
                 }
                 let cpu = |m: usize| {
                     samples[m]
@@ -305,38 +318,42 @@ fn main() {
                 };
                 rows.push(Point {
                     label: format!("faults/cpu-{threads}"),
-                    threads,
-                    mmap: cpu(0),
-                    pervma: cpu(1),
+                    by_mode: core::array::from_fn(cpu),
                 });
                 rows.push(Point {
                     label: format!("faults/sec-{threads}"),
-                    threads,
-                    mmap: sec(0),
-                    pervma: sec(1),
+                    by_mode: core::array::from_fn(sec),
                 });
-                per_mode_sec[0].push((threads, hmean(&sec(0))));
-                per_mode_sec[1].push((threads, hmean(&sec(1))));
+                for (m, series) in per_mode_sec.iter_mut().enumerate() {
+                    series.push((threads, hmean(&sec(m))));
+                }
             }
             if tty {
                 eprint!("\r{:70}\r", "");
             }
             println!("\n{title} ({mib} MiB per thread per rep)");
-            println!("{:<22} {:>22} {:>24}", "", "MmapLock", "PerVma");
+            println!(
+                "{:<22} {:>22} {:>24} {:>24}",
+                "", "MmapLock", "PerVma", "Speculative"
+            );
             for r in &rows {
-                let (a, b) = (hmean(&r.mmap), hmean(&r.pervma));
-                let pct = (b - a) / a * 100.0;
-                let ((alo, ahi), (blo, bhi)) = (range(&r.mmap), range(&r.pervma));
-                // Starred when the repetitions' ranges do not overlap.
-                let star = if blo > ahi || bhi < alo { '*' } else { ' ' };
-                println!(
-                    "Hmean {:<16} {:>12.2} (  0.00%) {:>12.2} {}{:>7.2}%{}",
-                    r.label, a, b, star, pct, star
-                );
-                let _ = r.threads;
+                let base = &r.by_mode[0];
+                let a = hmean(base);
+                let (alo, ahi) = range(base);
+                let mut line = format!("Hmean {:<16} {:>12.2} (  0.00%)", r.label, a);
+                for other in &r.by_mode[1..] {
+                    let b = hmean(other);
+                    let pct = (b - a) / a * 100.0;
+                    let (blo, bhi) = range(other);
+                    // Starred when the repetitions' ranges do not overlap.
+                    let star = if blo > ahi || bhi < alo { '*' } else { ' ' };
+                    let _ = write!(line, " {:>12.2} {}{:>7.2}%{}", b, star, pct, star);
+                }
+                println!("{line}");
             }
-            plot_series.push((format!("{title}, MmapLock"), per_mode_sec[0].clone()));
-            plot_series.push((format!("{title}, PerVma"), per_mode_sec[1].clone()));
+            for (m, series) in per_mode_sec.iter().enumerate() {
+                plot_series.push((format!("{title}, {:?}", MODES[m]), series.clone()));
+            }
         }
     }
     println!("\nran in {:.0} s", started.elapsed().as_secs_f64());
@@ -387,7 +404,7 @@ fn plot(
         .draw()?;
     for (i, (name, pts)) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
-        let style = if name.ends_with("PerVma") {
+        let style = if name.ends_with("PerVma") || name.ends_with("Speculative") {
             color.stroke_width(3)
         } else {
             color.stroke_width(1)

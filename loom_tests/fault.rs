@@ -258,6 +258,10 @@ fn store_precheck_vs_vma_reuse() {
         // Merge all three (two objects are freed); reuse a free object.
         mm.mprotect(A + PAGE_SIZE, PAGE_SIZE, rw()).unwrap();
         mm.mmap(B, PAGE_SIZE, Prot::READ, fixed()).unwrap();
-        assert_eq!(t.join().unwrap(), Ok(()), "a store to a writable page failed");
+        assert_eq!(
+            t.join().unwrap(),
+            Ok(()),
+            "a store to a writable page failed"
+        );
     });
 }

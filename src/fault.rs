@@ -45,7 +45,7 @@ pub(crate) fn pte_flags(vf: VmFlags) -> PteFlags {
 }
 
 /// True if `flags` allow `access` (Linux's `access_error`, inverted).
-fn access_ok(flags: VmFlags, access: Access) -> bool {
+pub(crate) fn access_ok(flags: VmFlags, access: Access) -> bool {
     match access {
         Access::Read => flags.accessible(),
         Access::Write => flags.contains(VmFlags::WRITE),
@@ -77,7 +77,13 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
     if addr >= mm.cfg.task_size {
         return Err(count_failure(mm, FaultError::NoMapping));
     }
-    if mm.cfg.fault_locking == FaultLocking::PerVma {
+    if mm.cfg.fault_locking == FaultLocking::Speculative {
+        match crate::spec_fault::handle(mm, addr, access) {
+            Ok(()) => return Ok(()),
+            Err(why) => mm.stats.inc(why),
+        }
+    }
+    if mm.cfg.fault_locking != FaultLocking::MmapLock {
         match per_vma(mm, addr, access) {
             Ok(r) => return r,
             Err(why) => mm.stats.inc(why),

@@ -23,6 +23,7 @@ pub mod percpu;
 pub mod phys;
 pub mod pt;
 pub mod reclaim;
+mod spec_fault;
 pub mod stats;
 pub mod sync;
 mod tlb;

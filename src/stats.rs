@@ -121,6 +121,25 @@ counters! {
     anon_vma_lock,
     /// Of those, acquisitions that found the lock held (try-lock failed).
     anon_vma_lock_contended,
+    /// Faults completed speculatively (no VMA lock, no mmap_lock).
+    fault_speculative,
+    /// Speculative attempts abandoned: the VMA was write-locked, or its
+    /// stamp was not yet published (`stamp >= mm sequence`) at the snapshot.
+    spec_abort_locked,
+    /// Speculative attempts abandoned: no attached VMA of this address
+    /// space covered the address, or the access was not allowed.
+    spec_abort_lookup,
+    /// Speculative attempts abandoned: the fault needs more than an
+    /// install (no anon_vma yet, a shared object, a copy-on-write).
+    spec_abort_needs_more,
+    /// Speculative attempts abandoned: the PTE table was missing, or its
+    /// span is not wholly inside the VMA (a neighbour could have made it).
+    spec_abort_table,
+    /// Speculative attempts abandoned under the PTE lock: the VMA's stamp
+    /// moved (or it was detached) since the snapshot.
+    spec_abort_stamp,
+    /// Speculative attempts abandoned: no free frame (PerVma retries).
+    spec_abort_oom,
 }
 
 pub(crate) struct StatCounters {
@@ -163,7 +182,18 @@ impl StatCounters {
 impl Stats {
     /// All faults that completed (either path).
     pub fn faults(&self) -> u64 {
-        self.fault_per_vma + self.fault_mmap_lock
+        self.fault_per_vma + self.fault_mmap_lock + self.fault_speculative
+    }
+
+    /// Speculative attempts abandoned for any reason (each then ran the
+    /// PerVma path).
+    pub fn spec_aborts(&self) -> u64 {
+        self.spec_abort_locked
+            + self.spec_abort_lookup
+            + self.spec_abort_needs_more
+            + self.spec_abort_table
+            + self.spec_abort_stamp
+            + self.spec_abort_oom
     }
 
     /// Per-VMA attempts abandoned for any reason.

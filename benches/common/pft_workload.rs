@@ -2,7 +2,9 @@
 //!
 //! Each thread write-faults every page of its own slice of memory through
 //! [`AddressSpace::fault`]: `Single` gives each thread a slice of one large
-//! shared VMA, `PerThread` gives each thread a VMA of its own. With
+//! shared VMA, `PerThread` gives each thread a VMA of its own,
+//! `Interleaved` has the threads fault alternate pages of one VMA (so they
+//! share every PTE table, and its lock is the limit). With
 //! `writer`, one more thread keeps doing mmap/mprotect/munmap on unrelated
 //! VMAs for the whole measurement: under the old mmap_lock every one of its
 //! write sections stalls all faults; per-VMA locks let faults go on.
@@ -20,6 +22,8 @@ pub enum Workload {
     Single,
     /// One VMA per thread.
     PerThread,
+    /// One large VMA; thread `i` of `n` faults pages `i`, `i + n`, ...
+    Interleaved,
 }
 
 impl Workload {
@@ -28,6 +32,7 @@ impl Workload {
         match self {
             Workload::Single => "single",
             Workload::PerThread => "per-thread",
+            Workload::Interleaved => "interleaved",
         }
     }
 }
@@ -62,6 +67,10 @@ pub struct Sample {
     pub writer_ops: u64,
     /// Faults that took the per-VMA path.
     pub per_vma: u64,
+    /// Faults that completed speculatively.
+    pub speculative: u64,
+    /// Speculative attempts that fell back.
+    pub spec_aborts: u64,
 }
 
 impl Sample {
@@ -111,6 +120,8 @@ struct Job {
     mm: Arc<AddressSpace>,
     bases: Vec<u64>,
     pages: u64,
+    /// Pages from one fault of a thread to its next.
+    stride: u64,
 }
 
 /// State shared by a [`Workers`] pool and its threads.
@@ -182,12 +193,18 @@ impl Workers {
             "pool shape"
         );
         let (mm, bases, pages) = setup(p);
+        let stride = if p.workload == Workload::Interleaved {
+            p.threads as u64
+        } else {
+            1
+        };
         settle_garbage();
         let sh = &self.shared;
         *sh.job.lock().expect("job") = Some(Arc::new(Job {
             mm: mm.clone(),
             bases,
             pages,
+            stride,
         }));
         sh.writer_done.store(false, Ordering::Relaxed);
         sh.writer_ops.store(0, Ordering::Relaxed);
@@ -205,6 +222,8 @@ impl Workers {
             cpu: sh.cpu.lock().expect("cpu").clone(),
             writer_ops: sh.writer_ops.load(Ordering::Relaxed),
             per_vma: s.fault_per_vma,
+            speculative: s.fault_speculative,
+            spec_aborts: s.spec_aborts(),
         }
     }
 }
@@ -238,7 +257,7 @@ fn faulter(sh: &Shared, i: usize) {
         let c0 = thread_cpu_time();
         for pg in 0..job.pages {
             job.mm
-                .fault(base + pg * PAGE_SIZE, Access::Write)
+                .fault(base + pg * job.stride * PAGE_SIZE, Access::Write)
                 .expect("fault");
         }
         sh.cpu.lock().expect("cpu")[i] = thread_cpu_time() - c0;
@@ -305,6 +324,12 @@ fn setup(p: Params) -> (Arc<AddressSpace>, Vec<u64>, u64) {
     mm.prefault_frames(total + (1 << 20));
     let rw = Prot::READ | Prot::WRITE;
     let bases: Vec<u64> = match p.workload {
+        Workload::Interleaved => {
+            let b = mm
+                .mmap(0, total, rw, anon())
+                .expect("map the shared region");
+            (0..p.threads as u64).map(|t| b + t * PAGE_SIZE).collect()
+        }
         Workload::Single => {
             let b = mm
                 .mmap(0, total, rw, anon())

@@ -12,6 +12,10 @@ pub enum FaultLocking {
     /// Take the mmap_lock read side for every fault (the pre-2023 kernel),
     /// kept as the baseline every benchmark prints beside PerVma.
     MmapLock,
+    /// Fault without writing the VMA at all: snapshot it under its lock
+    /// stamp, install under the PTE-table lock only if the stamp is
+    /// unchanged, and fall back to `PerVma` otherwise (see `spec_fault`).
+    Speculative,
 }
 
 /// How mremap moves page-table entries and when it flushes the TLB.

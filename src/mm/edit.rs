@@ -203,12 +203,14 @@ impl<'a> Edit<'a> {
         if reused {
             self.mm.stats.inc(Event::vma_reused);
         }
+        // Stamp before any field changes: a speculative fault still holding
+        // this object from its previous life then sees a new stamp.
+        self.lock(v);
         v.set_mm(self.mm.id);
         v.set_range(r.start, r.end, pgoff);
         v.set_flags(flags);
         self.link_in(v, anon, idx);
         v.set_shmem(shmem);
-        self.lock(v);
         v
     }
 

@@ -120,6 +120,11 @@ const TABLE_BIT: u64 = 1;
 /// One table page. The lock is used only at level 0. `used` counts
 /// non-empty entries (changed under the lock at level 0, by the installing
 /// CAS and the unlinking writer above), so emptiness needs no scan.
+///
+/// The header is aligned to 128 bytes (a cache line and its prefetch
+/// pair), so two tables' headers never share a line: faults of two
+/// threads in PTE tables of their own write disjoint lines.
+#[repr(align(128))]
 struct Table {
     entries: Box<[AtomicU64]>,
     used: AtomicU32,
@@ -138,6 +143,27 @@ impl Table {
     fn is_empty(&self) -> bool {
         self.used.load(Ordering::Acquire) == 0
     }
+
+    /// Adds `delta` to `used` of a PTE table whose lock the caller holds.
+    /// Every change of a level-0 count happens under that lock, so a plain
+    /// load and store suffice (no locked read-modify-write per install);
+    /// lock-free readers only compare the value with zero.
+    fn used_add_locked(&self, delta: i32) {
+        let v = self.used.load(Ordering::Relaxed);
+        self.used
+            .store(v.wrapping_add_signed(delta), Ordering::Relaxed);
+    }
+}
+
+/// Why [`PageTable::install_checked`] installed nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckedInstallError {
+    /// No PTE table covers the address (none is created).
+    NoTable,
+    /// The entry already holds this value.
+    Taken(Pte),
+    /// The caller's check failed under the table's lock.
+    Invalid,
 }
 
 /// Bytes one table costs here: its 512 entries (a real x86-64 table page
@@ -303,7 +329,37 @@ impl PageTable {
             return Err(Pte(cur));
         }
         e.store(pte.0, Ordering::Release);
-        t.used.fetch_add(1, Ordering::Relaxed);
+        t.used_add_locked(1);
+        Ok(())
+    }
+
+    /// Installs `pte` for `va` if a PTE table already covers it (none is
+    /// created), `valid()` holds when run under that table's lock, and the
+    /// entry is empty. The speculative fault validates its VMA snapshot in
+    /// `valid`: a writer that changes the VMA stamps it first and then
+    /// takes this same lock, so the check either sees the stamp or comes
+    /// before the writer's pass over the table.
+    pub fn install_checked(
+        &self,
+        va: u64,
+        pte: Pte,
+        g: &Guard,
+        valid: impl FnOnce() -> bool,
+    ) -> Result<(), CheckedInstallError> {
+        let t = self
+            .pte_table(va, Make::No, g)
+            .ok_or(CheckedInstallError::NoTable)?;
+        let e = &t.entries[index(va, 0)];
+        let _l = t.lock.lock();
+        if !valid() {
+            return Err(CheckedInstallError::Invalid);
+        }
+        let cur = e.load(Ordering::Relaxed);
+        if cur != 0 {
+            return Err(CheckedInstallError::Taken(Pte(cur)));
+        }
+        e.store(pte.0, Ordering::Release);
+        t.used_add_locked(1);
         Ok(())
     }
 
@@ -330,12 +386,8 @@ impl PageTable {
         let new = f(Pte(old))?;
         e.store(new.0, Ordering::Release);
         match (old != 0, new.0 != 0) {
-            (false, true) => {
-                t.used.fetch_add(1, Ordering::Relaxed);
-            }
-            (true, false) => {
-                t.used.fetch_sub(1, Ordering::Relaxed);
-            }
+            (false, true) => t.used_add_locked(1),
+            (true, false) => t.used_add_locked(-1),
             _ => {}
         }
         Some(new)
@@ -379,7 +431,7 @@ impl PageTable {
                 let old = e.load(Ordering::Relaxed);
                 if old != 0 {
                     e.store(0, Ordering::Release);
-                    t.used.fetch_sub(1, Ordering::Relaxed);
+                    t.used_add_locked(-1);
                     f(va, Pte(old));
                 }
                 va += PAGE_SIZE;
@@ -549,9 +601,9 @@ impl PageTable {
             // New place first: a walker finds the page at one place or
             // both while it moves, never at neither.
             de.store(v, Ordering::Release);
-            dst.used.fetch_add(1, Ordering::Relaxed);
+            dst.used_add_locked(1);
             se.store(0, Ordering::Release);
-            src.used.fetch_sub(1, Ordering::Relaxed);
+            src.used_add_locked(-1);
             moved += 1;
         }
         if moved > 0 {

@@ -44,7 +44,7 @@
 //!   let `write_lock` skip draining readers of a VMA it took for locked).
 
 use crate::mm::mmap_lock::MmLockSeq;
-use crate::sync::{wait_until, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{fence, wait_until, AtomicU32, AtomicU64, Ordering};
 
 /// The writer ("exclude readers") bit of the count.
 pub const VMA_LOCK_OFFSET: u32 = 0x4000_0000;
@@ -160,6 +160,10 @@ impl VmaLock {
             wait_until(|| self.refcnt.load(Ordering::Acquire) == VMA_LOCK_OFFSET + 1);
         }
         self.lock_seq.store(seq, Ordering::Relaxed);
+        // Seqlock writer fence: a speculative fault that sees any change
+        // made to the VMA after this point also sees the stamp when it
+        // re-reads it after its own Acquire fence (`spec_fault`).
+        fence(Ordering::Release);
         if excluded {
             // Release: readers that get in after this see the stamp.
             self.refcnt.fetch_sub(VMA_LOCK_OFFSET, Ordering::Release);
@@ -212,6 +216,14 @@ impl VmaLock {
         self.refcnt.fetch_add(VMA_LOCK_OFFSET, Ordering::Acquire);
         wait_until(|| self.refcnt.load(Ordering::Acquire) == VMA_LOCK_OFFSET);
         self.refcnt.fetch_sub(VMA_LOCK_OFFSET, Ordering::Release);
+    }
+
+    /// The stamp: the mm sequence of the write section that last locked
+    /// this VMA (`u64::MAX` if never). `Acquire`, for the speculative
+    /// fault's snapshot and validation (a read; it writes nothing).
+    #[inline]
+    pub fn stamp(&self) -> u64 {
+        self.lock_seq.load(Ordering::Acquire)
     }
 
     /// True unless the count is 0.

@@ -266,6 +266,13 @@ impl Vma {
         unsafe { p.as_ref() }
     }
 
+    /// True if an anon_vma was assigned. Reads only the pointer, so it is
+    /// safe without holding the VMA (the speculative fault's snapshot).
+    #[inline]
+    pub(crate) fn has_anon_vma(&self) -> bool {
+        !self.anon_vma.load(Ordering::Relaxed).is_null()
+    }
+
     /// The anon_vma as an owned handle.
     pub(crate) fn anon_vma_arc(&self) -> Option<Arc<AnonVma>> {
         let p = self.anon_vma.load(Ordering::Acquire);

@@ -159,9 +159,14 @@ impl Shmem {
     pub(crate) fn zero_range(&self, range: core::ops::Range<u64>, frames: &FrameAllocator) {
         let zeros = [0u8; crate::addr::PAGE_SIZE as usize];
         let end = range.end.min(self.npages);
-        self.visit(&self.root, self.height - 1, 0, range.start, end, &mut |pfn| {
-            frames.write(pfn, 0, &zeros)
-        });
+        self.visit(
+            &self.root,
+            self.height - 1,
+            0,
+            range.start,
+            end,
+            &mut |pfn| frames.write(pfn, 0, &zeros),
+        );
     }
 
     /// Calls `f` on the frame of every page in `[start, end)` below `node`
@@ -177,7 +182,10 @@ impl Shmem {
     ) {
         let span = 1u64 << (level * SHIFT);
         for (i, s) in node.slots.iter().enumerate() {
-            let Some(lo) = (i as u64).checked_mul(span).and_then(|o| o.checked_add(base)) else {
+            let Some(lo) = (i as u64)
+                .checked_mul(span)
+                .and_then(|o| o.checked_add(base))
+            else {
                 break;
             };
             if lo >= end {
