@@ -199,7 +199,9 @@ pub(crate) fn anon_vma_prepare<'v>(
     vma: &'v Vma,
     vma_locked: bool,
 ) -> Result<&'v AnonVma, Step> {
-    if let Some(a) = vma.anon_vma() {
+    // SAFETY: the caller holds `vma` (its read lock, or the mmap_lock
+    // read side) for the lifetime `'v` it lends.
+    if let Some(a) = unsafe { vma.anon_vma() } {
         return Ok(a);
     }
     let _st = if vma_locked {
@@ -264,7 +266,9 @@ fn do_fault(
             }
             continue;
         }
-        let new = if let Some(shm) = vma.shmem() {
+        // SAFETY: `do_fault`'s caller holds `vma` (its read lock, or the
+        // mmap_lock read side) until after the fault.
+        let new = if let Some(shm) = unsafe { vma.shmem() } {
             let idx = vma.pgoff_of(page);
             if idx >= shm.npages() {
                 return Err(Step::Fail(FaultError::Bus));
@@ -317,7 +321,7 @@ fn wp_fault(
     g: &crate::reclaim::Guard,
 ) -> Result<bool, Step> {
     let writable = pte.flags() | PteFlags::WRITE | PteFlags::DIRTY | PteFlags::ACCESSED;
-    if vma.shmem().is_some() {
+    if vma.has_shmem() {
         return Ok(mm
             .pt
             .update(page, g, |cur| {

@@ -90,20 +90,24 @@ impl Proto<'_> {
     /// `prev` may absorb a range starting at `prev.end()` with page offset
     /// `pgoff` (Linux's `can_vma_merge_after`).
     fn merges_after(&self, prev: &Vma, pgoff: u64) -> bool {
+        // SAFETY: merge decisions run in an mmap_lock writer (`Edit`).
+        let (shmem, anon) = unsafe { (prev.shmem(), prev.anon_vma()) };
         flags_mergeable(prev.flags(), self.flags)
             && prev.name() == self.name
-            && same_shmem(prev.shmem(), self.shmem)
-            && anon_mergeable(self.anon, self.singular, prev.anon_vma())
+            && same_shmem(shmem, self.shmem)
+            && anon_mergeable(self.anon, self.singular, anon)
             && prev.pgoff() + pages(prev.range().len()) == pgoff
     }
 
     /// `next` may absorb a range of `len` bytes ending at `next.start()`
     /// with page offset `pgoff` (Linux's `can_vma_merge_before`).
     fn merges_before(&self, next: &Vma, pgoff: u64, len: u64) -> bool {
+        // SAFETY: merge decisions run in an mmap_lock writer (`Edit`).
+        let (shmem, anon) = unsafe { (next.shmem(), next.anon_vma()) };
         flags_mergeable(next.flags(), self.flags)
             && next.name() == self.name
-            && same_shmem(next.shmem(), self.shmem)
-            && anon_mergeable(self.anon, self.singular, next.anon_vma())
+            && same_shmem(shmem, self.shmem)
+            && anon_mergeable(self.anon, self.singular, anon)
             && pgoff + pages(len) == next.pgoff()
     }
 }
@@ -316,7 +320,7 @@ impl<'a> Edit<'a> {
         let old_pgoff = v.pgoff();
         let start_moves = start != old.start || pgoff != old_pgoff;
         debug_assert!(
-            !(start_moves && v.anon_vma().is_some() && idx.is_none()),
+            !(start_moves && v.has_anon_vma() && idx.is_none()),
             "moving the start of a VMA with an anon_vma needs the rmap lock"
         );
         self.w.store(Range::new(start, end), v);
@@ -334,7 +338,7 @@ impl<'a> Edit<'a> {
             v.set_end(end);
         }
         if let Some(idx) = idx {
-            if v.anon_vma().is_some() {
+            if v.has_anon_vma() {
                 idx.rekey(v, old.start, old_pgoff);
             }
         }
@@ -391,7 +395,7 @@ impl<'a> Edit<'a> {
     /// Gives `v` an anon_vma from `from` if it has none (Linux's
     /// `dup_anon_vma` when a merge joins them).
     fn inherit_anon(&self, v: VmaRef, from: Option<Arc<AnonVma>>, idx: Option<&mut RmapIndex>) {
-        if v.anon_vma().is_none() {
+        if !v.has_anon_vma() {
             self.link_in(v, from, idx);
         }
     }
@@ -444,7 +448,8 @@ impl<'a> Edit<'a> {
         if left && right {
             // Deleting next also needs prev and next compatible.
             let (p, n) = (prev.unwrap(), next.unwrap());
-            right = anon_compatible(p.anon_vma(), n.anon_vma());
+            // SAFETY: this `Edit` holds the mmap_lock write side.
+            right = unsafe { anon_compatible(p.anon_vma(), n.anon_vma()) };
         }
         match (left, right) {
             (true, true) => {
@@ -530,7 +535,8 @@ impl<'a> Edit<'a> {
         let mut right = next.is_some_and(|n| proto.merges_before(&n, pgoff, e - s));
         if left && right {
             let (p, n) = (prev.unwrap(), next.unwrap());
-            right = anon_compatible(p.anon_vma(), n.anon_vma());
+            // SAFETY: this `Edit` holds the mmap_lock write side.
+            right = unsafe { anon_compatible(p.anon_vma(), n.anon_vma()) };
         }
         self.lock(v);
         // Every merge here moves pages between VMAs: under the rmap lock of

@@ -155,7 +155,7 @@ impl AddressSpace {
         let Some((_, v)) = self.tree.find(addr, &g) else {
             return Vec::new();
         };
-        if v.shmem().is_some() {
+        if v.has_shmem() {
             return Vec::new();
         }
         let Some(anon) = v.anon_vma_arc() else {
@@ -184,7 +184,7 @@ impl Dup {
     /// maps only the zero page or a shared object, and the child faults it
     /// again (Linux's `vma_needs_copy`).
     fn copies_ptes(&self) -> bool {
-        self.anon.is_some() && self.parent.shmem().is_none()
+        self.anon.is_some() && !self.parent.has_shmem()
     }
 }
 

@@ -65,7 +65,8 @@ impl AddressSpace {
                 }
                 Advice::Remove => {
                     super::edit::zap_range(self, part, &mut gather);
-                    if let Some(shm) = v.shmem() {
+                    // SAFETY: madvise holds the mmap_lock read side.
+                    if let Some(shm) = unsafe { v.shmem() } {
                         let pages = v.pgoff_of(part.start)..v.pgoff_of(part.end);
                         shm.zero_range(pages, &self.frames);
                     }
@@ -93,8 +94,8 @@ fn zap_advice_allowed(v: &VmaRef, advice: Advice) -> Result<()> {
     let locked = f.contains(VmFlags::LOCKED);
     match advice {
         Advice::DontNeed if locked => Err(Error::Inval),
-        Advice::Free if locked || v.shmem().is_some() => Err(Error::Inval),
-        Advice::Remove if locked || v.shmem().is_none() => Err(Error::Inval),
+        Advice::Free if locked || v.has_shmem() => Err(Error::Inval),
+        Advice::Remove if locked || !v.has_shmem() => Err(Error::Inval),
         Advice::Remove if !f.contains(VmFlags::SHARED | VmFlags::MAYWRITE) => {
             Err(Error::AccessDenied)
         }
@@ -115,7 +116,7 @@ fn advised_flags(v: &VmaRef, a: Advice) -> Result<VmFlags> {
         Advice::DoFork => f - VmFlags::DONTCOPY,
         Advice::HugePage => (f - VmFlags::NOHUGEPAGE) | VmFlags::HUGEPAGE,
         Advice::NoHugePage => (f - VmFlags::HUGEPAGE) | VmFlags::NOHUGEPAGE,
-        Advice::WipeOnFork if v.shmem().is_some() || f.contains(VmFlags::SHARED) => {
+        Advice::WipeOnFork if v.has_shmem() || f.contains(VmFlags::SHARED) => {
             return Err(Error::Inval)
         }
         Advice::WipeOnFork => f | VmFlags::WIPEONFORK,

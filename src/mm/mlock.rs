@@ -159,8 +159,10 @@ impl AddressSpace {
             };
             let stop = v.end().min(end);
             while a < stop {
+                // SAFETY: mincore holds the mmap_lock read side.
+                let shmem = unsafe { v.shmem() };
                 let present = self.pt.lookup(a, &pg).is_present()
-                    || v.shmem().is_some_and(|s| s.has_frame(v.pgoff_of(a)));
+                    || shmem.is_some_and(|s| s.has_frame(v.pgoff_of(a)));
                 out.push(present);
                 a += PAGE_SIZE;
             }

@@ -109,7 +109,7 @@ impl AddressSpace {
             ) {
                 newflags |= VmFlags::ACCOUNT;
             }
-        } else if old.contains(VmFlags::ACCOUNT) && vma.is_anonymous() && vma.anon_vma().is_none() {
+        } else if old.contains(VmFlags::ACCOUNT) && vma.is_anonymous() && !vma.has_anon_vma() {
             // Nothing was charged for pages yet: drop the charge.
             newflags.remove(VmFlags::ACCOUNT);
         }

@@ -282,7 +282,7 @@ impl AddressSpace {
         // A VMA that never got an anon_vma takes the offset of its new
         // place (so it stays mergeable there); one that did keeps its own,
         // which its pages are indexed by.
-        let pgoff = if vma.is_anonymous() && vma.anon_vma().is_none() {
+        let pgoff = if vma.is_anonymous() && !vma.has_anon_vma() {
             dst >> PAGE_SHIFT
         } else {
             vma.pgoff_of(old_addr)

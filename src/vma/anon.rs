@@ -392,7 +392,8 @@ pub(crate) fn link_all(
 pub(crate) fn unlink_all(vmas: &[VmaRef], stats: &StatCounters) {
     for_each_family_run(
         vmas,
-        |v| v.anon_vma(),
+        // SAFETY: the VMAs are detached or write-locked by the caller.
+        |v| unsafe { v.anon_vma() },
         |anon, run| {
             let mut idx = anon.root().lock(Some(stats));
             idx.remove_many(run);

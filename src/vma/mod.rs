@@ -253,10 +253,17 @@ impl Vma {
         self.mm_id.store(id, Ordering::Relaxed);
     }
 
-    /// The anon_vma, if one was assigned. The reference is valid while the
-    /// caller holds the VMA (read lock, or the mmap_lock): it changes only
-    /// from none to some under a read lock, and back only while detached.
-    pub(crate) fn anon_vma(&self) -> Option<&AnonVma> {
+    /// The anon_vma, if one was assigned.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the VMA while it uses the reference: its read
+    /// lock, the mmap_lock (either side), or the VMA is detached and
+    /// owned by the caller. The pointer changes from none to some under a
+    /// read lock, and back only while the VMA is write-locked or detached,
+    /// which every such hold excludes. [`has_anon_vma`](Self::has_anon_vma)
+    /// needs no hold.
+    pub(crate) unsafe fn anon_vma(&self) -> Option<&AnonVma> {
         let p = self.anon_vma.load(Ordering::Acquire);
         // SAFETY: a non-null pointer came from `Arc::into_raw` in
         // `link_anon_held`/`install_anon_vma`; that strong count is
@@ -271,6 +278,13 @@ impl Vma {
     #[inline]
     pub(crate) fn has_anon_vma(&self) -> bool {
         !self.anon_vma.load(Ordering::Relaxed).is_null()
+    }
+
+    /// True if the VMA maps a shared object. Reads only the pointer, so it
+    /// is safe without holding the VMA.
+    #[inline]
+    pub(crate) fn has_shmem(&self) -> bool {
+        !self.shmem.load(Ordering::Relaxed).is_null()
     }
 
     /// The anon_vma as an owned handle.
@@ -323,7 +337,7 @@ impl Vma {
     /// it in the reverse map (the caller does, under the family's lock, as
     /// [`anon::link_all`] does for a batch). Returns the anon_vma's id.
     fn put_anon(&self, a: Arc<AnonVma>) -> u64 {
-        debug_assert!(self.anon_vma().is_none());
+        debug_assert!(!self.has_anon_vma());
         let id = a.id();
         let new = Arc::into_raw(a) as *mut AnonVma;
         self.anon_vma.store(new, Ordering::Release);
@@ -393,9 +407,14 @@ impl Vma {
         }
     }
 
-    /// The shared backing object, if any (valid while the caller holds the
-    /// VMA, as for `anon_vma`).
-    pub(crate) fn shmem(&self) -> Option<&Shmem> {
+    /// The shared backing object, if any.
+    ///
+    /// # Safety
+    ///
+    /// As for [`anon_vma`](Self::anon_vma): the caller holds the VMA while
+    /// it uses the reference (the object is set and released only while
+    /// the VMA is detached). [`has_shmem`](Self::has_shmem) needs no hold.
+    pub(crate) unsafe fn shmem(&self) -> Option<&Shmem> {
         let p = self.shmem.load(Ordering::Acquire);
         // SAFETY: as in `anon_vma`: set from `Arc::into_raw` while detached
         // and released only while detached.
@@ -476,7 +495,9 @@ impl Vma {
             growsdown: f.contains(VmFlags::GROWSDOWN),
             pgoff: self.pgoff(),
             anon_vma: !self.anon_vma.load(Ordering::Relaxed).is_null(),
-            shmem_id: self.shmem().map(|s| s.id),
+            // SAFETY: `info` is called under the mmap_lock (vmas, vma_at,
+            // the writers' own checks).
+            shmem_id: unsafe { self.shmem() }.map(|s| s.id),
             heap,
             name: self.name().map(str::to_string),
         }
