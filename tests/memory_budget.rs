@@ -7,7 +7,14 @@ use aspace::{
     Access, AddressSpace, Config, Error, FaultError, FrameAllocator, MapFlags, Prot, VmaInfo,
     PAGE_SIZE,
 };
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The tests here measure the process's RSS: each holds this lock, so no
+/// other test of the binary allocates meanwhile.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 const RW: Prot = Prot::READ.union(Prot::WRITE);
 const ANON: MapFlags = MapFlags::PRIVATE.union(MapFlags::ANONYMOUS);
@@ -51,6 +58,7 @@ fn small_mapping_works(mm: &AddressSpace) {
 
 #[test]
 fn huge_shared_mapping_costs_what_it_touches() {
+    let _serial = serial();
     let mm = AddressSpace::new(Config::default());
     let len = 64 * TIB;
     // NORESERVE: Linux's heuristic overcommit refuses 64 TiB of accounted
@@ -100,6 +108,7 @@ fn huge_shared_mapping_costs_what_it_touches() {
 
 #[test]
 fn populate_stops_at_the_budget() {
+    let _serial = serial();
     let budget = 32 << 20;
     let mm = with_budget(budget);
     let rss0 = rss_bytes();
@@ -138,6 +147,7 @@ fn populate_stops_at_the_budget() {
 
 #[test]
 fn exhaustion_leaves_a_consistent_space() {
+    let _serial = serial();
     let budget = 1 << 20;
     let mm = with_budget(budget);
     let len = 4 << 20;
@@ -155,7 +165,8 @@ fn exhaustion_leaves_a_consistent_space() {
         n += 1;
     }
     assert!(n > 100 && n < budget / PAGE_SIZE, "{n} pages in 1 MiB");
-    assert_eq!(mm.write(a + n * PAGE_SIZE, b"x"), Err(Error::NoMem));
+    let e = mm.write(a + n * PAGE_SIZE, b"x").unwrap_err();
+    assert_eq!(e.errno(), Error::NoMem.errno(), "{e:?}");
     assert!(mm.memory_used() <= budget);
     // New mappings take metadata until there is none left: then ENOMEM.
     let mut small = Vec::new();
@@ -205,6 +216,7 @@ fn exhaustion_leaves_a_consistent_space() {
 
 #[test]
 fn spaces_sharing_a_pool_never_see_each_others_bytes() {
+    let _serial = serial();
     // The pool zeroes reused frames; a space's Config cannot turn it off.
     let pool = Arc::new(FrameAllocator::new(16 << 20, true));
     let cfg = Config {
@@ -240,6 +252,7 @@ fn spaces_sharing_a_pool_never_see_each_others_bytes() {
 
 #[test]
 fn accounting_returns_to_zero_after_drop() {
+    let _serial = serial();
     let pool = Arc::new(FrameAllocator::new(64 << 20, true));
     let spaces: Vec<AddressSpace> = (0..4)
         .map(|_| AddressSpace::with_pool(Config::default(), pool.clone()))
@@ -279,6 +292,7 @@ fn accounting_returns_to_zero_after_drop() {
 
 #[test]
 fn a_space_with_no_budget_refuses_calmly() {
+    let _serial = serial();
     let mm = with_budget(0);
     assert_eq!(mm.mmap(0, PAGE_SIZE, RW, ANON), Err(Error::NoMem));
     assert_eq!(mm.map_count(), 0);
