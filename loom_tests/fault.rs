@@ -196,7 +196,7 @@ fn write_vs_mprotect_read() {
         assert_eq!(before, after, "a store landed after mprotect returned");
         match r {
             Ok(()) => assert_eq!(after, [2]),
-            Err(e) => assert_eq!(e, Error::Fault),
+            Err(e) => assert_eq!(e.errno(), Error::Fault.errno(), "{e:?}"),
         }
     });
 }
@@ -207,7 +207,7 @@ fn write_vs_mprotect_read() {
 /// second store without the first.
 ///
 /// Mutation caught: fork not flushing the parent's write-protected
-/// entries, i.e. dropping `gather.add_page(va)` in `AddressSpace::fork`
+/// entries, i.e. dropping `gather.add_page(va)` in `copy_page_tables`
 /// (src/mm/fork.rs): a store that translated before fork then lands in
 /// the frame the child now shares.
 #[test]

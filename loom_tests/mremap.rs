@@ -9,7 +9,7 @@
 //! mapping's byte. It must see the moved data or a clean EFAULT.
 #![cfg(aspace_loom)]
 
-use aspace::{AddressSpace, Config, Error, MapFlags, MremapExtent, MremapFlags, Prot, PAGE_SIZE};
+use aspace::{AddressSpace, Config, MapFlags, MremapExtent, MremapFlags, Prot, PAGE_SIZE};
 use loom::sync::Arc;
 use loom::thread;
 

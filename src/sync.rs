@@ -124,18 +124,22 @@ mod imp {
     }
 
     /// A reader-writer lock for loom models, with parking_lot's infallible
-    /// API, built from a loom atomic and a loom cell rather than on
-    /// `loom::sync::RwLock`. loom 0.7's own lock, when a writer acquires
-    /// it, blocks every thread with a pending operation on the lock, a
-    /// `try_read` included; a real `try_read` never blocks, and the fault
-    /// path relies on that (it try-locks the mmap_lock while holding a VMA
-    /// read lock that a waiting writer polls). Here `try_read` is one
-    /// compare-and-swap, and `read`/`write` retry with a yield, so loom
-    /// sees every interleaving and a lock cycle shows as a model that
-    /// never finishes.
+    /// API, built from a loom mutex, a condition variable and a loom cell
+    /// rather than on `loom::sync::RwLock`. loom 0.7's own lock, when a
+    /// writer acquires it, blocks every thread with a pending operation on
+    /// the lock, a `try_read` included; a real `try_read` never waits for
+    /// a holder, and the fault path relies on that (it try-locks the
+    /// mmap_lock while holding a VMA read lock that a waiting writer
+    /// polls). Here the state (reader count, or [`WRITER`]) sits behind a
+    /// mutex that is held only for the instant of a check, never across a
+    /// wait: `try_read` takes it, looks and leaves. `read` and `write`
+    /// sleep on the condition variable instead of spinning, so a waiter
+    /// adds no interleavings while the lock is held (a spinning waiter made
+    /// every model that meets an mmap_lock writer many times larger).
     pub struct RwLock<T> {
         /// Reader count, or [`WRITER`].
-        state: AtomicUsize,
+        state: loom::sync::Mutex<usize>,
+        changed: loom::sync::Condvar,
         data: loom::cell::UnsafeCell<T>,
     }
 
@@ -157,73 +161,78 @@ mod imp {
     /// Read guard of [`RwLock`].
     pub struct RwLockReadGuard<'a, T> {
         lock: &'a RwLock<T>,
-        data: loom::cell::ConstPtr<T>,
+        /// loom's tracked pointer: taken (and so released) before the
+        /// lock is, or loom would see the next holder's access overlap it.
+        data: Option<loom::cell::ConstPtr<T>>,
     }
 
     /// Write guard of [`RwLock`].
     pub struct RwLockWriteGuard<'a, T> {
         lock: &'a RwLock<T>,
-        data: loom::cell::MutPtr<T>,
+        /// As in [`RwLockReadGuard`].
+        data: Option<loom::cell::MutPtr<T>>,
     }
 
     impl<T> RwLock<T> {
         /// Wraps `v`.
         pub fn new(v: T) -> Self {
             RwLock {
-                state: AtomicUsize::new(0),
+                state: loom::sync::Mutex::new(0),
+                changed: loom::sync::Condvar::new(),
                 data: loom::cell::UnsafeCell::new(v),
             }
         }
         /// Shared lock.
         pub fn read(&self) -> RwLockReadGuard<'_, T> {
-            loop {
-                if let Some(g) = self.try_read() {
-                    return g;
-                }
-                loom::thread::yield_now();
+            let mut s = self.state.lock().unwrap();
+            while *s & WRITER != 0 {
+                s = self.changed.wait(s).unwrap();
             }
+            *s += 1;
+            drop(s);
+            self.read_guard()
         }
         /// Exclusive lock.
         pub fn write(&self) -> RwLockWriteGuard<'_, T> {
-            loop {
-                if let Some(g) = self.try_write() {
-                    return g;
-                }
-                loom::thread::yield_now();
+            let mut s = self.state.lock().unwrap();
+            while *s != 0 {
+                s = self.changed.wait(s).unwrap();
             }
+            *s = WRITER;
+            drop(s);
+            self.write_guard()
         }
-        /// Shared lock without waiting.
+        /// Shared lock without waiting for a holder.
         pub fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
-            let mut cur = self.state.load(Ordering::Relaxed);
-            loop {
-                if cur & WRITER != 0 {
-                    return None;
-                }
-                match self.state.compare_exchange(
-                    cur,
-                    cur + 1,
-                    Ordering::Acquire,
-                    Ordering::Relaxed,
-                ) {
-                    Ok(_) => {
-                        return Some(RwLockReadGuard {
-                            lock: self,
-                            data: self.data.get(),
-                        })
-                    }
-                    Err(c) => cur = c,
-                }
+            let mut s = self.state.lock().unwrap();
+            if *s & WRITER != 0 {
+                return None;
+            }
+            *s += 1;
+            drop(s);
+            Some(self.read_guard())
+        }
+        /// Exclusive lock without waiting for a holder.
+        pub fn try_write(&self) -> Option<RwLockWriteGuard<'_, T>> {
+            let mut s = self.state.lock().unwrap();
+            if *s != 0 {
+                return None;
+            }
+            *s = WRITER;
+            drop(s);
+            Some(self.write_guard())
+        }
+        fn read_guard(&self) -> RwLockReadGuard<'_, T> {
+            RwLockReadGuard {
+                lock: self,
+                data: Some(self.data.get()),
             }
         }
-        /// Exclusive lock without waiting.
-        pub fn try_write(&self) -> Option<RwLockWriteGuard<'_, T>> {
-            self.state
-                .compare_exchange(0, WRITER, Ordering::Acquire, Ordering::Relaxed)
-                .ok()
-                .map(|_| RwLockWriteGuard {
-                    lock: self,
-                    data: self.data.get_mut(),
-                })
+        fn write_guard(&self) -> RwLockWriteGuard<'_, T> {
+            RwLockWriteGuard {
+                lock: self,
+                data: Some(self.data.get_mut()),
+            }
         }
         /// Exclusive access without locking.
         pub fn get_mut(&mut self) -> &mut T {
@@ -236,36 +245,46 @@ mod imp {
     impl<T> core::ops::Deref for RwLockReadGuard<'_, T> {
         type Target = T;
         fn deref(&self) -> &T {
+            let p = self.data.as_ref().expect("held until drop");
             // SAFETY: the reader count this guard holds keeps writers out;
             // loom checks that through the cell's tracked pointer.
-            unsafe { self.data.deref() }
+            unsafe { p.deref() }
         }
     }
 
     impl<T> Drop for RwLockReadGuard<'_, T> {
         fn drop(&mut self) {
-            self.lock.state.fetch_sub(1, Ordering::Release);
+            drop(self.data.take());
+            let mut s = self.lock.state.lock().unwrap();
+            *s -= 1;
+            if *s == 0 {
+                self.lock.changed.notify_all();
+            }
         }
     }
 
     impl<T> core::ops::Deref for RwLockWriteGuard<'_, T> {
         type Target = T;
         fn deref(&self) -> &T {
+            let p = self.data.as_ref().expect("held until drop");
             // SAFETY: this guard holds the writer bit: no other guard exists.
-            unsafe { self.data.deref() }
+            unsafe { p.deref() }
         }
     }
 
     impl<T> core::ops::DerefMut for RwLockWriteGuard<'_, T> {
         fn deref_mut(&mut self) -> &mut T {
+            let p = self.data.as_ref().expect("held until drop");
             // SAFETY: as for `deref`, and `&mut self` makes it unique.
-            unsafe { self.data.deref() }
+            unsafe { p.deref() }
         }
     }
 
     impl<T> Drop for RwLockWriteGuard<'_, T> {
         fn drop(&mut self) {
-            self.lock.state.store(0, Ordering::Release);
+            drop(self.data.take());
+            *self.lock.state.lock().unwrap() = 0;
+            self.lock.changed.notify_all();
         }
     }
 
