@@ -331,36 +331,34 @@ fn wp_fault(
     }
     anon_vma_prepare(mm, vma, vma_locked)?;
     let old = pte.pfn();
-    if old != ZERO_PFN && !pte.flags().contains(PteFlags::COW) {
-        // Our entry may hold the only reference: then write in place. The
-        // count is read under the PTE lock, with the entry unchanged, so
-        // that reference is still ours and no one can add another (every
-        // sharer — fork, a shared object — excludes this fault).
-        let ok = mm
+    if old != ZERO_PFN {
+        // One look under the PTE lock, with the entry unchanged. If our
+        // entry holds the frame's only reference, write in place (no one
+        // can add another: every sharer — fork, a shared object —
+        // excludes this fault). Else take a reference for the copy, as
+        // Linux holds a folio reference: without it a DONTNEED or munmap
+        // could zap the entry, flush and free the frame, and a fault
+        // elsewhere could zero it while we read it.
+        let mut referenced = false;
+        let reused = mm
             .pt
             .update(page, g, |cur| {
-                (cur == pte && mm.frames.refcount(old) == 1).then(|| Pte::new(old, writable))
+                if cur != pte {
+                    return None;
+                }
+                if !pte.flags().contains(PteFlags::COW) && mm.frames.refcount(old) == 1 {
+                    return Some(Pte::new(old, writable));
+                }
+                mm.frames.get(old);
+                referenced = true;
+                None
             })
             .is_some();
-        if ok {
+        if reused {
             mm.stats.inc(Event::cow_reuses);
             return Ok(true);
         }
-    }
-    // Copy: hold a reference on the old frame for the whole copy, taken
-    // under the PTE lock while the entry still maps it (Linux holds a
-    // folio reference). Without it a DONTNEED or munmap could zap the
-    // entry, flush and free the frame, and a fault elsewhere could zero
-    // it while we read it.
-    if old != ZERO_PFN {
-        let referenced = mm.pt.with_locked(page, g, |cur| {
-            let same = cur == pte;
-            if same {
-                mm.frames.get(old);
-            }
-            same
-        });
-        if referenced != Some(true) {
+        if !referenced {
             return Ok(false); // the entry changed: look again
         }
     }

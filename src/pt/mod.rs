@@ -363,18 +363,6 @@ impl PageTable {
         Ok(())
     }
 
-    /// Runs `f(current entry)` under the PTE table's lock without changing
-    /// the entry; `None` if no table covers `va`. What `f` learns stays
-    /// true until the lock drops: a fault takes a frame reference here
-    /// (Linux's `get_page` under the PTL), so no zap can free the frame
-    /// between its check and its use.
-    pub fn with_locked<R>(&self, va: u64, g: &Guard, f: impl FnOnce(Pte) -> R) -> Option<R> {
-        let t = self.pte_table(va, Make::No, g)?;
-        let e = &t.entries[index(va, 0)];
-        let _l = t.lock.lock();
-        Some(f(Pte(e.load(Ordering::Relaxed))))
-    }
-
     /// Under the PTE table's lock, replaces the entry for `va` with
     /// `f(current)` when that is `Some`. Returns the new entry, or `None`
     /// if nothing changed (including when no table exists).
