@@ -45,7 +45,7 @@ fn rw() -> Prot {
 /// keeps the model small: the store path's frame and anon_vma handling
 /// against munmap is model 4's.
 ///
-/// Mutation caught: `lock_vma_under_rcu` (src/fault.rs) skipping its
+/// Mutation caught: `lock_vma_under_rcu` (src/mm/fault.rs) skipping its
 /// revalidation (`if vma.mm_id() != mm.id || !vma.range().contains(addr)`
 /// replaced by `if false`): the fault then maps A through the object
 /// recycled for B.

@@ -1,6 +1,6 @@
 //! Loom models of a soft TLB ([`aspace::Translator`]) against the flushes
 //! that must invalidate it, running the real AddressSpace through
-//! src/sync.rs (deferred reclamation, as in `fault.rs`). Under loom the
+//! src/sync.rs (deferred reclamation, as in `mm/fault.rs`). Under loom the
 //! asymmetric fence pair is two `SeqCst` fences, the ordering that
 //! `membarrier` provides.
 //!

@@ -17,13 +17,11 @@
 
 pub mod addr;
 pub mod error;
-mod fault;
 pub mod mm;
 pub mod percpu;
 pub mod phys;
 pub mod pt;
 pub mod reclaim;
-mod spec_fault;
 pub mod stats;
 pub mod sync;
 mod tlb;

@@ -28,7 +28,7 @@ pub mod guest;
 
 use crate::addr::PAGE_SIZE;
 use crate::error::FaultError;
-use crate::fault::ZERO_PFN;
+use crate::mm::fault::ZERO_PFN;
 use crate::mm::{Access, AddressSpace};
 use crate::pt::PteFlags;
 use crate::sync::asymmetric;

@@ -3,7 +3,7 @@
 use super::{Access, AddressSpace};
 use crate::addr::{Range, PAGE_SIZE};
 use crate::error::{Error, FaultError, MemoryFault, Result};
-use crate::fault::ZERO_PFN;
+use crate::mm::fault::ZERO_PFN;
 use crate::phys::Pfn;
 use crate::pt::PteFlags;
 use crate::vma::{VmFlags, Vma};

@@ -12,7 +12,7 @@ use super::mmap_lock::MmapWriteGuard;
 use super::{AddressSpace, MmState};
 use crate::addr::{pages, Range};
 use crate::error::{Error, Result};
-use crate::fault::ZERO_PFN;
+use crate::mm::fault::ZERO_PFN;
 use crate::reclaim::Guard;
 use crate::stats::Event;
 use crate::sync::Arc;

@@ -9,7 +9,7 @@
 //! every present page-table entry is copied: the frame gains a reference
 //! and both entries lose write access, so the first write on either side
 //! copies the frame (or reuses it if it holds the last reference, see
-//! [`crate::fault`]). The parent's translations are flushed (through the
+//! [`crate::mm::fault`]). The parent's translations are flushed (through the
 //! TLB model, waiting out user accesses that began before) before its
 //! mmap_lock is released. VMAs without an anon_vma map only the zero page
 //! and shared mappings have a backing object: their entries are not
@@ -34,7 +34,7 @@ use super::edit::Edit;
 use super::{next_id, AddressSpace};
 use crate::addr::{page_align_down, Range};
 use crate::error::{Error, Result};
-use crate::fault::ZERO_PFN;
+use crate::mm::fault::ZERO_PFN;
 use crate::phys::Pfn;
 use crate::pt::{Pte, PteFlags};
 use crate::stats::StatCounters;

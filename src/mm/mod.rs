@@ -47,6 +47,7 @@ pub mod mmap_lock;
 mod access;
 mod brk;
 pub(crate) mod edit;
+pub(crate) mod fault;
 mod fork;
 mod madvise;
 mod mlock;
@@ -55,6 +56,7 @@ mod mprotect;
 mod mremap;
 mod munmap;
 mod name;
+pub(crate) mod spec_fault;
 pub(crate) mod stack;
 
 pub use config::{Config, ConfigError, FaultLocking, MremapExtent};
@@ -226,7 +228,7 @@ impl AddressSpace {
     /// The page-fault entry point: resolves a fault at `addr` for `access`
     /// as the kernel would (per-VMA lock first, mmap_lock fallback).
     pub fn fault(&self, addr: u64, access: Access) -> Result<(), FaultError> {
-        crate::fault::handle(self, addr, access)
+        crate::mm::fault::handle(self, addr, access)
     }
 
     /// A soft TLB for the calling thread: loads, stores and atomics at
@@ -359,7 +361,7 @@ impl Drop for AddressSpace {
         for v in &all {
             self.pt.zap_range(v.range(), &pg, |_, pte| {
                 pages += 1;
-                if pte.pfn() != crate::fault::ZERO_PFN {
+                if pte.pfn() != crate::mm::fault::ZERO_PFN {
                     self.frames.put(pte.pfn());
                 }
             });

@@ -4,7 +4,7 @@ use super::edit::Edit;
 use super::{AddressSpace, Prot};
 use crate::addr::{is_page_aligned, page_align_up, Range};
 use crate::error::{Error, Result};
-use crate::fault::{pte_flags, ZERO_PFN};
+use crate::mm::fault::{pte_flags, ZERO_PFN};
 use crate::pt::{Pte, PteFlags};
 use crate::vma::{VmFlags, VmaRef};
 

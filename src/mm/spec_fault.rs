@@ -104,7 +104,7 @@
 //! Nothing is written in the VMA, the tree or the mm sequence.
 
 use crate::addr::{page_align_down, PMD_SIZE};
-use crate::fault::{access_ok, pte_flags, ZERO_PFN};
+use crate::mm::fault::{access_ok, pte_flags, ZERO_PFN};
 use crate::mm::{Access, AddressSpace};
 use crate::pt::{CheckedInstallError, Pte, PteFlags};
 use crate::stats::Event;

@@ -78,7 +78,7 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
         return Err(count_failure(mm, FaultError::NoMapping));
     }
     if mm.cfg.fault_locking == FaultLocking::Speculative {
-        match crate::spec_fault::handle(mm, addr, access) {
+        match crate::mm::spec_fault::handle(mm, addr, access) {
             Ok(()) => return Ok(()),
             Err(why) => mm.stats.inc(why),
         }
