@@ -1,5 +1,5 @@
 //! Virtual memory areas: the VMA object, its flags, its refcount lock
-//! ([`lock`]), its anon_vma, the shared object behind shared mappings
+//! (`lock`), its anon_vma, the shared object behind shared mappings
 //! ([`Shmem`]), and the type-stable cache of VMA objects.
 //!
 //! # Locking
@@ -20,7 +20,7 @@
 //! fault may fill an empty `anon_vma` with a compare-and-swap.
 
 pub mod anon;
-pub mod lock;
+pub(crate) mod lock;
 mod pool;
 mod shmem;
 
