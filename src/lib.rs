@@ -35,8 +35,8 @@ pub mod vmap;
 pub use addr::{Range, PAGE_SIZE};
 pub use error::{Error, FaultError, MemoryFault, Result};
 pub use mm::{
-    Access, AddressSpace, Advice, Config, ConfigError, FaultLocking, FrameAllocator, MapFlags,
-    MlockAllFlags, MlockFlags, MremapExtent, MremapFlags, MsyncFlags, Prot,
+    Access, AddressSpace, Advice, Budget, Config, ConfigError, FaultLocking, FrameAllocator,
+    MapFlags, MlockAllFlags, MlockFlags, MremapExtent, MremapFlags, MsyncFlags, Prot,
 };
 pub use stats::Stats;
 pub use translate::{Scalar, Translator};

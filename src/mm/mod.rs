@@ -12,7 +12,7 @@
 //!    are all released together when the writer drops the mmap_lock (the
 //!    sequence advances).
 //! 3. The tree's writer mutex (uncontended: only mmap_lock writers take it).
-//! 4. An anon_vma family's lock ([`crate::vma::anon`], shared by every
+//! 4. An anon_vma family's lock (`vma::anon`, shared by every
 //!    address space forked from one another): taken by writers that insert
 //!    a VMA with an anon_vma, split one, move its start or merge across
 //!    VMAs, by `fork`, by a fault that gives a VMA its anon_vma (under the
@@ -64,7 +64,7 @@ pub use name::ANON_NAME_MAX;
 
 use crate::addr::Range;
 use crate::error::FaultError;
-pub use crate::phys::FrameAllocator;
+pub use crate::phys::{Budget, FrameAllocator};
 use crate::pt::PageTable;
 use crate::reclaim::Reclaimer;
 use crate::stats::{StatCounters, Stats};
