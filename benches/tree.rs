@@ -5,10 +5,14 @@
 //! `cargo bench --bench tree`
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
+#[path = "../tests/common/rng.rs"]
+mod rng;
+
 use aspace::tree::RangeTree;
 use aspace::Range;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use crossbeam_skiplist::SkipMap;
+use rng::XorShift;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -16,16 +20,6 @@ use std::time::{Duration, Instant};
 
 const STRIDE: u64 = 0x4000;
 const LEN: u64 = 0x3000;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 /// Built in one pass, like the BTreeMap it is compared with (`collect`
 /// bulk-builds full nodes too).
@@ -70,8 +64,8 @@ fn lookups(c: &mut Criterion) {
         let t = tree(n);
         let ti = tree_inserted(n);
         let m = btree(n);
-        let mut rng = Rng(7);
-        let addrs: Vec<u64> = (0..BATCH).map(|_| rng.next() % (n * STRIDE)).collect();
+        let mut rng = XorShift::new(7);
+        let addrs: Vec<u64> = (0..BATCH).map(|_| rng.next_u64() % (n * STRIDE)).collect();
         for (name, t) in [("RangeTree", &t), ("RangeTree-inserted", &ti)] {
             g.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
                 b.iter(|| {
@@ -193,10 +187,10 @@ fn contended<M: Shared>(
     let w = {
         let (m, start, stop, wops) = (m.clone(), start.clone(), stop.clone(), wops.clone());
         std::thread::spawn(move || {
-            let mut rng = Rng(3);
+            let mut rng = XorShift::new(3);
             start.wait();
             while !stop.load(Ordering::Relaxed) {
-                m.churn(rng.next() % n, n);
+                m.churn(rng.next_u64() % n, n);
                 wops.fetch_add(1, Ordering::Relaxed);
             }
         })
@@ -205,11 +199,11 @@ fn contended<M: Shared>(
         .map(|i| {
             let (m, start) = (m.clone(), start.clone());
             std::thread::spawn(move || {
-                let mut rng = Rng(11 + i as u64);
+                let mut rng = XorShift::new(11 + i as u64);
                 start.wait();
                 let mut s = 0;
                 for _ in 0..per_reader {
-                    s += m.lookup(rng.next() % (n * STRIDE));
+                    s += m.lookup(rng.next_u64() % (n * STRIDE));
                 }
                 s
             })

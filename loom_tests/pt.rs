@@ -3,7 +3,7 @@
 //! `PageTable` through src/sync.rs. `./loom.sh pt` runs them.
 #![cfg(aspace_loom)]
 
-use aspace::pt::{PageTable, Pte, PteFlags};
+use aspace::loom_door::{PageTable, Pte, PteFlags};
 use aspace::reclaim::Reclaimer;
 use aspace::Range;
 use loom::sync::Arc;

@@ -3,8 +3,7 @@
 //! src/sync.rs. `./loom.sh vma_lock` runs them.
 #![cfg(aspace_loom)]
 
-use aspace::mm::mmap_lock::MmapLock;
-use aspace::vma::lock::{ReadLockError, VmaLock};
+use aspace::loom_door::{MmapLock, ReadLockError, VmaLock};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;

@@ -18,12 +18,12 @@
 pub mod addr;
 pub mod error;
 pub mod mm;
-pub mod percpu;
-pub mod phys;
-pub mod pt;
+mod percpu;
+mod phys;
+mod pt;
 pub mod reclaim;
 pub mod stats;
-pub mod sync;
+mod sync;
 mod tlb;
 pub mod translate;
 pub mod tree;
@@ -33,12 +33,22 @@ pub mod vmap;
 pub use addr::{Range, PAGE_SIZE};
 pub use error::{Error, FaultError, MemoryFault, Result};
 pub use mm::{
-    Access, AddressSpace, Advice, Config, ConfigError, FaultLocking, FrameAllocator, MapFlags,
-    MlockAllFlags, MlockFlags, MremapExtent, MremapFlags, MsyncFlags, Prot,
+    Access, AddressSpace, Advice, Budget, Config, ConfigError, FaultLocking, FrameAllocator,
+    MapFlags, MlockAllFlags, MlockFlags, MremapExtent, MremapFlags, MsyncFlags, Prot,
 };
 pub use stats::Stats;
 pub use translate::{Scalar, Translator};
 pub use vma::{RmapHit, VmFlags, VmaInfo};
+
+/// The internals that the loom models in `loom_tests/` drive directly (the
+/// page table, the per-VMA lock, the mmap_lock): loom builds only, not API.
+#[cfg(aspace_loom)]
+#[doc(hidden)]
+pub mod loom_door {
+    pub use crate::mm::mmap_lock::MmapLock;
+    pub use crate::pt::{PageTable, Pte, PteFlags};
+    pub use crate::vma::lock::{ReadLockError, VmaLock};
+}
 
 /// The README's examples run as doctests.
 #[cfg(doctest)]

@@ -109,11 +109,6 @@ impl<T> PerCpu<T> {
     pub fn len(&self) -> usize {
         self.slots.len()
     }
-
-    /// Always false: there is at least one slot.
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
-    }
 }
 
 impl<T: core::fmt::Debug> core::fmt::Debug for PerCpu<T> {

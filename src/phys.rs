@@ -88,7 +88,7 @@ impl core::fmt::Debug for Budget {
 
 impl Budget {
     /// A budget of `limit` bytes.
-    pub fn new(limit: u64) -> Self {
+    pub(crate) fn new(limit: u64) -> Self {
         Budget {
             limit,
             charged: CounterU64::new(0),
@@ -97,7 +97,8 @@ impl Budget {
     }
 
     /// A budget that never refuses (structures used on their own).
-    pub fn unlimited() -> Self {
+    #[cfg(any(test, aspace_loom))]
+    pub(crate) fn unlimited() -> Self {
         Self::new(u64::MAX)
     }
 
@@ -108,7 +109,7 @@ impl Budget {
 
     /// Charges `bytes`; false (and nothing charged) if that would pass the
     /// limit.
-    pub fn try_charge(&self, bytes: u64) -> bool {
+    pub(crate) fn try_charge(&self, bytes: u64) -> bool {
         let s = self.stock.local();
         let mut cur = s.load(Ordering::Relaxed);
         while cur >= bytes {
@@ -140,13 +141,13 @@ impl Budget {
     /// without: an address space's root table, mremap's destination tables
     /// (its source tables are freed right after), and VMAs whose room was
     /// checked just before ([`has_room`](Self::has_room)).
-    pub fn force_charge(&self, bytes: u64) {
+    pub(crate) fn force_charge(&self, bytes: u64) {
         self.charged.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// True if `bytes` could be charged now (a hint: others may charge
     /// before the caller does).
-    pub fn has_room(&self, bytes: u64) -> bool {
+    pub(crate) fn has_room(&self, bytes: u64) -> bool {
         self.used()
             .checked_add(bytes)
             .is_some_and(|t| t <= self.limit)
@@ -161,7 +162,7 @@ impl Budget {
     }
 
     /// Gives back `bytes` charged earlier.
-    pub fn uncharge(&self, bytes: u64) {
+    pub(crate) fn uncharge(&self, bytes: u64) {
         let s = self.stock.local();
         let mut cur = s.fetch_add(bytes, Ordering::Relaxed) + bytes;
         // Keep one batch in stock; return the rest to the shared count.
@@ -328,8 +329,8 @@ impl core::fmt::Debug for FrameAllocator {
 impl FrameAllocator {
     /// A physical memory of at most `budget_bytes`, shared by its frames,
     /// the page tables and the metadata of the address spaces that use it.
-    /// `zero_new` clears every frame handed out again by
-    /// [`alloc`](Self::alloc) (frames never used are zero already); it is
+    /// `zero_new` clears every frame handed out again (frames never used
+    /// are zero already); it is
     /// what keeps address spaces sharing the pool from seeing each other's
     /// bytes.
     pub fn new(budget_bytes: u64, zero_new: bool) -> Self {
@@ -366,7 +367,7 @@ impl FrameAllocator {
 
     /// A frame with reference count 1, zero if the allocator zeroes
     /// frames; `None` when the budget is exhausted.
-    pub fn alloc(&self) -> Option<Pfn> {
+    pub(crate) fn alloc(&self) -> Option<Pfn> {
         let (pfn, used_before) = self.take_charged()?;
         if self.zero_new && used_before {
             self.zero(pfn);
@@ -376,7 +377,7 @@ impl FrameAllocator {
 
     /// A frame with reference count 1 and unspecified contents (for a
     /// frame about to be overwritten whole).
-    pub fn alloc_uninit(&self) -> Option<Pfn> {
+    pub(crate) fn alloc_uninit(&self) -> Option<Pfn> {
         self.take_charged().map(|(pfn, _)| pfn)
     }
 
@@ -566,13 +567,13 @@ impl FrameAllocator {
     }
 
     /// Adds a reference (another mapping shares the frame).
-    pub fn get(&self, pfn: Pfn) {
+    pub(crate) fn get(&self, pfn: Pfn) {
         self.refs(pfn).fetch_add(1, Ordering::Relaxed);
     }
 
     /// Drops a reference; frees the frame when it was the last. Returns
     /// true if the frame was freed.
-    pub fn put(&self, pfn: Pfn) -> bool {
+    pub(crate) fn put(&self, pfn: Pfn) -> bool {
         let refs = self.refs(pfn);
         if refs.fetch_sub(1, Ordering::AcqRel) != 1 {
             return false;
@@ -595,7 +596,7 @@ impl FrameAllocator {
     }
 
     /// The reference count of a frame.
-    pub fn refcount(&self, pfn: Pfn) -> u32 {
+    pub(crate) fn refcount(&self, pfn: Pfn) -> u32 {
         self.refs(pfn).load(Ordering::Acquire) & !USED_BEFORE
     }
 
@@ -614,7 +615,7 @@ impl FrameAllocator {
     /// now, so that later allocations do not pay the host kernel's page
     /// faults (benchmarks call this before measuring). Only frames never
     /// handed out are touched.
-    pub fn prefault(&self, bytes: u64) {
+    pub(crate) fn prefault(&self, bytes: u64) {
         let frames = (bytes / PAGE_SIZE).min(self.frames);
         // Holding the pool lock keeps `fresh` still: no frame at or above
         // it can be handed out meanwhile.
@@ -639,7 +640,7 @@ impl FrameAllocator {
 
     /// Copies `buf.len()` bytes from the frame at `offset` (clamped to the
     /// frame: bytes past its end are left untouched).
-    pub fn read(&self, pfn: Pfn, offset: usize, buf: &mut [u8]) {
+    pub(crate) fn read(&self, pfn: Pfn, offset: usize, buf: &mut [u8]) {
         let end = (offset.saturating_add(buf.len())).min(PAGE_SIZE as usize);
         self.use_shared(pfn, false);
         let words = self.words(pfn);
@@ -654,7 +655,7 @@ impl FrameAllocator {
     }
 
     /// Copies `data` into the frame at `offset` (clamped to the frame).
-    pub fn write(&self, pfn: Pfn, offset: usize, data: &[u8]) {
+    pub(crate) fn write(&self, pfn: Pfn, offset: usize, data: &[u8]) {
         let end = (offset.saturating_add(data.len())).min(PAGE_SIZE as usize);
         self.use_shared(pfn, true);
         let words = self.words(pfn);
@@ -681,7 +682,7 @@ impl FrameAllocator {
     }
 
     /// Copies a whole frame.
-    pub fn copy(&self, dst: Pfn, src: Pfn) {
+    pub(crate) fn copy(&self, dst: Pfn, src: Pfn) {
         self.use_shared(src, false);
         self.use_shared(dst, true);
         let (d, s) = (self.words(dst), self.words(src));

@@ -1,6 +1,6 @@
 //! Event counters that every path updates cheaply.
 //!
-//! Each CPU slot has its own cache line of counters (see [`crate::percpu`]),
+//! Each CPU slot has its own cache line of counters (see `percpu`),
 //! so the fault path's only shared write stays the VMA's refcount. A
 //! [`Stats`] snapshot sums the slots; it is exact once the counted
 //! operations have finished, and a good estimate while they run.

@@ -15,11 +15,9 @@ pub use crossbeam_epoch as epoch;
 #[cfg(not(aspace_loom))]
 mod imp {
     pub use std::sync::atomic::{
-        fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
-        Ordering,
+        fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
     };
     pub use std::sync::Arc;
-    pub use std::thread;
 
     /// A mutex whose `lock` never fails (parking_lot semantics).
     pub type Mutex<T> = parking_lot::Mutex<T>;
@@ -82,11 +80,9 @@ mod imp {
 #[cfg(aspace_loom)]
 mod imp {
     pub use loom::sync::atomic::{
-        fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
-        Ordering,
+        fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
     };
     pub use loom::sync::Arc;
-    pub use loom::thread;
 
     /// A loom mutex with parking_lot's infallible `lock`.
     #[derive(Debug)]

@@ -7,11 +7,11 @@
 //! instructions and writes only the translator's own cache line.
 //!
 //! Flushes (munmap, mprotect, mremap, madvise, copy-on-write breaks, fork)
-//! invalidate every translator before they return: see [`crate::tlb`] for
+//! invalidate every translator before they return: see `tlb` for
 //! the protocol and its argument.
 //!
 //! Frame memory is shared with other threads and other translators, so it
-//! is only ever touched through 8-byte atomics (as [`crate::phys`] does):
+//! is only ever touched through 8-byte atomics (as `phys` does):
 //! narrower stores and read-modify-writes are compare-and-swap loops on the
 //! containing word. Concurrent guest stores to one page are a data race in
 //! the guest, never undefined behaviour here. Loads are Acquire and stores

@@ -4,10 +4,14 @@
 //! copied, and readers racing with moves see the old mapping or the new
 //! one (or a clean fault), never another page's frame.
 
+#[path = "common/rng.rs"]
+mod rng;
+
 use aspace::{
     Access, AddressSpace, Advice, Config, Error, FaultError, MapFlags, MremapExtent, MremapFlags,
     Prot, Stats, PAGE_SIZE,
 };
+use rng::XorShift;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -280,6 +284,13 @@ fn pin_to(cpu: usize) -> bool {
     }
 }
 
+/// The calling thread's CPU, which is its per-CPU slot in the address
+/// space (one slot per configured CPU).
+fn current_cpu() -> i32 {
+    // SAFETY: sched_getcpu has no preconditions; it returns -1 on error.
+    unsafe { libc::sched_getcpu() }
+}
+
 #[test]
 fn shootdowns_reach_every_other_cpu_of_the_mask() {
     // Slots are real CPUs: keep each thread on one, or the mask would
@@ -295,11 +306,11 @@ fn shootdowns_reach_every_other_cpu_of_the_mask() {
         let other = std::thread::spawn(move || {
             pin_to(1 % std::thread::available_parallelism().map_or(1, |n| n.get()));
             m2.read(SRC, &mut [0u8; 8]).unwrap();
-            aspace::percpu::cpu_id()
+            current_cpu()
         })
         .join()
         .unwrap();
-        let same_cpu = other == aspace::percpu::cpu_id();
+        let same_cpu = other == current_cpu();
         let before = mm.stats();
         let len = 1024 * PAGE_SIZE;
         mm.mremap(SRC, len, len, moving(), DST).unwrap();
@@ -354,14 +365,12 @@ fn race(mode: MremapExtent, dur: Duration) {
     for r in 0..readers {
         let (mm, stop, reads, start) = (mm.clone(), stop.clone(), reads.clone(), start.clone());
         hs.push(std::thread::spawn(move || {
-            let mut x = 0x2545_f491_4f6c_dd1d_u64 ^ (r as u64 + 1);
+            let mut rng = XorShift::new(0x2545_f491_4f6c_dd1d_u64 ^ (r as u64 + 1));
             let mut buf = [0u8; 64];
             let (mut ok, mut faults) = (0u64, 0u64);
             start.wait();
             while !stop.load(Ordering::Relaxed) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                let x = rng.next_u64();
                 let p = x % PAGES;
                 let base = places[(x >> 20) as usize % 3];
                 let addr = base + p * PAGE_SIZE + (x >> 40) % 63 * 64;
@@ -397,7 +406,7 @@ fn race(mode: MremapExtent, dur: Duration) {
     let len = PAGES * PAGE_SIZE;
     let mut at = 0;
     let mut moves = 0u64;
-    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut rng = XorShift::new(0x9e37_79b9_7f4a_7c15_u64);
     while t0.elapsed() < dur || moves < 30 {
         let to = (at + 1) % 3;
         assert_eq!(
@@ -407,9 +416,7 @@ fn race(mode: MremapExtent, dur: Duration) {
         at = to;
         moves += 1;
         // Drop a few pages and write their pattern back.
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = rng.next_u64();
         let p = x % (PAGES - 4);
         let a = places[at] + p * PAGE_SIZE;
         mm.madvise(a, 4 * PAGE_SIZE, Advice::DontNeed).unwrap();

@@ -3,7 +3,11 @@
 //! VMAs with mprotect, and churn mmap/mremap/munmap elsewhere. Zero lost
 //! bytes, zero unexpected errors.
 
+#[path = "common/rng.rs"]
+mod rng;
+
 use aspace::{AddressSpace, Advice, Config, FaultLocking, MapFlags, MremapFlags, Prot, PAGE_SIZE};
+use rng::XorShift;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -20,16 +24,6 @@ fn pat(t: u64, gen: u64, page: u64, off: usize) -> u8 {
     (t.wrapping_mul(31) ^ gen.wrapping_mul(7) ^ page.wrapping_mul(13) ^ off as u64) as u8
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 fn run(locking: FaultLocking, workers: usize, dur: Duration) -> aspace::Stats {
     let mm = Arc::new(AddressSpace::new(Config::with_locking(locking)));
     let regions: Vec<u64> = (0..workers)
@@ -43,15 +37,15 @@ fn run(locking: FaultLocking, workers: usize, dur: Duration) -> aspace::Stats {
         hs.push(std::thread::spawn(move || {
             let t = t as u64;
             let mut gen = vec![0u64; PAGES as usize]; // 0 = zero page expected
-            let mut rng = Rng(0x9e37_79b9 ^ (t + 1));
+            let mut rng = XorShift::new(0x9e37_79b9 ^ (t + 1));
             let mut buf = vec![0u8; PAGE_SIZE as usize];
             let mut g = 0;
             start.wait();
             while !stop.load(Ordering::Relaxed) {
                 g += 1;
-                let p = rng.next() % PAGES;
+                let p = rng.next_u64() % PAGES;
                 let addr = base + p * PAGE_SIZE;
-                match rng.next() % 8 {
+                match rng.next_u64() % 8 {
                     0 => {
                         // Drop the page: it must read back as zero and
                         // fault in again.
@@ -91,12 +85,12 @@ fn run(locking: FaultLocking, workers: usize, dur: Duration) -> aspace::Stats {
     {
         let (mm, stop, start, regions) = (mm.clone(), stop.clone(), start.clone(), regions.clone());
         hs.push(std::thread::spawn(move || {
-            let mut rng = Rng(77);
+            let mut rng = XorShift::new(77);
             start.wait();
             while !stop.load(Ordering::Relaxed) {
-                let base = regions[(rng.next() % regions.len() as u64) as usize];
-                let p = 1 + rng.next() % (PAGES - 4);
-                let n = 1 + rng.next() % 3;
+                let base = regions[(rng.next_u64() % regions.len() as u64) as usize];
+                let p = 1 + rng.next_u64() % (PAGES - 4);
+                let n = 1 + rng.next_u64() % 3;
                 let a = base + p * PAGE_SIZE;
                 mm.mprotect(a, n * PAGE_SIZE, RW | Prot::EXEC).unwrap();
                 mm.mprotect(a, n * PAGE_SIZE, RW).unwrap();
@@ -107,10 +101,10 @@ fn run(locking: FaultLocking, workers: usize, dur: Duration) -> aspace::Stats {
     {
         let (mm, stop, start) = (mm.clone(), stop.clone(), start.clone());
         hs.push(std::thread::spawn(move || {
-            let mut rng = Rng(99);
+            let mut rng = XorShift::new(99);
             start.wait();
             while !stop.load(Ordering::Relaxed) {
-                let n = 1 + rng.next() % 8;
+                let n = 1 + rng.next_u64() % 8;
                 let a = mm.mmap(0, n * PAGE_SIZE, RW, anon()).unwrap();
                 mm.write(a, &[0xab; 64]).unwrap();
                 let b = mm

@@ -17,9 +17,13 @@
 //! - a byte of a forked child that changes after fork returned (the child
 //!   itself never writes).
 
+#[path = "common/rng.rs"]
+mod rng;
+
 use aspace::{
     Access, AddressSpace, Advice, Config, FaultError, FaultLocking, MapFlags, Prot, PAGE_SIZE,
 };
+use rng::XorShift;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -32,16 +36,6 @@ const RW: Prot = Prot::READ.union(Prot::WRITE);
 
 fn fixed() -> MapFlags {
     MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
 }
 
 #[derive(Default)]
@@ -82,12 +76,12 @@ fn run(locking: FaultLocking, dur: Duration) {
     for t in 0..WRITERS {
         let (mm, stop, c, start) = (mm.clone(), stop.clone(), c.clone(), start.clone());
         hs.push(std::thread::spawn(move || {
-            let mut rng = Rng(0x2545_f491 ^ (t + 1));
+            let mut rng = XorShift::new(0x2545_f491 ^ (t + 1));
             let mut last = vec![0u64; pages as usize];
             let mut counter = 0u64;
             start.wait();
             while !stop.load(Ordering::Relaxed) {
-                let p = rng.next() % pages;
+                let p = rng.next_u64() % pages;
                 let a = page(p) + t * 8;
                 let stable = p < STABLE;
                 // A read fault on a stable page must always succeed; a
@@ -134,10 +128,10 @@ fn run(locking: FaultLocking, dur: Duration) {
     {
         let (mm, stop, c, start) = (mm.clone(), stop.clone(), c.clone(), start.clone());
         hs.push(std::thread::spawn(move || {
-            let mut rng = Rng(0x9e37_79b9);
+            let mut rng = XorShift::new(0x9e37_79b9);
             start.wait();
             while !stop.load(Ordering::Relaxed) {
-                let p = rng.next() % pages;
+                let p = rng.next_u64() % pages;
                 // The churn half may be unmapped right now (ENOMEM).
                 if mm.madvise(page(p), PAGE_SIZE, Advice::DontNeed).is_ok() {
                     bump(&c.dontneeds);
@@ -150,11 +144,11 @@ fn run(locking: FaultLocking, dur: Duration) {
     {
         let (mm, stop, c, start) = (mm.clone(), stop.clone(), c.clone(), start.clone());
         hs.push(std::thread::spawn(move || {
-            let mut rng = Rng(0x6c07_8965);
+            let mut rng = XorShift::new(0x6c07_8965);
             start.wait();
             while !stop.load(Ordering::Relaxed) {
-                let p = rng.next() % STABLE;
-                let n = 1 + rng.next() % 2;
+                let p = rng.next_u64() % STABLE;
+                let n = 1 + rng.next_u64() % 2;
                 let n = n.min(STABLE - p);
                 mm.mprotect(page(p), n * PAGE_SIZE, Prot::READ).unwrap();
                 std::thread::yield_now();
@@ -168,10 +162,10 @@ fn run(locking: FaultLocking, dur: Duration) {
     {
         let (mm, stop, c, start) = (mm.clone(), stop.clone(), c.clone(), start.clone());
         hs.push(std::thread::spawn(move || {
-            let mut rng = Rng(0x5851_f42d);
+            let mut rng = XorShift::new(0x5851_f42d);
             start.wait();
             while !stop.load(Ordering::Relaxed) {
-                let p = STABLE + rng.next() % CHURN;
+                let p = STABLE + rng.next_u64() % CHURN;
                 mm.munmap(page(p), PAGE_SIZE).unwrap();
                 std::thread::yield_now();
                 assert_eq!(mm.mmap(page(p), PAGE_SIZE, RW, fixed()).unwrap(), page(p));

@@ -4,7 +4,11 @@
 //! mprotect, forks (write-protecting every entry), and zaps other pages
 //! with DONTNEED. Zero lost bytes, no frame leaked.
 
+#[path = "common/rng.rs"]
+mod rng;
+
 use aspace::{AddressSpace, Advice, Config, FaultLocking, MapFlags, Prot, PAGE_SIZE};
+use rng::XorShift;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -15,16 +19,6 @@ const PAGES: u64 = 1100;
 const WORKERS: u64 = 2;
 /// The last pages belong to nobody: the churner DONTNEEDs them.
 const SCRATCH: u64 = 64;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 #[test]
 fn speculative_faults_lose_nothing() {
@@ -50,15 +44,15 @@ fn speculative_faults_lose_nothing() {
     for t in 0..WORKERS {
         let (mm, stop, start) = (mm.clone(), stop.clone(), start.clone());
         hs.push(std::thread::spawn(move || {
-            let mut rng = Rng(0x9e37_79b9 ^ (t + 1));
+            let mut rng = XorShift::new(0x9e37_79b9 ^ (t + 1));
             // Each worker owns the pages p with p % WORKERS == t.
             let mine = (PAGES - SCRATCH) / WORKERS;
             let mut gen = vec![0u8; mine as usize];
             start.wait();
             while !stop.load(Ordering::Relaxed) {
-                let i = rng.next() % mine;
+                let i = rng.next_u64() % mine;
                 let a = base + (i * WORKERS + t) * PAGE_SIZE + 8;
-                if rng.next() % 3 == 0 {
+                if rng.next_u64() % 3 == 0 {
                     let mut x = [0u8; 1];
                     mm.read(a, &mut x).unwrap();
                     assert_eq!(x[0], gen[i as usize], "worker {t} page {i}");
@@ -73,19 +67,19 @@ fn speculative_faults_lose_nothing() {
     {
         let (mm, stop, start) = (mm.clone(), stop.clone(), start.clone());
         hs.push(std::thread::spawn(move || {
-            let mut rng = Rng(4242);
+            let mut rng = XorShift::new(4242);
             start.wait();
             while !stop.load(Ordering::Relaxed) {
-                match rng.next() % 4 {
+                match rng.next_u64() % 4 {
                     0 | 1 => {
                         // Split and re-merge, writable throughout.
-                        let p = 1 + rng.next() % (PAGES - 4);
+                        let p = 1 + rng.next_u64() % (PAGES - 4);
                         let a = base + p * PAGE_SIZE;
                         mm.mprotect(a, 2 * PAGE_SIZE, RW | Prot::EXEC).unwrap();
                         mm.mprotect(a, 2 * PAGE_SIZE, RW).unwrap();
                     }
                     2 => {
-                        let p = PAGES - SCRATCH + rng.next() % SCRATCH;
+                        let p = PAGES - SCRATCH + rng.next_u64() % SCRATCH;
                         mm.write(base + p * PAGE_SIZE, &[7]).unwrap();
                         mm.madvise(base + p * PAGE_SIZE, PAGE_SIZE, Advice::DontNeed)
                             .unwrap();

@@ -4,9 +4,13 @@
 //! on others; atomics between threads; and a stress test of translators
 //! racing with munmap, remap, mprotect and madvise(DONTNEED).
 
+#[path = "common/rng.rs"]
+mod rng;
+
 use aspace::{
     AddressSpace, Advice, Config, FaultError, MapFlags, MremapFlags, Prot, Translator, PAGE_SIZE,
 };
+use rng::XorShift;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Barrier};
 
@@ -403,12 +407,10 @@ fn stress_translators_against_flushes() {
             let (mm, stop, ok_ops, ops) = (&mm, &stop, &ok_ops, &ops);
             s.spawn(move || {
                 let mut t: Translator<'_> = mm.translator();
-                let mut x = tid.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+                let mut rng = XorShift::new(tid.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
+                    let x = rng.next_u64();
                     let addr = A + (x % (PAGES * PAGE_SIZE / 8)) * 8;
                     n += 1;
                     let ok = match x >> 60 {
@@ -436,7 +438,7 @@ fn stress_translators_against_flushes() {
                 }
             });
         }
-        let mut x = 0x1234_5678u64;
+        let mut rng = XorShift::new(0x1234_5678u64);
         // Lets the translators run a while.
         let let_run = || {
             let seen = ops.load(Ordering::Relaxed);
@@ -446,9 +448,7 @@ fn stress_translators_against_flushes() {
         };
         for _ in 0..ROUNDS {
             let_run();
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next_u64();
             let p = x % PAGES;
             let len = (1 + (x >> 8) % 3).min(PAGES - p) * PAGE_SIZE;
             let at = A + p * PAGE_SIZE;

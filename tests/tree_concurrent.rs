@@ -4,23 +4,17 @@
 //! value names exactly that range (or, after a trimming store, a range
 //! that contains it).
 
+#[path = "common/rng.rs"]
+mod rng;
+
 use aspace::tree::RangeTree;
 use aspace::Range;
+use rng::XorShift;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const SPACE: u64 = 1 << 24;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 #[test]
 fn readers_vs_writer_every_answer_checked() {
@@ -31,11 +25,11 @@ fn readers_vs_writer_every_answer_checked() {
         .map(|i| {
             let (t, stop, checked) = (t.clone(), stop.clone(), checked.clone());
             std::thread::spawn(move || {
-                let mut rng = Rng(0x1234_5678 + i);
+                let mut rng = XorShift::new(0x1234_5678 + i);
                 while !stop.load(Ordering::Relaxed) {
                     let g = t.pin();
                     for _ in 0..64 {
-                        let a = rng.next() % SPACE;
+                        let a = rng.next_u64() % SPACE;
                         if let Some((r, v)) = t.find(a, &g) {
                             assert!(r.contains(a), "{r:?} does not contain {a:#x}");
                             // A store may trim an entry: the value names the
@@ -51,15 +45,15 @@ fn readers_vs_writer_every_answer_checked() {
             })
         })
         .collect();
-    let mut rng = Rng(99);
+    let mut rng = XorShift::new(99);
     let t0 = Instant::now();
     let mut ops = 0u64;
     while t0.elapsed() < Duration::from_millis(1200) {
-        let a = (rng.next() % SPACE) & !0xfff;
-        let len = 0x1000 * (1 + rng.next() % 16);
+        let a = (rng.next_u64() % SPACE) & !0xfff;
+        let len = 0x1000 * (1 + rng.next_u64() % 16);
         let r = Range::new(a, a + len);
         let mut w = t.writer();
-        match rng.next() % 3 {
+        match rng.next_u64() % 3 {
             0 => {
                 let _ = w.insert(r, r);
             }

@@ -1,9 +1,13 @@
 //! vmap behaviour through the public API: a proptest against an oracle
 //! and a concurrent disjointness test.
 
+#[path = "common/rng.rs"]
+mod rng;
+
 use aspace::vmap::{AreaState, Mode, Vmap, VmapConfig};
 use aspace::{Range, PAGE_SIZE};
 use proptest::prelude::*;
+use rng::XorShift;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -103,11 +107,9 @@ fn concurrent_allocations_are_disjoint() {
         .map(|t| {
             let (v, owner) = (v.clone(), owner.clone());
             std::thread::spawn(move || {
-                let mut x = 77u64 + t as u64;
+                let mut rng = XorShift::new(77u64 + t as u64);
                 for _ in 0..3000 {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
+                    let x = rng.next_u64();
                     let pages = 1 + x % 8;
                     let Ok(r) = v.alloc(pages * PAGE_SIZE, PAGE_SIZE) else {
                         continue;

@@ -6,7 +6,11 @@
 //! mostly 1-16 pages, some 64-1024 pages, checking the data as they go.
 #![allow(dead_code)] // each includer uses part of it
 
+#[path = "../../tests/common/rng.rs"]
+mod rng;
+
 use aspace::{AddressSpace, Config, MapFlags, MremapExtent, MremapFlags, Prot, Stats, PAGE_SIZE};
+use rng::XorShift;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -125,13 +129,6 @@ fn ranges(t: usize) -> Vec<Range> {
         .collect()
 }
 
-fn xorshift(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x
-}
-
 /// Runs the workload once on a fresh address space.
 pub fn run(p: Params) -> Sample {
     let mm = Arc::new(AddressSpace::new(Config {
@@ -160,7 +157,8 @@ pub fn run(p: Params) -> Sample {
                 }
                 ready.wait();
                 go.wait();
-                let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ ((t as u64 + 1) * 0x1234_5678);
+                let mut rng =
+                    XorShift::new(0x9e37_79b9_7f4a_7c15_u64 ^ ((t as u64 + 1) * 0x1234_5678));
                 let mut ops = 0u64;
                 let mut w = [0u8; 8];
                 loop {
@@ -169,7 +167,7 @@ pub fn run(p: Params) -> Sample {
                         Stop::Time(_) if stop.load(Ordering::Relaxed) => break,
                         _ => {}
                     }
-                    let i = (xorshift(&mut x) % rs.len() as u64) as usize;
+                    let i = (rng.next_u64() % rs.len() as u64) as usize;
                     let r = &mut rs[i];
                     let len = r.pages * PAGE_SIZE;
                     let (from, to) = (r.places[r.at], r.places[1 - r.at]);
@@ -184,7 +182,7 @@ pub fn run(p: Params) -> Sample {
                     r.at = 1 - r.at;
                     ops += 1;
                     // Check the first, the last and one more page.
-                    let mid = xorshift(&mut x) % r.pages;
+                    let mid = rng.next_u64() % r.pages;
                     for pg in [0, r.pages - 1, mid] {
                         mm.read(to + pg * PAGE_SIZE, &mut w).expect("read");
                         assert_eq!(u64::from_le_bytes(w), stamp(t, i, pg), "moved data");

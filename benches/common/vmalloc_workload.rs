@@ -2,7 +2,11 @@
 //! `benches/vmalloc.rs`: `jobs` threads each do alloc/free pairs.
 #![allow(dead_code)]
 
+#[path = "../../tests/common/rng.rs"]
+mod rng;
+
 use aspace::vmap::{Mode, Vmap, VmapConfig};
+use rng::XorShift;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -30,12 +34,10 @@ pub fn run(mode: Mode, jobs: usize, pairs: u64, sizes: Sizes) -> Duration {
         .map(|j| {
             let (v, start) = (v.clone(), start.clone());
             std::thread::spawn(move || {
-                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (j as u64 + 1);
+                let mut rng = XorShift::new(0x9e37_79b9_7f4a_7c15u64 ^ (j as u64 + 1));
                 start.wait();
                 for _ in 0..pairs {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
+                    let x = rng.next_u64();
                     let pages = match sizes {
                         Sizes::OnePage => 1,
                         Sizes::Random64 => 1 + x % 64,

@@ -148,7 +148,7 @@ impl AddressSpace {
     /// with no anon_vma yet. Takes the family's lock (counted).
     ///
     /// The walk tolerates a concurrent end-only move of any VMA in the
-    /// family (brk): see [`crate::vma::anon`].
+    /// family (brk): see `vma::anon`.
     pub fn rmap_walk(&self, addr: u64) -> Vec<RmapHit> {
         let _st = self.mmap_lock.read();
         let g = self.tree.pin();

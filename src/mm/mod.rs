@@ -4,22 +4,22 @@
 //!
 //! Lock order, outermost first:
 //!
-//! 1. `mmap_lock` ([`mmap_lock::MmapLock`]) — writers (mmap, munmap,
+//! 1. `mmap_lock` (`mmap_lock::MmapLock`) — writers (mmap, munmap,
 //!    mprotect, mremap, brk) take it for write; the fault fallback path,
 //!    madvise and `vmas()` take it for read.
-//! 2. VMA write locks ([`crate::vma::lock::VmaLock`]) — taken only by the
+//! 2. VMA write locks (`vma::lock::VmaLock`) — taken only by the
 //!    mmap_lock writer, on every VMA it changes, before changing it. They
 //!    are all released together when the writer drops the mmap_lock (the
 //!    sequence advances).
 //! 3. The tree's writer mutex (uncontended: only mmap_lock writers take it).
-//! 4. An anon_vma family's lock ([`crate::vma::anon`], shared by every
+//! 4. An anon_vma family's lock (`vma::anon`, shared by every
 //!    address space forked from one another): taken by writers that insert
 //!    a VMA with an anon_vma, split one, move its start or merge across
 //!    VMAs, by `fork`, by a fault that gives a VMA its anon_vma (under the
 //!    VMA read lock) and by `rmap_walk` (under the mmap_lock read side).
 //!    Never held while waiting for a VMA lock. Not taken when only a VMA's
 //!    end moves (brk), unless `Config::brk_fast_path` is off.
-//! 5. PTE-page locks (inside [`crate::pt`]), then the frame allocator's
+//! 5. PTE-page locks (inside `pt`), then the frame allocator's
 //!    per-CPU locks.
 //! 6. The TLB model's flush lock (inside `tlb`), taken by each flush,
 //!    under PTE locks when mremap flushes per extent. Its holder waits only
@@ -38,11 +38,11 @@
 //!   pages are freed through the epoch and only where no VMA covers them
 //!   (so no fault is walking there).
 //! - frames: freed only after the TLB flush that covers their last
-//!   translation ([`crate::tlb`]).
+//!   translation (`tlb`).
 
 pub mod config;
 pub mod flags;
-pub mod mmap_lock;
+pub(crate) mod mmap_lock;
 
 mod access;
 mod brk;
@@ -66,7 +66,7 @@ pub use name::ANON_NAME_MAX;
 
 use crate::addr::Range;
 use crate::error::FaultError;
-pub use crate::phys::FrameAllocator;
+pub use crate::phys::{Budget, FrameAllocator};
 use crate::pt::PageTable;
 use crate::reclaim::Reclaimer;
 use crate::stats::{StatCounters, Stats};

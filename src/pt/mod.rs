@@ -78,11 +78,6 @@ impl Pte {
     pub const fn is_writable(self) -> bool {
         self.0 & PteFlags::WRITE.bits() != 0
     }
-
-    /// The raw value.
-    pub const fn raw(self) -> u64 {
-        self.0
-    }
 }
 
 impl core::fmt::Debug for Pte {
@@ -212,6 +207,7 @@ pub type InstallError = Pte;
 impl PageTable {
     /// An empty page table whose table pages are retired through
     /// `reclaimer`, with no limit on its tables.
+    #[cfg(any(test, aspace_loom))]
     pub fn new(reclaimer: Reclaimer) -> Self {
         Self::with_budget(reclaimer, Arc::new(Budget::unlimited()))
     }
@@ -448,6 +444,7 @@ impl PageTable {
 
     /// Calls `f(va, pte)` for every present entry in `r` (lock-free
     /// snapshot).
+    #[cfg(test)]
     pub fn for_each_present(&self, r: Range, g: &Guard, mut f: impl FnMut(u64, Pte)) {
         self.for_each_table(r, g, |t, part| {
             let mut va = part.start;
@@ -646,6 +643,7 @@ impl PageTable {
     /// nothing. The caller guarantees no VMA covers `r`, so no fault walks
     /// there; lock-free walkers that still might are protected by the
     /// reclaimer.
+    #[cfg(any(test, aspace_loom))]
     pub fn free_tables(&self, r: Range, g: &Guard) {
         self.free_tables_within(r, r, g);
     }

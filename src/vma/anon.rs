@@ -86,8 +86,6 @@ use std::collections::BTreeMap;
 pub struct AnonVma {
     id: u64,
     root: Arc<AnonRoot>,
-    /// The anon_vma this one was forked from (kept alive by this link).
-    parent: Option<Arc<AnonVma>>,
     /// Entries in the chain of a VMA that uses this anon_vma.
     depth: u32,
 }
@@ -132,7 +130,6 @@ impl AnonVma {
                 id,
                 index: Mutex::new(RmapIndex::default()),
             }),
-            parent: None,
             depth: 1,
         }
     }
@@ -143,7 +140,6 @@ impl AnonVma {
         AnonVma {
             id,
             root: parent.root.clone(),
-            parent: Some(parent.clone()),
             depth: parent.depth + 1,
         }
     }
@@ -156,11 +152,6 @@ impl AnonVma {
     /// The family's root.
     pub fn root(&self) -> &AnonRoot {
         &self.root
-    }
-
-    /// The anon_vma this one was forked from, if any.
-    pub fn parent(&self) -> Option<&AnonVma> {
-        self.parent.as_deref()
     }
 
     /// Length of the anon_vma chain of a VMA using this anon_vma: itself
@@ -176,11 +167,6 @@ impl AnonVma {
 }
 
 impl AnonRoot {
-    /// Identity of the family (the id of its first anon_vma).
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
     /// Takes the family's lock. With `stats`, counts the acquisition, and
     /// a contended one when a try-lock fails first.
     pub(crate) fn lock(&self, stats: Option<&StatCounters>) -> MutexGuard<'_, RmapIndex> {

@@ -106,6 +106,7 @@ impl VmaLock {
 
     /// Read-lock while holding the mmap_lock read side: no writer can
     /// exist, so only the limited increment can fail.
+    #[cfg(test)]
     pub fn read_locked(&self) -> Result<(), ReadLockError> {
         self.inc_limited()
     }
@@ -191,6 +192,7 @@ impl VmaLock {
     }
 
     /// True if the VMA is write-locked in the current write section.
+    #[cfg(test)]
     pub fn is_write_locked(&self, mm: &MmLockSeq) -> bool {
         mm.is_write_locked() && self.lock_seq.load(Ordering::Relaxed) == mm.current_relaxed()
     }
@@ -231,15 +233,10 @@ impl VmaLock {
         self.refcnt.load(Ordering::Acquire) != 0
     }
 
-    /// The raw count (tests, debugging).
+    /// The raw count (tests and loom models).
+    #[cfg(any(test, aspace_loom))]
     pub fn refcount(&self) -> u32 {
         self.refcnt.load(Ordering::Relaxed)
-    }
-
-    /// Sets the raw count (tests of the reader limit only).
-    #[doc(hidden)]
-    pub fn set_refcount_for_test(&self, v: u32) {
-        self.refcnt.store(v, Ordering::Relaxed);
     }
 }
 
@@ -315,7 +312,7 @@ mod tests {
         let mm = MmapLock::new(());
         let l = VmaLock::new();
         l.mark_attached();
-        l.set_refcount_for_test(VMA_REF_LIMIT - 1);
+        l.refcnt.store(VMA_REF_LIMIT - 1, Ordering::Relaxed);
         l.try_read(mm.seq()).unwrap();
         assert_eq!(l.refcount(), VMA_REF_LIMIT);
         assert_eq!(l.try_read(mm.seq()), Err(ReadLockError::Overflow));

@@ -1,6 +1,6 @@
 //! Virtual memory areas: the VMA object, its flags, its refcount lock
-//! ([`lock`]), its anon_vma, the shared object behind shared mappings
-//! ([`Shmem`]), and the type-stable cache of VMA objects.
+//! (`lock`), its anon_vma, the shared object behind shared mappings
+//! (`Shmem`), and the type-stable cache of VMA objects.
 //!
 //! # Locking
 //!
@@ -19,15 +19,16 @@
 //! `Arc` pointers that change only while the VMA is detached, except that a
 //! fault may fill an empty `anon_vma` with a compare-and-swap.
 
-pub mod anon;
-pub mod lock;
+mod anon;
+pub(crate) mod lock;
 mod pool;
 mod shmem;
 
+pub(crate) use anon::AnonVma;
+pub use anon::RmapHit;
 pub(crate) use anon::{for_each_family_run, link_all, unlink_all, RmapIndex};
-pub use anon::{AnonRoot, AnonVma, RmapHit};
 pub(crate) use pool::{VmaPool, VmaRef};
-pub use shmem::Shmem;
+pub(crate) use shmem::Shmem;
 
 use crate::addr::{Range, PAGE_SHIFT};
 use crate::mm::Prot;

@@ -1,4 +1,4 @@
-//! Shared harness of `kernel_diff.rs` and `mm_semantics.rs`: the same
+//! Shared harness of `kernel_diff.rs` and `semantics/`: the same
 //! operations on the real kernel ([`kernel::KernelTarget`]) and on an
 //! [`aspace::AddressSpace`] ([`AspaceTarget`]), with normalized results.
 //!
