@@ -8,7 +8,8 @@
 //! (fork write-protects private entries and takes a frame reference) and
 //! stores; it never walks from the root per page.
 
-use super::{entry_span, index, Make, PageTable, Pte, Table};
+use super::walk::Make;
+use super::{entry_span, index, PageTable, Pte, Table};
 use crate::addr::{Range, PAGE_SIZE};
 use crate::reclaim::Guard;
 use crate::sync::{MutexGuard, Ordering};
