@@ -34,8 +34,43 @@ use crate::percpu::PerCpu;
 use crate::sync::counter::AtomicU64 as CounterU64;
 use crate::sync::{Arc, AtomicPtr, AtomicU32, Mutex, Ordering};
 
-/// A frame number.
-pub type Pfn = u32;
+/// A frame number: which 4 KiB frame of a [`FrameAllocator`].
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct Pfn(u32);
+
+impl Pfn {
+    /// The shared zero page: a frame number no allocator hands out, that
+    /// reads as zeros and is never freed. Entries mapping it hold no
+    /// reference.
+    pub const ZERO_PAGE: Pfn = Pfn(u32::MAX);
+
+    /// Frame number `n`.
+    pub const fn new(n: u32) -> Pfn {
+        Pfn(n)
+    }
+
+    /// The number.
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+
+    /// True for [`Pfn::ZERO_PAGE`].
+    pub const fn is_zero_page(self) -> bool {
+        self.0 == Self::ZERO_PAGE.0
+    }
+
+    /// The number as an index into the allocator's chunks.
+    #[inline]
+    const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl core::fmt::Display for Pfn {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
 
 /// Frames per chunk obtained from the system (2 MiB; smaller under loom).
 #[cfg(not(aspace_loom))]
@@ -333,8 +368,8 @@ impl FrameAllocator {
     /// what keeps address spaces sharing the pool from seeing each other's
     /// bytes.
     pub fn new(budget_bytes: u64, zero_new: bool) -> Self {
-        // Pfn::MAX is reserved (the zero page's marker).
-        let frames = (budget_bytes / PAGE_SIZE).min(Pfn::MAX as u64 - 1);
+        // Numbers from the zero page's up are never handed out.
+        let frames = (budget_bytes / PAGE_SIZE).min(u64::from(Pfn::ZERO_PAGE.get()) - 1);
         let nchunks = (frames as usize).div_ceil(CHUNK_FRAMES);
         FrameAllocator {
             frames,
@@ -438,19 +473,19 @@ impl FrameAllocator {
         // Never past the end of a chunk, so one chunk backs the batch.
         let to_chunk_end = CHUNK_FRAMES as u64 - fresh % CHUNK_FRAMES as u64;
         let n = (self.frames - fresh).min(BATCH as u64).min(to_chunk_end);
-        if n == 0 || self.chunk_for(fresh as Pfn).is_none() {
+        if n == 0 || self.chunk_for(Pfn::new(fresh as u32)).is_none() {
             return false;
         }
         pool.fresh += n;
         drop(pool);
-        c.extend((fresh..fresh + n).rev().map(|p| p as Pfn));
+        c.extend((fresh..fresh + n).rev().map(|p| Pfn::new(p as u32)));
         true
     }
 
     /// The chunk holding `pfn`, obtained from the system on first use;
     /// `None` if the system refuses.
     fn chunk_for(&self, pfn: Pfn) -> Option<&Chunk> {
-        let c = pfn as usize / CHUNK_FRAMES;
+        let c = pfn.index() / CHUNK_FRAMES;
         let dir_slot = &self.dirs[c / DIR_CHUNKS];
         let mut p = core::ptr::null_mut();
         let mut dir = dir_slot.load(Ordering::Acquire);
@@ -503,7 +538,7 @@ impl FrameAllocator {
     /// only after their chunk).
     #[inline]
     fn chunk(&self, pfn: Pfn) -> &Chunk {
-        let c = pfn as usize / CHUNK_FRAMES;
+        let c = pfn.index() / CHUNK_FRAMES;
         let dir = self.dirs[c / DIR_CHUNKS].load(Ordering::Acquire);
         assert!(!dir.is_null(), "frame {pfn} was never allocated");
         // SAFETY: non-null directory and chunk pointers stay valid while
@@ -516,7 +551,7 @@ impl FrameAllocator {
 
     #[inline]
     fn refs(&self, pfn: Pfn) -> &AtomicU32 {
-        &self.chunk(pfn).refs[pfn as usize % CHUNK_FRAMES]
+        &self.chunk(pfn).refs[pfn.index() % CHUNK_FRAMES]
     }
 
     #[inline]
@@ -524,10 +559,7 @@ impl FrameAllocator {
         let c = self.chunk(pfn);
         // SAFETY: the offset is below the chunk's size because
         // pfn % CHUNK_FRAMES < CHUNK_FRAMES.
-        unsafe {
-            c.mem
-                .add((pfn as usize % CHUNK_FRAMES) * PAGE_SIZE as usize)
-        }
+        unsafe { c.mem.add((pfn.index() % CHUNK_FRAMES) * PAGE_SIZE as usize) }
     }
 
     /// The frame's memory as 512 atomic words.
@@ -546,7 +578,7 @@ impl FrameAllocator {
     #[inline(always)]
     fn use_exclusive(&self, _pfn: Pfn) {
         #[cfg(aspace_loom)]
-        self.chunk(_pfn).owner[_pfn as usize % CHUNK_FRAMES].with_mut(|_| ());
+        self.chunk(_pfn).owner[_pfn.index() % CHUNK_FRAMES].with_mut(|_| ());
     }
 
     /// Marks a shared use of the frame's memory, a store if `_store`
@@ -555,7 +587,7 @@ impl FrameAllocator {
     fn use_shared(&self, _pfn: Pfn, _store: bool) {
         #[cfg(aspace_loom)]
         {
-            let (c, i) = (self.chunk(_pfn), _pfn as usize % CHUNK_FRAMES);
+            let (c, i) = (self.chunk(_pfn), _pfn.index() % CHUNK_FRAMES);
             c.owner[i].with(|_| ());
             if _store {
                 c.touch[i].fetch_add(1, Ordering::Relaxed);
@@ -621,7 +653,7 @@ impl FrameAllocator {
         let pool = self.pool.lock();
         let mut pfn = pool.fresh;
         while pfn < frames {
-            let Some(c) = self.chunk_for(pfn as Pfn) else {
+            let Some(c) = self.chunk_for(Pfn::new(pfn as u32)) else {
                 break;
             };
             let first = pfn as usize % CHUNK_FRAMES;

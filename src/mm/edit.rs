@@ -12,7 +12,6 @@ use super::mmap_lock::MmapWriteGuard;
 use super::{AddressSpace, MmState};
 use crate::addr::{pages, Range};
 use crate::error::{Error, Result};
-use crate::mm::fault::ZERO_PFN;
 use crate::reclaim::Guard;
 use crate::stats::Event;
 use crate::sync::Arc;
@@ -691,7 +690,7 @@ pub(crate) fn zap_range(mm: &AddressSpace, r: Range, gather: &mut Gather<'_>) {
     let g = mm.pt.pin();
     mm.pt.zap_range(r, &g, |va, pte| {
         gather.add_page(va);
-        if pte.pfn() != ZERO_PFN {
+        if !pte.pfn().is_zero_page() {
             gather.free_frame(pte.pfn());
         }
     });

@@ -25,10 +25,6 @@ use crate::sync::Arc;
 use crate::vma::lock::ReadLockError;
 use crate::vma::{AnonVma, VmFlags, Vma, VmaRef};
 
-/// The frame number that stands for the shared zero page: never
-/// allocated, never freed, reads as zeros.
-pub(crate) const ZERO_PFN: Pfn = Pfn::MAX;
-
 /// Lookups that found a detached VMA before the per-VMA path gives up.
 const MAX_REWALKS: u32 = 8;
 
@@ -277,7 +273,7 @@ fn do_fault(
             mm.frames.get(pfn);
             Pte::new(pfn, pte_flags(flags))
         } else if access != Access::Write {
-            Pte::new(ZERO_PFN, pte_flags(flags) - PteFlags::WRITE)
+            Pte::new(Pfn::ZERO_PAGE, pte_flags(flags) - PteFlags::WRITE)
         } else {
             anon_vma_prepare(mm, vma, vma_locked)?;
             let pfn = alloc_frame(mm)?;
@@ -287,7 +283,7 @@ fn do_fault(
             Ok(()) => return Ok(()),
             Err(existing) => {
                 // Drop our frame reference whatever happened.
-                if new.pfn() != ZERO_PFN {
+                if !new.pfn().is_zero_page() {
                     mm.frames.put(new.pfn());
                 }
                 // Inside a VMA every address translates: `Pte::NONE` means
@@ -331,7 +327,7 @@ fn wp_fault(
     }
     anon_vma_prepare(mm, vma, vma_locked)?;
     let old = pte.pfn();
-    if old != ZERO_PFN {
+    if !old.is_zero_page() {
         // One look under the PTE lock, with the entry unchanged. If our
         // entry holds the frame's only reference, write in place (no one
         // can add another: every sharer — fork, a shared object —
@@ -362,7 +358,7 @@ fn wp_fault(
             return Ok(false); // the entry changed: look again
         }
     }
-    let new = if old == ZERO_PFN {
+    let new = if old.is_zero_page() {
         alloc_frame(mm)
     } else {
         let n = mm.frames.alloc_uninit();
@@ -382,7 +378,7 @@ fn wp_fault(
         mm.frames.put(new);
         return Ok(false);
     }
-    if old != ZERO_PFN {
+    if !old.is_zero_page() {
         mm.stats.inc(Event::cow_copies);
         // The old translation must be gone everywhere before the entry's
         // frame reference is dropped.

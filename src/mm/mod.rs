@@ -361,7 +361,7 @@ impl Drop for AddressSpace {
         for v in &all {
             self.pt.zap_range(v.range(), &pg, |_, pte| {
                 pages += 1;
-                if pte.pfn() != crate::mm::fault::ZERO_PFN {
+                if !pte.pfn().is_zero_page() {
                     self.frames.put(pte.pfn());
                 }
             });

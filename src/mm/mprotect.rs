@@ -4,7 +4,7 @@ use super::edit::Edit;
 use super::{AddressSpace, Prot};
 use crate::addr::{is_page_aligned, page_align_up, Range};
 use crate::error::{Error, Result};
-use crate::mm::fault::{pte_flags, ZERO_PFN};
+use crate::mm::fault::pte_flags;
 use crate::pt::{Pte, PteFlags};
 use crate::vma::{VmFlags, VmaRef};
 
@@ -128,7 +128,7 @@ impl AddressSpace {
             let mut f = pte_flags(flags);
             if f.contains(PteFlags::WRITE)
                 && !shared
-                && (pte.pfn() == ZERO_PFN
+                && (pte.pfn().is_zero_page()
                     || pte.flags().contains(PteFlags::COW)
                     || frames.refcount(pte.pfn()) != 1)
             {

@@ -34,12 +34,23 @@ impl Pte {
 
     /// An entry mapping `pfn` with `flags` (PRESENT is added).
     pub const fn new(pfn: Pfn, flags: PteFlags) -> Pte {
-        Pte(((pfn as u64) << PAGE_SHIFT) | flags.bits() | PteFlags::PRESENT.bits())
+        Pte(((pfn.get() as u64) << PAGE_SHIFT) | flags.bits() | PteFlags::PRESENT.bits())
     }
 
     /// The frame number.
     pub const fn pfn(self) -> Pfn {
-        (self.0 >> PAGE_SHIFT) as Pfn
+        Pfn::new((self.0 >> PAGE_SHIFT) as u32)
+    }
+
+    /// The frame whose reference this entry holds: `None` if it maps
+    /// nothing or maps the zero page (which is not reference-counted).
+    pub const fn frame(self) -> Option<Pfn> {
+        let pfn = self.pfn();
+        if self.is_present() && !pfn.is_zero_page() {
+            Some(pfn)
+        } else {
+            None
+        }
     }
 
     /// The flags.

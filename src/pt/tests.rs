@@ -15,10 +15,13 @@ fn install_lookup_update_zap() {
     let g = p.pin();
     let va = 0x7f00_0000_3000;
     assert_eq!(p.lookup(va, &g), Pte::NONE);
-    let e = Pte::new(42, PteFlags::USER | PteFlags::WRITE);
+    let e = Pte::new(Pfn::new(42), PteFlags::USER | PteFlags::WRITE);
     p.install(va, e, &g).unwrap();
-    assert_eq!(p.install(va, Pte::new(1, PteFlags::USER), &g), Err(e));
-    assert_eq!(p.lookup(va, &g).pfn(), 42);
+    assert_eq!(
+        p.install(va, Pte::new(Pfn::new(1), PteFlags::USER), &g),
+        Err(e)
+    );
+    assert_eq!(p.lookup(va, &g).pfn(), Pfn::new(42));
     assert!(p.lookup(va, &g).is_writable());
     let ro = p
         .update(va, &g, |old| Some(Pte::new(old.pfn(), PteFlags::USER)))
@@ -29,7 +32,7 @@ fn install_lookup_update_zap() {
     p.zap_range(Range::new(va - PAGE_SIZE, va + PAGE_SIZE), &g, |a, pte| {
         zapped.push((a, pte.pfn()))
     });
-    assert_eq!(zapped, vec![(va, 42)]);
+    assert_eq!(zapped, vec![(va, Pfn::new(42))]);
     assert_eq!(p.lookup(va, &g), Pte::NONE);
     p.free_tables(Range::new(0, 1 << 47), &g);
     assert_eq!(p.table_pages(), 1);
@@ -42,8 +45,10 @@ fn free_tables_within_frees_only_tables_inside_the_limits() {
     // Two pages in one PTE table, 2 MiB-aligned table at `base`.
     let base = 0x7f00_0000_0000;
     let (a, b) = (base + PAGE_SIZE, base + 7 * PAGE_SIZE);
-    p.install(a, Pte::new(1, PteFlags::USER), &g).unwrap();
-    p.install(b, Pte::new(2, PteFlags::USER), &g).unwrap();
+    p.install(a, Pte::new(Pfn::new(1), PteFlags::USER), &g)
+        .unwrap();
+    p.install(b, Pte::new(Pfn::new(2), PteFlags::USER), &g)
+        .unwrap();
     assert_eq!(p.table_pages(), 4);
     p.zap_range(Range::new(b, b + PAGE_SIZE), &g, |_, _| {});
     // The PTE table still maps `a`: nothing is freed however wide the
@@ -68,8 +73,12 @@ fn ranges_across_pmd_and_pud_boundaries() {
     let g = p.pin();
     let base = (1u64 << 30) - 4 * PAGE_SIZE; // crosses a 1 GiB boundary
     for i in 0..8 {
-        p.install(base + i * PAGE_SIZE, Pte::new(i as Pfn, PteFlags::USER), &g)
-            .unwrap();
+        p.install(
+            base + i * PAGE_SIZE,
+            Pte::new(Pfn::new(i as u32), PteFlags::USER),
+            &g,
+        )
+        .unwrap();
     }
     let mut seen = vec![];
     p.for_each_present(Range::new(0, 1 << 40), &g, |va, pte| {
@@ -100,7 +109,7 @@ fn ranges_across_pmd_and_pud_boundaries() {
         ]
     );
     for i in 0..8 {
-        assert_eq!(p.lookup(to + i * PAGE_SIZE, &g).pfn(), i as Pfn);
+        assert_eq!(p.lookup(to + i * PAGE_SIZE, &g).pfn(), Pfn::new(i as u32));
         assert_eq!(p.lookup(base + i * PAGE_SIZE, &g), Pte::NONE);
     }
     p.free_tables(Range::new(0, 2 * PMD_SIZE), &g);
@@ -119,8 +128,12 @@ fn move_relinks_whole_aligned_pte_tables() {
     let (from, to) = (4 * PMD_SIZE, 64 * PMD_SIZE);
     let n = 2 * 512 + 3;
     for i in 0..n {
-        p.install(from + i * PAGE_SIZE, Pte::new(i as Pfn, PteFlags::USER), &g)
-            .unwrap();
+        p.install(
+            from + i * PAGE_SIZE,
+            Pte::new(Pfn::new(i as u32), PteFlags::USER),
+            &g,
+        )
+        .unwrap();
     }
     let tables = p.table_pages();
     let mut extents = 0;
@@ -132,7 +145,7 @@ fn move_relinks_whole_aligned_pte_tables() {
     );
     assert_eq!(extents, 3);
     for i in 0..n {
-        assert_eq!(p.lookup(to + i * PAGE_SIZE, &g).pfn(), i as Pfn);
+        assert_eq!(p.lookup(to + i * PAGE_SIZE, &g).pfn(), Pfn::new(i as u32));
         assert_eq!(p.lookup(from + i * PAGE_SIZE, &g), Pte::NONE);
     }
     // The relinked tables are not copies: only the tail's table is new.
@@ -159,7 +172,7 @@ fn out_of_range_addresses() {
     let g = p.pin();
     assert_eq!(p.lookup(1 << 48, &g), Pte::NONE);
     assert_eq!(
-        p.install(!0xfff, Pte::new(1, PteFlags::USER), &g),
+        p.install(!0xfff, Pte::new(Pfn::new(1), PteFlags::USER), &g),
         Err(Pte::NONE)
     );
     p.zap_range(Range::new(1 << 47, u64::MAX), &g, |_, _| {
@@ -178,8 +191,12 @@ fn concurrent_installs_one_winner_per_address() {
                 let g = p.pin();
                 let mut wins = 0;
                 for i in 0..2048u64 {
-                    if p.install(0x1000_0000 + i * PAGE_SIZE, Pte::new(t, PteFlags::USER), &g)
-                        .is_ok()
+                    if p.install(
+                        0x1000_0000 + i * PAGE_SIZE,
+                        Pte::new(Pfn::new(t), PteFlags::USER),
+                        &g,
+                    )
+                    .is_ok()
                     {
                         wins += 1;
                     }
