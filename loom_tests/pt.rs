@@ -72,8 +72,8 @@ fn lookup_vs_zap_and_free() {
         });
         let g = pt.pin();
         let mut n = 0;
-        pt.zap_range(Range::new(VA, VA + 0x1000), &g, |_, e| {
-            assert_eq!(e.pfn(), Pfn::new(5));
+        pt.zap_range(Range::new(VA, VA + 0x1000), &g, |_, frame| {
+            assert_eq!(frame, Some(Pfn::new(5)));
             n += 1;
         });
         assert_eq!(n, 1);

@@ -688,10 +688,10 @@ impl<'a> Edit<'a> {
 /// side by madvise).
 pub(crate) fn zap_range(mm: &AddressSpace, r: Range, gather: &mut Gather<'_>) {
     let g = mm.pt.pin();
-    mm.pt.zap_range(r, &g, |va, pte| {
+    mm.pt.zap_range(r, &g, |va, frame| {
         gather.add_page(va);
-        if !pte.pfn().is_zero_page() {
-            gather.free_frame(pte.pfn());
+        if let Some(pfn) = frame {
+            gather.free_frame(pfn);
         }
     });
 }

@@ -359,10 +359,10 @@ impl Drop for AddressSpace {
         let pg = self.pt.pin();
         let mut pages = 0;
         for v in &all {
-            self.pt.zap_range(v.range(), &pg, |_, pte| {
+            self.pt.zap_range(v.range(), &pg, |_, frame| {
                 pages += 1;
-                if !pte.pfn().is_zero_page() {
-                    self.frames.put(pte.pfn());
+                if let Some(pfn) = frame {
+                    self.frames.put(pfn);
                 }
             });
         }

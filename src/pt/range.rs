@@ -3,6 +3,7 @@
 
 use super::{entry_span, index, PageTable, Pte, Table, LEVELS, VA_BITS};
 use crate::addr::{Range, PAGE_SIZE};
+use crate::phys::Pfn;
 use crate::reclaim::Guard;
 use crate::sync::Ordering;
 
@@ -35,26 +36,31 @@ impl PageTable {
     }
 
     /// Clears every present entry in `r` under each PTE table's lock and
-    /// calls `f(va, old)` for it.
-    pub fn zap_range(&self, r: Range, g: &Guard, mut f: impl FnMut(u64, Pte)) {
-        self.for_each_table(r, g, |t, part| {
-            let _l = t.lock.lock();
-            let mut va = part.start;
-            while va < part.end {
-                let e = &t.entries[index(va, 0)];
-                let old = e.load(Ordering::Relaxed);
-                if old != 0 {
-                    e.store(0, Ordering::Release);
-                    t.used_add_locked(-1);
-                    f(va, Pte(old));
-                }
-                va += PAGE_SIZE;
-            }
-        });
+    /// calls `release(va, frame)` for it once it is cleared, with the
+    /// frame reference the entry held, now the caller's to drop (`None`
+    /// for the zero page, which holds none).
+    pub fn zap_range(&self, r: Range, g: &Guard, mut release: impl FnMut(u64, Option<Pfn>)) {
+        self.rewrite_present(r, g, |_, _| Pte::NONE, |va, old| release(va, old.frame()));
     }
 
-    /// Rewrites every present entry in `r` to `f(va, old)`.
-    pub fn change_range(&self, r: Range, g: &Guard, mut f: impl FnMut(u64, Pte) -> Pte) {
+    /// Rewrites every present entry in `r` to `f(va, old)`, a present
+    /// entry.
+    pub fn change_range(&self, r: Range, g: &Guard, f: impl FnMut(u64, Pte) -> Pte) {
+        self.rewrite_present(r, g, f, |_, _| {});
+    }
+
+    /// The locked loop of [`zap_range`](Self::zap_range) and
+    /// [`change_range`](Self::change_range): under each PTE table's lock,
+    /// for every present entry `old` in `r`, stores `new(va, old)` where it
+    /// differs (keeping the table's count of used entries exact), then
+    /// calls `after(va, old)`.
+    fn rewrite_present(
+        &self,
+        r: Range,
+        g: &Guard,
+        mut new: impl FnMut(u64, Pte) -> Pte,
+        mut after: impl FnMut(u64, Pte),
+    ) {
         self.for_each_table(r, g, |t, part| {
             let _l = t.lock.lock();
             let mut va = part.start;
@@ -62,10 +68,14 @@ impl PageTable {
                 let e = &t.entries[index(va, 0)];
                 let old = e.load(Ordering::Relaxed);
                 if old != 0 {
-                    let new = f(va, Pte(old));
-                    if new.0 != old {
-                        e.store(new.0, Ordering::Release);
+                    let v = new(va, Pte(old)).0;
+                    if v != old {
+                        e.store(v, Ordering::Release);
+                        if v == 0 {
+                            t.used_add_locked(-1);
+                        }
                     }
+                    after(va, Pte(old));
                 }
                 va += PAGE_SIZE;
             }

@@ -29,10 +29,12 @@ fn install_lookup_update_zap() {
     assert!(!ro.is_writable());
     assert_eq!(p.table_pages(), 4);
     let mut zapped = vec![];
-    p.zap_range(Range::new(va - PAGE_SIZE, va + PAGE_SIZE), &g, |a, pte| {
-        zapped.push((a, pte.pfn()))
-    });
-    assert_eq!(zapped, vec![(va, Pfn::new(42))]);
+    p.zap_range(
+        Range::new(va - PAGE_SIZE, va + PAGE_SIZE),
+        &g,
+        |a, frame| zapped.push((a, frame)),
+    );
+    assert_eq!(zapped, vec![(va, Some(Pfn::new(42)))]);
     assert_eq!(p.lookup(va, &g), Pte::NONE);
     p.free_tables(Range::new(0, 1 << 47), &g);
     assert_eq!(p.table_pages(), 1);
