@@ -28,18 +28,6 @@ use crate::vma::{AnonVma, VmFlags, Vma, VmaRef};
 /// Lookups that found a detached VMA before the per-VMA path gives up.
 const MAX_REWALKS: u32 = 8;
 
-/// Page-table flags for a VMA's flags (x86-64: any access implies read).
-pub(crate) fn pte_flags(vf: VmFlags) -> PteFlags {
-    let mut f = PteFlags::PRESENT;
-    if vf.accessible() {
-        f |= PteFlags::USER;
-    }
-    if vf.contains(VmFlags::WRITE) {
-        f |= PteFlags::WRITE;
-    }
-    f
-}
-
 /// True if `flags` allow `access` (Linux's `access_error`, inverted).
 pub(crate) fn access_ok(flags: VmFlags, access: Access) -> bool {
     match access {
@@ -271,13 +259,16 @@ fn do_fault(
             }
             let pfn = shm.frame(idx).ok_or(Step::Fail(FaultError::OutOfMemory))?;
             mm.frames.get(pfn);
-            Pte::new(pfn, pte_flags(flags))
+            Pte::new(pfn, PteFlags::from(flags))
         } else if access != Access::Write {
-            Pte::new(Pfn::ZERO_PAGE, pte_flags(flags) - PteFlags::WRITE)
+            Pte::new(Pfn::ZERO_PAGE, PteFlags::from(flags) - PteFlags::WRITE)
         } else {
             anon_vma_prepare(mm, vma, vma_locked)?;
             let pfn = alloc_frame(mm)?;
-            Pte::new(pfn, pte_flags(flags) | PteFlags::DIRTY | PteFlags::ACCESSED)
+            Pte::new(
+                pfn,
+                PteFlags::from(flags) | PteFlags::DIRTY | PteFlags::ACCESSED,
+            )
         };
         match mm.pt.install(page, new, &g) {
             Ok(()) => return Ok(()),

@@ -4,7 +4,6 @@ use super::edit::Edit;
 use super::{AddressSpace, Prot};
 use crate::addr::{is_page_aligned, page_align_up, Range};
 use crate::error::{Error, Result};
-use crate::mm::fault::pte_flags;
 use crate::pt::{Pte, PteFlags};
 use crate::vma::{VmFlags, VmaRef};
 
@@ -125,7 +124,7 @@ impl AddressSpace {
         let g = self.pt.pin();
         let frames = &self.frames;
         self.pt.change_range(r, &g, |va, pte| {
-            let mut f = pte_flags(flags);
+            let mut f = PteFlags::from(flags);
             if f.contains(PteFlags::WRITE)
                 && !shared
                 && (pte.pfn().is_zero_page()
