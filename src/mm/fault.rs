@@ -333,7 +333,7 @@ fn wp_fault(
                 if cur != pte {
                     return None;
                 }
-                if !pte.flags().contains(PteFlags::COW) && mm.frames.refcount(old) == 1 {
+                if mm.frames.refcount(old) == 1 {
                     return Some(Pte::new(old, writable));
                 }
                 mm.frames.get(old);
@@ -359,11 +359,9 @@ fn wp_fault(
         mm.frames.put(old); // our reference, not the entry's
         n.ok_or(Step::Fail(FaultError::OutOfMemory))
     }?;
-    let flags =
-        (pte.flags() - PteFlags::COW) | PteFlags::WRITE | PteFlags::DIRTY | PteFlags::ACCESSED;
     let ok = mm
         .pt
-        .update(page, g, |cur| (cur == pte).then(|| Pte::new(new, flags)))
+        .update(page, g, |cur| (cur == pte).then(|| Pte::new(new, writable)))
         .is_some();
     if !ok {
         mm.frames.put(new);

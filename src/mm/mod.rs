@@ -70,7 +70,7 @@ pub use crate::phys::FrameAllocator;
 use crate::pt::PageTable;
 use crate::reclaim::Reclaimer;
 use crate::stats::{StatCounters, Stats};
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicU64};
 use crate::tlb::TlbState;
 use crate::tree::RangeTree;
 use crate::vma::{VmaInfo, VmaPool, VmaRef};
@@ -122,7 +122,6 @@ pub struct AddressSpace {
     pub(crate) pool: Arc<VmaPool>,
     pub(crate) cfg: Config,
     pub(crate) id: u64,
-    pending_frees: AtomicU64,
     /// `RLIMIT_STACK` (see [`AddressSpace::set_stack_limit`]).
     stack_limit: AtomicU64,
     /// Flags every new mapping gets (`mm->def_flags`, set by mlockall).
@@ -214,7 +213,6 @@ impl AddressSpace {
             pool,
             cfg,
             id: next_id(),
-            pending_frees: AtomicU64::new(0),
             stack_limit: AtomicU64::new(stack_limit),
             def_flags: crate::sync::AtomicU32::new(0),
         }
@@ -309,11 +307,6 @@ impl AddressSpace {
     pub fn metadata_bytes_per_vma(&self) -> usize {
         let n = self.tree.len().max(1);
         core::mem::size_of::<crate::vma::Vma>() + self.tree.memory_bytes() / n
-    }
-
-    #[allow(dead_code)]
-    pub(crate) fn pending_frees(&self) -> u64 {
-        self.pending_frees.load(Ordering::Relaxed)
     }
 }
 

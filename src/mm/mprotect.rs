@@ -127,13 +127,11 @@ impl AddressSpace {
             let mut f = PteFlags::from(flags);
             if f.contains(PteFlags::WRITE)
                 && !shared
-                && (pte.pfn().is_zero_page()
-                    || pte.flags().contains(PteFlags::COW)
-                    || frames.refcount(pte.pfn()) != 1)
+                && (pte.pfn().is_zero_page() || frames.refcount(pte.pfn()) != 1)
             {
                 f.remove(PteFlags::WRITE);
             }
-            f |= pte.flags() & (PteFlags::COW | PteFlags::ACCESSED | PteFlags::DIRTY);
+            f |= pte.flags() & (PteFlags::ACCESSED | PteFlags::DIRTY);
             let new = Pte::new(pte.pfn(), f);
             if new != pte {
                 gather.add_page(va);

@@ -6,7 +6,7 @@ use crate::phys::Pfn;
 use bitflags::bitflags;
 
 bitflags! {
-    /// Page-table entry flags (x86-64 bit positions; COW is a software bit).
+    /// Page-table entry flags (x86-64 bit positions).
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
     pub struct PteFlags: u64 {
         /// The entry maps a frame.
@@ -19,8 +19,6 @@ bitflags! {
         const ACCESSED = 1 << 5;
         /// The page was written.
         const DIRTY = 1 << 6;
-        /// Software bit: a private page shared copy-on-write.
-        const COW = 1 << 9;
     }
 }
 
