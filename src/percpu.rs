@@ -21,9 +21,9 @@
 //! | `tlb` | CPU-mask bit, in-flight access counts | an access decrements the count it incremented (the guard keeps it); a flush waits on every slot in the mask, its own included |
 //! | `vmap` | home zone, counters | the zone is only a locality hint (each has a lock); atomic counters |
 
+use crate::sync::counter::{AtomicUsize, Ordering};
+use crate::sync::once::OnceLock;
 use crossbeam_utils::CachePadded;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
 
 /// Number of per-CPU slots: the machine's CPUs (configured, so CPU numbers
 /// from `sched_getcpu` map one to one) rounded up to a power of two, at

@@ -31,7 +31,8 @@
 
 use crate::addr::PAGE_SIZE;
 use crate::percpu::PerCpu;
-use crate::sync::counter::AtomicU64 as CounterU64;
+use crate::sync::counter::{self, AtomicU64 as CounterU64};
+use crate::sync::frame::AtomicU64 as FrameWord;
 use crate::sync::{Arc, AtomicPtr, AtomicU32, Mutex, Ordering};
 
 /// A frame number: which 4 KiB frame of a [`FrameAllocator`].
@@ -429,7 +430,7 @@ impl FrameAllocator {
         self.counts
             .local()
             .allocs
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            .fetch_add(1, counter::Ordering::Relaxed);
         Some((pfn, was & USED_BEFORE != 0))
     }
 
@@ -525,7 +526,7 @@ impl FrameAllocator {
                 p = Box::into_raw(chunk);
                 slot.store(p, Ordering::Release);
                 self.reserved
-                    .fetch_add(CHUNK_BYTES as u64, std::sync::atomic::Ordering::Relaxed);
+                    .fetch_add(CHUNK_BYTES as u64, counter::Ordering::Relaxed);
             }
         }
         // SAFETY: `p` is non-null, was published with Release after full
@@ -564,13 +565,13 @@ impl FrameAllocator {
 
     /// The frame's memory as 512 atomic words.
     #[inline]
-    fn words(&self, pfn: Pfn) -> &[std::sync::atomic::AtomicU64; WORDS] {
+    fn words(&self, pfn: Pfn) -> &[FrameWord; WORDS] {
         // SAFETY: the frame's memory is 4096 bytes, 4096-aligned (chunks
         // are page-aligned), so it is exactly 512 aligned u64 words;
         // AtomicU64 has u64's layout; the memory lives as long as the
         // allocator (we borrow it); all shared accesses to frame memory go
         // through these 8-byte atomics.
-        unsafe { &*(self.base(pfn) as *const [std::sync::atomic::AtomicU64; WORDS]) }
+        unsafe { &*(self.base(pfn) as *const [FrameWord; WORDS]) }
     }
 
     /// Marks an exclusive use of the frame's memory (loom only: see
@@ -615,7 +616,7 @@ impl FrameAllocator {
         self.counts
             .local()
             .frees
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            .fetch_add(1, counter::Ordering::Relaxed);
         self.budget.uncharge(PAGE_SIZE);
         let mut c = self.caches.local().lock();
         c.push(pfn);
@@ -726,8 +727,8 @@ impl FrameAllocator {
     pub fn used(&self) -> u64 {
         let (mut a, mut f) = (0u64, 0u64);
         for c in self.counts.iter() {
-            a += c.allocs.load(std::sync::atomic::Ordering::Relaxed);
-            f += c.frees.load(std::sync::atomic::Ordering::Relaxed);
+            a += c.allocs.load(counter::Ordering::Relaxed);
+            f += c.frees.load(counter::Ordering::Relaxed);
         }
         a.saturating_sub(f)
     }
@@ -739,7 +740,7 @@ impl FrameAllocator {
 
     /// Bytes of memory obtained from the system so far.
     pub fn reserved_bytes(&self) -> u64 {
-        self.reserved.load(std::sync::atomic::Ordering::Relaxed)
+        self.reserved.load(counter::Ordering::Relaxed)
     }
 
     /// The first byte of an allocated frame's 4096 bytes (4096-aligned).
@@ -775,7 +776,6 @@ impl Drop for FrameAllocator {
 #[cfg(all(test, not(aspace_loom)))]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     #[test]
     fn alloc_free_and_refcounts() {

@@ -88,8 +88,9 @@ pub(crate) struct MmState {
 
 /// Source of unique ids for address spaces, anon_vmas and shared objects.
 pub(crate) fn next_id() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    use crate::sync::counter;
+    static NEXT: counter::AtomicU64 = counter::AtomicU64::new(1);
+    NEXT.fetch_add(1, counter::Ordering::Relaxed)
 }
 
 /// A process-like virtual address space.

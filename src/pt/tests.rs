@@ -184,7 +184,7 @@ fn out_of_range_addresses() {
 
 #[test]
 fn concurrent_installs_one_winner_per_address() {
-    use std::sync::Arc;
+    use crate::sync::Arc;
     let p = Arc::new(PageTable::new(Reclaimer::epoch()));
     let hs: Vec<_> = (0..4u32)
         .map(|t| {
