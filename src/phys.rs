@@ -28,6 +28,15 @@
 //! (to measure metadata paths) hands frames out with whatever bytes their
 //! last user left: share such a pool only between spaces that trust each
 //! other.
+//!
+//! # Locking
+//!
+//! The frame allocator's locks come after the PTE locks in the crate's
+//! [lock order](crate::mm#locking) (its level 5). Among themselves: a CPU
+//! cache's mutex, then the global pool's, then the chunk directory's
+//! `grow` lock; none of them is held while calling out of this module. Reference counts,
+//! budget counts and frame words are atomics. Each field below says what
+//! protects it.
 
 use crate::addr::PAGE_SIZE;
 use crate::percpu::PerCpu;
@@ -107,9 +116,19 @@ const STOCK_BATCH: u64 = 64 * PAGE_SIZE;
 /// memory really in use never exceeds the limit; a charge that finds the
 /// shared count full drains every stock before it fails.
 pub struct Budget {
+    /// The limit in bytes.
+    ///
+    /// Protected by: immutable after creation.
     limit: u64,
     /// Bytes charged, stocks included.
+    ///
+    /// Protected by: a counter atomic (`sync::counter`), `Relaxed`: the
+    /// limit check is one read-modify-write, and nothing is ordered by it.
     charged: CounterU64,
+    /// Bytes each CPU slot took from `charged` and has not used yet.
+    ///
+    /// Protected by: counter atomics, `Relaxed` (a slot is shared by the
+    /// threads of its CPU; see [`crate::percpu`]).
     stock: PerCpu<CounterU64>,
 }
 
@@ -275,15 +294,32 @@ unsafe fn sys_free(p: *mut u8) {
 }
 
 struct Chunk {
+    /// The chunk's memory, `CHUNK_BYTES` from the system.
+    ///
+    /// Protected by: the pointer is immutable after creation. The bytes
+    /// are guest data: shared accesses are 8-byte `sync::frame` atomics
+    /// (`Relaxed`, no ordering, as on x86-64); a frame is written
+    /// non-atomically only by its exclusive owner (zeroing on allocation,
+    /// `prefault` of frames never handed out, under the pool lock).
     mem: *mut u8,
+    /// One reference count per frame, with `USED_BEFORE` while free.
+    ///
+    /// Protected by: atomics. `get` adds `Relaxed` (the caller already
+    /// holds a reference), `put` subtracts `AcqRel` (the last put sees
+    /// every user's accesses), `refcount` reads `Acquire`; while the frame
+    /// is free, only the allocator writes it (`Relaxed`), handing the
+    /// frame over through the cache and pool mutexes.
     refs: Box<[AtomicU32]>,
-    /// Under loom, one tracked cell per frame stands for its memory:
+    /// Under loom, one tracked cell per frame stands for its memory
+    /// (protected by: loom's own checking, it is the model's witness):
     /// loads, stores and copies are shared accesses, while taking a frame
     /// from the free lists, zeroing it and freeing it are exclusive. loom
     /// then reports any access to a frame that is not ordered with its
     /// freeing or reuse (a copy-on-write copy without a reference, say).
     #[cfg(aspace_loom)]
     owner: Box<[crate::sync::UnsafeCell<()>]>,
+    /// Protected by: a loom atomic, `Relaxed` (a witness, see below).
+    ///
     /// Under loom, a per-frame atomic that every load touches with a
     /// `Relaxed` read and every store with a `Relaxed` read-modify-write.
     /// The bytes themselves are plain `std` atomics, which loom does not
@@ -313,18 +349,36 @@ const DIR_CHUNKS: usize = 8;
 
 /// One page of the chunk directory.
 struct ChunkDir {
+    /// The directory page's chunks, null until obtained.
+    ///
+    /// Protected by: written once (null to a chunk, `Release`) under
+    /// `FrameAllocator::grow`; read lock-free with `Acquire`. Chunks are
+    /// freed only when the allocator drops.
     chunks: [AtomicPtr<Chunk>; DIR_CHUNKS],
 }
 
+/// The global free pool, behind `FrameAllocator::pool`.
 struct Pool {
+    /// Frames freed and spilled by the CPU caches.
+    ///
+    /// Protected by: `FrameAllocator::pool`.
     free: Vec<Pfn>,
     /// Frames below this number have been handed out at least once.
+    ///
+    /// Protected by: `FrameAllocator::pool`.
     fresh: u64,
 }
 
+/// Allocation and free counts of one CPU slot.
 #[derive(Default)]
 struct Counts {
+    /// Frames allocated here.
+    ///
+    /// Protected by: a counter atomic (`sync::counter`), `Relaxed`.
     allocs: CounterU64,
+    /// Frames freed here.
+    ///
+    /// Protected by: a counter atomic (`sync::counter`), `Relaxed`.
     frees: CounterU64,
 }
 
@@ -332,15 +386,43 @@ struct Counts {
 /// spaces (see the module docs).
 pub struct FrameAllocator {
     /// Frame numbers available (the budget in frames).
+    ///
+    /// Protected by: immutable after creation.
     frames: u64,
+    /// Whether frames handed out again are cleared.
+    ///
+    /// Protected by: immutable after creation.
     zero_new: bool,
+    /// The budget frames, page tables and metadata are charged to.
+    ///
+    /// Protected by: immutable after creation (the budget is atomics).
     budget: Arc<Budget>,
     /// Two-level chunk directory, filled on first use.
+    ///
+    /// Protected by: each slot written once (null to a directory page,
+    /// `Release`) under `grow`; read lock-free with `Acquire`.
     dirs: Box<[AtomicPtr<ChunkDir>]>,
+    /// Serializes obtaining chunks and directory pages from the system.
+    ///
+    /// Protected by: immutable after creation (it is the lock).
     grow: Mutex<()>,
+    /// The global pool of free and never-used frames.
+    ///
+    /// Protected by: its mutex.
     pool: Mutex<Pool>,
+    /// Each CPU slot's cache of free frames.
+    ///
+    /// Protected by: each cache's mutex (a slot is shared by the threads
+    /// of its CPU; see [`crate::percpu`]).
     caches: PerCpu<Mutex<Vec<Pfn>>>,
+    /// Allocation and free counts per CPU slot.
+    ///
+    /// Protected by: counter atomics (see `Counts`).
     counts: PerCpu<Counts>,
+    /// Bytes obtained from the system.
+    ///
+    /// Protected by: a counter atomic (`sync::counter`), `Relaxed`,
+    /// added to under `grow`.
     reserved: CounterU64,
 }
 

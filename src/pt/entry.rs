@@ -24,7 +24,13 @@ bitflags! {
 
 /// A page-table entry: frame number and flags.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Pte(pub(super) u64);
+pub struct Pte(
+    /// The raw entry: frame number above bit 12, flags below.
+    ///
+    /// Protected by: nothing (a value, copied out of and into a table's
+    /// entries, whose rules are in the [module docs](super#locking)).
+    pub(super) u64,
+);
 
 impl Pte {
     /// The empty entry.

@@ -16,6 +16,22 @@
 //! that is still inside one never touches freed memory. mremap may move a
 //! whole PTE table to another PMD entry ([`PageTable::move_range`]): a
 //! walker that reached it through the old entry keeps reading a live table.
+//!
+//! One mechanism per file: `entry` (the entry format), `walk` (finding or
+//! creating a table, one entry's lookup, install and update), `range`
+//! (zap, change and iteration over a range), `moves` (mremap's
+//! `move_page_tables`), `copy` (fork's `copy_page_range`), `free` (freeing
+//! table pages).
+//!
+//! # Locking
+//!
+//! The PTE-table locks are level 5 of the crate's [lock
+//! order](crate::mm#locking): taken under the mmap_lock or a VMA lock,
+//! never the other way round, and two at once only by the mmap_lock writer
+//! (mremap's move: source then destination) or by fork (the parent's
+//! table, then the child's unpublished one). Under a PTE lock the callers
+//! take only the frame allocator's locks and the TLB flush lock. Each
+//! field below says what protects it.
 
 use crate::addr::{PAGE_SHIFT, PAGE_SIZE};
 use crate::percpu::PerCpu;
@@ -45,16 +61,33 @@ const VA_BITS: u32 = PAGE_SHIFT + 9 * LEVELS;
 const TABLE_BIT: u64 = 1;
 
 /// One table page. The lock is used only at level 0. `used` counts
-/// non-empty entries (changed under the lock at level 0, by the installing
-/// CAS and the unlinking writer above), so emptiness needs no scan.
+/// non-empty entries, so emptiness needs no scan.
 ///
 /// The header is aligned to 128 bytes (a cache line and its prefetch
 /// pair), so two tables' headers never share a line: faults of two
 /// threads in PTE tables of their own write disjoint lines.
 #[repr(align(128))]
 struct Table {
+    /// The 512 entries ([`Pte`] values at level 0; at upper levels a child
+    /// table's address with [`TABLE_BIT`], or 0).
+    ///
+    /// Protected by: at level 0, `lock` for every change (stored with
+    /// `Release`); read lock-free with `Acquire` under an epoch guard. At
+    /// upper levels, filled once by a compare-and-swap (`AcqRel`) of any
+    /// walker; emptied (`swap`, `AcqRel`) only by the mmap_lock writer
+    /// where no VMA covers the span, or swung by mremap under the moved
+    /// table's `lock`; the child is freed through the epoch.
     entries: Box<[AtomicU64]>,
+    /// Non-empty entries.
+    ///
+    /// Protected by: at level 0, `lock` (plain load and store, `Relaxed`;
+    /// see [`Table::used_add_locked`]); at upper levels, atomic `Relaxed`
+    /// read-modify-writes by the installing walker and the unlinking
+    /// writer. Read with `Acquire` only to compare with zero.
     used: AtomicU32,
+    /// The split PTE lock (level 0 only; unused above).
+    ///
+    /// Protected by: immutable after creation (it is the lock).
     lock: Mutex<()>,
 }
 
@@ -81,9 +114,11 @@ impl Table {
             .store(v.wrapping_add_signed(delta), Ordering::Relaxed);
     }
 }
+
 /// Bytes one table costs here: its 512 entries (a real x86-64 table page
 /// is exactly these 4 KiB) plus the header with its lock and count.
 pub const TABLE_BYTES: u64 = PAGE_SIZE + core::mem::size_of::<Table>() as u64;
+
 /// Span of one entry at `level` (level 0: a page).
 const fn entry_span(level: u32) -> u64 {
     1 << (PAGE_SHIFT + 9 * level)
@@ -95,9 +130,25 @@ fn index(va: u64, level: u32) -> usize {
 
 /// A 4-level page table.
 pub struct PageTable {
+    /// The top-level table, never freed before the page table.
+    ///
+    /// Protected by: immutable after creation (its contents: see
+    /// `Table`'s fields).
     root: Box<Table>,
+    /// Where unlinked table pages wait for the walkers that may still see
+    /// them.
+    ///
+    /// Protected by: immutable after creation.
     reclaimer: Reclaimer,
+    /// Table pages below the root, per CPU (a slot may go negative; the
+    /// sum counts).
+    ///
+    /// Protected by: statistics atomics (`sync::counter`, `Relaxed`).
     tables: PerCpu<AtomicI64>,
+    /// The memory budget table pages are charged to.
+    ///
+    /// Protected by: immutable after creation (the budget is atomics, see
+    /// [`Budget`]).
     budget: Arc<Budget>,
 }
 
@@ -106,6 +157,7 @@ pub struct PageTable {
 unsafe impl Send for PageTable {}
 // SAFETY: as for Send.
 unsafe impl Sync for PageTable {}
+
 impl PageTable {
     /// An empty page table whose table pages are retired through
     /// `reclaimer`, with no limit on its tables.
