@@ -146,7 +146,7 @@ fn fault_vs_dontneed_same_page() {
 /// away, so the frame's last reference drops during the copy. The copier
 /// must hold its own reference (taken under the PTE lock while the entry
 /// still maps the frame), so the frame is freed only after the copy; loom
-/// sees frame memory through `phys.rs`'s tracked cells and reports a copy
+/// sees frame memory through `phys/chunk.rs`'s tracked cells and reports a copy
 /// that is not ordered before the free.
 ///
 /// Mutation caught: in `fault::wp_fault`, dropping the reference taken

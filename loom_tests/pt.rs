@@ -5,6 +5,7 @@
 
 use aspace::loom_door::{PageTable, Pte, PteFlags};
 use aspace::reclaim::Reclaimer;
+use aspace::Pfn;
 use aspace::Range;
 use loom::sync::Arc;
 use loom::thread;
@@ -27,18 +28,22 @@ fn racing_installs() {
         let p2 = pt.clone();
         let t = thread::spawn(move || {
             let g = p2.pin();
-            let won = p2.install(VA, Pte::new(7, PteFlags::USER), &g).is_ok();
-            p2.install(VA + 0x1000, Pte::new(9, PteFlags::USER), &g)
+            let won = p2
+                .install(VA, Pte::new(Pfn::new(7), PteFlags::USER), &g)
+                .is_ok();
+            p2.install(VA + 0x1000, Pte::new(Pfn::new(9), PteFlags::USER), &g)
                 .unwrap();
             won
         });
         let g = pt.pin();
-        let won = pt.install(VA, Pte::new(8, PteFlags::USER), &g).is_ok();
+        let won = pt
+            .install(VA, Pte::new(Pfn::new(8), PteFlags::USER), &g)
+            .is_ok();
         let other = t.join().unwrap();
         assert!(won ^ other, "exactly one install wins");
         let e = pt.lookup(VA, &g);
-        assert_eq!(e.pfn(), if won { 8 } else { 7 });
-        assert_eq!(pt.lookup(VA + 0x1000, &g).pfn(), 9);
+        assert_eq!(e.pfn(), Pfn::new(if won { 8 } else { 7 }));
+        assert_eq!(pt.lookup(VA + 0x1000, &g).pfn(), Pfn::new(9));
         // Root + PUD + PMD + PTE tables: losers freed their copies.
         assert_eq!(pt.table_pages(), 4);
     });
@@ -52,19 +57,23 @@ fn lookup_vs_zap_and_free() {
         let pt = Arc::new(PageTable::new(Reclaimer::deferred()));
         {
             let g = pt.pin();
-            pt.install(VA, Pte::new(5, PteFlags::USER | PteFlags::WRITE), &g)
-                .unwrap();
+            pt.install(
+                VA,
+                Pte::new(Pfn::new(5), PteFlags::USER | PteFlags::WRITE),
+                &g,
+            )
+            .unwrap();
         }
         let p2 = pt.clone();
         let t = thread::spawn(move || {
             let g = p2.pin();
             let e = p2.lookup(VA, &g);
-            assert!(e == Pte::NONE || e.pfn() == 5, "{e:?}");
+            assert!(e == Pte::NONE || e.pfn() == Pfn::new(5), "{e:?}");
         });
         let g = pt.pin();
         let mut n = 0;
-        pt.zap_range(Range::new(VA, VA + 0x1000), &g, |_, e| {
-            assert_eq!(e.pfn(), 5);
+        pt.zap_range(Range::new(VA, VA + 0x1000), &g, |_, frame| {
+            assert_eq!(frame, Some(Pfn::new(5)));
             n += 1;
         });
         assert_eq!(n, 1);

@@ -36,6 +36,7 @@ pub use mm::{
     Access, AddressSpace, Advice, Budget, Config, ConfigError, FaultLocking, FrameAllocator,
     MapFlags, MlockAllFlags, MlockFlags, MremapExtent, MremapFlags, MsyncFlags, Prot,
 };
+pub use phys::Pfn;
 pub use stats::Stats;
 pub use translate::{Scalar, Translator};
 pub use vma::{RmapHit, VmFlags, VmaInfo};

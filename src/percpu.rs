@@ -20,10 +20,19 @@
 //! | `phys` | frame cache, alloc/free counts | a mutex per cache; atomic counts, summed |
 //! | `tlb` | CPU-mask bit, in-flight access counts | an access decrements the count it incremented (the guard keeps it); a flush waits on every slot in the mask, its own included |
 //! | `vmap` | home zone, counters | the zone is only a locality hint (each has a lock); atomic counters |
+//!
+//! # Locking
+//!
+//! This module takes no lock: the slot array is immutable after creation,
+//! and what protects a slot's contents is its user's business (the table
+//! above; the locks among them are ordered in the crate's [lock
+//! order](crate::mm#locking)). The CPU count is computed once
+//! ([`sync::once`](crate::sync::once)); fallback ids come from a counter
+//! atomic ([`sync::counter`](crate::sync::counter)), which orders nothing.
 
+use crate::sync::counter::{AtomicUsize, Ordering};
+use crate::sync::once::OnceLock;
 use crossbeam_utils::CachePadded;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
 
 /// Number of per-CPU slots: the machine's CPUs (configured, so CPU numbers
 /// from `sched_getcpu` map one to one) rounded up to a power of two, at
@@ -77,6 +86,11 @@ fn thread_slot() -> usize {
 
 /// One `T` per CPU slot, each on its own cache line.
 pub struct PerCpu<T> {
+    /// One slot per CPU, each on its own cache line.
+    ///
+    /// Protected by: the array is immutable after creation; a slot's
+    /// contents are protected by the slot type (atomics or a mutex, see
+    /// the module docs).
     slots: Box<[CachePadded<T>]>,
 }
 

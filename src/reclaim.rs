@@ -173,8 +173,7 @@ impl Drop for Reclaimer {
 #[cfg(all(test, not(aspace_loom)))]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use crate::sync::{Arc, AtomicUsize, Ordering};
 
     #[test]
     fn deferred_frees_on_drop() {

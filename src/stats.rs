@@ -212,7 +212,7 @@ mod tests {
 
     #[test]
     fn counts_sum_across_threads() {
-        let c = std::sync::Arc::new(StatCounters::new());
+        let c = crate::sync::Arc::new(StatCounters::new());
         let hs: Vec<_> = (0..4)
             .map(|_| {
                 let c = c.clone();

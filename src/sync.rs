@@ -3,7 +3,11 @@
 //! Production builds use `std` atomics and `parking_lot` locks; builds with
 //! `RUSTFLAGS="--cfg aspace_loom --cfg crossbeam_loom"` use loom's twins, so
 //! the loom models in `loom_tests/` run the real code of the crate. No other
-//! module names `std::sync`, `parking_lot` or `loom` directly.
+//! module names `std::sync`, `parking_lot` or `loom` directly. What loom
+//! must not see is exported here as well, under names that say so:
+//! [`counter`] (statistics and id generation), [`frame`] (guest data) and
+//! [`once`] (process-wide constants). Unit tests (`cfg(test)`, never built
+//! for loom) may still drive the code with `std` threads and channels.
 //!
 //! crossbeam-epoch is re-exported as [`epoch`]: under loom it is the crate's
 //! loom flavour (its `loom` feature plus `--cfg crossbeam_loom`).
@@ -302,11 +306,13 @@ mod imp {
 
 pub use imp::*;
 
-/// Atomics for statistics and other counters that take part in no
-/// synchronization protocol: plain `std` atomics even under loom, so that
-/// models do not spend their branch budget on bookkeeping.
+/// Atomics for statistics and id generation, never part of a
+/// synchronization protocol: plain `std` atomics even under loom, on
+/// purpose. Invisible to loom, models do not spend their branch budget on
+/// bookkeeping, and a `static` counter (which loom's atomics cannot be)
+/// works in every build. Nothing may be ordered by these.
 pub mod counter {
-    pub use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+    pub use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 }
 
 /// Atomics on frame memory (guest data): plain `std` atomics even under
@@ -314,6 +320,13 @@ pub mod counter {
 /// (TLB flushes, refcounts) use the loom-checked atomics above.
 pub mod frame {
     pub use std::sync::atomic::{AtomicU64, Ordering};
+}
+
+/// One-time initialization of process-wide constants (the CPU count): the
+/// value is the same for every thread, so loom has nothing to explore; the
+/// `std` cell is used even under loom, on purpose.
+pub mod once {
+    pub use std::sync::OnceLock;
 }
 
 /// An asymmetric fence pair (Linux's `membarrier(2)`): a `light` fence on

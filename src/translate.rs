@@ -28,7 +28,6 @@ pub mod guest;
 
 use crate::addr::PAGE_SIZE;
 use crate::error::FaultError;
-use crate::mm::fault::ZERO_PFN;
 use crate::mm::{Access, AddressSpace};
 use crate::pt::PteFlags;
 use crate::sync::asymmetric;
@@ -515,7 +514,7 @@ fn walk(mm: &AddressSpace, page: u64, write: bool) -> (Lookup, bool) {
     if !pte.is_present() || !f.contains(PteFlags::USER) || (write && !writable) {
         return (Lookup::Fault, false);
     }
-    if pte.pfn() == ZERO_PFN {
+    if pte.pfn().is_zero_page() {
         return (Lookup::Zero, false);
     }
     (Lookup::Frame(mm.frames.frame_ptr(pte.pfn())), writable)

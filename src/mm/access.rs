@@ -3,7 +3,6 @@
 use super::{Access, AddressSpace};
 use crate::addr::{Range, PAGE_SIZE};
 use crate::error::{Error, FaultError, MemoryFault, Result};
-use crate::mm::fault::ZERO_PFN;
 use crate::phys::Pfn;
 use crate::pt::PteFlags;
 use crate::vma::{VmFlags, Vma};
@@ -17,7 +16,7 @@ impl AddressSpace {
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
         let frames = &self.frames;
         self.copy_user(addr, buf.len(), Access::Read, |pfn, off, b, n| {
-            if pfn == ZERO_PFN {
+            if pfn.is_zero_page() {
                 buf[b..b + n].fill(0);
             } else {
                 frames.read(pfn, off, &mut buf[b..b + n]);

@@ -12,7 +12,6 @@ use super::mmap_lock::MmapWriteGuard;
 use super::{AddressSpace, MmState};
 use crate::addr::{pages, Range};
 use crate::error::{Error, Result};
-use crate::mm::fault::ZERO_PFN;
 use crate::reclaim::Guard;
 use crate::stats::Event;
 use crate::sync::Arc;
@@ -689,10 +688,10 @@ impl<'a> Edit<'a> {
 /// side by madvise).
 pub(crate) fn zap_range(mm: &AddressSpace, r: Range, gather: &mut Gather<'_>) {
     let g = mm.pt.pin();
-    mm.pt.zap_range(r, &g, |va, pte| {
+    mm.pt.zap_range(r, &g, |va, frame| {
         gather.add_page(va);
-        if pte.pfn() != ZERO_PFN {
-            gather.free_frame(pte.pfn());
+        if let Some(pfn) = frame {
+            gather.free_frame(pfn);
         }
     });
 }

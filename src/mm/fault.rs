@@ -25,24 +25,8 @@ use crate::sync::Arc;
 use crate::vma::lock::ReadLockError;
 use crate::vma::{AnonVma, VmFlags, Vma, VmaRef};
 
-/// The frame number that stands for the shared zero page: never
-/// allocated, never freed, reads as zeros.
-pub(crate) const ZERO_PFN: Pfn = Pfn::MAX;
-
 /// Lookups that found a detached VMA before the per-VMA path gives up.
 const MAX_REWALKS: u32 = 8;
-
-/// Page-table flags for a VMA's flags (x86-64: any access implies read).
-pub(crate) fn pte_flags(vf: VmFlags) -> PteFlags {
-    let mut f = PteFlags::PRESENT;
-    if vf.accessible() {
-        f |= PteFlags::USER;
-    }
-    if vf.contains(VmFlags::WRITE) {
-        f |= PteFlags::WRITE;
-    }
-    f
-}
 
 /// True if `flags` allow `access` (Linux's `access_error`, inverted).
 pub(crate) fn access_ok(flags: VmFlags, access: Access) -> bool {
@@ -275,19 +259,22 @@ fn do_fault(
             }
             let pfn = shm.frame(idx).ok_or(Step::Fail(FaultError::OutOfMemory))?;
             mm.frames.get(pfn);
-            Pte::new(pfn, pte_flags(flags))
+            Pte::new(pfn, PteFlags::from(flags))
         } else if access != Access::Write {
-            Pte::new(ZERO_PFN, pte_flags(flags) - PteFlags::WRITE)
+            Pte::new(Pfn::ZERO_PAGE, PteFlags::from(flags) - PteFlags::WRITE)
         } else {
             anon_vma_prepare(mm, vma, vma_locked)?;
             let pfn = alloc_frame(mm)?;
-            Pte::new(pfn, pte_flags(flags) | PteFlags::DIRTY | PteFlags::ACCESSED)
+            Pte::new(
+                pfn,
+                PteFlags::from(flags) | PteFlags::DIRTY | PteFlags::ACCESSED,
+            )
         };
         match mm.pt.install(page, new, &g) {
             Ok(()) => return Ok(()),
             Err(existing) => {
                 // Drop our frame reference whatever happened.
-                if new.pfn() != ZERO_PFN {
+                if !new.pfn().is_zero_page() {
                     mm.frames.put(new.pfn());
                 }
                 // Inside a VMA every address translates: `Pte::NONE` means
@@ -331,7 +318,7 @@ fn wp_fault(
     }
     anon_vma_prepare(mm, vma, vma_locked)?;
     let old = pte.pfn();
-    if old != ZERO_PFN {
+    if !old.is_zero_page() {
         // One look under the PTE lock, with the entry unchanged. If our
         // entry holds the frame's only reference, write in place (no one
         // can add another: every sharer — fork, a shared object —
@@ -346,7 +333,7 @@ fn wp_fault(
                 if cur != pte {
                     return None;
                 }
-                if !pte.flags().contains(PteFlags::COW) && mm.frames.refcount(old) == 1 {
+                if mm.frames.refcount(old) == 1 {
                     return Some(Pte::new(old, writable));
                 }
                 mm.frames.get(old);
@@ -362,7 +349,7 @@ fn wp_fault(
             return Ok(false); // the entry changed: look again
         }
     }
-    let new = if old == ZERO_PFN {
+    let new = if old.is_zero_page() {
         alloc_frame(mm)
     } else {
         let n = mm.frames.alloc_uninit();
@@ -372,17 +359,15 @@ fn wp_fault(
         mm.frames.put(old); // our reference, not the entry's
         n.ok_or(Step::Fail(FaultError::OutOfMemory))
     }?;
-    let flags =
-        (pte.flags() - PteFlags::COW) | PteFlags::WRITE | PteFlags::DIRTY | PteFlags::ACCESSED;
     let ok = mm
         .pt
-        .update(page, g, |cur| (cur == pte).then(|| Pte::new(new, flags)))
+        .update(page, g, |cur| (cur == pte).then(|| Pte::new(new, writable)))
         .is_some();
     if !ok {
         mm.frames.put(new);
         return Ok(false);
     }
-    if old != ZERO_PFN {
+    if !old.is_zero_page() {
         mm.stats.inc(Event::cow_copies);
         // The old translation must be gone everywhere before the entry's
         // frame reference is dropped.

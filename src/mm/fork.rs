@@ -34,7 +34,6 @@ use super::edit::Edit;
 use super::{next_id, AddressSpace};
 use crate::addr::{page_align_down, Range};
 use crate::error::{Error, Result};
-use crate::mm::fault::ZERO_PFN;
 use crate::phys::Pfn;
 use crate::pt::{Pte, PteFlags};
 use crate::stats::StatCounters;
@@ -137,8 +136,7 @@ impl AddressSpace {
             return None;
         }
         let g = self.pt.pin();
-        let pte = self.pt.lookup(page_align_down(addr), &g);
-        (pte.is_present() && pte.pfn() != ZERO_PFN).then_some(pte.pfn())
+        self.pt.lookup(page_align_down(addr), &g).frame()
     }
 
     /// The reverse map of the anonymous page at `addr`: every (address
@@ -245,7 +243,7 @@ fn copy_page_tables(
         .pt
         .copy_ranges(&child.pt, ranges, &pg, &cg, |va, pte| {
             let pfn: Pfn = pte.pfn();
-            if pfn != ZERO_PFN {
+            if !pfn.is_zero_page() {
                 frames.get(pfn);
             }
             let ro = Pte::new(pfn, pte.flags() - PteFlags::WRITE);

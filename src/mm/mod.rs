@@ -70,7 +70,7 @@ pub use crate::phys::{Budget, FrameAllocator};
 use crate::pt::PageTable;
 use crate::reclaim::Reclaimer;
 use crate::stats::{StatCounters, Stats};
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicU64};
 use crate::tlb::TlbState;
 use crate::tree::RangeTree;
 use crate::vma::{VmaInfo, VmaPool, VmaRef};
@@ -88,8 +88,9 @@ pub(crate) struct MmState {
 
 /// Source of unique ids for address spaces, anon_vmas and shared objects.
 pub(crate) fn next_id() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    use crate::sync::counter;
+    static NEXT: counter::AtomicU64 = counter::AtomicU64::new(1);
+    NEXT.fetch_add(1, counter::Ordering::Relaxed)
 }
 
 /// A process-like virtual address space.
@@ -122,7 +123,6 @@ pub struct AddressSpace {
     pub(crate) pool: Arc<VmaPool>,
     pub(crate) cfg: Config,
     pub(crate) id: u64,
-    pending_frees: AtomicU64,
     /// `RLIMIT_STACK` (see [`AddressSpace::set_stack_limit`]).
     stack_limit: AtomicU64,
     /// Flags every new mapping gets (`mm->def_flags`, set by mlockall).
@@ -214,7 +214,6 @@ impl AddressSpace {
             pool,
             cfg,
             id: next_id(),
-            pending_frees: AtomicU64::new(0),
             stack_limit: AtomicU64::new(stack_limit),
             def_flags: crate::sync::AtomicU32::new(0),
         }
@@ -310,11 +309,6 @@ impl AddressSpace {
         let n = self.tree.len().max(1);
         core::mem::size_of::<crate::vma::Vma>() + self.tree.memory_bytes() / n
     }
-
-    #[allow(dead_code)]
-    pub(crate) fn pending_frees(&self) -> u64 {
-        self.pending_frees.load(Ordering::Relaxed)
-    }
 }
 
 impl core::fmt::Debug for AddressSpace {
@@ -359,10 +353,10 @@ impl Drop for AddressSpace {
         let pg = self.pt.pin();
         let mut pages = 0;
         for v in &all {
-            self.pt.zap_range(v.range(), &pg, |_, pte| {
+            self.pt.zap_range(v.range(), &pg, |_, frame| {
                 pages += 1;
-                if pte.pfn() != crate::mm::fault::ZERO_PFN {
-                    self.frames.put(pte.pfn());
+                if let Some(pfn) = frame {
+                    self.frames.put(pfn);
                 }
             });
         }

@@ -4,7 +4,6 @@ use super::edit::Edit;
 use super::{AddressSpace, Prot};
 use crate::addr::{is_page_aligned, page_align_up, Range};
 use crate::error::{Error, Result};
-use crate::mm::fault::{pte_flags, ZERO_PFN};
 use crate::pt::{Pte, PteFlags};
 use crate::vma::{VmFlags, VmaRef};
 
@@ -125,16 +124,14 @@ impl AddressSpace {
         let g = self.pt.pin();
         let frames = &self.frames;
         self.pt.change_range(r, &g, |va, pte| {
-            let mut f = pte_flags(flags);
+            let mut f = PteFlags::from(flags);
             if f.contains(PteFlags::WRITE)
                 && !shared
-                && (pte.pfn() == ZERO_PFN
-                    || pte.flags().contains(PteFlags::COW)
-                    || frames.refcount(pte.pfn()) != 1)
+                && (pte.pfn().is_zero_page() || frames.refcount(pte.pfn()) != 1)
             {
                 f.remove(PteFlags::WRITE);
             }
-            f |= pte.flags() & (PteFlags::COW | PteFlags::ACCESSED | PteFlags::DIRTY);
+            f |= pte.flags() & (PteFlags::ACCESSED | PteFlags::DIRTY);
             let new = Pte::new(pte.pfn(), f);
             if new != pte {
                 gather.add_page(va);

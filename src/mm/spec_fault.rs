@@ -104,8 +104,9 @@
 //! Nothing is written in the VMA, the tree or the mm sequence.
 
 use crate::addr::{page_align_down, PMD_SIZE};
-use crate::mm::fault::{access_ok, pte_flags, ZERO_PFN};
+use crate::mm::fault::access_ok;
 use crate::mm::{Access, AddressSpace};
+use crate::phys::Pfn;
 use crate::pt::{CheckedInstallError, Pte, PteFlags};
 use crate::stats::Event;
 use crate::sync::{fence, Ordering};
@@ -153,9 +154,12 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
     }
     let new = if access == Access::Write {
         let pfn = mm.frames.alloc().ok_or(Event::spec_abort_oom)?;
-        Pte::new(pfn, pte_flags(flags) | PteFlags::DIRTY | PteFlags::ACCESSED)
+        Pte::new(
+            pfn,
+            PteFlags::from(flags) | PteFlags::DIRTY | PteFlags::ACCESSED,
+        )
     } else {
-        Pte::new(ZERO_PFN, pte_flags(flags) - PteFlags::WRITE)
+        Pte::new(Pfn::ZERO_PAGE, PteFlags::from(flags) - PteFlags::WRITE)
     };
     let r = mm.pt.install_checked(page, new, &g, || {
         // Seqlock read side: the field loads above happen before the
@@ -163,7 +167,7 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
         fence(Ordering::Acquire);
         v.lock.stamp() == stamp
     });
-    if r.is_err() && new.pfn() != ZERO_PFN {
+    if r.is_err() && !new.pfn().is_zero_page() {
         mm.frames.put(new.pfn());
     }
     match r {

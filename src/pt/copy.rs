@@ -8,7 +8,8 @@
 //! (fork write-protects private entries and takes a frame reference) and
 //! stores; it never walks from the root per page.
 
-use super::{entry_span, index, Make, PageTable, Pte, Table};
+use super::walk::Make;
+use super::{entry_span, index, PageTable, Pte, Table};
 use crate::addr::{Range, PAGE_SIZE};
 use crate::reclaim::Guard;
 use crate::sync::{MutexGuard, Ordering};
@@ -145,6 +146,7 @@ impl Drop for Locked<'_> {
 #[cfg(all(test, not(aspace_loom)))]
 mod tests {
     use super::*;
+    use crate::phys::Pfn;
     use crate::pt::PteFlags;
     use crate::reclaim::Reclaimer;
 
@@ -161,7 +163,8 @@ mod tests {
         // tables exist only there).
         let vas = [0x1000u64, 0x1ff000, 0x200000, 0x5000_0000, 0x5000_3000];
         for (i, &va) in vas.iter().enumerate() {
-            a.install(va, Pte::new(i as u32 + 10, RW), &ga).unwrap();
+            a.install(va, Pte::new(Pfn::new(i as u32 + 10), RW), &ga)
+                .unwrap();
         }
         let mut seen = Vec::new();
         let n = a
@@ -175,7 +178,7 @@ mod tests {
         assert_eq!(n, 4);
         assert_eq!(seen, &vas[..4]);
         for (i, &va) in vas[..4].iter().enumerate() {
-            let want = Pte::new(i as u32 + 10, PteFlags::USER);
+            let want = Pte::new(Pfn::new(i as u32 + 10), PteFlags::USER);
             assert_eq!(a.lookup(va, &ga), want);
             assert_eq!(b.lookup(va, &gb), want);
         }
@@ -193,10 +196,11 @@ mod tests {
         );
         let (ga, gb) = (a.pin(), b.pin());
         for p in 0..4u64 {
-            a.install(p * PAGE_SIZE, Pte::new(p as u32 + 1, RW), &ga)
+            a.install(p * PAGE_SIZE, Pte::new(Pfn::new(p as u32 + 1), RW), &ga)
                 .unwrap();
         }
-        b.install(2 * PAGE_SIZE, Pte::new(99, RW), &gb).unwrap();
+        b.install(2 * PAGE_SIZE, Pte::new(Pfn::new(99), RW), &gb)
+            .unwrap();
         let mut calls = 0;
         let res = a.copy_ranges(&b, [Range::new(0, 4 * PAGE_SIZE)], &ga, &gb, |_, p| {
             calls += 1;
@@ -204,8 +208,8 @@ mod tests {
         });
         assert_eq!(res, Err(2 * PAGE_SIZE));
         assert_eq!(calls, 2);
-        assert_eq!(b.lookup(PAGE_SIZE, &gb).pfn(), 2);
-        assert_eq!(b.lookup(2 * PAGE_SIZE, &gb).pfn(), 99);
+        assert_eq!(b.lookup(PAGE_SIZE, &gb).pfn(), Pfn::new(2));
+        assert_eq!(b.lookup(2 * PAGE_SIZE, &gb).pfn(), Pfn::new(99));
         assert_eq!(b.lookup(3 * PAGE_SIZE, &gb), Pte::NONE);
         // Out of the 48-bit space: nothing to copy from, nothing fails.
         assert_eq!(
@@ -228,7 +232,7 @@ mod tests {
         );
         let (ga, gb) = (a.pin(), b.pin());
         for p in 0..16u64 {
-            a.install(p * PAGE_SIZE, Pte::new(p as u32 + 1, RW), &ga)
+            a.install(p * PAGE_SIZE, Pte::new(Pfn::new(p as u32 + 1), RW), &ga)
                 .unwrap();
         }
         // Every other page, as one range each, then a range in a table
@@ -240,7 +244,7 @@ mod tests {
         assert_eq!(n, 8);
         for p in 0..16u64 {
             let want = if p % 2 == 0 {
-                Pte::new(p as u32 + 1, RW)
+                Pte::new(Pfn::new(p as u32 + 1), RW)
             } else {
                 Pte::NONE
             };

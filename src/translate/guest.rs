@@ -24,9 +24,9 @@
 use super::{walk, Lookup};
 use crate::addr::PAGE_SIZE;
 use crate::mm::{Access, AddressSpace};
+use crate::sync::frame::AtomicU64;
 use core::iter::FusedIterator;
 use core::marker::PhantomData;
-use std::sync::atomic::AtomicU64;
 use vm_memory::bitmap::BS;
 use vm_memory::guest_memory::GuestMemorySliceIterator;
 use vm_memory::{

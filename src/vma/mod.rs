@@ -145,6 +145,22 @@ impl VmFlags {
     }
 }
 
+/// The page-table flags for pages of a VMA with these flags (x86-64: any
+/// access implies read, so READ and EXEC both give USER).
+impl From<VmFlags> for crate::pt::PteFlags {
+    fn from(vf: VmFlags) -> Self {
+        use crate::pt::PteFlags;
+        let mut f = PteFlags::PRESENT;
+        if vf.accessible() {
+            f |= PteFlags::USER;
+        }
+        if vf.contains(VmFlags::WRITE) {
+            f |= PteFlags::WRITE;
+        }
+        f
+    }
+}
+
 /// Bytes of metadata charged to the budget for each VMA: the object and
 /// about its share of the tree's nodes (75 bytes in `examples/footprint`;
 /// Linux charges `vm_area_struct` and maple nodes to the memory cgroup

@@ -111,14 +111,19 @@ impl Shmem {
         let slot = &node.slots[Self::slot(index, 0)];
         let cur = slot.load(Ordering::Acquire);
         if cur != 0 {
-            return Some((cur - 1) as Pfn);
+            return Some(Pfn::new((cur - 1) as u32));
         }
         let pfn = self.frames.alloc()?;
-        match slot.compare_exchange(0, u64::from(pfn) + 1, Ordering::AcqRel, Ordering::Acquire) {
+        match slot.compare_exchange(
+            0,
+            u64::from(pfn.get()) + 1,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Ok(_) => Some(pfn),
             Err(winner) => {
                 self.frames.put(pfn);
-                Some((winner - 1) as Pfn)
+                Some(Pfn::new((winner - 1) as u32))
             }
         }
     }
@@ -144,7 +149,7 @@ impl Shmem {
             node = unsafe { &*(p as *const Node) };
         }
         let v = node.slots[Self::slot(index, 0)].load(Ordering::Acquire);
-        (v != 0).then(|| (v - 1) as Pfn)
+        (v != 0).then(|| Pfn::new((v - 1) as u32))
     }
 
     /// True if page `index` has a frame (it is resident in the object).
@@ -199,7 +204,7 @@ impl Shmem {
                 continue;
             }
             if level == 0 {
-                f((v - 1) as Pfn);
+                f(Pfn::new((v - 1) as u32));
             } else {
                 // SAFETY: as in `resident`.
                 let child = unsafe { &*(v as *const Node) };
@@ -217,7 +222,7 @@ impl Shmem {
                 continue;
             }
             if level == 0 {
-                self.frames.put((v - 1) as Pfn);
+                self.frames.put(Pfn::new((v - 1) as u32));
             } else {
                 // SAFETY: a non-zero interior slot owns a node from
                 // Box::into_raw; the object is being dropped, so nobody

@@ -1,0 +1,143 @@
+//! The memory budget: bytes of frames, table pages and metadata charged
+//! against one limit, through per-CPU stocks.
+
+use crate::addr::PAGE_SIZE;
+use crate::percpu::PerCpu;
+use crate::sync::counter::AtomicU64 as CounterU64;
+use crate::sync::Ordering;
+
+/// Bytes a CPU slot of a [`Budget`] takes from the shared count at once,
+/// so that most charges write only the CPU's own cache line.
+pub(super) const STOCK_BATCH: u64 = 64 * PAGE_SIZE;
+
+/// A memory budget: bytes charged by frames in use, page-table pages and
+/// metadata, against a limit.
+///
+/// Charges are taken from a per-CPU stock refilled from the shared count in
+/// batches (like memcg's per-CPU stock), so the common charge and uncharge
+/// write no shared cache line. The shared count includes the stocks, so the
+/// memory really in use never exceeds the limit; a charge that finds the
+/// shared count full drains every stock before it fails.
+pub struct Budget {
+    /// The limit in bytes.
+    ///
+    /// Protected by: immutable after creation.
+    limit: u64,
+    /// Bytes charged, stocks included.
+    ///
+    /// Protected by: a counter atomic (`sync::counter`), `Relaxed`: the
+    /// limit check is one read-modify-write, and nothing is ordered by it.
+    charged: CounterU64,
+    /// Bytes each CPU slot took from `charged` and has not used yet.
+    ///
+    /// Protected by: counter atomics, `Relaxed` (a slot is shared by the
+    /// threads of its CPU; see [`crate::percpu`]).
+    stock: PerCpu<CounterU64>,
+}
+
+impl core::fmt::Debug for Budget {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Budget")
+            .field("limit", &self.limit)
+            .field("used", &self.used())
+            .finish()
+    }
+}
+
+impl Budget {
+    /// A budget of `limit` bytes.
+    pub(crate) fn new(limit: u64) -> Self {
+        Budget {
+            limit,
+            charged: CounterU64::new(0),
+            stock: PerCpu::new(|| CounterU64::new(0)),
+        }
+    }
+
+    /// A budget that never refuses (structures used on their own).
+    #[cfg(any(test, aspace_loom))]
+    pub(crate) fn unlimited() -> Self {
+        Self::new(u64::MAX)
+    }
+
+    /// The limit in bytes.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Charges `bytes`; false (and nothing charged) if that would pass the
+    /// limit.
+    pub(crate) fn try_charge(&self, bytes: u64) -> bool {
+        let s = self.stock.local();
+        let mut cur = s.load(Ordering::Relaxed);
+        while cur >= bytes {
+            match s.compare_exchange_weak(cur, cur - bytes, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(c) => cur = c,
+            }
+        }
+        if let Some(more) = bytes.checked_add(STOCK_BATCH) {
+            if self.reserve(more) {
+                s.fetch_add(STOCK_BATCH, Ordering::Relaxed);
+                return true;
+            }
+        }
+        if self.reserve(bytes) {
+            return true;
+        }
+        // Full: what other CPUs hold in stock is not in use.
+        for st in self.stock.iter() {
+            let x = st.swap(0, Ordering::Relaxed);
+            if x > 0 {
+                self.charged.fetch_sub(x, Ordering::Relaxed);
+            }
+        }
+        self.reserve(bytes)
+    }
+
+    /// Charges `bytes` even past the limit, for memory a caller cannot do
+    /// without: an address space's root table, mremap's destination tables
+    /// (its source tables are freed right after), and VMAs whose room was
+    /// checked just before ([`has_room`](Self::has_room)).
+    pub(crate) fn force_charge(&self, bytes: u64) {
+        self.charged.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// True if `bytes` could be charged now (a hint: others may charge
+    /// before the caller does).
+    pub(crate) fn has_room(&self, bytes: u64) -> bool {
+        self.used()
+            .checked_add(bytes)
+            .is_some_and(|t| t <= self.limit)
+    }
+
+    fn reserve(&self, bytes: u64) -> bool {
+        self.charged
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                c.checked_add(bytes).filter(|&t| t <= self.limit)
+            })
+            .is_ok()
+    }
+
+    /// Gives back `bytes` charged earlier.
+    pub(crate) fn uncharge(&self, bytes: u64) {
+        let s = self.stock.local();
+        let mut cur = s.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        // Keep one batch in stock; return the rest to the shared count.
+        while cur > 2 * STOCK_BATCH {
+            match s.compare_exchange_weak(cur, STOCK_BATCH, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => {
+                    self.charged.fetch_sub(cur - STOCK_BATCH, Ordering::Relaxed);
+                    return;
+                }
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    /// Bytes charged now (stocks not counted).
+    pub fn used(&self) -> u64 {
+        let stock: u64 = self.stock.iter().map(|s| s.load(Ordering::Relaxed)).sum();
+        self.charged.load(Ordering::Relaxed).saturating_sub(stock)
+    }
+}

@@ -1,0 +1,254 @@
+//! Where frames live: chunks of memory obtained from the system, the
+//! two-level directory that finds a frame's chunk, and each frame's
+//! reference count.
+
+use super::{FrameAllocator, Pfn, CHUNK_BYTES, CHUNK_FRAMES};
+use crate::addr::PAGE_SIZE;
+use crate::sync::counter;
+use crate::sync::{AtomicPtr, AtomicU32, Ordering};
+
+/// Chunk memory from the system: anonymous mmap on unix (zero, and
+/// resident only once touched), a zeroed heap block elsewhere and under
+/// loom. Null on failure.
+fn sys_alloc() -> *mut u8 {
+    #[cfg(all(unix, not(aspace_loom)))]
+    {
+        // SAFETY: an anonymous private mapping of a non-zero length at an
+        // address of the kernel's choice affects no existing memory.
+        let p = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                CHUNK_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            core::ptr::null_mut()
+        } else {
+            p.cast()
+        }
+    }
+    #[cfg(not(all(unix, not(aspace_loom))))]
+    {
+        // SAFETY: the layout has non-zero size.
+        unsafe { std::alloc::alloc_zeroed(heap_layout()) }
+    }
+}
+
+#[cfg(not(all(unix, not(aspace_loom))))]
+fn heap_layout() -> std::alloc::Layout {
+    std::alloc::Layout::from_size_align(CHUNK_BYTES, PAGE_SIZE as usize)
+        .expect("chunk layout is valid")
+}
+
+/// Returns chunk memory from [`sys_alloc`].
+///
+/// # Safety
+/// `p` came from `sys_alloc` and is not used afterwards.
+unsafe fn sys_free(p: *mut u8) {
+    #[cfg(all(unix, not(aspace_loom)))]
+    // SAFETY: `p` is a mapping of CHUNK_BYTES made by `sys_alloc` (caller's
+    // contract) and nothing uses it any more.
+    unsafe {
+        libc::munmap(p.cast(), CHUNK_BYTES);
+    }
+    #[cfg(not(all(unix, not(aspace_loom))))]
+    // SAFETY: allocated by `sys_alloc` with this layout (caller's contract).
+    unsafe {
+        std::alloc::dealloc(p, heap_layout())
+    }
+}
+
+pub(super) struct Chunk {
+    /// The chunk's memory, `CHUNK_BYTES` from the system.
+    ///
+    /// Protected by: the pointer is immutable after creation. The bytes
+    /// are guest data: shared accesses are 8-byte `sync::frame` atomics
+    /// (`Relaxed`, no ordering, as on x86-64); a frame is written
+    /// non-atomically only by its exclusive owner (zeroing on allocation,
+    /// `prefault` of frames never handed out, under the pool lock).
+    pub(super) mem: *mut u8,
+    /// One reference count per frame, with `USED_BEFORE` while free.
+    ///
+    /// Protected by: atomics. `get` adds `Relaxed` (the caller already
+    /// holds a reference), `put` subtracts `AcqRel` (the last put sees
+    /// every user's accesses), `refcount` reads `Acquire`; while the frame
+    /// is free, only the allocator writes it (`Relaxed`), handing the
+    /// frame over through the cache and pool mutexes.
+    pub(super) refs: Box<[AtomicU32]>,
+    /// Under loom, one tracked cell per frame stands for its memory
+    /// (protected by: loom's own checking, it is the model's witness):
+    /// loads, stores and copies are shared accesses, while taking a frame
+    /// from the free lists, zeroing it and freeing it are exclusive. loom
+    /// then reports any access to a frame that is not ordered with its
+    /// freeing or reuse (a copy-on-write copy without a reference, say).
+    #[cfg(aspace_loom)]
+    owner: Box<[crate::sync::UnsafeCell<()>]>,
+    /// Protected by: a loom atomic, `Relaxed` (a witness, see below).
+    ///
+    /// Under loom, a per-frame atomic that every load touches with a
+    /// `Relaxed` read and every store with a `Relaxed` read-modify-write.
+    /// The bytes themselves are plain `std` atomics, which loom does not
+    /// see; these conflicting operations make it try every order of a
+    /// store and a load of the same frame (a store landing after a fork
+    /// snapshot, say). `Relaxed` adds no ordering, so it hides no race.
+    #[cfg(aspace_loom)]
+    touch: Box<[AtomicU32]>,
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        // SAFETY: `mem` came from `sys_alloc` in `FrameAllocator::chunk_for`
+        // and is freed only here.
+        unsafe { sys_free(self.mem) };
+    }
+}
+
+/// Chunk pointers per directory page: a directory page maps 1 GiB of
+/// frames, and is made only once a chunk in it is, so a pool's fixed cost
+/// is one pointer per GiB of budget (fewer under loom, whose atomics are
+/// costly objects).
+#[cfg(not(aspace_loom))]
+pub(super) const DIR_CHUNKS: usize = 512;
+#[cfg(aspace_loom)]
+pub(super) const DIR_CHUNKS: usize = 8;
+
+/// One page of the chunk directory.
+pub(super) struct ChunkDir {
+    /// The directory page's chunks, null until obtained.
+    ///
+    /// Protected by: written once (null to a chunk, `Release`) under
+    /// `FrameAllocator::grow`; read lock-free with `Acquire`. Chunks are
+    /// freed only when the allocator drops.
+    chunks: [AtomicPtr<Chunk>; DIR_CHUNKS],
+}
+
+impl FrameAllocator {
+    /// The chunk holding `pfn`, obtained from the system on first use;
+    /// `None` if the system refuses.
+    pub(super) fn chunk_for(&self, pfn: Pfn) -> Option<&Chunk> {
+        let c = pfn.index() / CHUNK_FRAMES;
+        let dir_slot = &self.dirs[c / DIR_CHUNKS];
+        let mut p = core::ptr::null_mut();
+        let mut dir = dir_slot.load(Ordering::Acquire);
+        if !dir.is_null() {
+            // SAFETY: published with Release after initialization; freed
+            // only when the allocator drops (we borrow it).
+            p = unsafe { &*dir }.chunks[c % DIR_CHUNKS].load(Ordering::Acquire);
+        }
+        if p.is_null() {
+            let _g = self.grow.lock();
+            dir = dir_slot.load(Ordering::Acquire);
+            if dir.is_null() {
+                dir = Box::into_raw(Box::new(ChunkDir {
+                    chunks: core::array::from_fn(|_| AtomicPtr::new(core::ptr::null_mut())),
+                }));
+                dir_slot.store(dir, Ordering::Release);
+            }
+            // SAFETY: as above; we hold the grow lock, so nobody else
+            // publishes into it meanwhile.
+            let slot = &unsafe { &*dir }.chunks[c % DIR_CHUNKS];
+            p = slot.load(Ordering::Acquire);
+            if p.is_null() {
+                let mem = sys_alloc();
+                if mem.is_null() {
+                    return None;
+                }
+                let chunk = Box::new(Chunk {
+                    mem,
+                    refs: (0..CHUNK_FRAMES).map(|_| AtomicU32::new(0)).collect(),
+                    #[cfg(aspace_loom)]
+                    owner: (0..CHUNK_FRAMES)
+                        .map(|_| crate::sync::UnsafeCell::new(()))
+                        .collect(),
+                    #[cfg(aspace_loom)]
+                    touch: (0..CHUNK_FRAMES).map(|_| AtomicU32::new(0)).collect(),
+                });
+                p = Box::into_raw(chunk);
+                slot.store(p, Ordering::Release);
+                self.reserved
+                    .fetch_add(CHUNK_BYTES as u64, counter::Ordering::Relaxed);
+            }
+        }
+        // SAFETY: `p` is non-null, was published with Release after full
+        // initialization, and chunks are freed only when the allocator
+        // drops (we borrow it).
+        Some(unsafe { &*p })
+    }
+
+    /// The chunk of an allocated frame (it exists: frames are handed out
+    /// only after their chunk).
+    #[inline]
+    fn chunk(&self, pfn: Pfn) -> &Chunk {
+        let c = pfn.index() / CHUNK_FRAMES;
+        let dir = self.dirs[c / DIR_CHUNKS].load(Ordering::Acquire);
+        assert!(!dir.is_null(), "frame {pfn} was never allocated");
+        // SAFETY: non-null directory and chunk pointers stay valid while
+        // the allocator lives (see `chunk_for`).
+        let p = unsafe { &*dir }.chunks[c % DIR_CHUNKS].load(Ordering::Acquire);
+        assert!(!p.is_null(), "frame {pfn} was never allocated");
+        // SAFETY: as above.
+        unsafe { &*p }
+    }
+
+    #[inline]
+    pub(super) fn refs(&self, pfn: Pfn) -> &AtomicU32 {
+        &self.chunk(pfn).refs[pfn.index() % CHUNK_FRAMES]
+    }
+
+    #[inline]
+    pub(super) fn base(&self, pfn: Pfn) -> *mut u8 {
+        let c = self.chunk(pfn);
+        // SAFETY: the offset is below the chunk's size because
+        // pfn % CHUNK_FRAMES < CHUNK_FRAMES.
+        unsafe { c.mem.add((pfn.index() % CHUNK_FRAMES) * PAGE_SIZE as usize) }
+    }
+
+    /// Marks an exclusive use of the frame's memory (loom only: see
+    /// `Chunk::owner`).
+    #[inline(always)]
+    pub(super) fn use_exclusive(&self, _pfn: Pfn) {
+        #[cfg(aspace_loom)]
+        self.chunk(_pfn).owner[_pfn.index() % CHUNK_FRAMES].with_mut(|_| ());
+    }
+
+    /// Marks a shared use of the frame's memory, a store if `_store`
+    /// (loom only: see `Chunk::owner` and `Chunk::touch`).
+    #[inline(always)]
+    pub(super) fn use_shared(&self, _pfn: Pfn, _store: bool) {
+        #[cfg(aspace_loom)]
+        {
+            let (c, i) = (self.chunk(_pfn), _pfn.index() % CHUNK_FRAMES);
+            c.owner[i].with(|_| ());
+            if _store {
+                c.touch[i].fetch_add(1, Ordering::Relaxed);
+            } else {
+                c.touch[i].load(Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for FrameAllocator {
+    fn drop(&mut self) {
+        for d in self.dirs.iter() {
+            let d = d.load(Ordering::Relaxed);
+            if d.is_null() {
+                continue;
+            }
+            // SAFETY: published by `chunk_for` from Box::into_raw; the
+            // allocator is being dropped, so nobody else can reach it.
+            let dir = unsafe { Box::from_raw(d) };
+            for slot in dir.chunks.iter() {
+                let p = slot.load(Ordering::Relaxed);
+                if !p.is_null() {
+                    // SAFETY: as for the directory page.
+                    unsafe { drop(Box::from_raw(p)) };
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! Frame contents: whole-frame zeroing and copying, byte reads and writes
+//! as 8-byte atomic words, and prefaulting the host memory behind frames.
+
+use super::{FrameAllocator, Pfn, CHUNK_FRAMES, WORDS};
+use crate::addr::PAGE_SIZE;
+use crate::sync::frame::AtomicU64 as FrameWord;
+use crate::sync::Ordering;
+
+impl FrameAllocator {
+    /// The frame's memory as 512 atomic words.
+    #[inline]
+    fn words(&self, pfn: Pfn) -> &[FrameWord; WORDS] {
+        // SAFETY: the frame's memory is 4096 bytes, 4096-aligned (chunks
+        // are page-aligned), so it is exactly 512 aligned u64 words;
+        // AtomicU64 has u64's layout; the memory lives as long as the
+        // allocator (we borrow it); all shared accesses to frame memory go
+        // through these 8-byte atomics.
+        unsafe { &*(self.base(pfn) as *const [FrameWord; WORDS]) }
+    }
+
+    /// Clears a frame just allocated (nobody else can reach it yet).
+    pub(super) fn zero(&self, pfn: Pfn) {
+        self.use_exclusive(pfn);
+        // SAFETY: the frame was just taken from the free lists, so no page
+        // table maps it and no access through an old translation remains
+        // (frames are freed only after the TLB flush that removed their
+        // last translation): we are its only user. The 4096 bytes are in
+        // bounds of its chunk.
+        unsafe { core::ptr::write_bytes(self.base(pfn), 0, PAGE_SIZE as usize) };
+    }
+
+    /// Obtains and touches the memory for the first `bytes` of the budget
+    /// now, so that later allocations do not pay the host kernel's page
+    /// faults (benchmarks call this before measuring). Only frames never
+    /// handed out are touched.
+    pub(crate) fn prefault(&self, bytes: u64) {
+        let frames = (bytes / PAGE_SIZE).min(self.frames);
+        // Holding the pool lock keeps `fresh` still: no frame at or above
+        // it can be handed out meanwhile.
+        let pool = self.pool.lock();
+        let mut pfn = pool.fresh;
+        while pfn < frames {
+            let Some(c) = self.chunk_for(Pfn::new(pfn as u32)) else {
+                break;
+            };
+            let first = pfn as usize % CHUNK_FRAMES;
+            for i in first..CHUNK_FRAMES {
+                // SAFETY: page i of this chunk is frame (pfn - first + i)
+                // >= fresh, never handed out (checked under the pool lock
+                // we hold), so nobody else accesses it; the offset is
+                // inside the chunk.
+                unsafe { core::ptr::write_volatile(c.mem.add(i * PAGE_SIZE as usize), 0u8) };
+            }
+            pfn += (CHUNK_FRAMES - first) as u64;
+        }
+        drop(pool);
+    }
+
+    /// Copies `buf.len()` bytes from the frame at `offset` (clamped to the
+    /// frame: bytes past its end are left untouched).
+    pub(crate) fn read(&self, pfn: Pfn, offset: usize, buf: &mut [u8]) {
+        let end = (offset.saturating_add(buf.len())).min(PAGE_SIZE as usize);
+        self.use_shared(pfn, false);
+        let words = self.words(pfn);
+        let mut pos = offset;
+        while pos < end {
+            let w = words[pos / 8].load(Ordering::Relaxed).to_le_bytes();
+            let lo = pos % 8;
+            let n = (8 - lo).min(end - pos);
+            buf[pos - offset..pos - offset + n].copy_from_slice(&w[lo..lo + n]);
+            pos += n;
+        }
+    }
+
+    /// Copies `data` into the frame at `offset` (clamped to the frame).
+    pub(crate) fn write(&self, pfn: Pfn, offset: usize, data: &[u8]) {
+        let end = (offset.saturating_add(data.len())).min(PAGE_SIZE as usize);
+        self.use_shared(pfn, true);
+        let words = self.words(pfn);
+        let mut pos = offset;
+        while pos < end {
+            let word = &words[pos / 8];
+            let lo = pos % 8;
+            let n = (8 - lo).min(end - pos);
+            let src = &data[pos - offset..pos - offset + n];
+            if n == 8 {
+                word.store(
+                    u64::from_le_bytes(src.try_into().expect("8 bytes")),
+                    Ordering::Relaxed,
+                );
+            } else {
+                let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                    let mut b = old.to_le_bytes();
+                    b[lo..lo + n].copy_from_slice(src);
+                    Some(u64::from_le_bytes(b))
+                });
+            }
+            pos += n;
+        }
+    }
+
+    /// Copies a whole frame.
+    pub(crate) fn copy(&self, dst: Pfn, src: Pfn) {
+        self.use_shared(src, false);
+        self.use_shared(dst, true);
+        let (d, s) = (self.words(dst), self.words(src));
+        for (d, s) in d.iter().zip(s.iter()) {
+            d.store(s.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
+    /// The first byte of an allocated frame's 4096 bytes (4096-aligned).
+    /// The memory stays valid while the allocator lives, whatever happens
+    /// to the frame; shared accesses to it must be 8-byte atomics, as
+    /// [`read`](Self::read) and [`write`](Self::write) do.
+    pub(crate) fn frame_ptr(&self, pfn: Pfn) -> *mut u8 {
+        self.base(pfn)
+    }
+}

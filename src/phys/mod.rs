@@ -1,0 +1,380 @@
+//! Frames: real 4 KiB pages of memory, with per-CPU caches, and the
+//! memory budget they share with page tables and VMA metadata.
+//!
+//! One [`FrameAllocator`] is one physical memory: several address spaces
+//! may share it (`Arc`), as every process of a kernel shares its page
+//! allocator. Its [`Budget`] counts frames in use, page-table pages and
+//! metadata (VMAs, shared objects' page trees) together; an allocation
+//! that would pass it fails instead of growing the host process.
+//!
+//! Memory is obtained from the system lazily, in chunks (anonymous `mmap`
+//! on unix, so a frame costs host memory only once it is first written).
+//! Every frame has a reference count (page tables, shared objects and
+//! copy-on-write sharers each hold one). Allocation and freeing touch only
+//! the calling CPU's cache, which is refilled from (and spills to) a global
+//! pool in batches; when the pool is dry, other CPUs' caches are drained
+//! before giving up.
+//!
+//! Frame contents are accessed with 8-byte atomic loads and stores (partial
+//! words by compare-and-swap on the containing word), so concurrent
+//! user-mode loads and stores to one page — which real programs do — are
+//! not undefined behaviour here. They behave like unsynchronized memory on
+//! x86-64: no tearing inside a word, no ordering.
+//!
+//! Isolation: a pool that zeroes frames ([`FrameAllocator::new`] with
+//! `zero_new`) clears every frame it hands out again, whoever freed it, so
+//! no address space sees another's bytes; frames never handed out are
+//! already zero and are not cleared again. A pool made without zeroing
+//! (to measure metadata paths) hands frames out with whatever bytes their
+//! last user left: share such a pool only between spaces that trust each
+//! other.
+//!
+//! One mechanism per file: this file hands frames out and takes them back
+//! (per-CPU caches, the global pool, reference counts); `chunk` obtains
+//! the memory behind them; `contents` reads and writes it; `budget`
+//! charges it.
+//!
+//! # Locking
+//!
+//! The frame allocator's locks come after the PTE locks in the crate's
+//! [lock order](crate::mm#locking) (its level 5). Among themselves: a CPU
+//! cache's mutex, then the global pool's, then the chunk directory's
+//! `grow` lock; none of them is held while calling out of this module.
+//! Reference counts, budget counts and frame words are atomics. Each field
+//! says what protects it.
+
+use crate::addr::PAGE_SIZE;
+use crate::percpu::PerCpu;
+use crate::sync::counter::{self, AtomicU64 as CounterU64};
+use crate::sync::{Arc, AtomicPtr, Mutex, Ordering};
+
+mod budget;
+mod chunk;
+mod contents;
+
+pub use budget::Budget;
+use chunk::{ChunkDir, DIR_CHUNKS};
+
+/// A frame number: which 4 KiB frame of a [`FrameAllocator`].
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct Pfn(u32);
+
+impl Pfn {
+    /// The shared zero page: a frame number no allocator hands out, that
+    /// reads as zeros and is never freed. Entries mapping it hold no
+    /// reference.
+    pub const ZERO_PAGE: Pfn = Pfn(u32::MAX);
+
+    /// Frame number `n`.
+    pub const fn new(n: u32) -> Pfn {
+        Pfn(n)
+    }
+
+    /// The number.
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+
+    /// True for [`Pfn::ZERO_PAGE`].
+    pub const fn is_zero_page(self) -> bool {
+        self.0 == Self::ZERO_PAGE.0
+    }
+
+    /// The number as an index into the allocator's chunks.
+    #[inline]
+    const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl core::fmt::Display for Pfn {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Frames per chunk obtained from the system (2 MiB; smaller under loom).
+#[cfg(not(aspace_loom))]
+const CHUNK_FRAMES: usize = 512;
+#[cfg(aspace_loom)]
+const CHUNK_FRAMES: usize = 8;
+
+/// Bytes per chunk.
+const CHUNK_BYTES: usize = CHUNK_FRAMES * PAGE_SIZE as usize;
+
+/// Frames moved between a CPU cache and the global pool at once.
+const BATCH: usize = 32;
+/// A CPU cache spills a batch when it holds this many.
+const CACHE_MAX: usize = 4 * BATCH;
+
+const WORDS: usize = PAGE_SIZE as usize / 8;
+
+/// Set in a free frame's reference word once the frame has been handed out
+/// (its bytes may be someone's); a frame never handed out reads 0 there and
+/// is known to be zero.
+const USED_BEFORE: u32 = 1 << 31;
+
+/// The global free pool, behind `FrameAllocator::pool`.
+struct Pool {
+    /// Frames freed and spilled by the CPU caches.
+    ///
+    /// Protected by: `FrameAllocator::pool`.
+    free: Vec<Pfn>,
+    /// Frames below this number have been handed out at least once.
+    ///
+    /// Protected by: `FrameAllocator::pool`.
+    fresh: u64,
+}
+
+/// Allocation and free counts of one CPU slot.
+#[derive(Default)]
+struct Counts {
+    /// Frames allocated here.
+    ///
+    /// Protected by: a counter atomic (`sync::counter`), `Relaxed`.
+    allocs: CounterU64,
+    /// Frames freed here.
+    ///
+    /// Protected by: a counter atomic (`sync::counter`), `Relaxed`.
+    frees: CounterU64,
+}
+
+/// The frame allocator: one physical memory, shareable by many address
+/// spaces (see the module docs).
+pub struct FrameAllocator {
+    /// Frame numbers available (the budget in frames).
+    ///
+    /// Protected by: immutable after creation.
+    frames: u64,
+    /// Whether frames handed out again are cleared.
+    ///
+    /// Protected by: immutable after creation.
+    zero_new: bool,
+    /// The budget frames, page tables and metadata are charged to.
+    ///
+    /// Protected by: immutable after creation (the budget is atomics).
+    budget: Arc<Budget>,
+    /// Two-level chunk directory, filled on first use.
+    ///
+    /// Protected by: each slot written once (null to a directory page,
+    /// `Release`) under `grow`; read lock-free with `Acquire`.
+    dirs: Box<[AtomicPtr<ChunkDir>]>,
+    /// Serializes obtaining chunks and directory pages from the system.
+    ///
+    /// Protected by: immutable after creation (it is the lock).
+    grow: Mutex<()>,
+    /// The global pool of free and never-used frames.
+    ///
+    /// Protected by: its mutex.
+    pool: Mutex<Pool>,
+    /// Each CPU slot's cache of free frames.
+    ///
+    /// Protected by: each cache's mutex (a slot is shared by the threads
+    /// of its CPU; see [`crate::percpu`]).
+    caches: PerCpu<Mutex<Vec<Pfn>>>,
+    /// Allocation and free counts per CPU slot.
+    ///
+    /// Protected by: counter atomics (see `Counts`).
+    counts: PerCpu<Counts>,
+    /// Bytes obtained from the system.
+    ///
+    /// Protected by: a counter atomic (`sync::counter`), `Relaxed`,
+    /// added to under `grow`.
+    reserved: CounterU64,
+}
+
+// SAFETY: chunk memory is only reached through atomic word accesses or by
+// the exclusive owner of a frame (zeroing a frame just allocated); the raw
+// pointers inside `Chunk` are owned by the allocator.
+unsafe impl Send for FrameAllocator {}
+// SAFETY: as for Send: all shared state is atomics or behind mutexes.
+unsafe impl Sync for FrameAllocator {}
+
+impl core::fmt::Debug for FrameAllocator {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("FrameAllocator")
+            .field("frames", &self.frames)
+            .field("used", &self.used())
+            .field("budget", &self.budget)
+            .finish()
+    }
+}
+
+impl FrameAllocator {
+    /// A physical memory of at most `budget_bytes`, shared by its frames,
+    /// the page tables and the metadata of the address spaces that use it.
+    /// `zero_new` clears every frame handed out again (frames never used
+    /// are zero already); it is what keeps address spaces sharing the pool from seeing each other's
+    /// bytes.
+    pub fn new(budget_bytes: u64, zero_new: bool) -> Self {
+        // Numbers from the zero page's up are never handed out.
+        let frames = (budget_bytes / PAGE_SIZE).min(u64::from(Pfn::ZERO_PAGE.get()) - 1);
+        let nchunks = (frames as usize).div_ceil(CHUNK_FRAMES);
+        FrameAllocator {
+            frames,
+            zero_new,
+            budget: Arc::new(Budget::new(budget_bytes)),
+            dirs: (0..nchunks.div_ceil(DIR_CHUNKS))
+                .map(|_| AtomicPtr::new(core::ptr::null_mut()))
+                .collect(),
+            grow: Mutex::new(()),
+            pool: Mutex::new(Pool {
+                free: Vec::new(),
+                fresh: 0,
+            }),
+            caches: PerCpu::new(|| Mutex::new(Vec::new())),
+            counts: PerCpu::new(Counts::default),
+            reserved: CounterU64::new(0),
+        }
+    }
+
+    /// The budget frames, page tables and metadata are charged to.
+    pub fn memory(&self) -> &Arc<Budget> {
+        &self.budget
+    }
+
+    /// True if this pool clears frames it hands out again.
+    pub fn zeroes_frames(&self) -> bool {
+        self.zero_new
+    }
+
+    /// A frame with reference count 1, zero if the allocator zeroes
+    /// frames; `None` when the budget is exhausted.
+    pub(crate) fn alloc(&self) -> Option<Pfn> {
+        let (pfn, used_before) = self.take_charged()?;
+        if self.zero_new && used_before {
+            self.zero(pfn);
+        }
+        Some(pfn)
+    }
+
+    /// A frame with reference count 1 and unspecified contents (for a
+    /// frame about to be overwritten whole).
+    pub(crate) fn alloc_uninit(&self) -> Option<Pfn> {
+        self.take_charged().map(|(pfn, _)| pfn)
+    }
+
+    /// Charges and takes a frame; says whether it was used before.
+    fn take_charged(&self) -> Option<(Pfn, bool)> {
+        if !self.budget.try_charge(PAGE_SIZE) {
+            return None;
+        }
+        let Some(pfn) = self.take() else {
+            self.budget.uncharge(PAGE_SIZE);
+            return None;
+        };
+        self.use_exclusive(pfn);
+        let was = self.refs(pfn).swap(1, Ordering::Relaxed);
+        self.counts
+            .local()
+            .allocs
+            .fetch_add(1, counter::Ordering::Relaxed);
+        Some((pfn, was & USED_BEFORE != 0))
+    }
+
+    fn take(&self) -> Option<Pfn> {
+        let cache = self.caches.local();
+        {
+            let mut c = cache.lock();
+            if let Some(p) = c.pop() {
+                return Some(p);
+            }
+            if self.refill(&mut c) {
+                return c.pop();
+            }
+        }
+        // Dry: frames freed on other CPUs may sit in their caches.
+        for i in 0..self.caches.len() {
+            if let Some(mut c) = self.caches.get(i).try_lock() {
+                if let Some(p) = c.pop() {
+                    return Some(p);
+                }
+            }
+        }
+        for i in 0..self.caches.len() {
+            if let Some(p) = self.caches.get(i).lock().pop() {
+                return Some(p);
+            }
+        }
+        None
+    }
+
+    /// Moves a batch from the global pool (or never-used frames) into `c`.
+    fn refill(&self, c: &mut Vec<Pfn>) -> bool {
+        let mut pool = self.pool.lock();
+        let n = pool.free.len().min(BATCH);
+        if n > 0 {
+            let at = pool.free.len() - n;
+            c.extend(pool.free.drain(at..));
+            return true;
+        }
+        let fresh = pool.fresh;
+        // Never past the end of a chunk, so one chunk backs the batch.
+        let to_chunk_end = CHUNK_FRAMES as u64 - fresh % CHUNK_FRAMES as u64;
+        let n = (self.frames - fresh).min(BATCH as u64).min(to_chunk_end);
+        if n == 0 || self.chunk_for(Pfn::new(fresh as u32)).is_none() {
+            return false;
+        }
+        pool.fresh += n;
+        drop(pool);
+        c.extend((fresh..fresh + n).rev().map(|p| Pfn::new(p as u32)));
+        true
+    }
+
+    /// Adds a reference (another mapping shares the frame).
+    pub(crate) fn get(&self, pfn: Pfn) {
+        self.refs(pfn).fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Drops a reference; frees the frame when it was the last. Returns
+    /// true if the frame was freed.
+    pub(crate) fn put(&self, pfn: Pfn) -> bool {
+        let refs = self.refs(pfn);
+        if refs.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return false;
+        }
+        self.use_exclusive(pfn);
+        // Free now; whoever takes it next clears it (see `alloc`).
+        refs.store(USED_BEFORE, Ordering::Relaxed);
+        self.counts
+            .local()
+            .frees
+            .fetch_add(1, counter::Ordering::Relaxed);
+        self.budget.uncharge(PAGE_SIZE);
+        let mut c = self.caches.local().lock();
+        c.push(pfn);
+        if c.len() >= CACHE_MAX {
+            let at = c.len() - BATCH;
+            self.pool.lock().free.extend(c.drain(at..));
+        }
+        true
+    }
+
+    /// The reference count of a frame.
+    pub(crate) fn refcount(&self, pfn: Pfn) -> u32 {
+        self.refs(pfn).load(Ordering::Acquire) & !USED_BEFORE
+    }
+
+    /// Frames allocated now.
+    pub fn used(&self) -> u64 {
+        let (mut a, mut f) = (0u64, 0u64);
+        for c in self.counts.iter() {
+            a += c.allocs.load(counter::Ordering::Relaxed);
+            f += c.frees.load(counter::Ordering::Relaxed);
+        }
+        a.saturating_sub(f)
+    }
+
+    /// Frames the budget allows (were nothing else charged to it).
+    pub fn budget(&self) -> u64 {
+        self.frames
+    }
+
+    /// Bytes of memory obtained from the system so far.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.reserved.load(counter::Ordering::Relaxed)
+    }
+}
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests;

@@ -1,0 +1,84 @@
+//! The entry format: [`Pte`], a frame number and x86-64 flag bits in one
+//! 64-bit word, and its [`PteFlags`].
+
+use crate::addr::{PAGE_SHIFT, PAGE_SIZE};
+use crate::phys::Pfn;
+use bitflags::bitflags;
+
+bitflags! {
+    /// Page-table entry flags (x86-64 bit positions).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct PteFlags: u64 {
+        /// The entry maps a frame.
+        const PRESENT = 1 << 0;
+        /// Stores are allowed.
+        const WRITE = 1 << 1;
+        /// User-mode access is allowed (cleared for PROT_NONE).
+        const USER = 1 << 2;
+        /// The page was accessed.
+        const ACCESSED = 1 << 5;
+        /// The page was written.
+        const DIRTY = 1 << 6;
+    }
+}
+
+/// A page-table entry: frame number and flags.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Pte(
+    /// The raw entry: frame number above bit 12, flags below.
+    ///
+    /// Protected by: nothing (a value, copied out of and into a table's
+    /// entries, whose rules are in the [module docs](super#locking)).
+    pub(super) u64,
+);
+
+impl Pte {
+    /// The empty entry.
+    pub const NONE: Pte = Pte(0);
+
+    /// An entry mapping `pfn` with `flags` (PRESENT is added).
+    pub const fn new(pfn: Pfn, flags: PteFlags) -> Pte {
+        Pte(((pfn.get() as u64) << PAGE_SHIFT) | flags.bits() | PteFlags::PRESENT.bits())
+    }
+
+    /// The frame number.
+    pub const fn pfn(self) -> Pfn {
+        Pfn::new((self.0 >> PAGE_SHIFT) as u32)
+    }
+
+    /// The frame whose reference this entry holds: `None` if it maps
+    /// nothing or maps the zero page (which is not reference-counted).
+    pub const fn frame(self) -> Option<Pfn> {
+        let pfn = self.pfn();
+        if self.is_present() && !pfn.is_zero_page() {
+            Some(pfn)
+        } else {
+            None
+        }
+    }
+
+    /// The flags.
+    pub const fn flags(self) -> PteFlags {
+        PteFlags::from_bits_retain(self.0 & (PAGE_SIZE - 1))
+    }
+
+    /// True if the entry maps a frame.
+    pub const fn is_present(self) -> bool {
+        self.0 & PteFlags::PRESENT.bits() != 0
+    }
+
+    /// True if stores are allowed.
+    pub const fn is_writable(self) -> bool {
+        self.0 & PteFlags::WRITE.bits() != 0
+    }
+}
+
+impl core::fmt::Debug for Pte {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        if self.is_present() {
+            write!(f, "Pte(pfn {}, {:?})", self.pfn(), self.flags())
+        } else {
+            f.write_str("Pte::NONE")
+        }
+    }
+}

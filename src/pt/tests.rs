@@ -1,0 +1,215 @@
+//! Unit tests of the page table: walks, installs, zaps, moves, frees.
+
+use super::moves::MoveStats;
+use super::*;
+use crate::addr::{Range, PAGE_SIZE, PMD_SIZE};
+use crate::phys::Pfn;
+use crate::reclaim::Reclaimer;
+
+fn pt() -> PageTable {
+    PageTable::new(Reclaimer::deferred())
+}
+
+#[test]
+fn install_lookup_update_zap() {
+    let p = pt();
+    let g = p.pin();
+    let va = 0x7f00_0000_3000;
+    assert_eq!(p.lookup(va, &g), Pte::NONE);
+    let e = Pte::new(Pfn::new(42), PteFlags::USER | PteFlags::WRITE);
+    p.install(va, e, &g).unwrap();
+    assert_eq!(
+        p.install(va, Pte::new(Pfn::new(1), PteFlags::USER), &g),
+        Err(e)
+    );
+    assert_eq!(p.lookup(va, &g).pfn(), Pfn::new(42));
+    assert!(p.lookup(va, &g).is_writable());
+    let ro = p
+        .update(va, &g, |old| Some(Pte::new(old.pfn(), PteFlags::USER)))
+        .unwrap();
+    assert!(!ro.is_writable());
+    assert_eq!(p.table_pages(), 4);
+    let mut zapped = vec![];
+    p.zap_range(
+        Range::new(va - PAGE_SIZE, va + PAGE_SIZE),
+        &g,
+        |a, frame| zapped.push((a, frame)),
+    );
+    assert_eq!(zapped, vec![(va, Some(Pfn::new(42)))]);
+    assert_eq!(p.lookup(va, &g), Pte::NONE);
+    p.free_tables(Range::new(0, 1 << 47), &g);
+    assert_eq!(p.table_pages(), 1);
+}
+
+#[test]
+fn free_tables_within_frees_only_tables_inside_the_limits() {
+    let p = pt();
+    let g = p.pin();
+    // Two pages in one PTE table, 2 MiB-aligned table at `base`.
+    let base = 0x7f00_0000_0000;
+    let (a, b) = (base + PAGE_SIZE, base + 7 * PAGE_SIZE);
+    p.install(a, Pte::new(Pfn::new(1), PteFlags::USER), &g)
+        .unwrap();
+    p.install(b, Pte::new(Pfn::new(2), PteFlags::USER), &g)
+        .unwrap();
+    assert_eq!(p.table_pages(), 4);
+    p.zap_range(Range::new(b, b + PAGE_SIZE), &g, |_, _| {});
+    // The PTE table still maps `a`: nothing is freed however wide the
+    // limits.
+    p.free_tables_within(Range::new(b, b + PAGE_SIZE), Range::new(0, 1 << 47), &g);
+    assert_eq!(p.table_pages(), 4);
+    p.zap_range(Range::new(a, a + PAGE_SIZE), &g, |_, _| {});
+    // Empty now, but limits that stop short of its 2 MiB span (a VMA
+    // below `a` may still use it) keep it.
+    let r = Range::new(a, a + PAGE_SIZE);
+    p.free_tables_within(r, Range::new(a, 1 << 47), &g);
+    assert_eq!(p.table_pages(), 4);
+    // Limits covering the whole hole free the PTE, PMD and PUD tables
+    // on the path, though the walk visits only `r`.
+    p.free_tables_within(r, Range::new(0, 1 << 47), &g);
+    assert_eq!(p.table_pages(), 1);
+}
+
+#[test]
+fn ranges_across_pmd_and_pud_boundaries() {
+    let p = pt();
+    let g = p.pin();
+    let base = (1u64 << 30) - 4 * PAGE_SIZE; // crosses a 1 GiB boundary
+    for i in 0..8 {
+        p.install(
+            base + i * PAGE_SIZE,
+            Pte::new(Pfn::new(i as u32), PteFlags::USER),
+            &g,
+        )
+        .unwrap();
+    }
+    let mut seen = vec![];
+    p.for_each_present(Range::new(0, 1 << 40), &g, |va, pte| {
+        seen.push((va, pte.pfn()))
+    });
+    assert_eq!(seen.len(), 8);
+    assert!(seen.windows(2).all(|w| w[0].0 < w[1].0));
+    p.change_range(Range::new(base, base + 8 * PAGE_SIZE), &g, |_, pte| {
+        Pte::new(pte.pfn(), PteFlags::USER | PteFlags::WRITE)
+    });
+    assert!(p.lookup(base + 5 * PAGE_SIZE, &g).is_writable());
+    // Move across a PMD boundary at both ends.
+    let to = 5 * PMD_SIZE - 3 * PAGE_SIZE;
+    let mut extents = vec![];
+    let st = p.move_range(base, to, 8 * PAGE_SIZE, u64::MAX, &g, |r| extents.push(r));
+    assert_eq!(
+        (st.entries, st.copied, st.relinked, st.extents),
+        (8, 8, 0, 3)
+    );
+    // Bounded by the source's 1 GiB (and PMD) boundary after 4 pages,
+    // then by the destination's PMD boundary after 3 more.
+    assert_eq!(
+        extents,
+        vec![
+            Range::new(base, base + 3 * PAGE_SIZE),
+            Range::new(base + 3 * PAGE_SIZE, base + 4 * PAGE_SIZE),
+            Range::new(base + 4 * PAGE_SIZE, base + 8 * PAGE_SIZE),
+        ]
+    );
+    for i in 0..8 {
+        assert_eq!(p.lookup(to + i * PAGE_SIZE, &g).pfn(), Pfn::new(i as u32));
+        assert_eq!(p.lookup(base + i * PAGE_SIZE, &g), Pte::NONE);
+    }
+    p.free_tables(Range::new(0, 2 * PMD_SIZE), &g);
+    p.free_tables(Range::new(1 << 29, 1 << 31), &g);
+    let before = p.table_pages();
+    p.zap_range(Range::new(to, to + 8 * PAGE_SIZE), &g, |_, _| {});
+    p.free_tables(Range::new(0, 1 << 47), &g);
+    assert!(before > 1);
+    assert_eq!(p.table_pages(), 1);
+}
+
+#[test]
+fn move_relinks_whole_aligned_pte_tables() {
+    let p = pt();
+    let g = p.pin();
+    let (from, to) = (4 * PMD_SIZE, 64 * PMD_SIZE);
+    let n = 2 * 512 + 3;
+    for i in 0..n {
+        p.install(
+            from + i * PAGE_SIZE,
+            Pte::new(Pfn::new(i as u32), PteFlags::USER),
+            &g,
+        )
+        .unwrap();
+    }
+    let tables = p.table_pages();
+    let mut extents = 0;
+    let st = p.move_range(from, to, n * PAGE_SIZE, u64::MAX, &g, |_| extents += 1);
+    // Two tables swing whole; the 3-page tail is copied.
+    assert_eq!(
+        (st.entries, st.copied, st.relinked, st.extents),
+        (n, 3, 2, 3)
+    );
+    assert_eq!(extents, 3);
+    for i in 0..n {
+        assert_eq!(p.lookup(to + i * PAGE_SIZE, &g).pfn(), Pfn::new(i as u32));
+        assert_eq!(p.lookup(from + i * PAGE_SIZE, &g), Pte::NONE);
+    }
+    // The relinked tables are not copies: only the tail's table is new.
+    assert_eq!(p.table_pages(), tables + 1);
+    // Extents capped at 64 pages never relink.
+    let st = p.move_range(to, from, n * PAGE_SIZE, 64 * PAGE_SIZE, &g, |_| {});
+    assert_eq!(
+        (st.entries, st.copied, st.relinked, st.extents),
+        (n, n, 0, 17)
+    );
+    // A destination that already has a table falls back to copying.
+    let back = p.move_range(from, to, 512 * PAGE_SIZE, u64::MAX, &g, |_| {});
+    assert_eq!((back.copied, back.relinked), (512, 0));
+    // Holes are skipped: nothing moves, no extent is reported.
+    let none = p.move_range(1 << 40, 1 << 41, 1 << 30, u64::MAX, &g, |_| {
+        panic!("nothing to move")
+    });
+    assert_eq!(none, MoveStats::default());
+}
+
+#[test]
+fn out_of_range_addresses() {
+    let p = pt();
+    let g = p.pin();
+    assert_eq!(p.lookup(1 << 48, &g), Pte::NONE);
+    assert_eq!(
+        p.install(!0xfff, Pte::new(Pfn::new(1), PteFlags::USER), &g),
+        Err(Pte::NONE)
+    );
+    p.zap_range(Range::new(1 << 47, u64::MAX), &g, |_, _| {
+        panic!("nothing there")
+    });
+}
+
+#[test]
+fn concurrent_installs_one_winner_per_address() {
+    use crate::sync::Arc;
+    let p = Arc::new(PageTable::new(Reclaimer::epoch()));
+    let hs: Vec<_> = (0..4u32)
+        .map(|t| {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let g = p.pin();
+                let mut wins = 0;
+                for i in 0..2048u64 {
+                    if p.install(
+                        0x1000_0000 + i * PAGE_SIZE,
+                        Pte::new(Pfn::new(t), PteFlags::USER),
+                        &g,
+                    )
+                    .is_ok()
+                    {
+                        wins += 1;
+                    }
+                }
+                wins
+            })
+        })
+        .collect();
+    let wins: u64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(wins, 2048);
+    // 2048 pages = 4 PTE tables + 1 PMD + 1 PUD + root.
+    assert_eq!(p.table_pages(), 7);
+}

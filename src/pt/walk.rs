@@ -1,0 +1,204 @@
+//! Walking the table tree: finding (or creating, within the budget) the
+//! table covering an address, and reading, installing and updating one
+//! entry.
+
+use super::{entry_span, index, PageTable, Pte, Table, LEVELS, TABLE_BIT, TABLE_BYTES, VA_BITS};
+use crate::addr::PAGE_SIZE;
+use crate::reclaim::Guard;
+use crate::sync::counter;
+use crate::sync::{AtomicU64, Ordering};
+
+/// Why [`PageTable::install_checked`] installed nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckedInstallError {
+    /// No PTE table covers the address (none is created).
+    NoTable,
+    /// The entry already holds this value.
+    Taken(Pte),
+    /// The caller's check failed under the table's lock.
+    Invalid,
+}
+/// Whether a walk creates missing tables, and how it pays for them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Make {
+    /// Create nothing.
+    No,
+    /// Create tables within the budget; stop where it is spent.
+    Charged,
+    /// Create tables even past the budget: for moves whose source tables
+    /// are freed right after (mremap), so the overshoot is transient.
+    Forced,
+}
+/// Error from [`PageTable::install`]: the entry already held something, or
+/// the address cannot be translated (`Pte::NONE`).
+pub type InstallError = Pte;
+impl PageTable {
+    /// The table an upper-level entry points to, if any.
+    #[inline]
+    pub(super) fn child<'g>(&'g self, e: &AtomicU64, _g: &'g Guard) -> Option<&'g Table> {
+        let v = e.load(Ordering::Acquire);
+        if v == 0 {
+            return None;
+        }
+        // SAFETY: a non-zero upper entry holds a pointer from Box::into_raw
+        // (low bit set) published with Release after initialization. The
+        // table is freed only through the reclaimer after being unlinked,
+        // and the guard `_g` keeps it alive.
+        Some(unsafe { &*((v & !TABLE_BIT) as *const Table) })
+    }
+
+    /// The PTE table covering `va`, creating missing tables if `create`.
+    #[inline]
+    pub(super) fn pte_table<'g>(
+        &'g self,
+        va: u64,
+        create: Make,
+        g: &'g Guard,
+    ) -> Option<&'g Table> {
+        self.table_at(va, 0, create, g)
+    }
+
+    /// The table at `level` (0: PTE table, 1: PMD table, ...) covering
+    /// `va`, creating missing tables above it as `create` says. `None` if
+    /// a table is missing and may not be created.
+    pub(super) fn table_at<'g>(
+        &'g self,
+        va: u64,
+        level: u32,
+        create: Make,
+        g: &'g Guard,
+    ) -> Option<&'g Table> {
+        if va >> VA_BITS != 0 {
+            return None;
+        }
+        let mut t: &Table = &self.root;
+        for level in (level + 1..LEVELS).rev() {
+            let e = &t.entries[index(va, level)];
+            t = match self.child(e, g) {
+                Some(c) => c,
+                None if create == Make::No => return None,
+                None => {
+                    if create == Make::Forced {
+                        self.budget.force_charge(TABLE_BYTES);
+                    } else if !self.budget.try_charge(TABLE_BYTES) {
+                        return None;
+                    }
+                    let new = Box::into_raw(Table::new());
+                    match e.compare_exchange(
+                        0,
+                        new as u64 | TABLE_BIT,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => {
+                            t.used.fetch_add(1, Ordering::Relaxed);
+                            self.tables.local().fetch_add(1, counter::Ordering::Relaxed);
+                            // SAFETY: we just published `new`; see `child`.
+                            unsafe { &*new }
+                        }
+                        Err(_) => {
+                            // SAFETY: `new` was never published; we own it.
+                            unsafe { drop(Box::from_raw(new)) };
+                            self.budget.uncharge(TABLE_BYTES);
+                            self.child(e, g).expect("the winner's table is there")
+                        }
+                    }
+                }
+            };
+        }
+        Some(t)
+    }
+
+    /// The entry for `va` (lock-free); `Pte::NONE` if absent or `va` is
+    /// outside the 48-bit space.
+    #[inline]
+    pub fn lookup(&self, va: u64, g: &Guard) -> Pte {
+        match self.pte_table(va, Make::No, g) {
+            Some(t) => Pte(t.entries[index(va, 0)].load(Ordering::Acquire)),
+            None => Pte::NONE,
+        }
+    }
+
+    /// Installs `pte` for `va` if its entry is empty, creating tables as
+    /// needed. `Err(existing)` if the entry is taken, `Err(Pte::NONE)` if
+    /// `va` cannot be translated or a missing table would pass the budget.
+    pub fn install(&self, va: u64, pte: Pte, g: &Guard) -> Result<(), InstallError> {
+        let t = self.pte_table(va, Make::Charged, g).ok_or(Pte::NONE)?;
+        let e = &t.entries[index(va, 0)];
+        let _l = t.lock.lock();
+        let cur = e.load(Ordering::Relaxed);
+        if cur != 0 {
+            return Err(Pte(cur));
+        }
+        e.store(pte.0, Ordering::Release);
+        t.used_add_locked(1);
+        Ok(())
+    }
+
+    /// Installs `pte` for `va` if a PTE table already covers it (none is
+    /// created), `valid()` holds when run under that table's lock, and the
+    /// entry is empty. The speculative fault validates its VMA snapshot in
+    /// `valid`: a writer that changes the VMA stamps it first and then
+    /// takes this same lock, so the check either sees the stamp or comes
+    /// before the writer's pass over the table.
+    pub fn install_checked(
+        &self,
+        va: u64,
+        pte: Pte,
+        g: &Guard,
+        valid: impl FnOnce() -> bool,
+    ) -> Result<(), CheckedInstallError> {
+        let t = self
+            .pte_table(va, Make::No, g)
+            .ok_or(CheckedInstallError::NoTable)?;
+        let e = &t.entries[index(va, 0)];
+        let _l = t.lock.lock();
+        if !valid() {
+            return Err(CheckedInstallError::Invalid);
+        }
+        let cur = e.load(Ordering::Relaxed);
+        if cur != 0 {
+            return Err(CheckedInstallError::Taken(Pte(cur)));
+        }
+        e.store(pte.0, Ordering::Release);
+        t.used_add_locked(1);
+        Ok(())
+    }
+
+    /// Under the PTE table's lock, replaces the entry for `va` with
+    /// `f(current)` when that is `Some`. Returns the new entry, or `None`
+    /// if nothing changed (including when no table exists).
+    pub fn update(&self, va: u64, g: &Guard, f: impl FnOnce(Pte) -> Option<Pte>) -> Option<Pte> {
+        let t = self.pte_table(va, Make::No, g)?;
+        let e = &t.entries[index(va, 0)];
+        let _l = t.lock.lock();
+        let old = e.load(Ordering::Relaxed);
+        let new = f(Pte(old))?;
+        e.store(new.0, Ordering::Release);
+        match (old != 0, new.0 != 0) {
+            (false, true) => t.used_add_locked(1),
+            (true, false) => t.used_add_locked(-1),
+            _ => {}
+        }
+        Some(new)
+    }
+
+    /// If no table maps `va` at some level above the PTEs, the bytes from
+    /// `va` to the end of that missing table's span.
+    pub(super) fn missing_span(&self, va: u64, g: &Guard) -> Option<u64> {
+        if va >> VA_BITS != 0 {
+            return Some(PAGE_SIZE);
+        }
+        let mut t: &Table = &self.root;
+        for level in (1..LEVELS).rev() {
+            match self.child(&t.entries[index(va, level)], g) {
+                Some(c) => t = c,
+                None => {
+                    let span = entry_span(level);
+                    return Some(span - va % span);
+                }
+            }
+        }
+        None
+    }
+}
