@@ -74,7 +74,7 @@ impl AddressSpace {
         }
         let heap = ed.ending_at(oldbrk).filter(|v| {
             v.start() >= ed.st.start_brk
-                && super::edit::flags_mergeable(v.flags(), BRK_FLAGS)
+                && super::merge::flags_mergeable(v.flags(), BRK_FLAGS)
                 && v.name().is_none()
         });
         match heap {

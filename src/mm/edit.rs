@@ -10,14 +10,14 @@
 
 use super::mmap_lock::MmapWriteGuard;
 use super::{AddressSpace, MmState};
-use crate::addr::{pages, Range};
+use crate::addr::Range;
 use crate::error::{Error, Result};
 use crate::reclaim::Guard;
 use crate::stats::Event;
 use crate::sync::Arc;
 use crate::tlb::Gather;
 use crate::tree::TreeWriter;
-use crate::vma::{AnonName, AnonVma, RmapIndex, Shmem, VmFlags, Vma, VmaRef, VMA_BYTES};
+use crate::vma::{AnonVma, RmapIndex, Shmem, VmFlags, VmaRef, VMA_BYTES};
 
 /// An mmap_lock writer's view of the address space.
 pub(crate) struct Edit<'a> {
@@ -25,90 +25,6 @@ pub(crate) struct Edit<'a> {
     pub(crate) st: MmapWriteGuard<'a, MmState>,
     pub(crate) w: TreeWriter<'a, VmaRef>,
     pub(crate) g: Guard,
-}
-
-/// Flags equal for merging purposes (soft-dirty ignored).
-pub(crate) fn flags_mergeable(a: VmFlags, b: VmFlags) -> bool {
-    (a ^ b).difference(VmFlags::SOFTDIRTY).is_empty()
-}
-
-/// Linux's `is_mergeable_anon_vma` without fork history: two anon_vmas
-/// are compatible if they are the same, or if either side has none yet.
-pub(crate) fn anon_compatible(a: Option<&AnonVma>, b: Option<&AnonVma>) -> bool {
-    match (a, b) {
-        (Some(a), Some(b)) => core::ptr::eq(a, b),
-        _ => true,
-    }
-}
-
-fn same_shmem(a: Option<&Shmem>, b: Option<&Shmem>) -> bool {
-    match (a, b) {
-        (Some(a), Some(b)) => core::ptr::eq(a, b),
-        (None, None) => true,
-        _ => false,
-    }
-}
-
-/// Linux's `is_mergeable_anon_vma` with fork history: the range being
-/// merged (`src`, with `src_singular` false when it is an existing VMA
-/// whose anon_vma chain has more than one entry) and the neighbour `tgt`
-/// may share an anon_vma if they have the same one, or if one has none and
-/// the other's chain has a single entry (a VMA that shares pages with a
-/// fork relative is kept apart: `vma_had_uncowed_parents`).
-pub(crate) fn anon_mergeable(
-    src: Option<&AnonVma>,
-    src_singular: bool,
-    tgt: Option<&AnonVma>,
-) -> bool {
-    match (src, tgt) {
-        (Some(a), Some(b)) => core::ptr::eq(a, b),
-        (None, Some(b)) => b.chain_len() == 1,
-        (Some(_), None) => src_singular,
-        (None, None) => true,
-    }
-}
-
-/// What a range about to be merged looks like.
-///
-/// Page offsets are anonymous addresses in pages (below 2^36 with a 2^48
-/// task size) or page indexes of a shared object no longer than the task
-/// size, so the sums of offsets and page counts here cannot overflow.
-#[derive(Clone, Copy)]
-pub(crate) struct Proto<'p> {
-    pub(crate) flags: VmFlags,
-    pub(crate) anon: Option<&'p AnonVma>,
-    pub(crate) shmem: Option<&'p Shmem>,
-    /// The range's own anon_vma chain has at most one entry (true for a
-    /// new range, which has no VMA yet).
-    pub(crate) singular: bool,
-    /// The range's name: VMAs merge only with equal names.
-    pub(crate) name: Option<&'p str>,
-}
-
-impl Proto<'_> {
-    /// `prev` may absorb a range starting at `prev.end()` with page offset
-    /// `pgoff` (Linux's `can_vma_merge_after`).
-    fn merges_after(&self, prev: &Vma, pgoff: u64) -> bool {
-        // SAFETY: merge decisions run in an mmap_lock writer (`Edit`).
-        let (shmem, anon) = unsafe { (prev.shmem(), prev.anon_vma()) };
-        flags_mergeable(prev.flags(), self.flags)
-            && prev.name() == self.name
-            && same_shmem(shmem, self.shmem)
-            && anon_mergeable(self.anon, self.singular, anon)
-            && prev.pgoff() + pages(prev.range().len()) == pgoff
-    }
-
-    /// `next` may absorb a range of `len` bytes ending at `next.start()`
-    /// with page offset `pgoff` (Linux's `can_vma_merge_before`).
-    fn merges_before(&self, next: &Vma, pgoff: u64, len: u64) -> bool {
-        // SAFETY: merge decisions run in an mmap_lock writer (`Edit`).
-        let (shmem, anon) = unsafe { (next.shmem(), next.anon_vma()) };
-        flags_mergeable(next.flags(), self.flags)
-            && next.name() == self.name
-            && same_shmem(shmem, self.shmem)
-            && anon_mergeable(self.anon, self.singular, anon)
-            && pgoff + pages(len) == next.pgoff()
-    }
 }
 
 impl<'a> Edit<'a> {
@@ -189,7 +105,7 @@ impl<'a> Edit<'a> {
 
     /// [`new_vma`](Self::new_vma) for a caller that may already hold the
     /// family's lock (`idx`, which must be `anon`'s family).
-    fn new_vma_in(
+    pub(super) fn new_vma_in(
         &mut self,
         r: Range,
         pgoff: u64,
@@ -219,7 +135,12 @@ impl<'a> Edit<'a> {
 
     /// Links `v`, which has no anon_vma, to `anon` (if any), with the
     /// family's lock held by the caller (`idx`) or taken here.
-    fn link_in(&self, v: VmaRef, anon: Option<Arc<AnonVma>>, idx: Option<&mut RmapIndex>) {
+    pub(super) fn link_in(
+        &self,
+        v: VmaRef,
+        anon: Option<Arc<AnonVma>>,
+        idx: Option<&mut RmapIndex>,
+    ) {
         match (anon, idx) {
             (None, _) => {}
             (Some(a), Some(idx)) => v.link_anon_held(a, idx),
@@ -258,7 +179,7 @@ impl<'a> Edit<'a> {
     /// Removes one VMA from the tree if `erase` (else its range is no
     /// longer there), as [`detach_all`](Self::detach_all) does, for a
     /// caller that may hold the lock of `v`'s anon_vma family (`idx`).
-    fn detach_in(&mut self, v: VmaRef, erase: bool, idx: Option<&mut RmapIndex>) {
+    pub(super) fn detach_in(&mut self, v: VmaRef, erase: bool, idx: Option<&mut RmapIndex>) {
         self.lock(v);
         if erase {
             let r = v.range();
@@ -307,7 +228,7 @@ impl<'a> Edit<'a> {
     /// `v`'s anon_vma family (`idx`) where that is needed: always when the
     /// start moves and `v` has an anon_vma. With the lock, the reverse-map
     /// entry is re-filed (Linux's interval-tree pre/post update).
-    fn set_range_in(
+    pub(super) fn set_range_in(
         &mut self,
         v: VmaRef,
         start: u64,
@@ -389,223 +310,6 @@ impl<'a> Edit<'a> {
             v.set_end(at);
             n
         }))
-    }
-
-    /// Gives `v` an anon_vma from `from` if it has none (Linux's
-    /// `dup_anon_vma` when a merge joins them).
-    fn inherit_anon(&self, v: VmaRef, from: Option<Arc<AnonVma>>, idx: Option<&mut RmapIndex>) {
-        if !v.has_anon_vma() {
-            self.link_in(v, from, idx);
-        }
-    }
-
-    /// The anon_vma whose family lock a merge of these VMAs (and a range
-    /// with `extra`) takes: they are merge-compatible, so at most one
-    /// family is involved.
-    fn merge_family(vs: &[Option<VmaRef>], extra: Option<&Arc<AnonVma>>) -> Option<Arc<AnonVma>> {
-        extra
-            .cloned()
-            .or_else(|| vs.iter().flatten().find_map(|v| v.anon_vma_arc()))
-    }
-
-    /// Maps a new range `r` with no VMA in it: merges with the neighbours
-    /// where Linux would (`vma_merge_new_range`), else inserts a new VMA.
-    /// Returns the VMA that covers `r`.
-    pub(crate) fn map_new(
-        &mut self,
-        r: Range,
-        pgoff: u64,
-        flags: VmFlags,
-        anon: Option<Arc<AnonVma>>,
-        shmem: Option<Arc<Shmem>>,
-    ) -> VmaRef {
-        self.map_new_named(r, pgoff, flags, anon, shmem, None)
-    }
-
-    /// [`map_new`](Self::map_new) for a range with a name (mremap moving
-    /// or growing a named VMA).
-    pub(crate) fn map_new_named(
-        &mut self,
-        r: Range,
-        pgoff: u64,
-        flags: VmFlags,
-        anon: Option<Arc<AnonVma>>,
-        shmem: Option<Arc<Shmem>>,
-        name: Option<Arc<AnonName>>,
-    ) -> VmaRef {
-        let proto = Proto {
-            flags,
-            anon: anon.as_deref(),
-            shmem: shmem.as_deref(),
-            singular: true,
-            name: name.as_deref().map(|n| &*n.0),
-        };
-        let prev = self.ending_at(r.start);
-        let next = self.starting_at(r.end);
-        let left = prev.is_some_and(|p| proto.merges_after(&p, pgoff));
-        let mut right = next.is_some_and(|n| proto.merges_before(&n, pgoff, r.len()));
-        if left && right {
-            // Deleting next also needs prev and next compatible.
-            let (p, n) = (prev.unwrap(), next.unwrap());
-            // SAFETY: this `Edit` holds the mmap_lock write side.
-            right = unsafe { anon_compatible(p.anon_vma(), n.anon_vma()) };
-        }
-        match (left, right) {
-            (true, true) => {
-                let (p, n) = (prev.unwrap(), next.unwrap());
-                self.lock(p);
-                self.lock(n);
-                // next's pages move to prev: an importer, under the lock.
-                let fam = Self::merge_family(&[prev, next], anon.as_ref());
-                self.with_rmap(fam, |ed, mut idx| {
-                    ed.inherit_anon(p, anon.or_else(|| n.anon_vma_arc()), idx.as_deref_mut());
-                    ed.set_range_in(p, p.start(), n.end(), p.pgoff(), idx.as_deref_mut());
-                    ed.detach_in(n, false, idx);
-                });
-                p
-            }
-            (true, false) => {
-                let p = prev.unwrap();
-                self.lock(p);
-                self.inherit_anon(p, anon, None);
-                // Only prev's end moves, over an empty range.
-                self.set_range(p, p.start(), r.end, p.pgoff());
-                p
-            }
-            (false, true) => {
-                let n = next.unwrap();
-                self.lock(n);
-                self.inherit_anon(n, anon, None);
-                self.set_range(n, r.start, n.end(), pgoff);
-                n
-            }
-            (false, false) => {
-                let v = self.new_vma(r, pgoff, flags, anon, shmem);
-                v.set_name(name);
-                self.insert(v);
-                v
-            }
-        }
-    }
-
-    /// Applies new flags to `[s, e)` inside `v`, merging with neighbours
-    /// where Linux would (`vma_merge_existing_range`), else splitting.
-    /// Returns the VMA that now covers `[s, e)`.
-    pub(crate) fn modify_flags(
-        &mut self,
-        v: VmaRef,
-        s: u64,
-        e: u64,
-        flags: VmFlags,
-    ) -> Result<VmaRef> {
-        let name = v.name_arc();
-        self.modify(v, s, e, flags, name)
-    }
-
-    /// [`modify_flags`](Self::modify_flags) that also gives `[s, e)` the
-    /// name `name` (Linux's `vma_modify_flags_name`).
-    pub(crate) fn modify(
-        &mut self,
-        v: VmaRef,
-        s: u64,
-        e: u64,
-        flags: VmFlags,
-        name: Option<Arc<AnonName>>,
-    ) -> Result<VmaRef> {
-        let left_side = s == v.start();
-        let right_side = e == v.end();
-        let pgoff = v.pgoff_of(s);
-        let anon = v.anon_vma_arc();
-        let shmem = v.shmem_arc();
-        let proto = Proto {
-            flags,
-            anon: anon.as_deref(),
-            shmem: shmem.as_deref(),
-            singular: anon.as_ref().is_none_or(|a| a.chain_len() == 1),
-            name: name.as_deref().map(|n| &*n.0),
-        };
-        let prev = if left_side { self.ending_at(s) } else { None };
-        let next = if right_side {
-            self.starting_at(e)
-        } else {
-            None
-        };
-        let left = prev.is_some_and(|p| proto.merges_after(&p, pgoff));
-        let mut right = next.is_some_and(|n| proto.merges_before(&n, pgoff, e - s));
-        if left && right {
-            let (p, n) = (prev.unwrap(), next.unwrap());
-            // SAFETY: this `Edit` holds the mmap_lock write side.
-            right = unsafe { anon_compatible(p.anon_vma(), n.anon_vma()) };
-        }
-        self.lock(v);
-        // Every merge here moves pages between VMAs: under the rmap lock of
-        // the family they join. Only the neighbours that merge count: a
-        // neighbour left alone may belong to another family.
-        let fam = match (left, right) {
-            (true, true) => Self::merge_family(&[prev, next], anon.as_ref()),
-            (true, false) => Self::merge_family(&[prev], anon.as_ref()),
-            (false, true) => Self::merge_family(&[next], anon.as_ref()),
-            (false, false) => None,
-        };
-        match (left, right) {
-            (true, true) => {
-                let (p, n) = (prev.unwrap(), next.unwrap());
-                self.lock(p);
-                self.lock(n);
-                self.with_rmap(fam, |ed, mut idx| {
-                    ed.inherit_anon(p, anon.or_else(|| n.anon_vma_arc()), idx.as_deref_mut());
-                    ed.set_range_in(p, p.start(), n.end(), p.pgoff(), idx.as_deref_mut());
-                    ed.detach_in(v, false, idx.as_deref_mut());
-                    ed.detach_in(n, false, idx);
-                });
-                Ok(p)
-            }
-            (true, false) => {
-                let p = prev.unwrap();
-                self.lock(p);
-                self.with_rmap(fam, |ed, mut idx| {
-                    ed.inherit_anon(p, anon, idx.as_deref_mut());
-                    ed.set_range_in(p, p.start(), e, p.pgoff(), idx.as_deref_mut());
-                    if right_side {
-                        ed.detach_in(v, false, idx);
-                    } else {
-                        ed.set_range_in(v, e, v.end(), v.pgoff_of(e), idx);
-                    }
-                });
-                Ok(p)
-            }
-            (false, true) => {
-                let n = next.unwrap();
-                self.lock(n);
-                self.with_rmap(fam, |ed, mut idx| {
-                    ed.inherit_anon(n, anon, idx.as_deref_mut());
-                    if left_side {
-                        // `n` takes over `v`'s start (and reverse-map key):
-                        // unlink `v` first. Readers that still find `v` in
-                        // the tree until `n` is stored see it detached and
-                        // look again.
-                        ed.detach_in(v, false, idx.as_deref_mut());
-                        ed.set_range_in(n, s, n.end(), pgoff, idx);
-                    } else {
-                        ed.set_range_in(n, s, n.end(), pgoff, idx.as_deref_mut());
-                        ed.set_range_in(v, v.start(), s, v.pgoff(), idx);
-                    }
-                });
-                Ok(n)
-            }
-            (false, false) => {
-                let mut mid = v;
-                if s > v.start() {
-                    mid = self.split(v, s, true)?;
-                }
-                if e < mid.end() {
-                    self.split(mid, e, true)?;
-                }
-                mid.set_flags(flags);
-                mid.set_name(name);
-                Ok(mid)
-            }
-        }
     }
 
     /// Zaps the page-table entries of `r` into `gather`: translations are

@@ -50,6 +50,7 @@ pub(crate) mod edit;
 pub(crate) mod fault;
 mod fork;
 mod madvise;
+mod merge;
 mod mlock;
 mod mmap;
 mod mprotect;
