@@ -27,21 +27,6 @@ enum Grown<V> {
     Two((NodePtr<V>, Summary), (NodePtr<V>, Summary)),
 }
 
-/// Splits a list into nodes of at most `B` items, as evenly as possible.
-fn chunks<T: Clone>(items: &[T]) -> Vec<Vec<T>> {
-    let n = items.len().div_ceil(B).max(1);
-    let base = items.len() / n;
-    let extra = items.len() % n;
-    let mut out = Vec::with_capacity(n);
-    let mut at = 0;
-    for i in 0..n {
-        let k = base + usize::from(i < extra);
-        out.push(items[at..at + k].to_vec());
-        at += k;
-    }
-    out
-}
-
 /// The functional edits of one write. `garbage` collects every node
 /// replaced.
 pub(super) struct Editor<'e, V> {
@@ -113,6 +98,25 @@ impl<'e, V: Clone> Editor<'e, V> {
         (p as NodePtr<V>, s)
     }
 
+    /// Places `items` in as few nodes as the fill bounds allow, filled as
+    /// evenly as possible (`make` builds a node of one share).
+    fn publish_chunks<T>(
+        &mut self,
+        items: &[T],
+        make: impl Fn(&[T]) -> Node<V>,
+    ) -> Vec<(NodePtr<V>, Summary)> {
+        let n = items.len().div_ceil(B).max(1);
+        let (base, extra) = (items.len() / n, items.len() % n);
+        let mut out = Vec::with_capacity(n);
+        let mut at = 0;
+        for i in 0..n {
+            let k = base + usize::from(i < extra);
+            out.push(self.publish_node(make(&items[at..at + k])));
+            at += k;
+        }
+        out
+    }
+
     /// Inserts `[s, e) -> v` (which overlaps nothing) into the tree rooted
     /// at `root`; returns the new root.
     pub(super) fn insert(&mut self, root: NodePtr<V>, s: u64, e: u64, v: V) -> NodePtr<V> {
@@ -131,10 +135,7 @@ impl<'e, V: Clone> Editor<'e, V> {
 
     fn grow_root(&mut self, mut parts: Vec<(NodePtr<V>, Summary)>) -> NodePtr<V> {
         while parts.len() > 1 {
-            parts = chunks(&parts)
-                .into_iter()
-                .map(|c| self.publish_node(Node::Internal(Internal::from_kids(&c))))
-                .collect();
+            parts = self.publish_chunks(&parts, |c| Node::Internal(Internal::from_kids(c)));
         }
         parts[0].0
     }
@@ -146,10 +147,7 @@ impl<'e, V: Clone> Editor<'e, V> {
         if es.is_empty() {
             return core::ptr::null();
         }
-        let leaves = chunks(es)
-            .into_iter()
-            .map(|c| self.publish_node(Node::Leaf(Leaf::from_entries(&c))))
-            .collect();
+        let leaves = self.publish_chunks(es, |c| Node::Leaf(Leaf::from_entries(c)));
         self.grow_root(leaves)
     }
 
@@ -329,22 +327,15 @@ impl<'e, V: Clone> Editor<'e, V> {
         let (na, nb) = unsafe { (self.working(kids[a].0), self.working(kids[b].0)) };
         self.replaced(na);
         self.replaced(nb);
-        let repl: Vec<(NodePtr<V>, Summary)> = match (na, nb) {
+        // Both siblings' items, in order, shared out again.
+        let repl = match (na, nb) {
             (Node::Leaf(x), Node::Leaf(y)) => {
-                let mut es = x.entries();
-                es.extend(y.entries());
-                chunks(&es)
-                    .into_iter()
-                    .map(|c| self.publish_node(Node::Leaf(Leaf::from_entries(&c))))
-                    .collect()
+                let es: Vec<_> = x.entries().into_iter().chain(y.entries()).collect();
+                self.publish_chunks(&es, |c| Node::Leaf(Leaf::from_entries(c)))
             }
             (Node::Internal(x), Node::Internal(y)) => {
-                let mut ks = x.kid_list();
-                ks.extend(y.kid_list());
-                chunks(&ks)
-                    .into_iter()
-                    .map(|c| self.publish_node(Node::Internal(Internal::from_kids(&c))))
-                    .collect()
+                let ks: Vec<_> = x.kid_list().into_iter().chain(y.kid_list()).collect();
+                self.publish_chunks(&ks, |c| Node::Internal(Internal::from_kids(c)))
             }
             _ => unreachable!("siblings are at the same height"),
         };
