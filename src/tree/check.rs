@@ -38,10 +38,13 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
 /// What the check has seen so far, in key order.
 struct Walk {
     /// The depth of the leaves (all must share it).
+    /// Protected by: owned by the check.
     leaf_depth: Option<usize>,
     /// Entries seen.
+    /// Protected by: owned by the check.
     count: usize,
     /// The end of the last entry seen.
+    /// Protected by: owned by the check.
     last_end: u64,
 }
 

@@ -258,7 +258,8 @@ impl<'e, V: Clone> Editor<'e, V> {
         let mut r = self.remove_rec(unsafe { self.working(root) }, s);
         // Collapse single-child internal roots.
         while let Some((p, _)) = r {
-            // SAFETY: `p` was just built by this edit.
+            // SAFETY: `p` was built by this edit, or is the only child of
+            // a node it built (so part of the working tree).
             match unsafe { self.working(p) } {
                 Node::Internal(n) if n.len == 1 => {
                     self.garbage.push(p);

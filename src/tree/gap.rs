@@ -37,9 +37,17 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
 /// A free-area query: the lowest fit when `LOWEST`, else the highest.
 #[derive(Clone, Copy)]
 struct GapQuery<const LOWEST: bool> {
+    /// The window's start.
+    /// Protected by: a value owned by the search.
     lo: u64,
+    /// The window's end (exclusive).
+    /// Protected by: a value owned by the search.
     hi: u64,
+    /// The hole size wanted.
+    /// Protected by: a value owned by the search.
     size: u64,
+    /// The alignment of the fit (a power of two).
+    /// Protected by: a value owned by the search.
     align: u64,
 }
 

@@ -79,8 +79,14 @@ unsafe impl<V: Send> Send for Node<V> {}
 /// Summary of a subtree: first start, last end, largest inner hole.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Summary {
+    /// The first entry's start.
+    /// Protected by: a value (copied out of an immutable node).
     pub(super) first: u64,
+    /// The last entry's end.
+    /// Protected by: a value (copied out of an immutable node).
     pub(super) last: u64,
+    /// The largest hole between two consecutive entries.
+    /// Protected by: a value (copied out of an immutable node).
     pub(super) gap: u64,
 }
 
