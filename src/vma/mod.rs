@@ -189,7 +189,9 @@ pub struct Vma {
 pub(crate) struct AnonName(pub(crate) Box<str>);
 
 impl Vma {
-    pub(crate) fn new_detached() -> Self {
+    /// A detached VMA object. Only [`VmaPool::alloc`] calls this, which is
+    /// what makes every `Vma` type-stable (see `as_ref_unchecked`).
+    fn new_detached() -> Self {
         Vma {
             lock: VmaLock::new(),
             mm_id: AtomicU64::new(0),
@@ -385,11 +387,13 @@ impl Vma {
         (!old.is_null()).then(|| unsafe { Arc::from_raw(old) })
     }
 
-    /// This object as a `VmaRef`. Only for VMA objects that live in a
-    /// [`VmaPool`] (all of them do: `Vma::new_detached` is called only by
-    /// the pool), which is what makes the reference type-stable.
+    /// This object as a `VmaRef`.
     fn as_ref_unchecked(&self) -> VmaRef {
-        VmaRef::from_vma(self)
+        // SAFETY: every `Vma` lives in a `VmaPool`: `new_detached` is
+        // private to this module and only `VmaPool::alloc` calls it, and
+        // the pool keeps its objects until it is dropped, after every
+        // holder of their handles (the tree and the address space).
+        unsafe { VmaRef::from_vma(self) }
     }
 
     /// Fills an empty anon_vma (fault path, racing other faults of the same

@@ -26,9 +26,14 @@ unsafe impl Send for VmaRef {}
 unsafe impl Sync for VmaRef {}
 
 impl VmaRef {
-    /// The handle of a VMA object; `v` must live in a [`VmaPool`] (every
-    /// `Vma` does: only the pool creates them).
-    pub(crate) fn from_vma(v: &Vma) -> VmaRef {
+    /// The handle of a VMA object.
+    ///
+    /// # Safety
+    /// `v` must have been allocated by a [`VmaPool`] (by [`VmaPool::alloc`])
+    /// that outlives every use of the returned handle: that is what makes
+    /// the handle type-stable, and [`Deref`](core::ops::Deref) relies on
+    /// it.
+    pub(crate) unsafe fn from_vma(v: &Vma) -> VmaRef {
         VmaRef(NonNull::from(v))
     }
 }

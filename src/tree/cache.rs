@@ -1,0 +1,165 @@
+//! The node cache: memory of retired nodes, handed back by the reclaimer
+//! and reused by the writer.
+//!
+//! Path copying makes every edit allocate a few nodes and retire as many.
+//! Retired nodes are released by whoever runs the epoch collector, usually
+//! a reader. Freeing them there would be a cross-thread free per node (the
+//! allocator's arena lock then bounces between writer and readers) and
+//! would pull every node's memory into the reader's cache. Instead, the
+//! deferred step only pushes the edit's whole [`Batch`] onto `ready` (one
+//! CAS, no allocation, no node touched); the writer later takes all ready
+//! batches, drops the nodes in place and keeps their memory in `spare`,
+//! from which it builds new nodes before it asks the allocator. The node
+//! memory is thus only ever written by the writer's core.
+//!
+//! # Locking
+//!
+//! `ready` is a lock-free stack (any thread pushes, the writer takes it
+//! all). `spare` has its own mutex, taken only by the holder of the tree's
+//! writer mutex, nested inside it (level 3 of the lock order in
+//! [`crate::mm`]), so it is never contended; and by the cache's drop.
+
+use super::node::{Node, NodePtr};
+use crate::sync::{AtomicPtr, Mutex, MutexGuard, Ordering};
+
+/// Memory of retired nodes kept for reuse by the writer.
+pub(super) struct NodeCache<V> {
+    /// Batches whose grace period has passed: any thread pushes, the
+    /// writer takes them all at once.
+    /// Protected by: lock-free (pushes publish with a Release CAS, the
+    /// writer takes the list with an Acquire swap).
+    ready: AtomicPtr<Batch<V>>,
+    /// Free node memory (contents already dropped).
+    /// Protected by: its own mutex, locked only under the tree's writer
+    /// mutex (or by the cache's drop).
+    spare: Mutex<Vec<*mut Node<V>>>,
+}
+
+/// The nodes one edit unlinked, retired together.
+pub(super) struct Batch<V> {
+    /// The unlinked nodes.
+    /// Protected by: owned by the batch (immutable after it is built).
+    nodes: Vec<NodePtr<V>>,
+    /// The next batch on `ready`.
+    /// Protected by: owned by the pusher until its CAS publishes it;
+    /// immutable after.
+    next: *mut Batch<V>,
+}
+
+impl<V> Batch<V> {
+    /// A heap batch of `nodes`, owned by the returned pointer.
+    pub(super) fn boxed(nodes: Vec<NodePtr<V>>) -> BatchPtr<V> {
+        BatchPtr(Box::into_raw(Box::new(Batch {
+            nodes,
+            next: core::ptr::null_mut(),
+        })))
+    }
+}
+
+/// An owned batch on its way through the reclaimer.
+pub(super) struct BatchPtr<V>(
+    /// Protected by: owned (moved, never shared).
+    *mut Batch<V>,
+);
+
+// SAFETY: the edit that unlinked the nodes hands their ownership over with
+// the batch; whoever ends up dropping them may do so on another thread
+// (needs `V: Send`).
+unsafe impl<V: Send> Send for BatchPtr<V> {}
+
+/// Free nodes kept at most per tree (about 270 KiB with 16-slot nodes):
+/// enough for the garbage of a few hundred edits in flight, small enough
+/// that many idle address spaces (fork children) hold little.
+const CACHE_MAX: usize = 512;
+
+/// Releases the memory of a node whose contents were dropped.
+///
+/// # Safety
+/// `p` is an allocation of a `Node<V>` (from `Box`), its value already
+/// dropped, owned by the caller.
+unsafe fn dealloc_node<V>(p: *mut Node<V>) {
+    // SAFETY: `MaybeUninit<Node<V>>` has the layout of `Node<V>`, and its
+    // drop does not touch the (already dropped) contents.
+    drop(unsafe { Box::from_raw(p as *mut core::mem::MaybeUninit<Node<V>>) });
+}
+
+impl<V> NodeCache<V> {
+    pub(super) fn new() -> Self {
+        NodeCache {
+            ready: AtomicPtr::new(core::ptr::null_mut()),
+            spare: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Locks the free node memory. Only the holder of the tree's writer
+    /// mutex calls this (the editor), so it never waits.
+    pub(super) fn spare(&self) -> MutexGuard<'_, Vec<*mut Node<V>>> {
+        self.spare.lock()
+    }
+
+    /// Hands back a batch whose nodes no reader can reach any more.
+    ///
+    /// # Safety
+    /// `b` came from [`Batch::boxed`]; its nodes are unlinked from the tree
+    /// and their grace period has passed; nobody else uses the batch.
+    pub(super) unsafe fn push_ready(&self, b: BatchPtr<V>) {
+        let b = b.0;
+        let mut head = self.ready.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: we own the batch until the CAS below publishes it.
+            unsafe { (*b).next = head };
+            // Release: the link is written before the batch is visible.
+            match self
+                .ready
+                .compare_exchange_weak(head, b, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(h) => head = h,
+            }
+        }
+    }
+
+    /// Moves every ready batch into `spare`, dropping the nodes' contents.
+    pub(super) fn refill(&self, spare: &mut Vec<*mut Node<V>>) {
+        // Acquire: pairs with the Release of `push_ready`.
+        let mut b = self.ready.swap(core::ptr::null_mut(), Ordering::Acquire);
+        while !b.is_null() {
+            // SAFETY: the swap took the whole list; each batch came from
+            // `Batch::boxed` and was handed over by `push_ready`.
+            let batch = unsafe { Box::from_raw(b) };
+            b = batch.next;
+            for &p in &batch.nodes {
+                let p = p as *mut Node<V>;
+                // SAFETY: the batch's nodes are past their grace period
+                // and owned by us (see `push_ready`); each is dropped once,
+                // then its memory is kept or released.
+                unsafe {
+                    core::ptr::drop_in_place(p);
+                    if spare.len() < CACHE_MAX {
+                        spare.push(p);
+                    } else {
+                        dealloc_node(p);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<V> Drop for NodeCache<V> {
+    fn drop(&mut self) {
+        let mut spare = core::mem::take(&mut *self.spare.lock());
+        self.refill(&mut spare);
+        for p in spare {
+            // SAFETY: spare memory holds dropped nodes owned by the cache.
+            unsafe { dealloc_node(p) };
+        }
+    }
+}
+
+// SAFETY: the cache holds raw node memory whose contents were dropped, and
+// batches of retired nodes whose `V`s it drops (needs `V: Send`); `ready` is
+// synchronized by its CAS/swap, `spare` by its mutex.
+unsafe impl<V: Send> Send for NodeCache<V> {}
+// SAFETY: as for Send.
+unsafe impl<V: Send> Sync for NodeCache<V> {}

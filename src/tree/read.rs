@@ -1,0 +1,174 @@
+//! Lock-free reads: point lookups, neighbours, range iteration and the
+//! size figures.
+//!
+//! # Locking
+//!
+//! None: every read takes the caller's [`Guard`] (a pin of the tree's
+//! reclaimer), loads the root with `Acquire` and walks immutable nodes. It
+//! takes no lock of the order in [`crate::mm`] and writes no shared memory.
+//! Each returned reference lives no longer than the guard.
+
+use super::node::{rank, Node};
+use super::RangeTree;
+use crate::addr::Range;
+use crate::reclaim::Guard;
+
+impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
+    /// The entry containing `addr`.
+    #[inline]
+    pub fn find<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
+        let mut n = self.root(g)?;
+        loop {
+            match n {
+                Node::Internal(x) => {
+                    let i = rank(&x.firsts, x.len, addr);
+                    if i == 0 {
+                        return None;
+                    }
+                    n = x.child(i - 1);
+                }
+                Node::Leaf(l) => {
+                    let i = rank(&l.starts, l.len, addr);
+                    if i == 0 || l.ends[i - 1] <= addr {
+                        return None;
+                    }
+                    return Some((l.entry(i - 1), l.vals[i - 1].as_ref()?));
+                }
+            }
+        }
+    }
+
+    /// The first entry whose end is above `addr` (Linux's `find_vma`).
+    pub fn find_after<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
+        let mut n = self.root(g)?;
+        loop {
+            match n {
+                Node::Internal(x) => {
+                    let i = x.lasts[..x.len].partition_point(|&e| e <= addr);
+                    if i == x.len {
+                        return None;
+                    }
+                    n = x.child(i);
+                }
+                Node::Leaf(l) => {
+                    let i = l.ends[..l.len].partition_point(|&e| e <= addr);
+                    if i == l.len {
+                        return None;
+                    }
+                    return Some((l.entry(i), l.vals[i].as_ref()?));
+                }
+            }
+        }
+    }
+
+    /// The last entry whose end is at or below `addr`.
+    pub fn prev<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
+        fn rec<V>(n: &Node<V>, addr: u64) -> Option<(Range, &V)> {
+            match n {
+                Node::Internal(x) => {
+                    // Children whose first entry ends by `addr` may hold it;
+                    // try the last candidate, then the one before.
+                    let i = x.firsts[..x.len].partition_point(|&f| f < addr);
+                    for k in (0..i).rev() {
+                        if let Some(r) = rec(x.child(k), addr) {
+                            return Some(r);
+                        }
+                        if x.lasts[k] <= addr {
+                            break;
+                        }
+                    }
+                    None
+                }
+                Node::Leaf(l) => {
+                    let i = l.ends[..l.len].partition_point(|&e| e <= addr);
+                    (i > 0).then(|| (l.entry(i - 1), l.val(i - 1)))
+                }
+            }
+        }
+        rec(self.root(g)?, addr)
+    }
+
+    /// The first entry whose start is at or above `addr`.
+    pub fn next<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
+        fn rec<V>(n: &Node<V>, addr: u64) -> Option<(Range, &V)> {
+            match n {
+                Node::Internal(x) => {
+                    let i = x.lasts[..x.len].partition_point(|&e| e <= addr);
+                    (i..x.len).find_map(|k| rec(x.child(k), addr))
+                }
+                Node::Leaf(l) => {
+                    let i = l.starts[..l.len].partition_point(|&s| s < addr);
+                    (i < l.len).then(|| (l.entry(i), l.val(i)))
+                }
+            }
+        }
+        rec(self.root(g)?, addr)
+    }
+
+    /// The entries intersecting `r`, in ascending order.
+    pub fn range<'g>(
+        &'g self,
+        r: Range,
+        g: &'g Guard,
+    ) -> impl Iterator<Item = (Range, &'g V)> + 'g {
+        fn rec<'g, V>(n: &'g Node<V>, r: Range, out: &mut Vec<(Range, &'g V)>) {
+            match n {
+                Node::Internal(x) => {
+                    for k in 0..x.len {
+                        if x.lasts[k] > r.start && x.firsts[k] < r.end {
+                            rec(x.child(k), r, out);
+                        }
+                    }
+                }
+                Node::Leaf(l) => {
+                    for i in 0..l.len {
+                        let e = l.entry(i);
+                        if e.overlaps(&r) {
+                            out.push((e, l.val(i)));
+                        }
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        if !r.is_empty() {
+            if let Some(root) = self.root(g) {
+                rec(root, r, &mut out);
+            }
+        }
+        out.into_iter()
+    }
+
+    /// All entries in ascending order.
+    pub fn iter<'g>(&'g self, g: &'g Guard) -> impl Iterator<Item = (Range, &'g V)> + 'g {
+        self.range(Range::new(0, u64::MAX), g)
+    }
+
+    /// Bytes of node memory reachable from the current root.
+    pub fn memory_bytes(&self) -> usize {
+        fn rec<V>(n: &Node<V>) -> usize {
+            core::mem::size_of::<Node<V>>()
+                + match n {
+                    Node::Internal(x) => (0..x.len).map(|k| rec(x.child(k))).sum(),
+                    Node::Leaf(_) => 0,
+                }
+        }
+        let g = self.pin();
+        self.root(&g).map_or(0, rec)
+    }
+
+    /// Levels of nodes (0 for an empty tree, 1 for a single leaf).
+    pub fn height(&self) -> usize {
+        let g = self.pin();
+        let mut h = 0;
+        let mut n = self.root(&g);
+        while let Some(x) = n {
+            h += 1;
+            n = match x {
+                Node::Internal(i) => Some(i.child(0)),
+                Node::Leaf(_) => None,
+            };
+        }
+        h
+    }
+}

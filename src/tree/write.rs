@@ -1,0 +1,285 @@
+//! The writer: inserts, overwrites, removals and whole-tree rebuilds, each
+//! published to readers with one atomic root store.
+//!
+//! Every write runs an [`Editor`] over the current root, stores the new
+//! root with `Release`, and hands the nodes it replaced to the reclaimer as
+//! one batch, which ends in the node cache ([`super::cache`]) once no
+//! reader can see them.
+//!
+//! # Locking
+//!
+//! A [`TreeWriter`] holds the tree's writer mutex, level 3 of the lock
+//! order in [`crate::mm`] (taken only by mmap_lock writers, so it is
+//! uncontended there). Readers are never blocked: they see the old root or
+//! the new one, never a mix.
+
+use super::cache::Batch;
+use super::edit::Editor;
+use super::node::{Node, NodePtr, B};
+use super::{RangeTree, TreeError};
+use crate::addr::Range;
+use crate::reclaim::Guard;
+use crate::sync::{MutexGuard, Ordering};
+
+/// An overwrite that hits at least one entry in this many of the tree's
+/// rebuilds the tree instead of removing them one by one.
+const REBUILD_RATIO: usize = 16;
+
+/// `entries` as node entries, checked sorted by start, non-empty and
+/// non-overlapping.
+pub(super) fn sorted_entries<V>(
+    entries: impl IntoIterator<Item = (Range, V)>,
+) -> Result<Vec<(u64, u64, V)>, TreeError> {
+    let it = entries.into_iter();
+    let mut es: Vec<(u64, u64, V)> = Vec::with_capacity(it.size_hint().0);
+    for (r, v) in it {
+        if r.is_empty() {
+            return Err(TreeError::EmptyRange);
+        }
+        if es.last().is_some_and(|&(_, end, _)| end > r.start) {
+            return Err(TreeError::Occupied);
+        }
+        es.push((r.start, r.end, v));
+    }
+    Ok(es)
+}
+
+/// The writer side of a [`RangeTree`]; reads through it see the latest
+/// state.
+pub struct TreeWriter<'t, V> {
+    /// The tree written.
+    /// Protected by: see [`RangeTree`]'s fields.
+    tree: &'t RangeTree<V>,
+    /// The tree's writer mutex, held while the writer lives.
+    /// Protected by: owned by this writer.
+    _lock: MutexGuard<'t, ()>,
+}
+
+impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
+    /// Takes the writer side. Writers are serialized; readers are not
+    /// blocked.
+    pub fn writer(&self) -> TreeWriter<'_, V> {
+        TreeWriter {
+            tree: self,
+            _lock: self.writer.lock(),
+        }
+    }
+}
+
+impl<V> core::ops::Deref for TreeWriter<'_, V> {
+    type Target = RangeTree<V>;
+    fn deref(&self) -> &RangeTree<V> {
+        self.tree
+    }
+}
+
+impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
+    /// Inserts `r -> v` into a free range.
+    pub fn insert(&mut self, r: Range, v: V) -> Result<(), TreeError> {
+        if r.is_empty() {
+            return Err(TreeError::EmptyRange);
+        }
+        let g = self.tree.pin();
+        if self
+            .tree
+            .find_after(r.start, &g)
+            .is_some_and(|(e, _)| e.start < r.end)
+        {
+            return Err(TreeError::Occupied);
+        }
+        let mut ed = Editor::new(&self.tree.cache, &g);
+        let root = ed.insert(self.cur(), r.start, r.end, v);
+        self.publish(root, ed, 1, &g);
+        Ok(())
+    }
+
+    /// Stores `r -> v`, overwriting whatever `r` covered: entries that
+    /// overlap it are trimmed to their parts outside `r` (which keep their
+    /// values). Returns the overwritten pieces with their values. One
+    /// atomic step for readers.
+    pub fn store(&mut self, r: Range, v: V) -> Vec<(Range, V)> {
+        self.overwrite(r, Some(v))
+    }
+
+    /// Removes everything inside `r`, trimming entries that overlap its
+    /// ends. Returns the removed pieces.
+    pub fn erase(&mut self, r: Range) -> Vec<(Range, V)> {
+        self.overwrite(r, None)
+    }
+
+    /// Keeps only the entries for which `keep` returns true, rebuilding
+    /// the tree in one pass with full nodes (cheaper than removing many
+    /// entries one by one: a batch purge of lazily freed areas, say).
+    /// Returns how many entries were removed. One atomic step for readers.
+    pub fn retain(&mut self, mut keep: impl FnMut(Range, &V) -> bool) -> usize {
+        let g = self.tree.pin();
+        let all = self.tree.len();
+        let kept: Vec<(u64, u64, V)> = self
+            .tree
+            .iter(&g)
+            .filter(|(r, v)| keep(*r, v))
+            .map(|(r, v)| (r.start, r.end, v.clone()))
+            .collect();
+        let removed = all - kept.len();
+        if removed == 0 {
+            return 0;
+        }
+        let mut ed = Editor::new(&self.tree.cache, &g);
+        ed.discard_all(self.cur());
+        let root = ed.build(&kept);
+        self.publish(root, ed, -(removed as isize), &g);
+        removed
+    }
+
+    /// Replaces the whole contents with `entries` (sorted by start and
+    /// non-overlapping), built in one pass with full nodes as
+    /// [`RangeTree::from_sorted`] does; the old nodes are retired as one
+    /// batch. This is how a whole tree is duplicated (fork's `__mt_dup`):
+    /// one build, never one insert per entry. One atomic step for readers;
+    /// on bad input nothing changes.
+    pub fn replace_all(
+        &mut self,
+        entries: impl IntoIterator<Item = (Range, V)>,
+    ) -> Result<(), TreeError> {
+        let es = sorted_entries(entries)?;
+        let g = self.tree.pin();
+        let delta = es.len() as isize - self.tree.len() as isize;
+        let mut ed = Editor::new(&self.tree.cache, &g);
+        ed.discard_all(self.cur());
+        let root = ed.build(&es);
+        self.publish(root, ed, delta, &g);
+        Ok(())
+    }
+
+    /// Removes the whole entry containing `addr`.
+    pub fn remove(&mut self, addr: u64) -> Option<(Range, V)> {
+        let g = self.tree.pin();
+        let (r, v) = self.tree.find(addr, &g).map(|(r, v)| (r, v.clone()))?;
+        let mut ed = Editor::new(&self.tree.cache, &g);
+        let root = ed.remove(self.cur(), r.start);
+        self.publish(root, ed, -1, &g);
+        Some((r, v))
+    }
+
+    fn cur(&self) -> NodePtr<V> {
+        self.tree.root.load(Ordering::Relaxed)
+    }
+
+    fn overwrite(&mut self, r: Range, v: Option<V>) -> Vec<(Range, V)> {
+        if r.is_empty() {
+            return Vec::new();
+        }
+        let g = self.tree.pin();
+        let hit: Vec<(Range, V)> = self
+            .tree
+            .range(r, &g)
+            .map(|(e, v)| (e, v.clone()))
+            .collect();
+        let mut ed = Editor::new(&self.tree.cache, &g);
+        // Storing over exactly one entry that starts where `r` does, and
+        // at most growing it into free space: one path copy.
+        if let (Some(v), [(e, ev)]) = (&v, hit.as_slice()) {
+            if e.start == r.start && r.end >= e.end {
+                let root = ed.replace(self.cur(), r.start, r.end, v.clone());
+                self.publish(root, ed, 0, &g);
+                return vec![(*e, ev.clone())];
+            }
+        }
+        // Overwriting many entries (unmapping a large part of the space):
+        // one rebuild costs a copy per entry kept, where removing them one
+        // by one costs a path copy each.
+        if hit.len() > B && hit.len() * REBUILD_RATIO >= self.tree.len() {
+            return self.rebuild_over(r, v, hit, ed, &g);
+        }
+        let mut root = self.cur();
+        let mut delta: isize = 0;
+        let mut out = Vec::with_capacity(hit.len());
+        for (e, ev) in hit {
+            root = ed.remove(root, e.start);
+            delta -= 1;
+            if e.start < r.start {
+                root = ed.insert(root, e.start, r.start, ev.clone());
+                delta += 1;
+            }
+            if e.end > r.end {
+                root = ed.insert(root, r.end, e.end, ev.clone());
+                delta += 1;
+            }
+            out.push((
+                e.intersect(&r).expect("range() yields overlapping entries"),
+                ev,
+            ));
+        }
+        if let Some(v) = v {
+            root = ed.insert(root, r.start, r.end, v);
+            delta += 1;
+        }
+        self.publish(root, ed, delta, &g);
+        out
+    }
+
+    /// [`overwrite`](Self::overwrite) by rebuilding the whole tree in one
+    /// pass: the entries outside `r`, the parts of `hit` (the entries
+    /// overlapping `r`) outside it, and `v` over `r`.
+    fn rebuild_over(
+        &mut self,
+        r: Range,
+        v: Option<V>,
+        hit: Vec<(Range, V)>,
+        mut ed: Editor<'_, V>,
+        g: &Guard,
+    ) -> Vec<(Range, V)> {
+        let mut es: Vec<(u64, u64, V)> = Vec::with_capacity(self.tree.len() - hit.len() + 3);
+        for (e, ev) in self.tree.iter(g) {
+            if !e.overlaps(&r) {
+                es.push((e.start, e.end, ev.clone()));
+                continue;
+            }
+            if e.start < r.start {
+                es.push((e.start, r.start, ev.clone()));
+            }
+            if e.end > r.end {
+                es.push((r.end, e.end, ev.clone()));
+            }
+        }
+        if let Some(v) = v {
+            let at = es.partition_point(|&(s, _, _)| s < r.start);
+            es.insert(at, (r.start, r.end, v));
+        }
+        let delta = es.len() as isize - self.tree.len() as isize;
+        ed.discard_all(self.cur());
+        let root = ed.build(&es);
+        self.publish(root, ed, delta, g);
+        hit.into_iter()
+            .map(|(e, ev)| {
+                let part = e.intersect(&r).expect("range() yields overlapping entries");
+                (part, ev)
+            })
+            .collect()
+    }
+
+    /// Publishes `root` with one Release store, then retires what the edit
+    /// replaced.
+    fn publish(&mut self, root: NodePtr<V>, ed: Editor<'_, V>, delta: isize, g: &Guard) {
+        self.tree
+            .root
+            .store(root as *mut Node<V>, Ordering::Release);
+        let len = self.tree.len.load(Ordering::Relaxed) as isize + delta;
+        self.tree.len.store(len as usize, Ordering::Relaxed);
+        let garbage = ed.finish();
+        if garbage.is_empty() {
+            return;
+        }
+        // One deferred step per edit (not per node), and a cheap one: it
+        // only hands the batch back to the writer's node cache.
+        let batch = Batch::boxed(garbage);
+        let cache = self.tree.cache.clone();
+        self.tree.reclaimer.defer(g, move || {
+            // SAFETY: the batch's nodes were unlinked by this edit (not
+            // reachable from the new root), and this runs only after every
+            // reader pinned before the publish is gone; the batch is
+            // handed over exactly once.
+            unsafe { cache.push_ready(batch) };
+        });
+    }
+}
