@@ -43,7 +43,7 @@
 //!   the current sequence again (with 32 bits, 2^31 write sections would
 //!   let `write_lock` skip draining readers of a VMA it took for locked).
 
-use crate::mm::mmap_lock::MmLockSeq;
+use super::seq::MmLockSeq;
 use crate::sync::{fence, wait_until, AtomicU32, AtomicU64, Ordering};
 
 /// The writer ("exclude readers") bit of the count.
@@ -242,8 +242,9 @@ impl VmaLock {
 
 #[cfg(all(test, not(aspace_loom)))]
 mod tests {
+    use super::super::seq::MmLockSeq;
     use super::*;
-    use crate::mm::mmap_lock::{MmLockSeq, MmapLock};
+    use crate::mm::mmap_lock::MmapLock;
 
     #[test]
     fn states() {

@@ -22,6 +22,7 @@
 mod anon;
 pub(crate) mod lock;
 mod pool;
+pub(crate) mod seq;
 mod shmem;
 
 pub(crate) use anon::AnonVma;
