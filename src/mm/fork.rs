@@ -1,5 +1,4 @@
-//! fork: a copy-on-write copy of the address space, and the reverse-map
-//! walk over a page's anon_vma family.
+//! fork: a copy-on-write copy of the address space.
 //!
 //! Linux's `dup_mmap`, modelled: under the parent's mmap_lock write side,
 //! each parent VMA is write-locked (so no fault on the per-VMA path runs
@@ -32,14 +31,14 @@
 
 use super::edit::Edit;
 use super::{next_id, AddressSpace};
-use crate::addr::{page_align_down, Range};
+use crate::addr::Range;
 use crate::error::{Error, Result};
 use crate::phys::Pfn;
 use crate::pt::{Pte, PteFlags};
 use crate::stats::StatCounters;
 use crate::sync::Arc;
 use crate::tlb::Gather;
-use crate::vma::{for_each_family_run, link_all, AnonVma, RmapHit, VmFlags, VmaRef};
+use crate::vma::{for_each_family_run, link_all, AnonVma, VmFlags, VmaRef};
 
 impl AddressSpace {
     /// A copy-on-write copy of this address space, like `fork(2)`'s
@@ -122,49 +121,6 @@ impl AddressSpace {
             return Err(Error::NoMem);
         }
         Ok(child)
-    }
-
-    /// This address space's identity, as [`RmapHit::mm_id`] reports it.
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// The frame mapped at `addr` now, if a page is present there and is
-    /// not the shared zero page.
-    pub fn translate(&self, addr: u64) -> Option<Pfn> {
-        if addr >= self.cfg.task_size {
-            return None;
-        }
-        let g = self.pt.pin();
-        self.pt.lookup(page_align_down(addr), &g).frame()
-    }
-
-    /// The reverse map of the anonymous page at `addr`: every (address
-    /// space, address) of its anon_vma family whose VMA covers the same
-    /// page index — where this page, or a copy-on-write copy of it, may be
-    /// mapped — sorted. Empty if `addr` is unmapped, shared, or in a VMA
-    /// with no anon_vma yet. Takes the family's lock (counted).
-    ///
-    /// The walk tolerates a concurrent end-only move of any VMA in the
-    /// family (brk): see `vma::anon`.
-    pub fn rmap_walk(&self, addr: u64) -> Vec<RmapHit> {
-        let _st = self.mmap_lock.read();
-        let g = self.tree.pin();
-        let Some((_, v)) = self.tree.find(addr, &g) else {
-            return Vec::new();
-        };
-        if v.has_shmem() {
-            return Vec::new();
-        }
-        let Some(anon) = v.anon_vma_arc() else {
-            return Vec::new();
-        };
-        let pgoff = v.pgoff_of(page_align_down(addr));
-        let idx = anon.root().lock(Some(&self.stats));
-        let mut hits = idx.walk(pgoff);
-        drop(idx);
-        hits.sort();
-        hits
     }
 }
 

@@ -57,6 +57,7 @@ mod mprotect;
 mod mremap;
 mod munmap;
 mod name;
+mod rmap;
 pub(crate) mod spec_fault;
 pub(crate) mod stack;
 
