@@ -34,8 +34,12 @@ impl AddressSpace {
             Advice::PopulateRead | Advice::PopulateWrite => {
                 return self.madvise_populate(r, advice == Advice::PopulateWrite);
             }
-            Advice::WillNeed | Advice::DontNeed | Advice::DontNeedLocked => {}
-            Advice::Free | Advice::Remove => {}
+            // These walk the VMAs below (WILLNEED only for its hole check).
+            Advice::WillNeed
+            | Advice::DontNeed
+            | Advice::DontNeedLocked
+            | Advice::Free
+            | Advice::Remove => {}
             _ => return self.madvise_flags(r, advice),
         }
         // Linux runs DONTNEED under the mmap_lock read side: concurrent
@@ -71,6 +75,8 @@ impl AddressSpace {
                         shm.zero_range(pages, &self.frames);
                     }
                 }
+                // Anonymous memory and our shared objects have no backing
+                // store to read ahead from: WILLNEED only reports holes.
                 _ => {}
             }
         }
