@@ -81,10 +81,13 @@ use mmap_lock::MmapLock;
 /// State protected by the mmap_lock.
 pub(crate) struct MmState {
     /// Number of VMAs (`mm->map_count`).
+    /// Protected by: the mmap_lock (written under its write side).
     pub(crate) map_count: usize,
     /// Start of the heap (`mm->start_brk`).
+    /// Protected by: the mmap_lock (written under its write side).
     pub(crate) start_brk: u64,
     /// Current break (`mm->brk`).
+    /// Protected by: the mmap_lock (written under its write side).
     pub(crate) brk: u64,
 }
 
@@ -116,18 +119,41 @@ pub(crate) fn next_id() -> u64 {
 pub struct AddressSpace {
     // Field order is drop order: the tree (which points into the pool)
     // goes before the pool.
+    /// The VMAs by address.
+    /// Protected by: the mmap_lock write side for changes (through
+    /// `edit::Edit`); read lock-free under the tree's epoch.
     pub(crate) tree: RangeTree<VmaRef>,
+    /// The mmap_lock and the state it guards ([`MmState`]).
+    /// Protected by: itself.
     pub(crate) mmap_lock: MmapLock<MmState>,
+    /// The page table.
+    /// Protected by: PTE-table locks for entry changes; walked lock-free
+    /// under its epoch; tables freed only where no VMA covers them, under
+    /// the mmap_lock write side (see [`crate::pt`]'s docs in the source).
     pub(crate) pt: PageTable,
+    /// The physical memory frames come from (shared with fork relatives
+    /// and with spaces made by `with_pool`).
+    /// Protected by: immutable after creation (the allocator locks inside).
     pub(crate) frames: Arc<FrameAllocator>,
+    /// Which CPUs may cache translations, and the flush protocol.
+    /// Protected by: its own flush lock and per-CPU slots (`tlb`).
     pub(crate) tlb: TlbState,
+    /// Event counters.
+    /// Protected by: per-CPU relaxed atomics (statistics, no ordering).
     pub(crate) stats: StatCounters,
+    /// Type-stable VMA objects (shared with fork relatives).
+    /// Protected by: immutable after creation (the pool locks inside).
     pub(crate) pool: Arc<VmaPool>,
+    /// Protected by: immutable after creation.
     pub(crate) cfg: Config,
+    /// Protected by: immutable after creation.
     pub(crate) id: u64,
     /// `RLIMIT_STACK` (see [`AddressSpace::set_stack_limit`]).
+    /// Protected by: a relaxed atomic; read once per stack growth.
     stack_limit: AtomicU64,
     /// Flags every new mapping gets (`mm->def_flags`, set by mlockall).
+    /// Protected by: stored under the mmap_lock write side; read by its
+    /// writers (relaxed).
     def_flags: crate::sync::AtomicU32,
 }
 

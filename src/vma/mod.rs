@@ -173,14 +173,34 @@ pub(crate) const VMA_BYTES: u64 = core::mem::size_of::<Vma>() as u64 + 80;
 /// (see the module docs).
 pub struct Vma {
     /// The refcount lock, on a cache line of its own.
+    /// Protected by: itself (the protocol table in `vma/lock.rs`).
     pub(crate) lock: VmaLock,
+    /// The address space the object belongs to in its current life.
+    /// Protected by: written while detached (just taken from the pool) and
+    /// write-locked; read by lock-free readers, who re-check it after
+    /// taking the read lock.
     mm_id: AtomicU64,
+    /// Protected by: the VMA write lock (mmap_lock writer) for stores;
+    /// stable under the VMA read lock or the mmap_lock read side, except
+    /// that an end-only move (brk) may change `end` under a reader of the
+    /// anon_vma family (see the `vma::anon` module docs).
     start: AtomicU64,
+    /// Protected by: as `start`.
     end: AtomicU64,
+    /// Protected by: as `start`.
     pgoff: AtomicU64,
+    /// Protected by: the VMA write lock for stores; stable under the VMA
+    /// read lock or the mmap_lock read side.
     flags: AtomicU32,
+    /// Protected by: the VMA write lock, or, for the first anon_vma only,
+    /// a compare-exchange from null by a fault holding the VMA read lock
+    /// and the family lock (`install_anon_vma`); once set it changes only
+    /// under the write lock. Dereferenced only by a holder of the VMA.
     anon_vma: AtomicPtr<AnonVma>,
+    /// Protected by: the VMA write lock (set before attach, cleared after
+    /// detach); dereferenced only by a holder of the VMA.
     shmem: AtomicPtr<Shmem>,
+    /// Protected by: the VMA write lock; read under the mmap_lock.
     name: AtomicPtr<AnonName>,
 }
 
