@@ -14,6 +14,11 @@
 //! - [`Reclaimer::immediate`]: free at once, for structures that have no
 //!   lock-free readers at all (every reader holds the writer's lock), such
 //!   as the vmap allocator's zone trees.
+//!
+//! # Locking
+//!
+//! None of its own beyond the epoch: callers retire only memory they have
+//! unlinked under their structure's writer lock. Order: [`crate::mm`].
 
 use crate::sync::{epoch, Mutex};
 

@@ -4,6 +4,11 @@
 //! so the fault path's only shared write stays the VMA's refcount. A
 //! [`Stats`] snapshot sums the slots; it is exact once the counted
 //! operations have finished, and a good estimate while they run.
+//!
+//! # Locking
+//!
+//! None: per-CPU relaxed counters, read as a sum. Order of the locks that
+//! do exist: [`crate::mm`].
 
 use crate::percpu::PerCpu;
 use crate::sync::counter::{AtomicU64, Ordering};

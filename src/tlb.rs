@@ -71,6 +71,12 @@
 //! With no translators, a flush does none of this (no `gen` bump, no
 //! heavy fence). The shootdowns counted in [`crate::Stats`] are then real:
 //! each CPU in the mask that runs a translator drops its entries.
+//!
+//! # Locking
+//!
+//! The flush lock is the innermost lock of the address space (see
+//! [`crate::mm`]); it is taken under PTE-table locks only by mremap's
+//! per-extent flushes. Accesses in flight take no lock.
 
 use crate::addr::Range;
 use crate::percpu::{cpu_id, PerCpu};

@@ -22,6 +22,12 @@
 //! walks the page table each time, so the write fault that replaces the
 //! zero page (which, unlike a copy-on-write break, flushes nothing) never
 //! leaves a translator reading stale zeros.
+//!
+//! # Locking
+//!
+//! A translator takes no lock on a hit; a miss walks the page table
+//! lock-free and faults through `AddressSpace::fault`. Registration of its
+//! slot takes the TLB flush lock (see [`crate::mm`] for the order).
 
 #[cfg(feature = "vm-memory")]
 pub mod guest;

@@ -1,4 +1,12 @@
 //! read/write: user-mode loads and stores.
+//!
+//! # Locking
+//!
+//! Takes no lock on the fast path: each page is translated by a lock-free
+//! page-table walk, counted in flight on the thread's CPU slot (so a TLB
+//! flush waits for it), and faulted in through [`crate::mm::fault`] on a
+//! miss. The store precheck reads each VMA's flags under that VMA's read
+//! lock, falling back to the mmap_lock read side.
 
 use super::{Access, AddressSpace};
 use crate::addr::{Range, PAGE_SIZE};

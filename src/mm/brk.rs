@@ -1,4 +1,9 @@
 //! brk: the heap.
+//!
+//! # Locking
+//!
+//! The mmap_lock write side (through `Edit`); growth that only moves the
+//! heap VMA's end skips the anon_vma family lock (`Config::brk_fast_path`).
 
 use super::edit::Edit;
 use super::AddressSpace;

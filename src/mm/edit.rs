@@ -7,6 +7,12 @@
 //! looks unmapped), then update the VMA's own fields, then detach what was
 //! removed. New VMAs are write-locked before they are attached, so no
 //! fault uses them until the mmap_lock is released.
+//!
+//! # Locking
+//!
+//! An `Edit` holds the mmap_lock write side for its whole life, and takes
+//! the tree's writer, VMA write locks, family locks and PTE-table locks
+//! inside it, in the order [`crate::mm`] states.
 
 use super::mmap_lock::MmapWriteGuard;
 use super::{AddressSpace, MmState};

@@ -14,6 +14,13 @@
 //! its anon_vma and the page a zeroed frame; a write to a read-only entry
 //! of a writable VMA reuses the frame if this entry holds its only
 //! reference, else copies it (copy-on-write).
+//!
+//! # Locking
+//!
+//! The per-VMA path holds one VMA read lock, then PTE-table locks; it only
+//! try-locks the mmap_lock (for a first anon_vma), because a writer may
+//! be waiting for that VMA. The fallback holds the mmap_lock read side.
+//! The whole order is in [`crate::mm`].
 
 use crate::addr::{page_align_down, pages};
 use crate::error::FaultError;

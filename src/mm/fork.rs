@@ -28,6 +28,12 @@
 //! The child shares the parent's frame allocator (frame accounting spans
 //! the family) and VMA object cache (the reverse map of a family points at
 //! VMAs of several address spaces, which must stay type-stable for all).
+//!
+//! # Locking
+//!
+//! The parent's mmap_lock write side and the child's (no one else can see
+//! the child yet), then family locks one run at a time, then the parent's
+//! and child's PTE-table locks one table pair at a time; see [`crate::mm`].
 
 use super::edit::Edit;
 use super::{next_id, AddressSpace};

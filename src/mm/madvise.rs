@@ -1,4 +1,10 @@
 //! madvise.
+//!
+//! # Locking
+//!
+//! Zapping advices hold the mmap_lock read side (faults may refill pages
+//! meanwhile, as in Linux) and PTE-table locks; advices that change VMA
+//! flags hold the write side through `Edit`. Order: [`crate::mm`].
 
 use super::{Access, AddressSpace, Advice};
 use crate::addr::{is_page_aligned, page_align_up, Range, PAGE_SIZE};

@@ -8,6 +8,11 @@
 //! (`MADV_DONTNEED`, `MADV_FREE`, `msync(MS_INVALIDATE)`), nothing else.
 //! `RLIMIT_MEMLOCK` is not modelled: every caller may lock as much as it
 //! likes, as a task with `CAP_IPC_LOCK`.
+//!
+//! # Locking
+//!
+//! Flag changes hold the mmap_lock write side (through `Edit`); population
+//! and mincore then hold its read side; see [`crate::mm`].
 
 use super::edit::Edit;
 use super::{Access, AddressSpace};

@@ -1,4 +1,9 @@
 //! mmap: argument checks in Linux's order, placement, and the new VMA.
+//!
+//! # Locking
+//!
+//! The mmap_lock write side through `Edit`; population (MAP_POPULATE,
+//! MAP_LOCKED) after it, under the read side. Order: [`crate::mm`].
 
 use super::edit::Edit;
 use super::{next_id, AddressSpace, MapFlags, Prot};

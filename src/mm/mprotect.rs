@@ -1,4 +1,10 @@
 //! mprotect: per-VMA changes with Linux's partial effects.
+//!
+//! # Locking
+//!
+//! The mmap_lock write side through `Edit`, then PTE-table locks for the
+//! entries it changes; one TLB flush before the lock is released. Order:
+//! [`crate::mm`].
 
 use super::edit::Edit;
 use super::{AddressSpace, Prot};

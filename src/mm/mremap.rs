@@ -1,4 +1,10 @@
 //! mremap: shrink, grow in place, or move the page-table entries.
+//!
+//! # Locking
+//!
+//! The mmap_lock write side through `Edit`; entries move under the source
+//! and destination PTE-table locks, flushed per extent or once as
+//! `Config::mremap_extent` says. Order: [`crate::mm`].
 
 use super::edit::Edit;
 use super::{AddressSpace, MapFlags, MremapExtent, MremapFlags};

@@ -1,4 +1,8 @@
 //! munmap.
+//!
+//! # Locking
+//!
+//! The mmap_lock write side through `Edit`; see [`crate::mm`].
 
 use super::edit::Edit;
 use super::AddressSpace;

@@ -1,4 +1,8 @@
 //! Names of anonymous VMAs: `prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME)`.
+//!
+//! # Locking
+//!
+//! The mmap_lock write side through `Edit`; see [`crate::mm`].
 
 use super::edit::Edit;
 use super::AddressSpace;

@@ -102,6 +102,12 @@
 //! | stats | the per-CPU counter slot | per-CPU line |
 //!
 //! Nothing is written in the VMA, the tree or the mm sequence.
+//!
+//! # Locking
+//!
+//! No lock but the PTE table's, taken once to install; the VMA is neither
+//! read-locked nor referenced (its stamp is validated instead). Order:
+//! [`crate::mm`].
 
 use crate::addr::{page_align_down, PMD_SIZE};
 use crate::mm::fault::access_ok;

@@ -1,6 +1,12 @@
 //! Stack growth: a growsdown VMA extends down to a faulting address below
 //! it, within the stack limit (`RLIMIT_STACK`) and the guard gap to the
 //! mapping below (Linux's `expand_downwards` and `acct_stack_growth`).
+//!
+//! # Locking
+//!
+//! Growth takes the mmap_lock write side (as Linux's `expand_stack` does
+//! since 6.5) and moves the VMA's start under its write lock; the fault
+//! path calls it holding no lock. Order: [`crate::mm`].
 
 use super::edit::Edit;
 use super::AddressSpace;

@@ -7,6 +7,11 @@
 //! lock. Objects are never deallocated while the pool lives, and the pool
 //! lives as long as every tree that may point into it; the memory goes
 //! back only when the pool itself is dropped, through the reclaimer.
+//!
+//! # Locking
+//!
+//! The free list has its own lock, taken alone (inside an mmap_lock
+//! writer's edit, never around another lock); see [`crate::mm`].
 
 use super::Vma;
 use crate::sync::Mutex;

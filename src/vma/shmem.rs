@@ -8,6 +8,11 @@
 //! meets a freed node. A huge object costs only the nodes on the paths to
 //! the pages it has touched; each node is charged to the frame pool's
 //! budget.
+//!
+//! # Locking
+//!
+//! Lock-free: nodes and pages are installed by compare-and-swap; callers
+//! hold the VMA (its read lock or the mmap_lock). Order: [`crate::mm`].
 
 use crate::phys::{FrameAllocator, Pfn};
 use crate::sync::{Arc, AtomicU64, Ordering};

@@ -34,6 +34,11 @@
 //! v.free(a).unwrap();
 //! assert!(v.free(a).is_err()); // double free
 //! ```
+//!
+//! # Locking
+//!
+//! One lock per zone, never two at once; the zones are independent of the
+//! address space's locks ([`crate::mm`]).
 
 use crate::addr::{align_up, Range, PAGE_SIZE};
 use crate::error::{Error, Result};
