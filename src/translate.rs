@@ -216,6 +216,15 @@ pub struct Translator<'a> {
     entries: Box<[Entry; ENTRIES]>,
 }
 
+impl AddressSpace {
+    /// A soft TLB for the calling thread: loads, stores and atomics at
+    /// cached translations, faulting like a CPU on a miss (see
+    /// [`crate::translate`]).
+    pub fn translator(&self) -> Translator<'_> {
+        Translator::new(self)
+    }
+}
+
 impl<'a> Translator<'a> {
     pub(crate) fn new(mm: &'a AddressSpace) -> Self {
         let expedited = asymmetric::expedited();

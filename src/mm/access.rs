@@ -66,7 +66,7 @@ impl AddressSpace {
                 done,
             })
         };
-        // Like access_ok: a range past the task size copies nothing.
+        // Like Linux's access_ok: a range past the task size copies nothing.
         let end = addr
             .checked_add(len as u64)
             .filter(|&e| e <= task)

@@ -22,27 +22,18 @@
 //! be waiting for that VMA. The fallback holds the mmap_lock read side.
 //! The whole order is in [`crate::mm`].
 
-use crate::addr::{page_align_down, pages};
+use crate::addr::page_align_down;
 use crate::error::FaultError;
-use crate::mm::{next_id, Access, AddressSpace, FaultLocking};
+use crate::mm::anon_vma::anon_vma_prepare;
+use crate::mm::{Access, AddressSpace, FaultLocking};
 use crate::phys::Pfn;
 use crate::pt::{Pte, PteFlags};
 use crate::stats::Event;
-use crate::sync::Arc;
 use crate::vma::lock::ReadLockError;
-use crate::vma::{AnonVma, VmFlags, Vma, VmaRef};
+use crate::vma::{VmFlags, Vma, VmaRef};
 
 /// Lookups that found a detached VMA before the per-VMA path gives up.
 const MAX_REWALKS: u32 = 8;
-
-/// True if `flags` allow `access` (Linux's `access_error`, inverted).
-pub(crate) fn access_ok(flags: VmFlags, access: Access) -> bool {
-    match access {
-        Access::Read => flags.accessible(),
-        Access::Write => flags.contains(VmFlags::WRITE),
-        Access::Exec => flags.contains(VmFlags::EXEC),
-    }
-}
 
 /// Why a step could not finish.
 pub(crate) enum Step {
@@ -90,7 +81,7 @@ fn per_vma(mm: &AddressSpace, addr: u64, access: Access) -> Result<Result<(), Fa
     // costs a full fence).
     let g = mm.tree.pin();
     let vma = lock_vma_under_rcu(mm, addr, &g)?;
-    if !access_ok(vma.flags(), access) {
+    if !access.allowed_by(vma.flags()) {
         vma.lock.read_unlock();
         return Ok(Err(count_failure(mm, FaultError::AccessDenied)));
     }
@@ -164,7 +155,7 @@ fn under_mmap_lock(mm: &AddressSpace, addr: u64, access: Access) -> Result<(), F
             }
             continue;
         }
-        if !access_ok(v.flags(), access) {
+        if !access.allowed_by(v.flags()) {
             return Err(count_failure(mm, FaultError::AccessDenied));
         }
         let r = do_fault(mm, &v, addr, access, false);
@@ -179,59 +170,6 @@ fn under_mmap_lock(mm: &AddressSpace, addr: u64, access: Access) -> Result<(), F
             Err(Step::Retry(_)) => continue,
         };
     }
-}
-
-/// Gives `vma` an anon_vma (Linux's `anon_vma_prepare`): reuse a
-/// neighbour's where the two could merge but for their protection, else a
-/// new one. Under the per-VMA lock this needs the mmap_lock read side for
-/// the neighbours, and only try-locks it.
-pub(crate) fn anon_vma_prepare<'v>(
-    mm: &AddressSpace,
-    vma: &'v Vma,
-    vma_locked: bool,
-) -> Result<&'v AnonVma, Step> {
-    // SAFETY: the caller holds `vma` (its read lock, or the mmap_lock
-    // read side) for the lifetime `'v` it lends.
-    if let Some(a) = unsafe { vma.anon_vma() } {
-        return Ok(a);
-    }
-    let _st = if vma_locked {
-        match mm.mmap_lock.try_read() {
-            Some(st) => Some(st),
-            None => return Err(Step::Retry(Event::retry_anon_vma)),
-        }
-    } else {
-        None
-    };
-    let g = mm.tree.pin();
-    let compatible = |a: &Vma, b: &Vma| {
-        a.end() == b.start()
-            && a.is_anonymous()
-            && b.is_anonymous()
-            && (a.flags() ^ b.flags())
-                .difference(VmFlags::ACCESS | VmFlags::SOFTDIRTY)
-                .is_empty()
-            && b.pgoff() == a.pgoff() + pages(a.end() - a.start())
-    };
-    // A neighbour's anon_vma is reusable only if its chain has a single
-    // entry (Linux's `reusable_anon_vma`): one shared with fork relatives
-    // would tie this VMA to their family.
-    let singular = |a: Option<Arc<AnonVma>>| a.filter(|a| a.chain_len() == 1);
-    let mut found: Option<Arc<AnonVma>> = None;
-    if let Some((_, next)) = mm.tree.next(vma.end(), &g) {
-        if compatible(vma, next) {
-            found = singular(next.anon_vma_arc());
-        }
-    }
-    if found.is_none() {
-        if let Some((_, prev)) = mm.tree.prev(vma.start(), &g) {
-            if compatible(prev, vma) {
-                found = singular(prev.anon_vma_arc());
-            }
-        }
-    }
-    let a = found.unwrap_or_else(|| Arc::new(AnonVma::new(next_id())));
-    Ok(vma.install_anon_vma(a, &mm.stats))
 }
 
 /// Populates the page of `addr` in `vma` for `access` (already checked).
@@ -270,7 +208,7 @@ fn do_fault(
         } else if access != Access::Write {
             Pte::new(Pfn::ZERO_PAGE, PteFlags::from(flags) - PteFlags::WRITE)
         } else {
-            anon_vma_prepare(mm, vma, vma_locked)?;
+            anon_vma_prepare(mm, vma, vma_locked).map_err(Step::Retry)?;
             let pfn = alloc_frame(mm)?;
             Pte::new(
                 pfn,
@@ -323,7 +261,7 @@ fn wp_fault(
             })
             .is_some());
     }
-    anon_vma_prepare(mm, vma, vma_locked)?;
+    anon_vma_prepare(mm, vma, vma_locked).map_err(Step::Retry)?;
     let old = pte.pfn();
     if !old.is_zero_page() {
         // One look under the PTE lock, with the entry unchanged. If our
@@ -384,4 +322,12 @@ fn wp_fault(
         gather.flush();
     }
     Ok(true)
+}
+
+impl AddressSpace {
+    /// The page-fault entry point: resolves a fault at `addr` for `access`
+    /// as the kernel would (per-VMA lock first, mmap_lock fallback).
+    pub fn fault(&self, addr: u64, access: Access) -> Result<(), FaultError> {
+        handle(self, addr, access)
+    }
 }

@@ -216,6 +216,17 @@ pub enum Access {
 }
 
 impl Access {
+    /// True if a VMA with `flags` allows this access (Linux's
+    /// `access_error`, inverted; x86-64: any access bit allows a read).
+    pub(crate) fn allowed_by(self, flags: crate::vma::VmFlags) -> bool {
+        use crate::vma::VmFlags;
+        match self {
+            Access::Read => flags.accessible(),
+            Access::Write => flags.contains(VmFlags::WRITE),
+            Access::Exec => flags.contains(VmFlags::EXEC),
+        }
+    }
+
     /// The protection bit this access needs.
     pub const fn required(self) -> Prot {
         match self {

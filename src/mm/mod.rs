@@ -45,6 +45,7 @@ pub mod flags;
 pub(crate) mod mmap_lock;
 
 mod access;
+mod anon_vma;
 mod brk;
 pub(crate) mod edit;
 pub(crate) mod fault;
@@ -67,7 +68,6 @@ pub use mlock::{MlockAllFlags, MlockFlags, MsyncFlags};
 pub use name::ANON_NAME_MAX;
 
 use crate::addr::Range;
-use crate::error::FaultError;
 pub use crate::phys::{Budget, FrameAllocator};
 use crate::pt::PageTable;
 use crate::reclaim::Reclaimer;
@@ -252,19 +252,6 @@ impl AddressSpace {
         &self.cfg
     }
 
-    /// The page-fault entry point: resolves a fault at `addr` for `access`
-    /// as the kernel would (per-VMA lock first, mmap_lock fallback).
-    pub fn fault(&self, addr: u64, access: Access) -> Result<(), FaultError> {
-        crate::mm::fault::handle(self, addr, access)
-    }
-
-    /// A soft TLB for the calling thread: loads, stores and atomics at
-    /// cached translations, faulting like a CPU on a miss (see
-    /// [`crate::translate`]).
-    pub fn translator(&self) -> crate::translate::Translator<'_> {
-        crate::translate::Translator::new(self)
-    }
-
     /// Snapshot of every VMA, in address order.
     pub fn vmas(&self) -> Vec<VmaInfo> {
         let st = self.mmap_lock.read();
@@ -363,36 +350,4 @@ impl core::fmt::Debug for AddressSpace {
 /// or starts at the break, is not the heap, and an empty heap has none.
 pub(crate) fn is_heap(st: &MmState, r: Range) -> bool {
     r.start < st.brk && r.end > st.start_brk
-}
-
-impl Drop for AddressSpace {
-    /// Teardown in bulk (Linux's `exit_mmap`): every entry is cleared and
-    /// its frame reference dropped in one walk of each VMA's tables, with
-    /// one TLB flush; VMAs leave their anon_vma families one family-lock
-    /// acquisition per run of VMAs of the same family; the tree's nodes and
-    /// the table pages are freed at once by their own drops, not retired
-    /// one edit at a time.
-    fn drop(&mut self) {
-        let mut ed = edit::Edit::begin(self);
-        let all = ed.vmas_in(Range::new(0, u64::MAX));
-        // `&mut self`: no user access or fault of this space is in flight
-        // and none can start, so no translation of it is cached anywhere
-        // and each frame may be released as its entry is cleared.
-        let pg = self.pt.pin();
-        let mut pages = 0;
-        for v in &all {
-            self.pt.zap_range(v.range(), &pg, |_, frame| {
-                pages += 1;
-                if let Some(pfn) = frame {
-                    self.frames.put(pfn);
-                }
-            });
-        }
-        if pages > 0 {
-            self.tlb.flush(&self.stats, pages);
-        }
-        ed.detach_all(&all);
-        // Nothing reaches the tree or the tables any more: the tree's and
-        // the page table's own drops free them directly.
-    }
 }

@@ -1,4 +1,5 @@
-//! munmap.
+//! munmap, and the teardown of a whole address space (munmap of
+//! everything, in bulk).
 //!
 //! # Locking
 //!
@@ -36,5 +37,37 @@ impl AddressSpace {
             Some(l) if l != 0 => Range::from_len(addr, l).ok_or(Error::Inval),
             _ => Err(Error::Inval),
         }
+    }
+}
+
+impl Drop for AddressSpace {
+    /// Teardown in bulk (Linux's `exit_mmap`): every entry is cleared and
+    /// its frame reference dropped in one walk of each VMA's tables, with
+    /// one TLB flush; VMAs leave their anon_vma families one family-lock
+    /// acquisition per run of VMAs of the same family; the tree's nodes and
+    /// the table pages are freed at once by their own drops, not retired
+    /// one edit at a time.
+    fn drop(&mut self) {
+        let mut ed = Edit::begin(self);
+        let all = ed.vmas_in(Range::new(0, u64::MAX));
+        // `&mut self`: no user access or fault of this space is in flight
+        // and none can start, so no translation of it is cached anywhere
+        // and each frame may be released as its entry is cleared.
+        let pg = self.pt.pin();
+        let mut pages = 0;
+        for v in &all {
+            self.pt.zap_range(v.range(), &pg, |_, frame| {
+                pages += 1;
+                if let Some(pfn) = frame {
+                    self.frames.put(pfn);
+                }
+            });
+        }
+        if pages > 0 {
+            self.tlb.flush(&self.stats, pages);
+        }
+        ed.detach_all(&all);
+        // Nothing reaches the tree or the tables any more: the tree's and
+        // the page table's own drops free them directly.
     }
 }

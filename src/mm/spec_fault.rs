@@ -110,7 +110,6 @@
 //! [`crate::mm`].
 
 use crate::addr::{page_align_down, PMD_SIZE};
-use crate::mm::fault::access_ok;
 use crate::mm::{Access, AddressSpace};
 use crate::phys::Pfn;
 use crate::pt::{CheckedInstallError, Pte, PteFlags};
@@ -135,7 +134,7 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
     if v.mm_id() != mm.id || !range.contains(addr) || !v.lock.is_attached() {
         return Err(Event::spec_abort_lookup);
     }
-    if !access_ok(flags, access) {
+    if !access.allowed_by(flags) {
         return Err(Event::spec_abort_lookup);
     }
     if !v.is_anonymous() || (access == Access::Write && !v.has_anon_vma()) {

@@ -71,7 +71,7 @@ pub(crate) fn expand_stack(mm: &AddressSpace, addr: u64) -> bool {
     };
     ed.lock(v);
     // Growing a stack gives it an anon_vma, as Linux's expand_downwards.
-    let _ = crate::mm::fault::anon_vma_prepare(mm, &v, false);
+    let _ = crate::mm::anon_vma::anon_vma_prepare(mm, &v, false);
     ed.set_range(v, new_start, v.end(), pgoff);
     true
 }

@@ -1,0 +1,70 @@
+//! A VMA's first anon_vma (Linux's `anon_vma_prepare`): the first write
+//! fault in a private VMA, and stack growth, give it one, reusing a
+//! mergeable neighbour's so the two can still merge later.
+//!
+//! # Locking
+//!
+//! The caller holds the VMA (its read lock, or the mmap_lock). A fault on
+//! the per-VMA path only try-locks the mmap_lock read side here (to see
+//! the neighbours stay put), and retries under the mmap_lock if it cannot;
+//! the install itself is a compare-exchange under the family's lock. Order:
+//! [`crate::mm`].
+
+use crate::addr::pages;
+use crate::mm::{next_id, AddressSpace};
+use crate::stats::Event;
+use crate::sync::Arc;
+use crate::vma::{AnonVma, VmFlags, Vma};
+
+/// Gives `vma` an anon_vma (Linux's `anon_vma_prepare`): reuse a
+/// neighbour's where the two could merge but for their protection, else a
+/// new one. Under the per-VMA lock this needs the mmap_lock read side for
+/// the neighbours, and only try-locks it.
+pub(crate) fn anon_vma_prepare<'v>(
+    mm: &AddressSpace,
+    vma: &'v Vma,
+    vma_locked: bool,
+) -> Result<&'v AnonVma, Event> {
+    // SAFETY: the caller holds `vma` (its read lock, or the mmap_lock
+    // read side) for the lifetime `'v` it lends.
+    if let Some(a) = unsafe { vma.anon_vma() } {
+        return Ok(a);
+    }
+    let _st = if vma_locked {
+        match mm.mmap_lock.try_read() {
+            Some(st) => Some(st),
+            None => return Err(Event::retry_anon_vma),
+        }
+    } else {
+        None
+    };
+    let g = mm.tree.pin();
+    let compatible = |a: &Vma, b: &Vma| {
+        a.end() == b.start()
+            && a.is_anonymous()
+            && b.is_anonymous()
+            && (a.flags() ^ b.flags())
+                .difference(VmFlags::ACCESS | VmFlags::SOFTDIRTY)
+                .is_empty()
+            && b.pgoff() == a.pgoff() + pages(a.end() - a.start())
+    };
+    // A neighbour's anon_vma is reusable only if its chain has a single
+    // entry (Linux's `reusable_anon_vma`): one shared with fork relatives
+    // would tie this VMA to their family.
+    let singular = |a: Option<Arc<AnonVma>>| a.filter(|a| a.chain_len() == 1);
+    let mut found: Option<Arc<AnonVma>> = None;
+    if let Some((_, next)) = mm.tree.next(vma.end(), &g) {
+        if compatible(vma, next) {
+            found = singular(next.anon_vma_arc());
+        }
+    }
+    if found.is_none() {
+        if let Some((_, prev)) = mm.tree.prev(vma.start(), &g) {
+            if compatible(prev, vma) {
+                found = singular(prev.anon_vma_arc());
+            }
+        }
+    }
+    let a = found.unwrap_or_else(|| Arc::new(AnonVma::new(next_id())));
+    Ok(vma.install_anon_vma(a, &mm.stats))
+}
