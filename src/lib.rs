@@ -10,8 +10,10 @@
 //! - a simulated 4-level page table with real 4 KiB frames;
 //! - a page-fault path that locks only the faulting VMA.
 //!
-//! See `README.md` for the commands, and `../shared/DESIGN.md` in the
-//! project for the map of modules and protocols.
+//! See `README.md` for the commands and results, and
+//! `docs/ARCHITECTURE.md` in the repository for the map of the code:
+//! one line per file, how a fault and an mmap flow, each protocol and the
+//! model that checks it, and the lock order.
 
 #![warn(missing_docs)]
 

@@ -1,0 +1,114 @@
+//! Guest words in frame memory: the [`Scalar`] types a translator loads
+//! and stores, and byte copies done as 8-byte atomic words.
+//!
+//! Frame memory is shared with other threads and translators, so every
+//! access is atomic on the containing 8-byte word: narrower stores are
+//! compare-and-swap loops, so a guest's racing stores are a data race in
+//! the guest, never undefined behaviour here.
+//!
+//! # Locking
+//!
+//! None: only atomics on frame words (`sync::frame`, invisible to loom on
+//! purpose: guest data is not part of a protocol). Order of the locks that
+//! exist: [`crate::mm`].
+
+use crate::sync::frame::{AtomicU64 as FrameWord, Ordering as FrameOrdering};
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// The integer types a [`Translator`](super::Translator) loads, stores and operates on
+/// atomically (sealed: `u8`..`u64`, `i8`..`i64`).
+pub trait Scalar: sealed::Sealed + Copy + Eq + core::fmt::Debug {
+    /// Size in bytes (1, 2, 4 or 8).
+    const SIZE: usize;
+    /// The value's bits, zero-extended.
+    fn to_bits(self) -> u64;
+    /// The value of the low `SIZE` bytes of `bits`.
+    fn from_bits(bits: u64) -> Self;
+}
+
+macro_rules! scalar {
+    ($($t:ty => $u:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Scalar for $t {
+            const SIZE: usize = core::mem::size_of::<$t>();
+            #[inline(always)]
+            fn to_bits(self) -> u64 {
+                self as $u as u64
+            }
+            #[inline(always)]
+            fn from_bits(bits: u64) -> Self {
+                bits as $u as $t
+            }
+        }
+    )*};
+}
+scalar!(u8 => u8, u16 => u16, u32 => u32, u64 => u64, i8 => u8, i16 => u16, i32 => u32, i64 => u64);
+
+/// Mask of a `T`'s bits in a word.
+#[inline(always)]
+pub(super) fn mask<T: Scalar>() -> u64 {
+    if T::SIZE == 8 {
+        !0
+    } else {
+        (1u64 << (T::SIZE * 8)) - 1
+    }
+}
+
+/// The 8-byte word of a frame holding byte `off`.
+///
+/// # Safety
+/// `base` is a frame's first byte (from `FrameAllocator::frame_ptr`, valid
+/// while the allocator lives) and `off < PAGE_SIZE`.
+#[inline(always)]
+pub(super) unsafe fn word<'f>(base: *mut u8, off: usize) -> &'f FrameWord {
+    // SAFETY: per the contract the word lies inside the frame's 4096
+    // bytes, which are 4096-aligned, so it is 8-aligned; frames live as
+    // long as the allocator and every shared access to them is atomic.
+    unsafe { &*(base.add(off & !7) as *const FrameWord) }
+}
+
+/// Copies frame bytes `[off, off + buf.len())` into `buf` (`None`: the
+/// zero page).
+pub(super) fn copy_out(frame: Option<*mut u8>, off: usize, buf: &mut [u8]) {
+    let Some(base) = frame else {
+        buf.fill(0);
+        return;
+    };
+    let mut pos = 0;
+    while pos < buf.len() {
+        let at = off + pos;
+        let lo = at % 8;
+        let n = (8 - lo).min(buf.len() - pos);
+        // SAFETY: callers keep `off + buf.len() <= PAGE_SIZE`.
+        let w = unsafe { word(base, at) }.load(FrameOrdering::Acquire);
+        buf[pos..pos + n].copy_from_slice(&w.to_le_bytes()[lo..lo + n]);
+        pos += n;
+    }
+}
+
+/// Copies `data` into frame bytes `[off, off + data.len())`.
+pub(super) fn copy_in(base: *mut u8, off: usize, data: &[u8]) {
+    let mut pos = 0;
+    while pos < data.len() {
+        let at = off + pos;
+        let lo = at % 8;
+        let n = (8 - lo).min(data.len() - pos);
+        // SAFETY: callers keep `off + data.len() <= PAGE_SIZE`.
+        let w = unsafe { word(base, at) };
+        let src = &data[pos..pos + n];
+        if n == 8 {
+            let v = u64::from_le_bytes(src.try_into().expect("8 bytes"));
+            w.store(v, FrameOrdering::Release);
+        } else {
+            let _ = w.fetch_update(FrameOrdering::Release, FrameOrdering::Relaxed, |old| {
+                let mut b = old.to_le_bytes();
+                b[lo..lo + n].copy_from_slice(src);
+                Some(u64::from_le_bytes(b))
+            });
+        }
+        pos += n;
+    }
+}
