@@ -329,6 +329,6 @@ impl AddressSpace {
         let g = self.tree.pin();
         self.tree
             .find_after(addr, &g)
-            .map(|(_, v)| v.info(super::is_heap(&st, v.range())))
+            .map(|(_, v)| super::snapshot(&st, v))
     }
 }

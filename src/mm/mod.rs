@@ -82,6 +82,9 @@ pub(crate) struct MmState {
     pub(crate) start_brk: u64,
     /// Current break (`mm->brk`).
     pub(crate) brk: u64,
+    /// The initial stack pointer (`mm->start_stack`); 0 for none (see
+    /// [`AddressSpace::set_start_stack`]).
+    pub(crate) start_stack: u64,
 }
 
 /// Source of unique ids for address spaces, anon_vmas and shared objects.
@@ -183,9 +186,7 @@ impl AddressSpace {
     pub fn vma_at(&self, addr: u64) -> Option<VmaInfo> {
         let st = self.mmap_lock.read();
         let g = self.tree.pin();
-        self.tree
-            .find(addr, &g)
-            .map(|(_, v)| v.info(is_heap(&st, v.range())))
+        self.tree.find(addr, &g).map(|(_, v)| snapshot(&st, v))
     }
 
     pub(crate) fn with_parts(cfg: Config, frames: Arc<FrameAllocator>, pool: Arc<VmaPool>) -> Self {
@@ -204,6 +205,7 @@ impl AddressSpace {
                 map_count: 0,
                 start_brk,
                 brk: start_brk,
+                start_stack: 0,
             }),
             pt: PageTable::with_budget(reclaimer(), frames.memory().clone()),
             frames,
@@ -240,10 +242,7 @@ impl AddressSpace {
     pub fn vmas(&self) -> Vec<VmaInfo> {
         let st = self.mmap_lock.read();
         let g = self.tree.pin();
-        self.tree
-            .iter(&g)
-            .map(|(_, v)| v.info(is_heap(&st, v.range())))
-            .collect()
+        self.tree.iter(&g).map(|(_, v)| snapshot(&st, v)).collect()
     }
 
     /// The VMAs in `/proc/pid/maps` format, one line each.
@@ -339,6 +338,21 @@ impl core::fmt::Debug for AddressSpace {
 /// or starts at the break, is not the heap, and an empty heap has none.
 pub(crate) fn is_heap(st: &MmState, r: Range) -> bool {
     r.start < st.brk && r.end > st.start_brk
+}
+
+/// Linux (`vma_is_initial_stack`) prints `[stack]` for the VMA that
+/// contains `mm->start_stack`, both ends inclusive: a VMA that ends
+/// exactly at it is labelled too. After a split only the pieces touching
+/// it keep the label. No start stack (0), no label.
+pub(crate) fn is_stack(st: &MmState, r: Range) -> bool {
+    st.start_stack != 0 && r.start <= st.start_stack && st.start_stack <= r.end
+}
+
+/// The public snapshot of `v`, with the labels only the address space
+/// knows (`[heap]`, `[stack]`). Under the mmap_lock.
+pub(crate) fn snapshot(st: &MmState, v: &crate::vma::VmaRef) -> VmaInfo {
+    let r = v.range();
+    v.info(is_heap(st, r), is_stack(st, r))
 }
 
 impl Drop for AddressSpace {

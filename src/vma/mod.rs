@@ -484,7 +484,9 @@ impl Vma {
     }
 
     /// A public snapshot of this VMA.
-    pub(crate) fn info(&self, heap: bool) -> VmaInfo {
+    /// `heap` and `stack` say whether the address space labels it
+    /// `[heap]` or `[stack]`.
+    pub(crate) fn info(&self, heap: bool, stack: bool) -> VmaInfo {
         let f = self.flags();
         VmaInfo {
             start: self.start(),
@@ -499,6 +501,7 @@ impl Vma {
             // the writers' own checks).
             shmem_id: unsafe { self.shmem() }.map(|s| s.id),
             heap,
+            stack,
             name: self.name().map(str::to_string),
         }
     }
@@ -535,6 +538,10 @@ pub struct VmaInfo {
     pub shmem_id: Option<u64>,
     /// This is the brk heap.
     pub heap: bool,
+    /// This VMA contains the initial stack pointer
+    /// ([`set_start_stack`](crate::AddressSpace::set_start_stack)): maps
+    /// shows it as `[stack]`.
+    pub stack: bool,
     /// The name given with [`set_anon_name`](crate::AddressSpace::set_anon_name).
     pub name: Option<String>,
 }
@@ -582,11 +589,12 @@ impl VmaInfo {
             ),
         };
         // show_map_vma: a shared mapping's object first, then the heap,
-        // then an anonymous VMA's name.
+        // the stack, then an anonymous VMA's name.
         let path = match (&self.name, self.shmem_id.is_some()) {
             (Some(n), true) => format!("[anon_shmem:{n}]"),
             (None, true) => "/dev/zero (deleted)".to_string(),
             _ if self.heap => "[heap]".to_string(),
+            _ if self.stack => "[stack]".to_string(),
             (Some(n), false) => format!("[anon:{n}]"),
             (None, false) => String::new(),
         };
