@@ -1388,3 +1388,36 @@ fn start_stack_on_a_boundary_labels_both_neighbours() {
     mm.set_start_stack(sb + 10);
     assert_eq!(label_at(&mm.maps(), sb).as_deref(), Some("[heap]"));
 }
+
+// ---------------------------------------------------------------- unwind safety
+
+#[test]
+fn a_panic_while_a_translator_is_live_leaves_the_space_usable() {
+    fn unwind_safe<T: std::panic::RefUnwindSafe + std::panic::UnwindSafe>() {}
+    unwind_safe::<AddressSpace>();
+    let mm = AddressSpace::new(Config::default());
+    let a = mm
+        .mmap(
+            0,
+            2 * PAGE,
+            Prot::READ | Prot::WRITE,
+            MapFlags::PRIVATE | MapFlags::ANONYMOUS,
+        )
+        .unwrap();
+    let caught = std::panic::catch_unwind(|| {
+        let mut t = mm.translator();
+        t.store(a, 7u8).unwrap();
+        panic!("caller bug while its translator caches a page");
+    });
+    assert!(caught.is_err());
+    // The unwound translator no longer holds up flushes: mprotect and
+    // munmap complete, and the space shows what was stored.
+    let mut b = [0u8];
+    mm.read(a, &mut b).unwrap();
+    assert_eq!(b, [7]);
+    mm.mprotect(a, PAGE, Prot::READ).unwrap();
+    assert!(mm.translator().store(a, 1u8).is_err());
+    mm.munmap(a, 2 * PAGE).unwrap();
+    assert_eq!(mm.frames_used(), 0);
+    assert_eq!(mm.map_count(), 0);
+}

@@ -133,7 +133,23 @@ pub struct AddressSpace {
 const _: () = {
     const fn send_sync<T: Send + Sync>() {}
     send_sync::<AddressSpace>();
+    const fn unwind_safe<T: std::panic::RefUnwindSafe + std::panic::UnwindSafe>() {}
+    unwind_safe::<AddressSpace>();
 };
+
+// Unwind safety. The auto traits fail only because the locks inside
+// (parking_lot's, which do not poison) and the atomic cells are interior
+// mutability. A space seen again after a caught panic is consistent:
+// - no public method calls back into caller code (no closures), so a
+//   caller's panic falls between two calls, never inside an edit;
+// - the one guard a caller holds across its own code, a `Translator`,
+//   unregisters its slot when dropped by the unwinding, so flushes do not
+//   wait for it (tested in tests/linux_surface.rs);
+// - aspace's own code returns an errno for bad input instead of panicking
+//   (tests/hostile.rs), and every lock guard it holds is released by the
+//   unwinding of a panic that would be a bug.
+impl std::panic::RefUnwindSafe for AddressSpace {}
+impl std::panic::UnwindSafe for AddressSpace {}
 
 impl AddressSpace {
     /// An empty address space with a physical memory of its own:
