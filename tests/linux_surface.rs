@@ -1421,3 +1421,234 @@ fn a_panic_while_a_translator_is_live_leaves_the_space_usable() {
     assert_eq!(mm.frames_used(), 0);
     assert_eq!(mm.map_count(), 0);
 }
+
+// ---------------------------------------------------------------- MAP_DROPPABLE
+
+const MAP_DROPPABLE: u32 = 0x08;
+const DROP_ANON: u32 = MAP_DROPPABLE | MAP_ANONYMOUS;
+const MADV_DONTDUMP: i32 = 16;
+const MADV_DODUMP: i32 = 17;
+const DROPPABLE_RW: &str = "rd wr mr mw me nr wf dd dp";
+
+/// True if the running kernel has `MAP_DROPPABLE` (6.11+); says on stderr
+/// when it does not.
+fn kernel_has_droppable() -> bool {
+    let Some(mut k) = KernelTarget::new(1) else {
+        return false;
+    };
+    let a = k.region().page(0);
+    let ok = k.mmap(a, PAGE, RW, DROP_ANON | MAP_FIXED) == Ok(a);
+    if !ok {
+        eprintln!("kernel side skipped: no MAP_DROPPABLE (Linux < 6.11)");
+    }
+    ok
+}
+
+/// Runs `f` on the kernel when it has MAP_DROPPABLE, then on aspace.
+fn on_both_droppable(pages: u64, f: impl Fn(&mut dyn Target)) {
+    if kernel_has_droppable() {
+        on_both(pages, f);
+    } else {
+        f(&mut AspaceTarget::new(Region::new(
+            aspace_target::DEFAULT_REGION_START,
+            pages,
+        )));
+    }
+}
+
+#[test]
+fn map_droppable_flag_rules_vm_flags_and_locks() {
+    on_both_droppable(12, |t| {
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        let fx = DROP_ANON | MAP_FIXED;
+        for bad in [
+            fx | MAP_LOCKED,
+            fx | MAP_GROWSDOWN,
+            fx | MAP_HUGETLB,
+            (fx & !MAP_DROPPABLE) | 0x09,
+            (fx & !MAP_DROPPABLE) | 0x0a,
+            (fx & !MAP_DROPPABLE) | 0x0c,
+            (fx & !MAP_DROPPABLE) | 0x0f,
+        ] {
+            assert_eq!(t.mmap(p(0), PAGE, RW, bad), Err(EINVAL), "{bad:#x}");
+        }
+        assert_eq!(t.mmap(p(0), 0, RW, fx), Err(EINVAL));
+        assert_eq!(t.mmap(p(0), 2 * PAGE, RW, fx), Ok(p(0)));
+        // A neighbour with the same flags merges; MAP_STACK adds nh.
+        assert_eq!(t.mmap(p(2), PAGE, RW, fx), Ok(p(2)));
+        assert_eq!(t.mmap(p(4), PAGE, RW, fx | MAP_STACK), Ok(p(4)));
+        assert_eq!(
+            t.mmap(p(6), PAGE, RW, fx | MAP_POPULATE | MAP_SYNC),
+            Ok(p(6))
+        );
+        assert_flags(
+            t,
+            &[
+                (0, 3, DROPPABLE_RW),
+                (4, 5, "rd wr mr mw me nr wf dd dp nh"),
+                (6, 7, "rd wr mr mw me nr wf dd dp sf"),
+            ],
+        );
+        assert_eq!(resident(t, p(6), 1), [true]);
+        // mlock populates droppable memory but does not lock it.
+        assert_eq!(resident(t, p(0), 3), [false; 3]);
+        assert_eq!(mlock2(t, p(0), 2 * PAGE, 0), Ok(()));
+        assert_eq!(mlock2(t, p(2), PAGE, MLOCK_ONFAULT), Ok(()));
+        assert_eq!(resident(t, p(0), 3), [true; 3]);
+        // Dump and fork advice: droppable memory is never kept.
+        assert_eq!(t.madvise(p(0), PAGE, MADV_KEEPONFORK), Err(EINVAL));
+        assert_eq!(t.madvise(p(0), PAGE, MADV_DODUMP), Err(EINVAL));
+        assert_eq!(t.madvise(p(0), PAGE, MADV_WIPEONFORK), Ok(()));
+        assert_eq!(t.madvise(p(0), PAGE, MADV_DONTDUMP), Ok(()));
+        assert_eq!(t.madvise(p(0), PAGE, MADV_FREE), Ok(()));
+        assert_eq!(t.mprotect(p(1), PAGE, PROT_READ), Ok(()));
+        assert_flags(
+            t,
+            &[
+                (0, 1, DROPPABLE_RW),
+                (1, 2, "rd mr mw me nr wf dd dp"),
+                (2, 3, DROPPABLE_RW),
+                (4, 5, "rd wr mr mw me nr wf dd dp nh"),
+                (6, 7, "rd wr mr mw me nr wf dd dp sf"),
+            ],
+        );
+        // DONTDUMP / DODUMP on ordinary memory.
+        assert_eq!(t.mmap(p(8), 2 * PAGE, RW, ANON | MAP_FIXED), Ok(p(8)));
+        assert_eq!(t.madvise(p(8), PAGE, MADV_DONTDUMP), Ok(()));
+        assert_flags(
+            t,
+            &[
+                (0, 1, DROPPABLE_RW),
+                (1, 2, "rd mr mw me nr wf dd dp"),
+                (2, 3, DROPPABLE_RW),
+                (4, 5, "rd wr mr mw me nr wf dd dp nh"),
+                (6, 7, "rd wr mr mw me nr wf dd dp sf"),
+                (8, 9, "rd wr mr mw me ac dd"),
+                (9, 10, PRIV_RW),
+            ],
+        );
+        assert_eq!(t.madvise(p(8), PAGE, MADV_DODUMP), Ok(()));
+        assert_flags(
+            t,
+            &[
+                (0, 1, DROPPABLE_RW),
+                (1, 2, "rd mr mw me nr wf dd dp"),
+                (2, 3, DROPPABLE_RW),
+                (4, 5, "rd wr mr mw me nr wf dd dp nh"),
+                (6, 7, "rd wr mr mw me nr wf dd dp sf"),
+                (8, 10, PRIV_RW),
+            ],
+        );
+    });
+}
+
+#[test]
+fn droppable_memory_is_wiped_in_fork_children_and_never_locked() {
+    const MCL_CURRENT: i32 = 1;
+    const MCL_FUTURE: i32 = 2;
+    const MCL_ONFAULT: i32 = 4;
+    // Page 0: droppable, written with 7. In the child: the value it loads
+    // (0: wiped)
+    // at page 0; then mlockall(MCL_CURRENT | MCL_FUTURE) and a droppable
+    // page at 2 (populated, not locked); then MCL_FUTURE | MCL_ONFAULT,
+    // a droppable page at 4 (populated: its lock, dropped, no longer says
+    // on-fault) and a MAP_POPULATE page at 6 (not populated: locks on
+    // fault). The residency of pages 2, 4, 6 follows.
+    let want_res = [0, 0, 1, 1, 0];
+    let want_flags = [
+        vec!["dd", "dp", "me", "mr", "mw", "nr", "rd", "wf", "wr"],
+        vec!["dd", "dp", "me", "mr", "mw", "nr", "rd", "wf", "wr"],
+        vec!["dd", "dp", "me", "mr", "mw", "nr", "rd", "wf", "wr"],
+        vec!["ac", "lf", "lo", "me", "mr", "mw", "rd", "wr"],
+    ];
+    let want_flags: Vec<Vec<String>> = want_flags
+        .iter()
+        .map(|v| v.iter().map(|s| s.to_string()).collect())
+        .collect();
+    let region = if kernel_has_droppable() {
+        let mut k = KernelTarget::new(8).unwrap();
+        let r = k.region();
+        assert_eq!(
+            k.mmap(r.page(0), PAGE, RW, DROP_ANON | MAP_FIXED),
+            Ok(r.page(0))
+        );
+        assert_eq!(k.write(r.page(0), &[7]), Ok(()));
+        let (res, smaps) = in_forked_child_reporting(c"/proc/self/smaps", |pipe| {
+            let mut out = [0u8; 64];
+            out[0] = kernel_load(pipe, r.page(0)).unwrap_or(0xff);
+            let map = |page: u64, flags: u32| {
+                // SAFETY: MAP_FIXED inside the test region, where no Rust
+                // object lives.
+                let p = unsafe {
+                    libc::mmap(
+                        r.page(page) as *mut libc::c_void,
+                        PAGE as usize,
+                        RW as i32,
+                        (flags | MAP_FIXED) as i32,
+                        -1,
+                        0,
+                    )
+                };
+                p as u64 == r.page(page)
+            };
+            let res = |page: u64| {
+                let mut v = 0u8;
+                // SAFETY: one page of our own memory; one byte out.
+                unsafe { libc::mincore(r.page(page) as *mut libc::c_void, PAGE as usize, &mut v) };
+                v & 1
+            };
+            // SAFETY: mlockall on this child's own memory.
+            out[1] = unsafe { libc::mlockall(MCL_CURRENT | MCL_FUTURE) } as u8;
+            out[1] |= !map(2, DROP_ANON) as u8;
+            out[2] = res(2);
+            // SAFETY: as above.
+            out[1] |= unsafe { libc::mlockall(MCL_FUTURE | MCL_ONFAULT) } as u8;
+            out[1] |= !map(4, DROP_ANON) as u8;
+            out[1] |= !map(6, ANON | MAP_POPULATE) as u8;
+            out[3] = res(4);
+            out[4] = res(6);
+            (out, 5)
+        });
+        assert_eq!(res, want_res, "kernel child");
+        let flags: Vec<Vec<String>> = common::kernel::smaps_flags_in(&smaps, r.lo, r.hi)
+            .into_iter()
+            .map(|(_, _, f)| comparable_flags(f))
+            .collect();
+        assert_eq!(flags, want_flags, "kernel child");
+        r
+    } else {
+        Region::new(aspace_target::DEFAULT_REGION_START, 8)
+    };
+    use aspace::MlockAllFlags as M;
+    let mut t = AspaceTarget::new(region);
+    let r = region;
+    let fx = MapFlags::from_bits_retain(DROP_ANON | MAP_FIXED);
+    assert_eq!(
+        t.mm.mmap(r.page(0), PAGE, Prot::READ | Prot::WRITE, fx),
+        Ok(r.page(0))
+    );
+    assert_eq!(t.write(r.page(0), &[7]), Ok(()));
+    let c = t.mm.fork().unwrap();
+    let mut b = [0xffu8];
+    c.read(r.page(0), &mut b).unwrap();
+    let mut got = vec![b[0], 0];
+    let rw = Prot::READ | Prot::WRITE;
+    c.mlockall(M::CURRENT | M::FUTURE).unwrap();
+    c.mmap(r.page(2), PAGE, rw, fx).unwrap();
+    got.push(c.mincore(r.page(2), PAGE).unwrap()[0] as u8);
+    c.mlockall(M::FUTURE | M::ONFAULT).unwrap();
+    c.mmap(r.page(4), PAGE, rw, fx).unwrap();
+    let pop = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED | MapFlags::POPULATE;
+    c.mmap(r.page(6), PAGE, rw, pop).unwrap();
+    got.push(c.mincore(r.page(4), PAGE).unwrap()[0] as u8);
+    got.push(c.mincore(r.page(6), PAGE).unwrap()[0] as u8);
+    assert_eq!(got, want_res, "aspace child");
+    let flags: Vec<Vec<String>> = c
+        .vmas()
+        .into_iter()
+        .filter(|v| v.start >= r.lo && v.end <= r.hi)
+        .map(|v| common::aspace_target::mnemonics(v.flags))
+        .collect();
+    assert_eq!(flags, want_flags, "aspace child");
+}

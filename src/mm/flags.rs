@@ -76,6 +76,14 @@ bitflags! {
         /// `MAP_SYNC`: recorded as `VM_SYNC`, as Linux does for anonymous
         /// memory (it is checked only for files mapped `SHARED_VALIDATE`).
         const SYNC = 0x8_0000;
+        /// `MAP_DROPPABLE` (Linux 6.11+), a value of the type field
+        /// ([`MapFlags::TYPE`]) instead of `SHARED`/`PRIVATE`: private
+        /// anonymous memory whose pages the kernel may drop at any time
+        /// (aspace never does: it has no memory pressure). The VMA gets
+        /// `VM_DROPPABLE`, `VM_NORESERVE`, `VM_WIPEONFORK` and
+        /// `VM_DONTDUMP`; mlock and mlockall leave it unlocked (and
+        /// populate it). `EINVAL` with `LOCKED`, `GROWSDOWN` or `HUGETLB`.
+        const DROPPABLE = 0x08;
     }
 }
 
@@ -152,11 +160,17 @@ pub enum Advice {
     PopulateWrite,
     /// `MADV_DONTNEED_LOCKED`: `DontNeed` that also drops locked pages.
     DontNeedLocked,
+    /// `MADV_DONTDUMP`: leave the range out of core dumps (`VM_DONTDUMP`;
+    /// recorded only).
+    DontDump,
+    /// `MADV_DODUMP`: undoes `DontDump` (`EINVAL` on droppable memory,
+    /// which is never dumped).
+    DoDump,
 }
 
 impl Advice {
     /// Every advice, for conversions.
-    const ALL: [Advice; 16] = [
+    const ALL: [Advice; 18] = [
         Advice::Normal,
         Advice::Random,
         Advice::Sequential,
@@ -173,6 +187,8 @@ impl Advice {
         Advice::PopulateRead,
         Advice::PopulateWrite,
         Advice::DontNeedLocked,
+        Advice::DontDump,
+        Advice::DoDump,
     ];
 
     /// Linux's `MADV_*` number.
@@ -194,6 +210,8 @@ impl Advice {
             Advice::PopulateRead => 22,
             Advice::PopulateWrite => 23,
             Advice::DontNeedLocked => 24,
+            Advice::DontDump => 16,
+            Advice::DoDump => 17,
         }
     }
 

@@ -120,7 +120,13 @@ fn advised_flags(v: &VmaRef, a: Advice) -> Result<VmFlags> {
             return Err(Error::Inval)
         }
         Advice::WipeOnFork => f | VmFlags::WIPEONFORK,
+        // Droppable memory is never copied into a child nor dumped.
+        Advice::KeepOnFork | Advice::DoDump if f.contains(VmFlags::DROPPABLE) => {
+            return Err(Error::Inval)
+        }
         Advice::KeepOnFork => f - VmFlags::WIPEONFORK,
+        Advice::DontDump => f | VmFlags::DONTDUMP,
+        Advice::DoDump => f - VmFlags::DONTDUMP,
         _ => f,
     })
 }

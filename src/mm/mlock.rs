@@ -56,6 +56,17 @@ bitflags! {
 /// The lock flags of a VMA (`VM_LOCKED_MASK`).
 const LOCKED_MASK: VmFlags = VmFlags::LOCKED.union(VmFlags::LOCKONFAULT);
 
+/// The flags of a VMA with flags `f` after a lock change to `add` (empty
+/// to unlock). Droppable memory keeps its flags: Linux's `mlock_fixup`
+/// skips it without an error.
+fn lock_flags(f: VmFlags, add: VmFlags) -> VmFlags {
+    if f.contains(VmFlags::DROPPABLE) {
+        f
+    } else {
+        (f - LOCKED_MASK) | add
+    }
+}
+
 /// `mlock`'s page rounding: the start down to its page, the length grown
 /// by the start's offset and rounded up (wrapping, as the kernel's
 /// `PAGE_ALIGN`).
@@ -230,7 +241,7 @@ impl AddressSpace {
         let mut nstart = start;
         loop {
             let tmp = vma.end().min(end);
-            let newflags = (vma.flags() - LOCKED_MASK) | add;
+            let newflags = lock_flags(vma.flags(), add);
             let cur = if newflags == vma.flags() {
                 vma
             } else {
@@ -268,7 +279,7 @@ impl AddressSpace {
         }
         let mut cursor = 0;
         while let Some(v) = ed.find_after(cursor) {
-            let newflags = (v.flags() - LOCKED_MASK) | add;
+            let newflags = lock_flags(v.flags(), add);
             let cur = if newflags == v.flags() {
                 v
             } else {
@@ -281,8 +292,8 @@ impl AddressSpace {
         }
     }
 
-    /// Linux's `__mm_populate` after a lock: faults in the locked VMAs of
-    /// `r` that do not lock on fault, for writing where private and
+    /// Linux's `__mm_populate` after a lock: faults in the locked (or
+    /// droppable) VMAs of `r` that do not lock on fault, for writing where private and
     /// writable. A failure ends it: `ENOMEM` for an inaccessible VMA or a
     /// fault that cannot be resolved, `EAGAIN` when out of memory (mlock's
     /// errors); with `ignore_errors` it goes on to the next VMA.
@@ -295,7 +306,11 @@ impl AddressSpace {
             a = a.max(v.start);
             let stop = v.end.min(r.end);
             let f = v.flags;
-            if !f.contains(VmFlags::LOCKED) || f.contains(VmFlags::LOCKONFAULT) {
+            // Every VMA of the range is locked by now but droppable ones,
+            // which are populated all the same (`__mm_populate` walks the
+            // range); on-fault locks are not.
+            let wanted = f.contains(VmFlags::LOCKED) || f.contains(VmFlags::DROPPABLE);
+            if !wanted || f.contains(VmFlags::LOCKONFAULT) {
                 a = stop;
                 continue;
             }

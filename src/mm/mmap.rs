@@ -67,18 +67,20 @@ impl AddressSpace {
         {
             return Err(Error::Exist);
         }
-        // Anonymous memory takes exactly one of SHARED and PRIVATE (Linux's
-        // MAP_SHARED_VALIDATE, both bits, is for files only).
-        let shared = flags.contains(MapFlags::SHARED);
-        if shared == flags.contains(MapFlags::PRIVATE) {
+        // Anonymous memory takes SHARED, PRIVATE or DROPPABLE in the type
+        // field (Linux's MAP_SHARED_VALIDATE is for files only; other
+        // values are unknown types).
+        let ty = flags.bits() & MapFlags::TYPE;
+        let shared = ty == MapFlags::SHARED.bits();
+        let droppable = ty == MapFlags::DROPPABLE.bits();
+        if !shared && !droppable && ty != MapFlags::PRIVATE.bits() {
             return Err(Error::Inval);
         }
-        if shared && flags.contains(MapFlags::GROWSDOWN) {
+        if (shared || droppable) && flags.contains(MapFlags::GROWSDOWN) {
             return Err(Error::Inval);
         }
-        // The other type values (MAP_DROPPABLE, 0x08, included) are not
-        // modelled: EINVAL, as Linux for an unknown type.
-        if flags.bits() & MapFlags::TYPE & !MapFlags::SHARED_VALIDATE.bits() != 0 {
+        // Droppable pages cannot be locked (HUGETLB failed above).
+        if droppable && flags.contains(MapFlags::LOCKED) {
             return Err(Error::Inval);
         }
 
@@ -103,6 +105,15 @@ impl AddressSpace {
         }
         if flags.contains(MapFlags::STACK) {
             vf |= VmFlags::NOHUGEPAGE;
+        }
+        // Locked, or locked by mlockall(MCL_FUTURE): populated, whether or
+        // not the lock stays.
+        let lock_populates = vf.contains(VmFlags::LOCKED);
+        if droppable {
+            // Never reserved, copied to a child, dumped or locked (the
+            // mlockall(MCL_FUTURE) lock is dropped, as for VM_SPECIAL).
+            vf |= VmFlags::DROPPABLE | VmFlags::NORESERVE | VmFlags::WIPEONFORK | VmFlags::DONTDUMP;
+            vf -= VmFlags::LOCKED | VmFlags::LOCKONFAULT;
         }
         // Private writable memory is charged (Linux's accountable_mapping).
         if !shared && vf.contains(VmFlags::WRITE) && !vf.contains(VmFlags::NORESERVE) {
@@ -134,9 +145,11 @@ impl AddressSpace {
             ed.map_new(r, addr >> PAGE_SHIFT, vf, None, None)
         };
         // Locked memory is populated as mlock does; MAP_POPULATE unless
-        // MAP_NONBLOCK says not to.
-        let populate = vf.contains(VmFlags::LOCKED) && !vf.contains(VmFlags::LOCKONFAULT)
-            || flags.contains(MapFlags::POPULATE) && !flags.contains(MapFlags::NONBLOCK);
+        // MAP_NONBLOCK says not to; neither where the VMA locks on fault
+        // (populate_vma_page_range skips it).
+        let populate = (lock_populates
+            || flags.contains(MapFlags::POPULATE) && !flags.contains(MapFlags::NONBLOCK))
+            && !vf.contains(VmFlags::LOCKONFAULT);
         let _ = vma;
         drop(ed);
         if populate {
@@ -321,6 +334,11 @@ fn hugetlb_error(addr: u64, len: u64, flags: MapFlags) -> Error {
         30 => 1 << 30,
         _ => return Error::Inval,
     };
+    // A type other than SHARED, PRIVATE or SHARED_VALIDATE (DROPPABLE
+    // among them) is refused for the hugetlb file before its reservation.
+    if flags.bits() & MapFlags::TYPE & !MapFlags::SHARED_VALIDATE.bits() != 0 {
+        return Error::Inval;
+    }
     let fixed = flags.intersects(MapFlags::FIXED | MapFlags::FIXED_NOREPLACE);
     match len.checked_next_multiple_of(size) {
         Some(l) if l != 0 && !(fixed && addr % size != 0) => Error::NoMem,

@@ -76,6 +76,12 @@ bitflags! {
         const SYNC = 0x80_0000;
         /// Fork children get zero-filled memory here (`MADV_WIPEONFORK`).
         const WIPEONFORK = 0x200_0000;
+        /// Left out of core dumps (`MADV_DONTDUMP`, `MAP_DROPPABLE`).
+        const DONTDUMP = 0x400_0000;
+        /// Pages may be dropped under memory pressure (`MAP_DROPPABLE`;
+        /// Linux's `VM_DROPPABLE` is a bit above 32, this one is Linux's
+        /// `VM_MIXEDMAP`, which aspace has no use for).
+        const DROPPABLE = 0x1000_0000;
         /// Soft-dirty tracking bit; ignored when merging.
         const SOFTDIRTY = 0x800_0000;
         /// Transparent huge pages asked for (`MADV_HUGEPAGE`).
@@ -86,7 +92,7 @@ bitflags! {
 }
 
 /// `/proc/pid/smaps` `VmFlags` mnemonics, in the kernel's (bit) order.
-const MNEMONICS: [(VmFlags, &str); 21] = [
+const MNEMONICS: [(VmFlags, &str); 23] = [
     (VmFlags::READ, "rd"),
     (VmFlags::WRITE, "wr"),
     (VmFlags::EXEC, "ex"),
@@ -105,9 +111,11 @@ const MNEMONICS: [(VmFlags, &str); 21] = [
     (VmFlags::NORESERVE, "nr"),
     (VmFlags::SYNC, "sf"),
     (VmFlags::WIPEONFORK, "wf"),
+    (VmFlags::DONTDUMP, "dd"),
     (VmFlags::SOFTDIRTY, "sd"),
     (VmFlags::HUGEPAGE, "hg"),
     (VmFlags::NOHUGEPAGE, "nh"),
+    (VmFlags::DROPPABLE, "dp"),
 ];
 
 impl VmFlags {

@@ -155,9 +155,9 @@ pub fn normalize(mut v: Vec<Vma>) -> Vec<Vma> {
 }
 
 /// The `VmFlags` mnemonics of `/proc/pid/smaps` that aspace models.
-pub const MODELLED_FLAGS: [&str; 20] = [
+pub const MODELLED_FLAGS: [&str; 22] = [
     "rd", "wr", "ex", "sh", "mr", "mw", "me", "ms", "gd", "ac", "nr", "lo", "sf", "hg", "nh", "sr",
-    "rr", "dc", "wf", "lf",
+    "rr", "dc", "wf", "lf", "dd", "dp",
 ];
 
 /// Keeps only the modelled mnemonics, sorted.
