@@ -1652,3 +1652,338 @@ fn droppable_memory_is_wiped_in_fork_children_and_never_locked() {
         .collect();
     assert_eq!(flags, want_flags, "aspace child");
 }
+
+// ---------------------------------------------------------------- RLIMIT_MEMLOCK
+
+/// One step of a locked-memory scenario; pages are interior page numbers.
+#[derive(Clone, Copy, Debug)]
+enum Lk {
+    /// `setrlimit(RLIMIT_MEMLOCK)` soft limit, bytes.
+    Limit(u64),
+    /// mmap(page, pages, RW, private anonymous fixed | extra flags).
+    Map(u64, u64, u32),
+    Unmap(u64, u64),
+    /// mlock2(page, raw length, flags).
+    Mlock(u64, u64, u32),
+    Munlock(u64, u64),
+    Mlockall(i32),
+    Munlockall,
+    /// mremap(page, old pages, new pages, flags, new page).
+    Mremap(u64, u64, u64, u32, u64),
+    /// brk(start + pages) (the break's start differs on each side).
+    Brk(u64),
+    /// Whether heap page `n` (from the break's start) is resident: 1 or 0.
+    HeapResident(u64),
+}
+
+/// Runs `steps` in a forked child of this process that has dropped its
+/// privileges (all uids to `nobody`, so no `CAP_IPC_LOCK`; dumpable again
+/// so that it can read its own smaps). Returns each step's errno (0 for
+/// success; for brk, 0 if the break moved, else 1), the residency of the
+/// pages `resident` lists, and the child's smaps.
+fn lk_on_kernel(r: Region, steps: &[Lk], resident: &[u64]) -> (Vec<u8>, Vec<bool>, String) {
+    assert!(steps.len() + resident.len() <= 64);
+    let (res, smaps) = in_forked_child_reporting(c"/proc/self/smaps", |_| {
+        let mut out = [0u8; 64];
+        let p = |i: u64| r.page(i);
+        let err = || std::io::Error::last_os_error().raw_os_error().unwrap_or(0) as u8;
+        // SAFETY: setresuid/prctl/sbrk only change this child's
+        // credentials, dumpability and break.
+        let start_brk = unsafe {
+            if libc::setresuid(65534, 65534, 65534) != 0 {
+                libc::_exit(3);
+            }
+            libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0);
+            libc::sbrk(0) as u64
+        };
+        let start_brk = (start_brk + PAGE - 1) & !(PAGE - 1);
+        for (i, &s) in steps.iter().enumerate() {
+            // SAFETY: every address is a page of the test region (MAP_FIXED
+            // and mremap destinations included) or the child's own heap;
+            // no Rust object lives in either.
+            out[i] = unsafe {
+                match s {
+                    Lk::Limit(b) => {
+                        let mut rl: libc::rlimit = std::mem::zeroed();
+                        libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl);
+                        rl.rlim_cur = b.min(rl.rlim_max);
+                        if libc::setrlimit(libc::RLIMIT_MEMLOCK, &rl) == 0 {
+                            0
+                        } else {
+                            err()
+                        }
+                    }
+                    Lk::Map(a, n, f) => {
+                        let q = libc::mmap(
+                            p(a) as *mut libc::c_void,
+                            (n * PAGE) as usize,
+                            RW as i32,
+                            (ANON | MAP_FIXED | f) as i32,
+                            -1,
+                            0,
+                        );
+                        if q == libc::MAP_FAILED {
+                            err()
+                        } else {
+                            0
+                        }
+                    }
+                    Lk::Unmap(a, n) => {
+                        libc::munmap(p(a) as *mut libc::c_void, (n * PAGE) as usize);
+                        0
+                    }
+                    Lk::Mlock(a, len, f) => {
+                        if libc::syscall(libc::SYS_mlock2, p(a), len, f) == 0 {
+                            0
+                        } else {
+                            err()
+                        }
+                    }
+                    Lk::Munlock(a, n) => {
+                        if libc::munlock(p(a) as *const libc::c_void, (n * PAGE) as usize) == 0 {
+                            0
+                        } else {
+                            err()
+                        }
+                    }
+                    Lk::Mlockall(f) => {
+                        if libc::mlockall(f) == 0 {
+                            0
+                        } else {
+                            err()
+                        }
+                    }
+                    Lk::Munlockall => {
+                        libc::munlockall();
+                        0
+                    }
+                    Lk::Mremap(a, o, n, f, d) => {
+                        let q = libc::syscall(libc::SYS_mremap, p(a), o * PAGE, n * PAGE, f, p(d));
+                        if q == -1 {
+                            err()
+                        } else {
+                            0
+                        }
+                    }
+                    Lk::Brk(n) => {
+                        let want = start_brk + n * PAGE;
+                        (libc::syscall(libc::SYS_brk, want) as u64 != want) as u8
+                    }
+                    Lk::HeapResident(n) => {
+                        let mut v = 0u8;
+                        libc::mincore(
+                            (start_brk + n * PAGE) as *mut libc::c_void,
+                            PAGE as usize,
+                            &mut v,
+                        );
+                        v & 1
+                    }
+                }
+            };
+        }
+        for (j, &pg) in resident.iter().enumerate() {
+            let mut v = 0u8;
+            // SAFETY: one page of our own memory; one byte out.
+            let rc = unsafe { libc::mincore(p(pg) as *mut libc::c_void, PAGE as usize, &mut v) };
+            out[steps.len() + j] = if rc == 0 { v & 1 } else { 2 };
+        }
+        (out, steps.len() + resident.len())
+    });
+    let (errs, res) = res.split_at(steps.len());
+    (errs.to_vec(), res.iter().map(|&b| b == 1).collect(), smaps)
+}
+
+/// The same steps on aspace (memlock limit as the child's: 8 MiB, the
+/// kernel's default, until a `Limit` step).
+fn lk_on_aspace(r: Region, steps: &[Lk], resident: &[u64]) -> (Vec<u8>, Vec<bool>, AspaceTarget) {
+    let t = AspaceTarget::with_config(r, Config::default());
+    let mm = &t.mm;
+    let p = |i: u64| r.page(i);
+    let e = |x: aspace::Result<()>| x.err().map_or(0, |e| e.errno() as u8);
+    let rw = Prot::READ | Prot::WRITE;
+    let start_brk = mm.brk(0).unwrap();
+    let errs = steps
+        .iter()
+        .map(|&s| match s {
+            Lk::Limit(b) => {
+                mm.set_memlock_limit(b);
+                0
+            }
+            Lk::Map(a, n, f) => e(mm
+                .mmap(
+                    p(a),
+                    n * PAGE,
+                    rw,
+                    MapFlags::from_bits_retain(ANON | MAP_FIXED | f),
+                )
+                .map(drop)),
+            Lk::Unmap(a, n) => e(mm.munmap(p(a), n * PAGE)),
+            Lk::Mlock(a, len, f) => {
+                e(mm.mlock2(p(a), len, aspace::MlockFlags::from_bits_retain(f)))
+            }
+            Lk::Munlock(a, n) => e(mm.munlock(p(a), n * PAGE)),
+            Lk::Mlockall(f) => e(mm.mlockall(aspace::MlockAllFlags::from_bits_retain(f as u32))),
+            Lk::Munlockall => e(mm.munlockall()),
+            Lk::Mremap(a, o, n, f, d) => e(mm
+                .mremap(
+                    p(a),
+                    o * PAGE,
+                    n * PAGE,
+                    aspace::MremapFlags::from_bits_retain(f),
+                    p(d),
+                )
+                .map(drop)),
+            Lk::Brk(n) => (mm.brk(start_brk + n * PAGE).unwrap() != start_brk + n * PAGE) as u8,
+            Lk::HeapResident(n) => mm.mincore(start_brk + n * PAGE, PAGE).unwrap()[0] as u8,
+        })
+        .collect();
+    let res = resident
+        .iter()
+        .map(|&pg| mm.mincore(p(pg), PAGE).unwrap()[0])
+        .collect();
+    (errs, res, t)
+}
+
+/// Runs a locked-memory scenario on both sides and checks the errnos,
+/// the residency of `resident` and the interior's flags against `want`.
+fn lk_case(
+    steps: &[Lk],
+    want: &[i32],
+    resident: &[u64],
+    want_res: &[bool],
+    flags: &[(u64, u64, &str)],
+) {
+    let want: Vec<u8> = want.iter().map(|&e| e as u8).collect();
+    let fl: Vec<(u64, u64, Vec<String>)> = flags
+        .iter()
+        .map(|&(s, e, f)| {
+            let mut v: Vec<String> = f.split_whitespace().map(str::to_string).collect();
+            v.sort();
+            (s, e, v)
+        })
+        .collect();
+    let region = match KernelTarget::new(24) {
+        Some(k) => {
+            let r = k.region();
+            let (errs, res, smaps) = lk_on_kernel(r, steps, resident);
+            for (i, s) in steps.iter().enumerate() {
+                assert_eq!(errs[i], want[i], "kernel, step {i} {s:?}");
+            }
+            assert_eq!(res, want_res, "kernel residency");
+            let got: Vec<(u64, u64, Vec<String>)> =
+                common::kernel::smaps_flags_in(&smaps, r.lo, r.hi)
+                    .into_iter()
+                    .map(|(s, e, f)| ((s - r.lo) / PAGE, (e - r.lo) / PAGE, comparable_flags(f)))
+                    .collect();
+            assert_eq!(got, fl, "kernel flags");
+            r
+        }
+        None => Region::new(aspace_target::DEFAULT_REGION_START, 24),
+    };
+    let (errs, res, mut t) = lk_on_aspace(region, steps, resident);
+    for (i, s) in steps.iter().enumerate() {
+        assert_eq!(errs[i], want[i], "aspace, step {i} {s:?}");
+    }
+    assert_eq!(res, want_res, "aspace residency");
+    assert_eq!(flags_layout(&mut t), fl, "aspace flags");
+}
+
+const EAGAIN: i32 = 11;
+const MCL_CURRENT: i32 = 1;
+const MCL_FUTURE: i32 = 2;
+const MCL_ONFAULT: i32 = 4;
+
+#[test]
+fn memlock_limit_bounds_mlock_map_locked_mlockall_and_mremap() {
+    use Lk::*;
+    const L: u64 = 4 * PAGE;
+    let steps = [
+        Limit(L),
+        Map(0, 16, 0),
+        Mlock(0, 5 * PAGE, 0),
+        Mlock(0, 4 * PAGE, 0),
+        Mlock(0, 4 * PAGE, 0),
+        Mlock(1, 4 * PAGE, 0),
+        Mlock(1, 3 * PAGE, 0),
+        Mlock(8, PAGE, MLOCK_ONFAULT),
+        Mlock(0, u64::MAX, 0),
+        Mlock(0, u64::MAX - (PAGE - 1), 0),
+        Munlock(0, 16),
+        Map(16, 5, MAP_LOCKED),
+        Map(16, 4, MAP_LOCKED),
+        Mlockall(MCL_CURRENT),
+        Mlockall(MCL_FUTURE),
+        Map(21, 1, 0),
+        Munlockall,
+        Map(21, 1, 0),
+        Unmap(16, 8),
+        Map(16, 3, 0),
+        Mlock(16, 3 * PAGE, 0),
+        Mremap(16, 3, 4, 0, 0),
+        Mremap(16, 4, 5, 0, 0),
+        Mremap(16, 4, 5, MREMAP_MAYMOVE, 0),
+        Mremap(16, 4, 5, MREMAP_MAYMOVE | MREMAP_FIXED, 10),
+        Limit(0),
+        Mlock(0, PAGE, 0),
+        Mlock(0, 0, 0),
+        Mlock(0, PAGE, 2),
+        Mlockall(MCL_FUTURE),
+        Mlockall(0),
+        Map(22, 1, MAP_LOCKED),
+        Map(22, 0, MAP_LOCKED),
+        Munlock(16, 1),
+    ];
+    let want = [
+        0, 0, ENOMEM, 0, 0, ENOMEM, 0, ENOMEM, 0, ENOMEM, 0, EAGAIN, 0, ENOMEM, 0, EAGAIN, 0, 0, 0,
+        0, 0, 0, EAGAIN, EAGAIN, EAGAIN, 0, EPERM, EPERM, EINVAL, EPERM, EINVAL, EPERM, EINVAL, 0,
+    ];
+    // The in-place growth of the locked VMA (page 19) was populated.
+    lk_case(
+        &steps,
+        &want,
+        &[16, 19],
+        &[true, true],
+        &[(0, 17, PRIV_RW), (17, 20, "rd wr mr mw me ac lo")],
+    );
+}
+
+#[test]
+fn mlockall_future_locks_and_populates_brk_growth_not_mremap_growth() {
+    use Lk::*;
+    let steps = [
+        Brk(2),
+        Mlockall(MCL_FUTURE),
+        // The heap's growth is a new, locked VMA, populated.
+        Brk(4),
+        HeapResident(1),
+        HeapResident(2),
+        HeapResident(3),
+        // New mappings are locked; growing a locked VMA populates the
+        // new part.
+        Map(0, 2, 0),
+        Mremap(0, 2, 3, 0, 0),
+        // MCL_FUTURE does not lock the growth of an unlocked VMA.
+        Map(8, 2, 0),
+        Munlock(8, 2),
+        Mremap(8, 2, 3, 0, 0),
+        // On fault: the heap's growth is locked but not populated.
+        Mlockall(MCL_FUTURE | MCL_ONFAULT),
+        Brk(6),
+        HeapResident(4),
+        HeapResident(5),
+        // Locked heap growth counts against the limit: 2 + 2 + 3 pages
+        // are locked; 2 more pass 8, 1 more fits.
+        Limit(8 * PAGE),
+        Brk(8),
+        Brk(7),
+        Brk(6),
+    ];
+    let want = [0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0];
+    lk_case(
+        &steps,
+        &want,
+        &[0, 1, 2, 8, 9, 10],
+        &[true, true, true, true, true, false],
+        &[(0, 3, "rd wr mr mw me ac lo"), (8, 11, PRIV_RW)],
+    );
+}

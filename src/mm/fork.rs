@@ -80,6 +80,7 @@ impl AddressSpace {
             AddressSpace::with_parts(self.cfg.clone(), self.frames.clone(), self.pool.clone());
         // Resource limits are inherited, as the rlimits of a forked task.
         child.set_stack_limit(self.stack_limit());
+        child.set_memlock_limit(self.memlock_limit());
         let ok = {
             let mut ced = Edit::begin(&child);
             ced.st.start_brk = ed.st.start_brk;

@@ -25,7 +25,9 @@ impl AddressSpace {
     /// length or a fixed range exceeds the task size, or no gap fits;
     /// `EINVAL` for an unaligned fixed address; `EPERM` for a fixed address
     /// below `mmap_min_addr`; `EEXIST` when `FIXED_NOREPLACE` overlaps a
-    /// mapping; `EINVAL` when neither `SHARED` nor `PRIVATE` is given, or
+    /// mapping; `EPERM` for `LOCKED` with a memlock limit of 0, `EAGAIN`
+    /// when a lock (`LOCKED`, or `mlockall(MCL_FUTURE)`) would pass the
+    /// limit; `EINVAL` when neither `SHARED` nor `PRIVATE` is given, or
     /// `GROWSDOWN` is combined with `SHARED`; `EINVAL` also for
     /// `SHARED | PRIVATE` (Linux's `MAP_SHARED_VALIDATE`, which anonymous
     /// mappings do not accept) and for the other values of the type field
@@ -66,6 +68,18 @@ impl AddressSpace {
             && ed.find_after(addr).is_some_and(|v| v.start() < r.end)
         {
             return Err(Error::Exist);
+        }
+        // The memlock limit: MAP_LOCKED needs a non-zero one (EPERM), and
+        // a lock, asked for or by mlockall(MCL_FUTURE), must fit (EAGAIN).
+        if flags.contains(MapFlags::LOCKED) && self.memlock_limit() == 0 {
+            return Err(Error::Perm);
+        }
+        let mut lock = self.def_flags();
+        if flags.contains(MapFlags::LOCKED) {
+            lock |= VmFlags::LOCKED;
+        }
+        if !self.mlock_future_ok(&ed, lock, len) {
+            return Err(Error::Again);
         }
         // Anonymous memory takes SHARED, PRIVATE or DROPPABLE in the type
         // field (Linux's MAP_SHARED_VALIDATE is for files only; other

@@ -126,6 +126,8 @@ pub struct AddressSpace {
     pending_frees: AtomicU64,
     /// `RLIMIT_STACK` (see [`AddressSpace::set_stack_limit`]).
     stack_limit: AtomicU64,
+    /// `RLIMIT_MEMLOCK` (see [`AddressSpace::set_memlock_limit`]).
+    memlock_limit: AtomicU64,
     /// Flags every new mapping gets (`mm->def_flags`, set by mlockall).
     def_flags: crate::sync::AtomicU32,
 }
@@ -215,6 +217,7 @@ impl AddressSpace {
         };
         let start_brk = cfg.brk_start;
         let stack_limit = cfg.stack_limit;
+        let memlock_limit = cfg.memlock_limit;
         AddressSpace {
             tree: RangeTree::with_reclaimer(reclaimer()),
             mmap_lock: MmapLock::new(MmState {
@@ -232,6 +235,7 @@ impl AddressSpace {
             id: next_id(),
             pending_frees: AtomicU64::new(0),
             stack_limit: AtomicU64::new(stack_limit),
+            memlock_limit: AtomicU64::new(memlock_limit),
             def_flags: crate::sync::AtomicU32::new(0),
         }
     }
@@ -344,6 +348,7 @@ impl core::fmt::Debug for AddressSpace {
             .field("frames_used", &self.frames_used())
             .field("brk", &format_args!("{brk:#x}"))
             .field("stack_limit", &self.stack_limit())
+            .field("memlock_limit", &self.memlock_limit())
             .field("config", &self.cfg)
             .finish()
     }

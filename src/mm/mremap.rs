@@ -48,6 +48,29 @@ impl AddressSpace {
         flags: MremapFlags,
         new_addr: u64,
     ) -> Result<u64> {
+        let new = self.mremap_locked(old_addr, old_len, new_len, flags, new_addr)?;
+        // Locked memory that grew is populated as mlock would (not with
+        // the lock held; errors ignored), as Linux's mremap ends.
+        let (old_len, new_len) = (page_align_wrapping(old_len), page_align_wrapping(new_len));
+        if new_len > old_len
+            && self
+                .vma_at(new + old_len)
+                .is_some_and(|v| v.flags.contains(VmFlags::LOCKED))
+        {
+            let _ = self.populate_locked(Range::new(new + old_len, new + new_len), true);
+        }
+        Ok(new)
+    }
+
+    /// [`mremap`](Self::mremap) under the mmap_lock.
+    fn mremap_locked(
+        &self,
+        old_addr: u64,
+        old_len: u64,
+        new_len: u64,
+        flags: MremapFlags,
+        new_addr: u64,
+    ) -> Result<u64> {
         let task = self.cfg.task_size;
         if !MremapFlags::all().contains(flags) {
             return Err(Error::Inval);
@@ -107,6 +130,10 @@ impl AddressSpace {
         // a same-size call does nothing.
         if implies_new || new_len > old_len {
             Self::check_old_range(vma, old_addr, old_len.min(new_len))?;
+        }
+        // Growing locked memory must fit the memlock limit.
+        if new_len > old_len && !self.mlock_future_ok(&ed, vma.flags(), new_len - old_len) {
+            return Err(Error::Again);
         }
         if implies_new {
             return self.mremap_to(

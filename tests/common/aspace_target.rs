@@ -15,9 +15,15 @@ pub struct AspaceTarget {
 }
 
 impl AspaceTarget {
-    /// Default configuration.
+    /// Default configuration, with this test process's locked-memory
+    /// limit (unlimited when it runs with `CAP_IPC_LOCK`, as root does),
+    /// so that locks compare with the kernel side's.
     pub fn new(region: Region) -> AspaceTarget {
-        Self::with_config(region, Config::default())
+        let cfg = Config {
+            memlock_limit: super::kernel::process_memlock_limit(),
+            ..Config::default()
+        };
+        Self::with_config(region, cfg)
     }
 
     /// A given configuration; the guard pages are mapped as on the kernel.

@@ -71,6 +71,29 @@ pub fn kernel_version() -> (u32, u32) {
     (major, minor)
 }
 
+/// The locked-memory limit this process has in effect: `u64::MAX` with
+/// `CAP_IPC_LOCK` (bit 14 of `CapEff` in /proc/self/status), else the soft
+/// `RLIMIT_MEMLOCK` (`RLIM_INFINITY` is `u64::MAX` too).
+pub fn process_memlock_limit() -> u64 {
+    const CAP_IPC_LOCK: u32 = 14;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    if cap_eff >> CAP_IPC_LOCK & 1 == 1 {
+        return u64::MAX;
+    }
+    // SAFETY: rlimit is plain old data; getrlimit fills it in.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: `rl` is a valid, writable rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) } != 0 {
+        return u64::MAX;
+    }
+    rl.rlim_cur
+}
+
 /// Prints the kernel version once per test binary, straight to stderr (not
 /// through the test harness's capture, so it shows in every run).
 pub fn banner() {
