@@ -1,7 +1,9 @@
 //! Differential test against the running kernel.
 //!
-//! Seeded random sequences of mmap / munmap / mprotect / mremap / madvise /
-//! stores / loads run on the real kernel (on a region of this process, see
+//! Seeded random sequences of mmap (with `MAP_LOCKED`, `MAP_STACK`,
+//! `MAP_DROPPABLE`, ...) / munmap / mprotect / mremap / madvise (every
+//! modelled advice but `MADV_FREE`) / mlock, mlock2, munlock / msync /
+//! mincore / stores / loads run on the real kernel (on a region of this process, see
 //! `common/kernel.rs`) and on an `aspace::AddressSpace` at the same
 //! addresses. After every call both sides must agree on:
 //!
@@ -11,8 +13,9 @@
 //!   mapping must load the same bytes (then both sides unmap it);
 //! - the VMA layout inside the region (boundaries, `rwxp/s`, the offset
 //!   column and the shared-object identity);
-//! - the VMA flags aspace models (`rd wr ex sh mr mw me ms gd ac nr` of
-//!   `/proc/self/smaps`);
+//! - the VMA flags aspace models (`MODELLED_FLAGS` of
+//!   `/proc/self/smaps`: `rd wr ex sh mr mw me ms gd ac nr lo lf dc wf dd
+//!   dp hg nh sr rr sf`);
 //! - the bytes loaded: every page ever stored to (followed through mremap
 //!   moves) is loaded on both sides every few calls and at the end, and
 //!   must give the same bytes or the same EFAULT.
@@ -38,8 +41,28 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::io::Write as _;
 
-/// Interior pages of the region.
+/// Interior pages of the region (under 2 MiB: no transparent huge page
+/// fits, so residency compares page by page).
 const PAGES: u64 = 384;
+const MAP_LOCKED: u32 = 0x2000;
+const MAP_STACK: u32 = 0x2_0000;
+const MAP_DROPPABLE: u32 = 0x08;
+const MLOCK_ONFAULT: u32 = 1;
+const MADV_RANDOM: i32 = 1;
+const MADV_SEQUENTIAL: i32 = 2;
+const MADV_WILLNEED: i32 = 3;
+const MADV_REMOVE: i32 = 9;
+const MADV_DONTFORK: i32 = 10;
+const MADV_DOFORK: i32 = 11;
+const MADV_HUGEPAGE: i32 = 14;
+const MADV_NOHUGEPAGE: i32 = 15;
+const MADV_DONTDUMP: i32 = 16;
+const MADV_DODUMP: i32 = 17;
+const MADV_WIPEONFORK: i32 = 18;
+const MADV_KEEPONFORK: i32 = 19;
+const MADV_POPULATE_READ: i32 = 22;
+const MADV_POPULATE_WRITE: i32 = 23;
+const MADV_DONTNEED_LOCKED: i32 = 24;
 /// Canonical region start: sequences are generated and printed for a region
 /// here and translated to wherever the kernel target's region is.
 const CANON: u64 = 0x2000_0000_0000;
@@ -221,17 +244,25 @@ impl Gen {
 
     fn mmap(&mut self) -> Op {
         let prot = self.prot();
-        let mut flags = match self.rng.next() % 40 {
+        let mut flags = match self.rng.next() % 44 {
             0..=29 => ANON,
             30..=37 => SHARED_ANON,
-            38 => MAP_ANONYMOUS,                           // neither: EINVAL
-            _ => MAP_SHARED | MAP_PRIVATE | MAP_ANONYMOUS, // MAP_SHARED_VALIDATE
+            38 => MAP_ANONYMOUS,                              // neither: EINVAL
+            39..=41 => MAP_DROPPABLE | MAP_ANONYMOUS,         // Linux 6.11+
+            42 => MAP_DROPPABLE | MAP_SHARED | MAP_ANONYMOUS, // unknown type: EINVAL
+            _ => MAP_SHARED | MAP_PRIVATE | MAP_ANONYMOUS,    // MAP_SHARED_VALIDATE
         };
         if self.rng.pct(8) {
             flags |= MAP_POPULATE;
         }
         if self.rng.pct(10) {
             flags |= MAP_NORESERVE;
+        }
+        if self.rng.pct(5) {
+            flags |= MAP_LOCKED;
+        }
+        if self.rng.pct(5) {
+            flags |= MAP_STACK;
         }
         if self.rng.pct(if flags & MAP_SHARED != 0 { 2 } else { 8 }) {
             flags |= MAP_GROWSDOWN;
@@ -320,12 +351,83 @@ impl Gen {
         } else {
             self.range()
         };
-        let advice = if self.rng.pct(85) {
-            MADV_DONTNEED
-        } else {
-            MADV_NORMAL
+        // Every advice aspace models but MADV_FREE, whose pages the kernel
+        // frees only under memory pressure (aspace frees them at once, as
+        // if reclaimed right away: the bytes are not comparable).
+        let advice = match self.rng.next() % 40 {
+            0..=19 => MADV_DONTNEED,
+            20 => MADV_NORMAL,
+            _ => self.rng.pick(&[
+                MADV_RANDOM,
+                MADV_SEQUENTIAL,
+                MADV_WILLNEED,
+                MADV_REMOVE,
+                MADV_DONTFORK,
+                MADV_DOFORK,
+                MADV_HUGEPAGE,
+                MADV_NOHUGEPAGE,
+                MADV_DONTDUMP,
+                MADV_DODUMP,
+                MADV_WIPEONFORK,
+                MADV_KEEPONFORK,
+                MADV_POPULATE_READ,
+                MADV_POPULATE_WRITE,
+                MADV_DONTNEED_LOCKED,
+            ]),
         };
         Op::Madvise { addr, len, advice }
+    }
+
+    /// mlock / mlock2 (ONFAULT, or an unknown flag) / munlock.
+    fn lock(&mut self) -> Op {
+        let (addr, len) = if self.rng.pct(8) {
+            self.bad_range()
+        } else {
+            self.range()
+        };
+        // mlock rounds an unaligned start down instead of failing.
+        let addr = if self.rng.pct(5) {
+            addr + self.rng.range(1, PAGE - 1)
+        } else {
+            addr
+        };
+        // Clamped from the unaligned start: its rounded range stays inside.
+        let len = self.clamp(addr, len);
+        match self.rng.next() % 10 {
+            0..=3 => Op::Mlock {
+                addr,
+                len,
+                flags: 0,
+            },
+            4..=5 => Op::Mlock {
+                addr,
+                len,
+                flags: if self.rng.pct(90) { MLOCK_ONFAULT } else { 2 },
+            },
+            _ => Op::Munlock { addr, len },
+        }
+    }
+
+    /// msync or mincore (these only inspect), inside the region.
+    fn inspect(&mut self) -> Op {
+        let (addr, len) = if self.rng.pct(8) {
+            self.bad_range()
+        } else {
+            self.range()
+        };
+        if self.rng.pct(50) {
+            let flags = self.rng.pick(&[0, 1, 4, 2, 6, 3, 5, 8]);
+            Op::Msync { addr, len, flags }
+        } else {
+            // Keep mincore inside the region: past it lie this process's
+            // own mappings.
+            let len = if addr >= self.r.start && addr < self.r.end {
+                len.min(self.r.end - addr)
+            } else {
+                len
+            };
+            Op::Mincore { addr, len }
+        }
     }
 
     fn mremap(&mut self) -> Op {
@@ -446,11 +548,13 @@ impl Gen {
     fn op(&mut self) -> Op {
         match self.rng.next() % 100 {
             0..=17 => self.mmap(),
-            18..=28 => self.munmap(),
-            29..=45 => self.mprotect(),
-            46..=62 => self.mremap(),
-            63..=70 => self.madvise(),
-            71..=90 => {
+            18..=27 => self.munmap(),
+            28..=41 => self.mprotect(),
+            42..=56 => self.mremap(),
+            57..=65 => self.madvise(),
+            66..=70 => self.lock(),
+            71..=73 => self.inspect(),
+            74..=90 => {
                 let (addr, len) = self.access_range();
                 Op::Write {
                     addr,
@@ -563,6 +667,24 @@ fn rebase(op: Op, delta: u64) -> Op {
             seed,
         },
         Op::Read { addr, len } => Op::Read {
+            addr: mv(addr),
+            len,
+        },
+        Op::Mlock { addr, len, flags } => Op::Mlock {
+            addr: mv(addr),
+            len,
+            flags,
+        },
+        Op::Munlock { addr, len } => Op::Munlock {
+            addr: mv(addr),
+            len,
+        },
+        Op::Msync { addr, len, flags } => Op::Msync {
+            addr: mv(addr),
+            len,
+            flags,
+        },
+        Op::Mincore { addr, len } => Op::Mincore {
             addr: mv(addr),
             len,
         },

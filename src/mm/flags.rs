@@ -152,8 +152,9 @@ pub enum Advice {
     WipeOnFork,
     /// `MADV_KEEPONFORK`: undoes `WipeOnFork`.
     KeepOnFork,
-    /// `MADV_POPULATE_READ`: fault the pages in for reading (`EINVAL` on
-    /// inaccessible memory, `ENOMEM` at a hole, `EFAULT` at `SIGBUS`).
+    /// `MADV_POPULATE_READ`: fault the pages in for reading (`EINVAL`
+    /// without read permission, write-only and exec-only memory included;
+    /// `ENOMEM` at a hole, `EFAULT` at `SIGBUS`).
     PopulateRead,
     /// `MADV_POPULATE_WRITE`: fault the pages in for writing, breaking
     /// copy-on-write (`EINVAL` without write permission).

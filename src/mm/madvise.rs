@@ -149,10 +149,13 @@ impl AddressSpace {
             let Some(v) = self.vma_at(a) else {
                 return Err(Error::NoMem);
             };
+            // GUP's check_vma_flags: the VMA must allow the access itself
+            // (a write-only or exec-only VMA cannot be populated for
+            // reading, though x86 lets a user-mode load read it).
             let ok = if write {
                 v.flags.contains(VmFlags::WRITE)
             } else {
-                v.flags.accessible()
+                v.flags.contains(VmFlags::READ)
             };
             if !ok {
                 return Err(Error::Inval);

@@ -341,6 +341,10 @@ impl AddressSpace {
             if old.start() == old_addr && old.end() == old_addr + old_len {
                 old.set_anon_vma(None);
             }
+            // The lock stays with the pages: the whole old VMA (not split,
+            // not merged) loses VM_LOCKED and VM_LOCKONFAULT, as Linux's
+            // dontunmap_complete.
+            old.set_flags(old.flags() - VmFlags::LOCKED - VmFlags::LOCKONFAULT);
             return Ok(dst);
         }
         // Linux's move_vma ignores a failure here (out of memory for the

@@ -138,6 +138,28 @@ impl Target for AspaceTarget {
         )
     }
 
+    fn mlock2(&mut self, addr: u64, len: u64, flags: u32) -> Res<()> {
+        errno(
+            self.mm
+                .mlock2(addr, len, aspace::MlockFlags::from_bits_retain(flags)),
+        )
+    }
+
+    fn munlock(&mut self, addr: u64, len: u64) -> Res<()> {
+        errno(self.mm.munlock(addr, len))
+    }
+
+    fn msync(&mut self, addr: u64, len: u64, flags: u32) -> Res<()> {
+        errno(
+            self.mm
+                .msync(addr, len, aspace::MsyncFlags::from_bits_retain(flags)),
+        )
+    }
+
+    fn mincore(&mut self, addr: u64, len: u64) -> Res<Vec<bool>> {
+        errno(self.mm.mincore(addr, len))
+    }
+
     fn resident(&mut self, _addr: u64, _pages: u64) -> Option<Vec<bool>> {
         None
     }
