@@ -833,51 +833,6 @@ fn errno_of(rc: libc::c_long) -> Res<()> {
     }
 }
 
-/// `mlock2` (flags 0 is `mlock`), on either side.
-fn mlock2(t: &mut dyn Target, addr: u64, len: u64, flags: u32) -> Res<()> {
-    if let Some(mm) = t.aspace() {
-        return mm
-            .mlock2(addr, len, aspace::MlockFlags::from_bits_retain(flags))
-            .map_err(|e| e.errno());
-    }
-    assert_in_region(t, addr, len);
-    // SAFETY: the range is inside the test region (checked above); mlock2
-    // only changes VMA flags and faults pages in there.
-    errno_of(unsafe { libc::syscall(libc::SYS_mlock2, addr, len, flags) })
-}
-
-fn munlock(t: &mut dyn Target, addr: u64, len: u64) -> Res<()> {
-    if let Some(mm) = t.aspace() {
-        return mm.munlock(addr, len).map_err(|e| e.errno());
-    }
-    assert_in_region(t, addr, len);
-    // SAFETY: as in `mlock2`.
-    errno_of(unsafe { libc::syscall(libc::SYS_munlock, addr, len) })
-}
-
-fn msync(t: &mut dyn Target, addr: u64, len: u64, flags: u32) -> Res<()> {
-    if let Some(mm) = t.aspace() {
-        return mm
-            .msync(addr, len, aspace::MsyncFlags::from_bits_retain(flags))
-            .map_err(|e| e.errno());
-    }
-    // SAFETY: msync of anonymous memory writes nothing back; it only
-    // inspects the VMAs.
-    errno_of(unsafe { libc::syscall(libc::SYS_msync, addr, len, flags) })
-}
-
-/// mincore of `len` bytes, on either side: one entry per page, or errno.
-fn mincore(t: &mut dyn Target, addr: u64, len: u64) -> Res<Vec<bool>> {
-    if let Some(mm) = t.aspace() {
-        return mm.mincore(addr, len).map_err(|e| e.errno());
-    }
-    let mut v = vec![0u8; len.div_ceil(PAGE) as usize];
-    // SAFETY: mincore reads page-table state only and writes one byte per
-    // page into `v`, which has that many.
-    let rc = unsafe { libc::syscall(libc::SYS_mincore, addr, len, v.as_mut_ptr()) };
-    errno_of(rc).map(|_| v.into_iter().map(|b| b & 1 != 0).collect())
-}
-
 #[test]
 fn mlock_locks_populates_and_stops_at_holes() {
     on_both(8, |t| {
@@ -885,15 +840,15 @@ fn mlock_locks_populates_and_stops_at_holes() {
         let r = t.region();
         let p = |i: u64| r.page(i);
         // An inaccessible VMA is locked but cannot be populated: ENOMEM.
-        assert_eq!(mlock2(t, p(4), PAGE, 0), Err(ENOMEM));
-        assert_eq!(mlock2(t, p(3), 3 * PAGE, 0), Err(ENOMEM));
+        assert_eq!(t.mlock2(p(4), PAGE, 0), Err(ENOMEM));
+        assert_eq!(t.mlock2(p(3), 3 * PAGE, 0), Err(ENOMEM));
         assert_eq!(resident(t, p(3), 3), [true, false, false]);
         // An unaligned start is rounded down.
-        assert_eq!(mlock2(t, p(0) + 100, 10, 0), Ok(()));
+        assert_eq!(t.mlock2(p(0) + 100, 10, 0), Ok(()));
         assert_eq!(resident(t, p(0), 2), [true, false]);
         // A hole: the VMA before it is locked, then ENOMEM.
-        assert_eq!(mlock2(t, p(0), 3 * PAGE, 0), Err(ENOMEM));
-        assert_eq!(mlock2(t, p(2), 2 * PAGE, 0), Err(ENOMEM));
+        assert_eq!(t.mlock2(p(0), 3 * PAGE, 0), Err(ENOMEM));
+        assert_eq!(t.mlock2(p(2), 2 * PAGE, 0), Err(ENOMEM));
         assert_flags(
             t,
             &[
@@ -903,7 +858,7 @@ fn mlock_locks_populates_and_stops_at_holes() {
                 (5, 6, "rd wr sh mr mw me ms lo"),
             ],
         );
-        assert_eq!(munlock(t, p(0), 6 * PAGE), Err(ENOMEM));
+        assert_eq!(t.munlock(p(0), 6 * PAGE), Err(ENOMEM));
         assert_flags(
             t,
             &[
@@ -913,9 +868,9 @@ fn mlock_locks_populates_and_stops_at_holes() {
                 (5, 6, "rd wr sh mr mw me ms lo"),
             ],
         );
-        assert_eq!(munlock(t, p(3), 3 * PAGE), Ok(()));
-        assert_eq!(mlock2(t, p(2), 0, 0), Ok(()));
-        assert_eq!(mlock2(t, p(0), u64::MAX, 0), Ok(()));
+        assert_eq!(t.munlock(p(3), 3 * PAGE), Ok(()));
+        assert_eq!(t.mlock2(p(2), 0, 0), Ok(()));
+        assert_eq!(t.mlock2(p(0), u64::MAX, 0), Ok(()));
     });
 }
 
@@ -925,13 +880,13 @@ fn mlock2_onfault_locks_without_populating() {
         let r = t.region();
         let a = r.page(0);
         assert_eq!(t.mmap(a, 2 * PAGE, RW, ANON | MAP_FIXED), Ok(a));
-        assert_eq!(mlock2(t, a, 2 * PAGE, 2), Err(EINVAL));
-        assert_eq!(mlock2(t, a, 0, 2), Err(EINVAL));
-        assert_eq!(mlock2(t, a, 2 * PAGE, MLOCK_ONFAULT), Ok(()));
+        assert_eq!(t.mlock2(a, 2 * PAGE, 2), Err(EINVAL));
+        assert_eq!(t.mlock2(a, 0, 2), Err(EINVAL));
+        assert_eq!(t.mlock2(a, 2 * PAGE, MLOCK_ONFAULT), Ok(()));
         assert_eq!(resident(t, a, 2), [false, false]);
         assert_flags(t, &[(0, 2, "rd wr mr mw me lo lf ac")]);
         // A plain lock over an on-fault one populates.
-        assert_eq!(mlock2(t, a, PAGE, 0), Ok(()));
+        assert_eq!(t.mlock2(a, PAGE, 0), Ok(()));
         assert_eq!(resident(t, a, 2), [true, false]);
         assert_flags(
             t,
@@ -940,7 +895,7 @@ fn mlock2_onfault_locks_without_populating() {
                 (1, 2, "rd wr mr mw me lo lf ac"),
             ],
         );
-        assert_eq!(munlock(t, a, 2 * PAGE), Ok(()));
+        assert_eq!(t.munlock(a, 2 * PAGE), Ok(()));
         assert_flags(t, &[(0, 2, PRIV_RW)]);
     });
 }
@@ -951,22 +906,22 @@ fn mincore_reports_resident_pages_and_holes() {
         madvise_setup(t);
         let r = t.region();
         let p = |i: u64| r.page(i);
-        assert_eq!(mincore(t, p(0) + 1, PAGE), Err(EINVAL));
-        assert_eq!(mincore(t, p(0), 3 * PAGE), Err(ENOMEM));
-        assert_eq!(mincore(t, p(2), 0), Ok(vec![]));
-        assert_eq!(mincore(t, TASK_SIZE - PAGE, 2 * PAGE), Err(ENOMEM));
+        assert_eq!(t.mincore(p(0) + 1, PAGE), Err(EINVAL));
+        assert_eq!(t.mincore(p(0), 3 * PAGE), Err(ENOMEM));
+        assert_eq!(t.mincore(p(2), 0), Ok(vec![]));
+        assert_eq!(t.mincore(TASK_SIZE - PAGE, 2 * PAGE), Err(ENOMEM));
         assert_eq!(t.write(p(1), b"x"), Ok(()));
         assert_eq!(read_vec(t, p(3), 1), Ok(vec![0]));
-        assert_eq!(mincore(t, p(0), 1), Ok(vec![false]));
-        assert_eq!(mincore(t, p(0), 2 * PAGE), Ok(vec![false, true]));
+        assert_eq!(t.mincore(p(0), 1), Ok(vec![false]));
+        assert_eq!(t.mincore(p(0), 2 * PAGE), Ok(vec![false, true]));
         // The zero page counts; a shared object's page stays resident in
         // the object after its entry is dropped.
-        assert_eq!(mincore(t, p(3), PAGE), Ok(vec![true]));
+        assert_eq!(t.mincore(p(3), PAGE), Ok(vec![true]));
         let s = p(8);
         assert_eq!(t.mmap(s, 2 * PAGE, RW, SHARED_ANON | MAP_FIXED), Ok(s));
         assert_eq!(t.write(s, b"s"), Ok(()));
         assert_eq!(t.madvise(s, 2 * PAGE, MADV_DONTNEED), Ok(()));
-        assert_eq!(mincore(t, s, 2 * PAGE), Ok(vec![true, false]));
+        assert_eq!(t.mincore(s, 2 * PAGE), Ok(vec![true, false]));
     });
 }
 
@@ -979,21 +934,21 @@ fn msync_argument_checks_and_holes() {
         madvise_setup(t);
         let r = t.region();
         let p = |i: u64| r.page(i);
-        assert_eq!(msync(t, p(0), PAGE, 8), Err(EINVAL));
-        assert_eq!(msync(t, p(0), PAGE, MS_ASYNC | MS_SYNC), Err(EINVAL));
-        assert_eq!(msync(t, p(0) + 1, PAGE, MS_SYNC), Err(EINVAL));
-        assert_eq!(msync(t, p(0), PAGE, 0), Ok(()));
-        assert_eq!(msync(t, p(0), 3 * PAGE, MS_ASYNC), Err(ENOMEM));
-        assert_eq!(msync(t, p(0), 3 * PAGE, MS_SYNC), Err(ENOMEM));
-        assert_eq!(msync(t, p(2), 2 * PAGE, MS_SYNC), Err(ENOMEM));
-        assert_eq!(msync(t, p(2), 0, MS_SYNC), Ok(()));
-        assert_eq!(msync(t, p(0), u64::MAX, MS_SYNC), Ok(()));
-        assert_eq!(msync(t, p(5), 4 * PAGE, MS_SYNC), Err(ENOMEM));
-        assert_eq!(msync(t, p(8), 2 * PAGE, MS_SYNC), Err(ENOMEM));
-        assert_eq!(msync(t, p(3), 3 * PAGE, MS_SYNC | MS_INVALIDATE), Ok(()));
-        assert_eq!(mlock2(t, p(0), PAGE, 0), Ok(()));
-        assert_eq!(msync(t, p(0), PAGE, MS_INVALIDATE), Err(16));
-        assert_eq!(msync(t, p(0), PAGE, MS_SYNC), Ok(()));
+        assert_eq!(t.msync(p(0), PAGE, 8), Err(EINVAL));
+        assert_eq!(t.msync(p(0), PAGE, MS_ASYNC | MS_SYNC), Err(EINVAL));
+        assert_eq!(t.msync(p(0) + 1, PAGE, MS_SYNC), Err(EINVAL));
+        assert_eq!(t.msync(p(0), PAGE, 0), Ok(()));
+        assert_eq!(t.msync(p(0), 3 * PAGE, MS_ASYNC), Err(ENOMEM));
+        assert_eq!(t.msync(p(0), 3 * PAGE, MS_SYNC), Err(ENOMEM));
+        assert_eq!(t.msync(p(2), 2 * PAGE, MS_SYNC), Err(ENOMEM));
+        assert_eq!(t.msync(p(2), 0, MS_SYNC), Ok(()));
+        assert_eq!(t.msync(p(0), u64::MAX, MS_SYNC), Ok(()));
+        assert_eq!(t.msync(p(5), 4 * PAGE, MS_SYNC), Err(ENOMEM));
+        assert_eq!(t.msync(p(8), 2 * PAGE, MS_SYNC), Err(ENOMEM));
+        assert_eq!(t.msync(p(3), 3 * PAGE, MS_SYNC | MS_INVALIDATE), Ok(()));
+        assert_eq!(t.mlock2(p(0), PAGE, 0), Ok(()));
+        assert_eq!(t.msync(p(0), PAGE, MS_INVALIDATE), Err(16));
+        assert_eq!(t.msync(p(0), PAGE, MS_SYNC), Ok(()));
     });
 }
 
@@ -1493,8 +1448,8 @@ fn map_droppable_flag_rules_vm_flags_and_locks() {
         assert_eq!(resident(t, p(6), 1), [true]);
         // mlock populates droppable memory but does not lock it.
         assert_eq!(resident(t, p(0), 3), [false; 3]);
-        assert_eq!(mlock2(t, p(0), 2 * PAGE, 0), Ok(()));
-        assert_eq!(mlock2(t, p(2), PAGE, MLOCK_ONFAULT), Ok(()));
+        assert_eq!(t.mlock2(p(0), 2 * PAGE, 0), Ok(()));
+        assert_eq!(t.mlock2(p(2), PAGE, MLOCK_ONFAULT), Ok(()));
         assert_eq!(resident(t, p(0), 3), [true; 3]);
         // Dump and fork advice: droppable memory is never kept.
         assert_eq!(t.madvise(p(0), PAGE, MADV_KEEPONFORK), Err(EINVAL));
@@ -1986,4 +1941,50 @@ fn mlockall_future_locks_and_populates_brk_growth_not_mremap_growth() {
         &[true, true, true, true, true, false],
         &[(0, 3, "rd wr mr mw me ac lo"), (8, 11, PRIV_RW)],
     );
+}
+
+// ---------------------------------------------------------------- found by kernel_diff
+
+#[test]
+fn mremap_dontunmap_unlocks_the_whole_old_vma_without_splitting_it() {
+    on_both(16, |t| {
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        assert_eq!(t.mmap(p(0), 4 * PAGE, RW, ANON | MAP_FIXED), Ok(p(0)));
+        assert_eq!(t.mlock2(p(0), 4 * PAGE, 0), Ok(()));
+        let mv = MREMAP_MAYMOVE | MREMAP_DONTUNMAP | MREMAP_FIXED;
+        assert_eq!(t.mremap(p(1), PAGE, PAGE, mv, p(8)), Ok(p(8)));
+        assert_flags(t, &[(0, 4, PRIV_RW), (8, 9, "rd wr mr mw me ac lo")]);
+        // An on-fault lock of a shared mapping, moved whole.
+        assert_eq!(
+            t.mmap(p(10), 2 * PAGE, RW, SHARED_ANON | MAP_FIXED),
+            Ok(p(10))
+        );
+        assert_eq!(t.mlock2(p(10), 2 * PAGE, MLOCK_ONFAULT), Ok(()));
+        assert_eq!(t.mremap(p(10), 2 * PAGE, 2 * PAGE, mv, p(13)), Ok(p(13)));
+        assert_flags(
+            t,
+            &[
+                (0, 4, PRIV_RW),
+                (8, 9, "rd wr mr mw me ac lo"),
+                (10, 12, "rd wr sh mr mw me ms"),
+                (13, 15, "rd wr sh mr mw me ms lo lf"),
+            ],
+        );
+    });
+}
+
+#[test]
+fn madvise_populate_read_needs_read_permission() {
+    on_both(8, |t| {
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        assert_eq!(t.mmap(p(0), PAGE, PROT_WRITE, ANON | MAP_FIXED), Ok(p(0)));
+        assert_eq!(t.mmap(p(2), PAGE, PROT_EXEC, ANON | MAP_FIXED), Ok(p(2)));
+        assert_eq!(t.madvise(p(0), PAGE, MADV_POPULATE_READ), Err(EINVAL));
+        assert_eq!(t.madvise(p(0), 3 * PAGE, MADV_POPULATE_READ), Err(EINVAL));
+        assert_eq!(t.madvise(p(2), PAGE, MADV_POPULATE_READ), Err(EINVAL));
+        assert_eq!(t.madvise(p(0), PAGE, MADV_POPULATE_WRITE), Ok(()));
+        assert_eq!(resident(t, p(0), 1), [true]);
+    });
 }
