@@ -1988,3 +1988,40 @@ fn madvise_populate_read_needs_read_permission() {
         assert_eq!(resident(t, p(0), 1), [true]);
     });
 }
+
+#[test]
+fn mprotect_populates_a_private_locked_vma_made_writable() {
+    on_both(16, |t| {
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        let rx = PROT_READ | PROT_EXEC;
+        assert_eq!(
+            t.mmap(p(0), 6 * PAGE, rx, ANON | MAP_FIXED | MAP_LOCKED),
+            Ok(p(0))
+        );
+        // Over a hole: the VMA's part is made writable and populated, then
+        // ENOMEM.
+        assert_eq!(t.mprotect(p(4), 8 * PAGE, RW), Err(ENOMEM));
+        assert_eq!(resident(t, p(4), 2), [true, true]);
+        // It has its anon_vma now, so it keeps its charge when made
+        // read-only again, and does not merge with the untouched part.
+        assert_eq!(t.mprotect(p(2), 3 * PAGE, PROT_READ), Ok(()));
+        assert_flags(
+            t,
+            &[
+                (0, 2, "rd ex mr mw me lo"),
+                (2, 4, "rd mr mw me lo"),
+                (4, 5, "rd mr mw me lo ac"),
+                (5, 6, "rd wr mr mw me lo ac"),
+            ],
+        );
+        // Not for an on-fault lock.
+        assert_eq!(
+            t.mmap(p(8), 2 * PAGE, PROT_READ, ANON | MAP_FIXED),
+            Ok(p(8))
+        );
+        assert_eq!(t.mlock2(p(8), 2 * PAGE, MLOCK_ONFAULT), Ok(()));
+        assert_eq!(t.mprotect(p(8), 2 * PAGE, RW), Ok(()));
+        assert_eq!(resident(t, p(8), 2), [false, false]);
+    });
+}
