@@ -149,9 +149,9 @@ fn bits(known: u32) -> impl Strategy<Value = u32> {
 fn map_flags() -> impl Strategy<Value = u32> {
     let all = MapFlags::all().bits();
     prop_oneof![
-        // Mostly well-formed: exactly one of PRIVATE and SHARED.
-        3 => (bits(all & !(MapFlags::SHARED | MapFlags::PRIVATE).bits()), any::<bool>())
-            .prop_map(|(b, shared)| b | if shared { 0x1 } else { 0x2 }),
+        // Mostly well-formed: one type, PRIVATE, SHARED or DROPPABLE.
+        3 => (bits(all & !MapFlags::TYPE), 0..5usize)
+            .prop_map(|(b, t)| b | [0x1, 0x2, 0x2, 0x2, 0x8][t]),
         1 => bits(all),
     ]
 }

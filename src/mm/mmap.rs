@@ -27,12 +27,11 @@ impl AddressSpace {
     /// below `mmap_min_addr`; `EEXIST` when `FIXED_NOREPLACE` overlaps a
     /// mapping; `EPERM` for `LOCKED` with a memlock limit of 0, `EAGAIN`
     /// when a lock (`LOCKED`, or `mlockall(MCL_FUTURE)`) would pass the
-    /// limit; `EINVAL` when neither `SHARED` nor `PRIVATE` is given, or
-    /// `GROWSDOWN` is combined with `SHARED`; `EINVAL` also for
-    /// `SHARED | PRIVATE` (Linux's `MAP_SHARED_VALIDATE`, which anonymous
-    /// mappings do not accept) and for the other values of the type field
-    /// ([`MapFlags::TYPE`]); then `ENOMEM` when the memory budget has no
-    /// room for the new VMA.
+    /// limit; `EINVAL` when the type field ([`MapFlags::TYPE`]) is none of
+    /// `SHARED`, `PRIVATE` and `DROPPABLE` (`SHARED | PRIVATE`, Linux's
+    /// `MAP_SHARED_VALIDATE`, is for files only), when `GROWSDOWN` comes
+    /// with `SHARED` or `DROPPABLE`, or `LOCKED` with `DROPPABLE`; then
+    /// `ENOMEM` when the memory budget has no room for the new VMA.
     pub fn mmap(&self, addr: u64, len: u64, prot: Prot, flags: MapFlags) -> Result<u64> {
         // Unknown bits are ignored, as Linux's mmap ignores them (only
         // MAP_SHARED_VALIDATE rejects them, and anonymous memory rejects
