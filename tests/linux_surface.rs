@@ -1,7 +1,9 @@
 //! The Linux surface a syscall-forwarding emulator needs, compared with the
-//! running kernel: the stack limit, mmap's flags, and (where the kernel
+//! running kernel: the stack limit, mmap's flags (`MAP_DROPPABLE`
+//! included), madvise, mlock and the locked-memory limit, mincore, msync,
+//! the `[heap]` and `[stack]` labels, VMA names, and (where the kernel
 //! needs a process of its own) scenarios run in a forked child of this
-//! test process.
+//! test process, unprivileged where root would bypass a limit.
 //!
 //! Every expectation is written once and checked first against Linux
 //! (when the kernel harness can run here), then required of aspace at the
