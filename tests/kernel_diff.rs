@@ -26,6 +26,10 @@
 //! checks that those pages hold either the old bytes or the stored ones on
 //! the aspace side and copies the kernel's bytes over, so that both sides
 //! go on from the same state. Every such resync is counted in the output.
+//! Likewise, a failed load or store has faulted in (on the kernel side)
+//! the pages before the failing one, which mincore shows: the harness
+//! repeats the access page by page on the aspace side up to the failing
+//! page (counted as "mirrored").
 //!
 //! Reproduce a failure: `KDIFF_SEED=<seed> cargo test --release --test
 //! kernel_diff -- --nocapture` (add `KDIFF_VERBOSE=1` to print every call).
@@ -712,6 +716,9 @@ struct Pair {
     /// Layout after the last call (canonical).
     layout: Vec<Vma>,
     resyncs: u64,
+    /// Failed multi-page accesses whose first pages were faulted in on
+    /// the aspace side as the kernel faulted them.
+    mirrored: u64,
     calls: u64,
 }
 
@@ -733,6 +740,7 @@ impl Pair {
             pages: BTreeSet::new(),
             layout: Vec::new(),
             resyncs: 0,
+            mirrored: 0,
             calls: 0,
         };
         p.layout = canon_layout(p.k.layout(), p.delta);
@@ -767,6 +775,9 @@ impl Pair {
         }
         if let (Op::Write { addr, len, .. }, Outcome::Err(_)) = (op, &ok) {
             self.resync_failed_store(step, addr + self.delta, len)?;
+        }
+        if let (Op::Read { .. } | Op::Write { .. }, Outcome::Err(_)) = (op, &ok) {
+            self.mirror_partial_access(real);
         }
         let lk = self.k.layout();
         let la = self.a.layout();
@@ -890,6 +901,39 @@ impl Pair {
             }
         }
         Ok(())
+    }
+
+    /// After a failed load or store: the kernel faulted in the pages
+    /// before the failing one (a read fault maps the zero page, which
+    /// mincore sees), aspace none of them (it checks the whole range
+    /// first). The same access, page by page on the aspace side until a
+    /// page fails, faults in what the kernel did (and stores the bytes the
+    /// kernel stored, which the resync has already put there).
+    fn mirror_partial_access(&mut self, op: Op) {
+        let (addr, len, data) = match op {
+            Op::Read { addr, len } => (addr, len, None),
+            Op::Write { addr, len, seed } => (addr, len, Some(pattern(seed, addr, len as usize))),
+            _ => return,
+        };
+        let end = addr + len;
+        let mut a = addr;
+        let mut mirrored = false;
+        while a < end {
+            let n = ((a / PAGE + 1) * PAGE).min(end) - a;
+            let off = (a - addr) as usize;
+            let r = match &data {
+                Some(d) => self.a.write(a, &d[off..off + n as usize]),
+                None => read_vec(&mut self.a, a, n as usize).map(drop),
+            };
+            if r.is_err() {
+                break;
+            }
+            mirrored = true;
+            a += n;
+        }
+        if mirrored {
+            self.mirrored += 1;
+        }
     }
 
     /// After a failed store: the kernel may have written the pages before
@@ -1063,6 +1107,7 @@ fn kernel_and_aspace_agree_on_random_sequences() {
     let mut failures = Vec::new();
     let mut calls = 0;
     let mut resyncs = 0;
+    let mut mirrored = 0;
     let mut shrink_budget = env_u64("KDIFF_SHRINK_BUDGET").map_or(SHRINK_BUDGET, |v| v as usize);
     for &seed in &seeds {
         if verbose {
@@ -1071,6 +1116,7 @@ fn kernel_and_aspace_agree_on_random_sequences() {
         let (ops, diff, pair) = run(seed, nops, None, verbose).expect("kernel target");
         calls += pair.calls;
         resyncs += pair.resyncs;
+        mirrored += pair.mirrored;
         if let Some(d) = diff {
             let mut msg = report(seed, &ops, &d);
             if shrink_budget > 0 {
@@ -1094,7 +1140,7 @@ fn kernel_and_aspace_agree_on_random_sequences() {
         }
     }
     out(&format!(
-        "kernel_diff: {} sequences, {calls} calls compared, {resyncs} failed multi-page store(s) resynced, {} sequence(s) with differences",
+        "kernel_diff: {} sequences, {calls} calls compared, {resyncs} failed multi-page store(s) resynced, {mirrored} failed multi-page access(es) mirrored, {} sequence(s) with differences",
         seeds.len(),
         failures.len()
     ));

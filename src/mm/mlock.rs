@@ -186,8 +186,12 @@ impl AddressSpace {
     /// with flags `flags` keeps the locked pages within the limit. Under
     /// the mmap_lock write side (`ed`).
     pub(super) fn mlock_future_ok(&self, ed: &Edit<'_>, flags: VmFlags, bytes: u64) -> bool {
+        // The flags first: no load of the limit for the common case.
+        if !flags.contains(VmFlags::LOCKED) {
+            return true;
+        }
         let limit = self.memlock_limit();
-        if !flags.contains(VmFlags::LOCKED) || limit == u64::MAX {
+        if limit == u64::MAX {
             return true;
         }
         let pages = (bytes >> PAGE_SHIFT).saturating_add(locked_in(ed, 0, u64::MAX));

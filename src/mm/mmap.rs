@@ -73,7 +73,8 @@ impl AddressSpace {
         if flags.contains(MapFlags::LOCKED) && self.memlock_limit() == 0 {
             return Err(Error::Perm);
         }
-        let mut lock = self.def_flags();
+        let def_flags = self.def_flags();
+        let mut lock = def_flags;
         if flags.contains(MapFlags::LOCKED) {
             lock |= VmFlags::LOCKED;
         }
@@ -109,7 +110,7 @@ impl AddressSpace {
         }
         // mm->def_flags (VM_LOCKED after mlockall(MCL_FUTURE)), then
         // calc_vm_flag_bits.
-        vf |= self.def_flags();
+        vf |= def_flags;
         if flags.contains(MapFlags::LOCKED) {
             vf |= VmFlags::LOCKED;
         }

@@ -48,21 +48,19 @@ impl AddressSpace {
         flags: MremapFlags,
         new_addr: u64,
     ) -> Result<u64> {
-        let new = self.mremap_locked(old_addr, old_len, new_len, flags, new_addr)?;
+        let mut locked = false;
+        let new = self.mremap_locked(old_addr, old_len, new_len, flags, new_addr, &mut locked)?;
         // Locked memory that grew is populated as mlock would (not with
         // the lock held; errors ignored), as Linux's mremap ends.
         let (old_len, new_len) = (page_align_wrapping(old_len), page_align_wrapping(new_len));
-        if new_len > old_len
-            && self
-                .vma_at(new + old_len)
-                .is_some_and(|v| v.flags.contains(VmFlags::LOCKED))
-        {
+        if locked && new_len > old_len {
             let _ = self.populate_locked(Range::new(new + old_len, new + new_len), true);
         }
         Ok(new)
     }
 
-    /// [`mremap`](Self::mremap) under the mmap_lock.
+    /// [`mremap`](Self::mremap) under the mmap_lock; `locked` says
+    /// whether the VMA it found was locked.
     fn mremap_locked(
         &self,
         old_addr: u64,
@@ -70,6 +68,7 @@ impl AddressSpace {
         new_len: u64,
         flags: MremapFlags,
         new_addr: u64,
+        locked: &mut bool,
     ) -> Result<u64> {
         let task = self.cfg.task_size;
         if !MremapFlags::all().contains(flags) {
@@ -115,6 +114,7 @@ impl AddressSpace {
         let Some(vma) = ed.find(old_addr) else {
             return Err(Error::Fault);
         };
+        *locked = vma.flags().contains(VmFlags::LOCKED);
         // Declared after `ed`, so dropped (and flushed) before the
         // mmap_lock is released: one flush for the whole call.
         let mut gather = ed.gather();
