@@ -78,7 +78,7 @@ impl AddressSpace {
         }
         // Grow: within the memlock limit when mlockall(MCL_FUTURE) locks
         // the heap's growth.
-        let flags = BRK_FLAGS | self.def_flags();
+        let flags = BRK_FLAGS | ed.st.def_flags;
         if !self.mlock_future_ok(&ed, flags, newbrk - oldbrk) {
             return (old, None);
         }

@@ -198,12 +198,6 @@ impl AddressSpace {
         pages <= limit >> PAGE_SHIFT
     }
 
-    /// The flags every new mapping gets (`mm->def_flags`: `VM_LOCKED` after
-    /// `mlockall(MCL_FUTURE)`).
-    pub(crate) fn def_flags(&self) -> VmFlags {
-        VmFlags::from_bits_retain(self.def_flags.load(Ordering::Relaxed))
-    }
-
     /// Which pages of `[addr, addr + len)` are resident, like `mincore(2)`:
     /// a page-table entry is present (the zero page counts), or the page of
     /// a shared mapping's object has a frame. One entry per page.
@@ -356,7 +350,7 @@ impl AddressSpace {
         } else {
             VmFlags::empty()
         };
-        self.def_flags.store(future.bits(), Ordering::Relaxed);
+        ed.st.def_flags = future;
         if !flags.is_empty() && !flags.contains(MlockAllFlags::CURRENT) {
             return Ok(());
         }

@@ -73,7 +73,7 @@ impl AddressSpace {
         if flags.contains(MapFlags::LOCKED) && self.memlock_limit() == 0 {
             return Err(Error::Perm);
         }
-        let def_flags = self.def_flags();
+        let def_flags = ed.st.def_flags;
         let mut lock = def_flags;
         if flags.contains(MapFlags::LOCKED) {
             lock |= VmFlags::LOCKED;

@@ -85,6 +85,10 @@ pub(crate) struct MmState {
     /// The initial stack pointer (`mm->start_stack`); 0 for none (see
     /// [`AddressSpace::set_start_stack`]).
     pub(crate) start_stack: u64,
+    /// Flags every new mapping and heap growth gets (`mm->def_flags`:
+    /// `VM_LOCKED` after `mlockall(MCL_FUTURE)`); fork children start
+    /// without them.
+    pub(crate) def_flags: crate::vma::VmFlags,
 }
 
 /// Source of unique ids for address spaces, anon_vmas and shared objects.
@@ -128,8 +132,6 @@ pub struct AddressSpace {
     stack_limit: AtomicU64,
     /// `RLIMIT_MEMLOCK` (see [`AddressSpace::set_memlock_limit`]).
     memlock_limit: AtomicU64,
-    /// Flags every new mapping gets (`mm->def_flags`, set by mlockall).
-    def_flags: crate::sync::AtomicU32,
 }
 
 const _: () = {
@@ -225,6 +227,7 @@ impl AddressSpace {
                 start_brk,
                 brk: start_brk,
                 start_stack: 0,
+                def_flags: crate::vma::VmFlags::empty(),
             }),
             pt: PageTable::with_budget(reclaimer(), frames.memory().clone()),
             frames,
@@ -236,7 +239,6 @@ impl AddressSpace {
             pending_frees: AtomicU64::new(0),
             stack_limit: AtomicU64::new(stack_limit),
             memlock_limit: AtomicU64::new(memlock_limit),
-            def_flags: crate::sync::AtomicU32::new(0),
         }
     }
 

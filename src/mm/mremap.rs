@@ -114,7 +114,8 @@ impl AddressSpace {
         let Some(vma) = ed.find(old_addr) else {
             return Err(Error::Fault);
         };
-        *locked = vma.flags().contains(VmFlags::LOCKED);
+        let vma_locked = vma.flags().contains(VmFlags::LOCKED);
+        *locked = vma_locked;
         // Declared after `ed`, so dropped (and flushed) before the
         // mmap_lock is released: one flush for the whole call.
         let mut gather = ed.gather();
@@ -132,7 +133,10 @@ impl AddressSpace {
             Self::check_old_range(vma, old_addr, old_len.min(new_len))?;
         }
         // Growing locked memory must fit the memlock limit.
-        if new_len > old_len && !self.mlock_future_ok(&ed, vma.flags(), new_len - old_len) {
+        if vma_locked
+            && new_len > old_len
+            && !self.mlock_future_ok(&ed, VmFlags::LOCKED, new_len - old_len)
+        {
             return Err(Error::Again);
         }
         if implies_new {
