@@ -135,7 +135,9 @@ pub enum Advice {
     Free,
     /// `MADV_REMOVE`: punch a hole in a shared mapping's object: its pages
     /// read back as zero in every mapping of it. `EINVAL` on private or
-    /// locked memory, `EACCES` without `VM_MAYWRITE`.
+    /// locked memory, `EACCES` without `VM_MAYWRITE`. Unlike Linux, the
+    /// object keeps the punched pages' frames (zeroed, since other
+    /// mappings may still map them), so `mincore` reports them resident.
     Remove,
     /// `MADV_DONTFORK`: the VMA is not copied into fork children
     /// (`VM_DONTCOPY`).
