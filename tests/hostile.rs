@@ -149,9 +149,9 @@ fn bits(known: u32) -> impl Strategy<Value = u32> {
 fn map_flags() -> impl Strategy<Value = u32> {
     let all = MapFlags::all().bits();
     prop_oneof![
-        // Mostly well-formed: exactly one of PRIVATE and SHARED.
-        3 => (bits(all & !(MapFlags::SHARED | MapFlags::PRIVATE).bits()), any::<bool>())
-            .prop_map(|(b, shared)| b | if shared { 0x1 } else { 0x2 }),
+        // Mostly well-formed: one type, PRIVATE, SHARED or DROPPABLE.
+        3 => (bits(all & !MapFlags::TYPE), 0..5usize)
+            .prop_map(|(b, t)| b | [0x1, 0x2, 0x2, 0x2, 0x8][t]),
         1 => bits(all),
     ]
 }
@@ -381,10 +381,17 @@ impl Hostile {
                     Err(e) => {
                         // A fixed address in the last 4095 bytes reads as
                         // an error value in the kernel: any errno.
+                        // EAGAIN: MAP_LOCKED past the memlock limit.
                         let any = fixed && addr > u64::MAX - 4095;
                         prop_assert!(
-                            any || [EINVAL, libc::ENOMEM, libc::EPERM, libc::EEXIST]
-                                .contains(&e.errno()),
+                            any || [
+                                EINVAL,
+                                libc::ENOMEM,
+                                libc::EPERM,
+                                libc::EEXIST,
+                                libc::EAGAIN
+                            ]
+                            .contains(&e.errno()),
                             "mmap: {e}"
                         );
                         // Only the map-count check after a FIXED unmap
@@ -488,8 +495,16 @@ impl Hostile {
                         }
                     }
                     Err(e) => {
+                        // EAGAIN: locked growth past the memlock limit.
                         prop_assert!(
-                            [EINVAL, libc::EFAULT, libc::ENOMEM, libc::EPERM].contains(&e.errno()),
+                            [
+                                EINVAL,
+                                libc::EFAULT,
+                                libc::ENOMEM,
+                                libc::EPERM,
+                                libc::EAGAIN
+                            ]
+                            .contains(&e.errno()),
                             "mremap: {e}"
                         );
                         // A FIXED call unmaps the target before it can

@@ -1,7 +1,10 @@
 //! Differential test against the running kernel.
 //!
-//! Seeded random sequences of mmap / munmap / mprotect / mremap / madvise /
-//! stores / loads run on the real kernel (on a region of this process, see
+//! Seeded random sequences of mmap (with `MAP_LOCKED`, `MAP_STACK`,
+//! `MAP_DROPPABLE`, ...) / munmap / mprotect / mremap / madvise (every
+//! modelled advice but `MADV_FREE` and `MADV_REMOVE`, see `Gen::madvise`)
+//! / mlock, mlock2, munlock / msync / mincore / stores / loads run on the
+//! real kernel (on a region of this process, see
 //! `common/kernel.rs`) and on an `aspace::AddressSpace` at the same
 //! addresses. After every call both sides must agree on:
 //!
@@ -11,8 +14,9 @@
 //!   mapping must load the same bytes (then both sides unmap it);
 //! - the VMA layout inside the region (boundaries, `rwxp/s`, the offset
 //!   column and the shared-object identity);
-//! - the VMA flags aspace models (`rd wr ex sh mr mw me ms gd ac nr` of
-//!   `/proc/self/smaps`);
+//! - the VMA flags aspace models (`MODELLED_FLAGS` of
+//!   `/proc/self/smaps`: `rd wr ex sh mr mw me ms gd ac nr lo lf dc wf dd
+//!   dp hg nh sr rr sf`);
 //! - the bytes loaded: every page ever stored to (followed through mremap
 //!   moves) is loaded on both sides every few calls and at the end, and
 //!   must give the same bytes or the same EFAULT.
@@ -23,6 +27,10 @@
 //! checks that those pages hold either the old bytes or the stored ones on
 //! the aspace side and copies the kernel's bytes over, so that both sides
 //! go on from the same state. Every such resync is counted in the output.
+//! Likewise, a failed load or store has faulted in (on the kernel side)
+//! the pages before the failing one, which mincore shows: the harness
+//! repeats the access page by page on the aspace side up to the failing
+//! page (counted as "mirrored").
 //!
 //! Reproduce a failure: `KDIFF_SEED=<seed> cargo test --release --test
 //! kernel_diff -- --nocapture` (add `KDIFF_VERBOSE=1` to print every call).
@@ -38,8 +46,27 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::io::Write as _;
 
-/// Interior pages of the region.
+/// Interior pages of the region (under 2 MiB: no transparent huge page
+/// fits, so residency compares page by page).
 const PAGES: u64 = 384;
+const MAP_LOCKED: u32 = 0x2000;
+const MAP_STACK: u32 = 0x2_0000;
+const MAP_DROPPABLE: u32 = 0x08;
+const MLOCK_ONFAULT: u32 = 1;
+const MADV_RANDOM: i32 = 1;
+const MADV_SEQUENTIAL: i32 = 2;
+const MADV_WILLNEED: i32 = 3;
+const MADV_DONTFORK: i32 = 10;
+const MADV_DOFORK: i32 = 11;
+const MADV_HUGEPAGE: i32 = 14;
+const MADV_NOHUGEPAGE: i32 = 15;
+const MADV_DONTDUMP: i32 = 16;
+const MADV_DODUMP: i32 = 17;
+const MADV_WIPEONFORK: i32 = 18;
+const MADV_KEEPONFORK: i32 = 19;
+const MADV_POPULATE_READ: i32 = 22;
+const MADV_POPULATE_WRITE: i32 = 23;
+const MADV_DONTNEED_LOCKED: i32 = 24;
 /// Canonical region start: sequences are generated and printed for a region
 /// here and translated to wherever the kernel target's region is.
 const CANON: u64 = 0x2000_0000_0000;
@@ -221,17 +248,25 @@ impl Gen {
 
     fn mmap(&mut self) -> Op {
         let prot = self.prot();
-        let mut flags = match self.rng.next() % 40 {
+        let mut flags = match self.rng.next() % 44 {
             0..=29 => ANON,
             30..=37 => SHARED_ANON,
-            38 => MAP_ANONYMOUS,                           // neither: EINVAL
-            _ => MAP_SHARED | MAP_PRIVATE | MAP_ANONYMOUS, // MAP_SHARED_VALIDATE
+            38 => MAP_ANONYMOUS,                              // neither: EINVAL
+            39..=41 => MAP_DROPPABLE | MAP_ANONYMOUS,         // Linux 6.11+
+            42 => MAP_DROPPABLE | MAP_SHARED | MAP_ANONYMOUS, // unknown type: EINVAL
+            _ => MAP_SHARED | MAP_PRIVATE | MAP_ANONYMOUS,    // MAP_SHARED_VALIDATE
         };
         if self.rng.pct(8) {
             flags |= MAP_POPULATE;
         }
         if self.rng.pct(10) {
             flags |= MAP_NORESERVE;
+        }
+        if self.rng.pct(5) {
+            flags |= MAP_LOCKED;
+        }
+        if self.rng.pct(5) {
+            flags |= MAP_STACK;
         }
         if self.rng.pct(if flags & MAP_SHARED != 0 { 2 } else { 8 }) {
             flags |= MAP_GROWSDOWN;
@@ -320,12 +355,85 @@ impl Gen {
         } else {
             self.range()
         };
-        let advice = if self.rng.pct(85) {
-            MADV_DONTNEED
-        } else {
-            MADV_NORMAL
+        // Every advice aspace models but MADV_FREE, whose pages the kernel
+        // frees only under memory pressure (aspace frees them at once, as
+        // if reclaimed right away: the bytes are not comparable), and
+        // MADV_REMOVE, whose punched pages aspace keeps, zeroed, in the
+        // object (mincore sees them; tests/linux_surface.rs checks it
+        // without mincore).
+        let advice = match self.rng.next() % 40 {
+            0..=19 => MADV_DONTNEED,
+            20 => MADV_NORMAL,
+            _ => self.rng.pick(&[
+                MADV_RANDOM,
+                MADV_SEQUENTIAL,
+                MADV_WILLNEED,
+                MADV_DONTFORK,
+                MADV_DOFORK,
+                MADV_HUGEPAGE,
+                MADV_NOHUGEPAGE,
+                MADV_DONTDUMP,
+                MADV_DODUMP,
+                MADV_WIPEONFORK,
+                MADV_KEEPONFORK,
+                MADV_POPULATE_READ,
+                MADV_POPULATE_WRITE,
+                MADV_DONTNEED_LOCKED,
+            ]),
         };
         Op::Madvise { addr, len, advice }
+    }
+
+    /// mlock / mlock2 (ONFAULT, or an unknown flag) / munlock.
+    fn lock(&mut self) -> Op {
+        let (addr, len) = if self.rng.pct(8) {
+            self.bad_range()
+        } else {
+            self.range()
+        };
+        // mlock rounds an unaligned start down instead of failing.
+        let addr = if self.rng.pct(5) {
+            addr + self.rng.range(1, PAGE - 1)
+        } else {
+            addr
+        };
+        // Clamped from the unaligned start: its rounded range stays inside.
+        let len = self.clamp(addr, len);
+        match self.rng.next() % 10 {
+            0..=3 => Op::Mlock {
+                addr,
+                len,
+                flags: 0,
+            },
+            4..=5 => Op::Mlock {
+                addr,
+                len,
+                flags: if self.rng.pct(90) { MLOCK_ONFAULT } else { 2 },
+            },
+            _ => Op::Munlock { addr, len },
+        }
+    }
+
+    /// msync or mincore (these only inspect), inside the region.
+    fn inspect(&mut self) -> Op {
+        let (addr, len) = if self.rng.pct(8) {
+            self.bad_range()
+        } else {
+            self.range()
+        };
+        if self.rng.pct(50) {
+            let flags = self.rng.pick(&[0, 1, 4, 2, 6, 3, 5, 8]);
+            Op::Msync { addr, len, flags }
+        } else {
+            // Keep mincore inside the region: past it lie this process's
+            // own mappings.
+            let len = if addr >= self.r.start && addr < self.r.end {
+                len.min(self.r.end - addr)
+            } else {
+                len
+            };
+            Op::Mincore { addr, len }
+        }
     }
 
     fn mremap(&mut self) -> Op {
@@ -446,11 +554,13 @@ impl Gen {
     fn op(&mut self) -> Op {
         match self.rng.next() % 100 {
             0..=17 => self.mmap(),
-            18..=28 => self.munmap(),
-            29..=45 => self.mprotect(),
-            46..=62 => self.mremap(),
-            63..=70 => self.madvise(),
-            71..=90 => {
+            18..=27 => self.munmap(),
+            28..=41 => self.mprotect(),
+            42..=56 => self.mremap(),
+            57..=65 => self.madvise(),
+            66..=70 => self.lock(),
+            71..=73 => self.inspect(),
+            74..=90 => {
                 let (addr, len) = self.access_range();
                 Op::Write {
                     addr,
@@ -566,6 +676,24 @@ fn rebase(op: Op, delta: u64) -> Op {
             addr: mv(addr),
             len,
         },
+        Op::Mlock { addr, len, flags } => Op::Mlock {
+            addr: mv(addr),
+            len,
+            flags,
+        },
+        Op::Munlock { addr, len } => Op::Munlock {
+            addr: mv(addr),
+            len,
+        },
+        Op::Msync { addr, len, flags } => Op::Msync {
+            addr: mv(addr),
+            len,
+            flags,
+        },
+        Op::Mincore { addr, len } => Op::Mincore {
+            addr: mv(addr),
+            len,
+        },
     }
 }
 
@@ -590,6 +718,9 @@ struct Pair {
     /// Layout after the last call (canonical).
     layout: Vec<Vma>,
     resyncs: u64,
+    /// Failed multi-page accesses whose first pages were faulted in on
+    /// the aspace side as the kernel faulted them.
+    mirrored: u64,
     calls: u64,
 }
 
@@ -611,6 +742,7 @@ impl Pair {
             pages: BTreeSet::new(),
             layout: Vec::new(),
             resyncs: 0,
+            mirrored: 0,
             calls: 0,
         };
         p.layout = canon_layout(p.k.layout(), p.delta);
@@ -645,6 +777,9 @@ impl Pair {
         }
         if let (Op::Write { addr, len, .. }, Outcome::Err(_)) = (op, &ok) {
             self.resync_failed_store(step, addr + self.delta, len)?;
+        }
+        if let (Op::Read { .. } | Op::Write { .. }, Outcome::Err(_)) = (op, &ok) {
+            self.mirror_partial_access(real);
         }
         let lk = self.k.layout();
         let la = self.a.layout();
@@ -768,6 +903,39 @@ impl Pair {
             }
         }
         Ok(())
+    }
+
+    /// After a failed load or store: the kernel faulted in the pages
+    /// before the failing one (a read fault maps the zero page, which
+    /// mincore sees), aspace none of them (it checks the whole range
+    /// first). The same access, page by page on the aspace side until a
+    /// page fails, faults in what the kernel did (and stores the bytes the
+    /// kernel stored, which the resync has already put there).
+    fn mirror_partial_access(&mut self, op: Op) {
+        let (addr, len, data) = match op {
+            Op::Read { addr, len } => (addr, len, None),
+            Op::Write { addr, len, seed } => (addr, len, Some(pattern(seed, addr, len as usize))),
+            _ => return,
+        };
+        let end = addr + len;
+        let mut a = addr;
+        let mut mirrored = false;
+        while a < end {
+            let n = ((a / PAGE + 1) * PAGE).min(end) - a;
+            let off = (a - addr) as usize;
+            let r = match &data {
+                Some(d) => self.a.write(a, &d[off..off + n as usize]),
+                None => read_vec(&mut self.a, a, n as usize).map(drop),
+            };
+            if r.is_err() {
+                break;
+            }
+            mirrored = true;
+            a += n;
+        }
+        if mirrored {
+            self.mirrored += 1;
+        }
     }
 
     /// After a failed store: the kernel may have written the pages before
@@ -941,6 +1109,7 @@ fn kernel_and_aspace_agree_on_random_sequences() {
     let mut failures = Vec::new();
     let mut calls = 0;
     let mut resyncs = 0;
+    let mut mirrored = 0;
     let mut shrink_budget = env_u64("KDIFF_SHRINK_BUDGET").map_or(SHRINK_BUDGET, |v| v as usize);
     for &seed in &seeds {
         if verbose {
@@ -949,6 +1118,7 @@ fn kernel_and_aspace_agree_on_random_sequences() {
         let (ops, diff, pair) = run(seed, nops, None, verbose).expect("kernel target");
         calls += pair.calls;
         resyncs += pair.resyncs;
+        mirrored += pair.mirrored;
         if let Some(d) = diff {
             let mut msg = report(seed, &ops, &d);
             if shrink_budget > 0 {
@@ -972,7 +1142,7 @@ fn kernel_and_aspace_agree_on_random_sequences() {
         }
     }
     out(&format!(
-        "kernel_diff: {} sequences, {calls} calls compared, {resyncs} failed multi-page store(s) resynced, {} sequence(s) with differences",
+        "kernel_diff: {} sequences, {calls} calls compared, {resyncs} failed multi-page store(s) resynced, {mirrored} failed multi-page access(es) mirrored, {} sequence(s) with differences",
         seeds.len(),
         failures.len()
     ));

@@ -1,7 +1,9 @@
 //! The Linux surface a syscall-forwarding emulator needs, compared with the
-//! running kernel: the stack limit, mmap's flags, and (where the kernel
+//! running kernel: the stack limit, mmap's flags (`MAP_DROPPABLE`
+//! included), madvise, mlock and the locked-memory limit, mincore, msync,
+//! the `[heap]` and `[stack]` labels, VMA names, and (where the kernel
 //! needs a process of its own) scenarios run in a forked child of this
-//! test process.
+//! test process, unprivileged where root would bypass a limit.
 //!
 //! Every expectation is written once and checked first against Linux
 //! (when the kernel harness can run here), then required of aspace at the
@@ -833,51 +835,6 @@ fn errno_of(rc: libc::c_long) -> Res<()> {
     }
 }
 
-/// `mlock2` (flags 0 is `mlock`), on either side.
-fn mlock2(t: &mut dyn Target, addr: u64, len: u64, flags: u32) -> Res<()> {
-    if let Some(mm) = t.aspace() {
-        return mm
-            .mlock2(addr, len, aspace::MlockFlags::from_bits_retain(flags))
-            .map_err(|e| e.errno());
-    }
-    assert_in_region(t, addr, len);
-    // SAFETY: the range is inside the test region (checked above); mlock2
-    // only changes VMA flags and faults pages in there.
-    errno_of(unsafe { libc::syscall(libc::SYS_mlock2, addr, len, flags) })
-}
-
-fn munlock(t: &mut dyn Target, addr: u64, len: u64) -> Res<()> {
-    if let Some(mm) = t.aspace() {
-        return mm.munlock(addr, len).map_err(|e| e.errno());
-    }
-    assert_in_region(t, addr, len);
-    // SAFETY: as in `mlock2`.
-    errno_of(unsafe { libc::syscall(libc::SYS_munlock, addr, len) })
-}
-
-fn msync(t: &mut dyn Target, addr: u64, len: u64, flags: u32) -> Res<()> {
-    if let Some(mm) = t.aspace() {
-        return mm
-            .msync(addr, len, aspace::MsyncFlags::from_bits_retain(flags))
-            .map_err(|e| e.errno());
-    }
-    // SAFETY: msync of anonymous memory writes nothing back; it only
-    // inspects the VMAs.
-    errno_of(unsafe { libc::syscall(libc::SYS_msync, addr, len, flags) })
-}
-
-/// mincore of `len` bytes, on either side: one entry per page, or errno.
-fn mincore(t: &mut dyn Target, addr: u64, len: u64) -> Res<Vec<bool>> {
-    if let Some(mm) = t.aspace() {
-        return mm.mincore(addr, len).map_err(|e| e.errno());
-    }
-    let mut v = vec![0u8; len.div_ceil(PAGE) as usize];
-    // SAFETY: mincore reads page-table state only and writes one byte per
-    // page into `v`, which has that many.
-    let rc = unsafe { libc::syscall(libc::SYS_mincore, addr, len, v.as_mut_ptr()) };
-    errno_of(rc).map(|_| v.into_iter().map(|b| b & 1 != 0).collect())
-}
-
 #[test]
 fn mlock_locks_populates_and_stops_at_holes() {
     on_both(8, |t| {
@@ -885,15 +842,15 @@ fn mlock_locks_populates_and_stops_at_holes() {
         let r = t.region();
         let p = |i: u64| r.page(i);
         // An inaccessible VMA is locked but cannot be populated: ENOMEM.
-        assert_eq!(mlock2(t, p(4), PAGE, 0), Err(ENOMEM));
-        assert_eq!(mlock2(t, p(3), 3 * PAGE, 0), Err(ENOMEM));
+        assert_eq!(t.mlock2(p(4), PAGE, 0), Err(ENOMEM));
+        assert_eq!(t.mlock2(p(3), 3 * PAGE, 0), Err(ENOMEM));
         assert_eq!(resident(t, p(3), 3), [true, false, false]);
         // An unaligned start is rounded down.
-        assert_eq!(mlock2(t, p(0) + 100, 10, 0), Ok(()));
+        assert_eq!(t.mlock2(p(0) + 100, 10, 0), Ok(()));
         assert_eq!(resident(t, p(0), 2), [true, false]);
         // A hole: the VMA before it is locked, then ENOMEM.
-        assert_eq!(mlock2(t, p(0), 3 * PAGE, 0), Err(ENOMEM));
-        assert_eq!(mlock2(t, p(2), 2 * PAGE, 0), Err(ENOMEM));
+        assert_eq!(t.mlock2(p(0), 3 * PAGE, 0), Err(ENOMEM));
+        assert_eq!(t.mlock2(p(2), 2 * PAGE, 0), Err(ENOMEM));
         assert_flags(
             t,
             &[
@@ -903,7 +860,7 @@ fn mlock_locks_populates_and_stops_at_holes() {
                 (5, 6, "rd wr sh mr mw me ms lo"),
             ],
         );
-        assert_eq!(munlock(t, p(0), 6 * PAGE), Err(ENOMEM));
+        assert_eq!(t.munlock(p(0), 6 * PAGE), Err(ENOMEM));
         assert_flags(
             t,
             &[
@@ -913,9 +870,9 @@ fn mlock_locks_populates_and_stops_at_holes() {
                 (5, 6, "rd wr sh mr mw me ms lo"),
             ],
         );
-        assert_eq!(munlock(t, p(3), 3 * PAGE), Ok(()));
-        assert_eq!(mlock2(t, p(2), 0, 0), Ok(()));
-        assert_eq!(mlock2(t, p(0), u64::MAX, 0), Ok(()));
+        assert_eq!(t.munlock(p(3), 3 * PAGE), Ok(()));
+        assert_eq!(t.mlock2(p(2), 0, 0), Ok(()));
+        assert_eq!(t.mlock2(p(0), u64::MAX, 0), Ok(()));
     });
 }
 
@@ -925,13 +882,13 @@ fn mlock2_onfault_locks_without_populating() {
         let r = t.region();
         let a = r.page(0);
         assert_eq!(t.mmap(a, 2 * PAGE, RW, ANON | MAP_FIXED), Ok(a));
-        assert_eq!(mlock2(t, a, 2 * PAGE, 2), Err(EINVAL));
-        assert_eq!(mlock2(t, a, 0, 2), Err(EINVAL));
-        assert_eq!(mlock2(t, a, 2 * PAGE, MLOCK_ONFAULT), Ok(()));
+        assert_eq!(t.mlock2(a, 2 * PAGE, 2), Err(EINVAL));
+        assert_eq!(t.mlock2(a, 0, 2), Err(EINVAL));
+        assert_eq!(t.mlock2(a, 2 * PAGE, MLOCK_ONFAULT), Ok(()));
         assert_eq!(resident(t, a, 2), [false, false]);
         assert_flags(t, &[(0, 2, "rd wr mr mw me lo lf ac")]);
         // A plain lock over an on-fault one populates.
-        assert_eq!(mlock2(t, a, PAGE, 0), Ok(()));
+        assert_eq!(t.mlock2(a, PAGE, 0), Ok(()));
         assert_eq!(resident(t, a, 2), [true, false]);
         assert_flags(
             t,
@@ -940,7 +897,7 @@ fn mlock2_onfault_locks_without_populating() {
                 (1, 2, "rd wr mr mw me lo lf ac"),
             ],
         );
-        assert_eq!(munlock(t, a, 2 * PAGE), Ok(()));
+        assert_eq!(t.munlock(a, 2 * PAGE), Ok(()));
         assert_flags(t, &[(0, 2, PRIV_RW)]);
     });
 }
@@ -951,22 +908,22 @@ fn mincore_reports_resident_pages_and_holes() {
         madvise_setup(t);
         let r = t.region();
         let p = |i: u64| r.page(i);
-        assert_eq!(mincore(t, p(0) + 1, PAGE), Err(EINVAL));
-        assert_eq!(mincore(t, p(0), 3 * PAGE), Err(ENOMEM));
-        assert_eq!(mincore(t, p(2), 0), Ok(vec![]));
-        assert_eq!(mincore(t, TASK_SIZE - PAGE, 2 * PAGE), Err(ENOMEM));
+        assert_eq!(t.mincore(p(0) + 1, PAGE), Err(EINVAL));
+        assert_eq!(t.mincore(p(0), 3 * PAGE), Err(ENOMEM));
+        assert_eq!(t.mincore(p(2), 0), Ok(vec![]));
+        assert_eq!(t.mincore(TASK_SIZE - PAGE, 2 * PAGE), Err(ENOMEM));
         assert_eq!(t.write(p(1), b"x"), Ok(()));
         assert_eq!(read_vec(t, p(3), 1), Ok(vec![0]));
-        assert_eq!(mincore(t, p(0), 1), Ok(vec![false]));
-        assert_eq!(mincore(t, p(0), 2 * PAGE), Ok(vec![false, true]));
+        assert_eq!(t.mincore(p(0), 1), Ok(vec![false]));
+        assert_eq!(t.mincore(p(0), 2 * PAGE), Ok(vec![false, true]));
         // The zero page counts; a shared object's page stays resident in
         // the object after its entry is dropped.
-        assert_eq!(mincore(t, p(3), PAGE), Ok(vec![true]));
+        assert_eq!(t.mincore(p(3), PAGE), Ok(vec![true]));
         let s = p(8);
         assert_eq!(t.mmap(s, 2 * PAGE, RW, SHARED_ANON | MAP_FIXED), Ok(s));
         assert_eq!(t.write(s, b"s"), Ok(()));
         assert_eq!(t.madvise(s, 2 * PAGE, MADV_DONTNEED), Ok(()));
-        assert_eq!(mincore(t, s, 2 * PAGE), Ok(vec![true, false]));
+        assert_eq!(t.mincore(s, 2 * PAGE), Ok(vec![true, false]));
     });
 }
 
@@ -979,21 +936,21 @@ fn msync_argument_checks_and_holes() {
         madvise_setup(t);
         let r = t.region();
         let p = |i: u64| r.page(i);
-        assert_eq!(msync(t, p(0), PAGE, 8), Err(EINVAL));
-        assert_eq!(msync(t, p(0), PAGE, MS_ASYNC | MS_SYNC), Err(EINVAL));
-        assert_eq!(msync(t, p(0) + 1, PAGE, MS_SYNC), Err(EINVAL));
-        assert_eq!(msync(t, p(0), PAGE, 0), Ok(()));
-        assert_eq!(msync(t, p(0), 3 * PAGE, MS_ASYNC), Err(ENOMEM));
-        assert_eq!(msync(t, p(0), 3 * PAGE, MS_SYNC), Err(ENOMEM));
-        assert_eq!(msync(t, p(2), 2 * PAGE, MS_SYNC), Err(ENOMEM));
-        assert_eq!(msync(t, p(2), 0, MS_SYNC), Ok(()));
-        assert_eq!(msync(t, p(0), u64::MAX, MS_SYNC), Ok(()));
-        assert_eq!(msync(t, p(5), 4 * PAGE, MS_SYNC), Err(ENOMEM));
-        assert_eq!(msync(t, p(8), 2 * PAGE, MS_SYNC), Err(ENOMEM));
-        assert_eq!(msync(t, p(3), 3 * PAGE, MS_SYNC | MS_INVALIDATE), Ok(()));
-        assert_eq!(mlock2(t, p(0), PAGE, 0), Ok(()));
-        assert_eq!(msync(t, p(0), PAGE, MS_INVALIDATE), Err(16));
-        assert_eq!(msync(t, p(0), PAGE, MS_SYNC), Ok(()));
+        assert_eq!(t.msync(p(0), PAGE, 8), Err(EINVAL));
+        assert_eq!(t.msync(p(0), PAGE, MS_ASYNC | MS_SYNC), Err(EINVAL));
+        assert_eq!(t.msync(p(0) + 1, PAGE, MS_SYNC), Err(EINVAL));
+        assert_eq!(t.msync(p(0), PAGE, 0), Ok(()));
+        assert_eq!(t.msync(p(0), 3 * PAGE, MS_ASYNC), Err(ENOMEM));
+        assert_eq!(t.msync(p(0), 3 * PAGE, MS_SYNC), Err(ENOMEM));
+        assert_eq!(t.msync(p(2), 2 * PAGE, MS_SYNC), Err(ENOMEM));
+        assert_eq!(t.msync(p(2), 0, MS_SYNC), Ok(()));
+        assert_eq!(t.msync(p(0), u64::MAX, MS_SYNC), Ok(()));
+        assert_eq!(t.msync(p(5), 4 * PAGE, MS_SYNC), Err(ENOMEM));
+        assert_eq!(t.msync(p(8), 2 * PAGE, MS_SYNC), Err(ENOMEM));
+        assert_eq!(t.msync(p(3), 3 * PAGE, MS_SYNC | MS_INVALIDATE), Ok(()));
+        assert_eq!(t.mlock2(p(0), PAGE, 0), Ok(()));
+        assert_eq!(t.msync(p(0), PAGE, MS_INVALIDATE), Err(16));
+        assert_eq!(t.msync(p(0), PAGE, MS_SYNC), Ok(()));
     });
 }
 
@@ -1274,4 +1231,799 @@ fn anon_names_survive_mremap_and_fork() {
     assert_eq!(mm.vma_at(r.page(11)).unwrap().end, r.page(12));
     let child = mm.fork().unwrap();
     assert!(child.maps().contains("[anon:heap2]"));
+}
+
+// ---------------------------------------------------------------- [stack]
+
+/// `start_stack` of this process (field 28 of /proc/self/stat).
+fn start_stack() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(28 - 3)?.parse().ok()
+}
+
+/// (start, end, perms, path column) of the maps lines inside `[lo, hi)`.
+fn labelled(maps: &str, lo: u64, hi: u64) -> Vec<(u64, u64, String, String)> {
+    maps.lines()
+        .filter_map(|l| {
+            let v = parse_maps_line(l)?;
+            let path = l.split_whitespace().nth(5).unwrap_or("").to_string();
+            (v.start >= lo && v.end <= hi).then_some((v.start, v.end, v.perms, path))
+        })
+        .collect()
+}
+
+#[test]
+fn the_vma_holding_start_stack_is_the_stack_through_growth_and_splits() {
+    // This process: the VMA around start_stack is `[stack]`.
+    let Some(ss) = start_stack().filter(|&s| s != 0) else {
+        eprintln!("kernel side skipped: no start_stack in /proc/self/stat");
+        return;
+    };
+    let own = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let (lo, hi) = own
+        .lines()
+        .filter_map(parse_maps_line)
+        .find(|v| v.start <= ss && ss <= v.end)
+        .map(|v| (v.start, v.end))
+        .expect("a VMA holds start_stack");
+    assert_eq!(
+        label_at(&own, ss).as_deref(),
+        Some("[stack]"),
+        "this process"
+    );
+    // A forked child (whose only thread runs on another stack) grows the
+    // main stack 1 MiB below start_stack, then makes a read-only page 8
+    // pages below it: three VMAs, of which only the top one holds
+    // start_stack.
+    let grown = (ss - (1 << 20)) & !(PAGE - 1);
+    let ro = (ss & !(PAGE - 1)) - 8 * PAGE;
+    let (res, maps) = in_forked_child(|pipe| {
+        let mut out = [0u8; 64];
+        out[0] = kernel_store(pipe, grown) as u8;
+        // SAFETY: a page of the main thread's stack, which no thread of
+        // this child uses (the child runs on the forking thread's stack).
+        out[1] = unsafe { libc::mprotect(ro as *mut libc::c_void, PAGE as usize, libc::PROT_READ) }
+            as u8;
+        (out, 2)
+    });
+    assert_eq!(res, [1, 0], "kernel child: store and mprotect");
+    let kernel = labelled(&maps, grown, hi);
+    let want = vec![
+        (grown, ro, "rw-p".to_string(), String::new()),
+        (ro, ro + PAGE, "r--p".to_string(), String::new()),
+        (ro + PAGE, hi, "rw-p".to_string(), "[stack]".to_string()),
+    ];
+    assert_eq!(kernel, want, "kernel child");
+    // aspace, at the same addresses.
+    let mm = AddressSpace::new(Config::default());
+    let f = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED | MapFlags::GROWSDOWN;
+    assert_eq!(mm.mmap(lo, hi - lo, Prot::READ | Prot::WRITE, f), Ok(lo));
+    assert_eq!(labelled(&mm.maps(), lo, hi)[0].3, "", "no start_stack yet");
+    mm.set_start_stack(ss);
+    assert_eq!(mm.start_stack(), ss);
+    assert_eq!(label_at(&mm.maps(), ss).as_deref(), Some("[stack]"));
+    mm.write(grown, b"x").unwrap();
+    assert_eq!(
+        labelled(&mm.maps(), grown, hi),
+        [(grown, hi, "rw-p".to_string(), "[stack]".to_string())]
+    );
+    mm.mprotect(ro, PAGE, Prot::READ).unwrap();
+    assert_eq!(labelled(&mm.maps(), grown, hi), want, "aspace");
+    assert!(mm.vma_at(ss).unwrap().stack);
+    assert!(!mm.vma_at(ro).unwrap().stack);
+    // A fork child has the same initial stack.
+    let child = mm.fork().unwrap();
+    assert_eq!(
+        labelled(&child.maps(), grown, hi),
+        want,
+        "aspace fork child"
+    );
+}
+
+#[test]
+fn start_stack_on_a_boundary_labels_both_neighbours() {
+    // Linux's rule is inclusive at both ends (vm_start <= start_stack <=
+    // vm_end): the kernel's own start_stack cannot be put on a page
+    // boundary from a test, so this is aspace alone, by the rule.
+    let mm = AddressSpace::new(Config::default());
+    let a = 0x7000_0000_0000;
+    let f = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED;
+    mm.mmap(a, 2 * PAGE, Prot::READ, f).unwrap();
+    mm.mmap(a + 2 * PAGE, 2 * PAGE, Prot::READ | Prot::WRITE, f)
+        .unwrap();
+    mm.mmap(a + 5 * PAGE, PAGE, Prot::READ, f).unwrap();
+    mm.set_start_stack(a + 2 * PAGE);
+    let l = labelled(&mm.maps(), a, a + 6 * PAGE);
+    let paths: Vec<&str> = l.iter().map(|v| v.3.as_str()).collect();
+    assert_eq!(paths, ["[stack]", "[stack]", ""]);
+    mm.set_start_stack(0);
+    assert!(mm.vmas().iter().all(|v| !v.stack));
+    // The heap label wins over the stack's, as in show_map_vma.
+    let sb = Config::default().brk_start;
+    mm.brk(sb + PAGE).unwrap();
+    mm.set_start_stack(sb + 10);
+    assert_eq!(label_at(&mm.maps(), sb).as_deref(), Some("[heap]"));
+}
+
+// ---------------------------------------------------------------- unwind safety
+
+#[test]
+fn a_panic_while_a_translator_is_live_leaves_the_space_usable() {
+    fn unwind_safe<T: std::panic::RefUnwindSafe + std::panic::UnwindSafe>() {}
+    unwind_safe::<AddressSpace>();
+    let mm = AddressSpace::new(Config::default());
+    let a = mm
+        .mmap(
+            0,
+            2 * PAGE,
+            Prot::READ | Prot::WRITE,
+            MapFlags::PRIVATE | MapFlags::ANONYMOUS,
+        )
+        .unwrap();
+    let caught = std::panic::catch_unwind(|| {
+        let mut t = mm.translator();
+        t.store(a, 7u8).unwrap();
+        panic!("caller bug while its translator caches a page");
+    });
+    assert!(caught.is_err());
+    // The unwound translator no longer holds up flushes: mprotect and
+    // munmap complete, and the space shows what was stored.
+    let mut b = [0u8];
+    mm.read(a, &mut b).unwrap();
+    assert_eq!(b, [7]);
+    mm.mprotect(a, PAGE, Prot::READ).unwrap();
+    assert!(mm.translator().store(a, 1u8).is_err());
+    mm.munmap(a, 2 * PAGE).unwrap();
+    assert_eq!(mm.frames_used(), 0);
+    assert_eq!(mm.map_count(), 0);
+}
+
+// ---------------------------------------------------------------- MAP_DROPPABLE
+
+const MAP_DROPPABLE: u32 = 0x08;
+const DROP_ANON: u32 = MAP_DROPPABLE | MAP_ANONYMOUS;
+const MADV_DONTDUMP: i32 = 16;
+const MADV_DODUMP: i32 = 17;
+const DROPPABLE_RW: &str = "rd wr mr mw me nr wf dd dp";
+
+/// True if the running kernel has `MAP_DROPPABLE` (6.11+); says on stderr
+/// when it does not.
+fn kernel_has_droppable() -> bool {
+    let Some(mut k) = KernelTarget::new(1) else {
+        return false;
+    };
+    let a = k.region().page(0);
+    let ok = k.mmap(a, PAGE, RW, DROP_ANON | MAP_FIXED) == Ok(a);
+    if !ok {
+        eprintln!("kernel side skipped: no MAP_DROPPABLE (Linux < 6.11)");
+    }
+    ok
+}
+
+/// Runs `f` on the kernel when it has MAP_DROPPABLE, then on aspace.
+fn on_both_droppable(pages: u64, f: impl Fn(&mut dyn Target)) {
+    if kernel_has_droppable() {
+        on_both(pages, f);
+    } else {
+        f(&mut AspaceTarget::new(Region::new(
+            aspace_target::DEFAULT_REGION_START,
+            pages,
+        )));
+    }
+}
+
+#[test]
+fn map_droppable_flag_rules_vm_flags_and_locks() {
+    on_both_droppable(12, |t| {
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        let fx = DROP_ANON | MAP_FIXED;
+        for bad in [
+            fx | MAP_LOCKED,
+            fx | MAP_GROWSDOWN,
+            fx | MAP_HUGETLB,
+            (fx & !MAP_DROPPABLE) | 0x09,
+            (fx & !MAP_DROPPABLE) | 0x0a,
+            (fx & !MAP_DROPPABLE) | 0x0c,
+            (fx & !MAP_DROPPABLE) | 0x0f,
+        ] {
+            assert_eq!(t.mmap(p(0), PAGE, RW, bad), Err(EINVAL), "{bad:#x}");
+        }
+        assert_eq!(t.mmap(p(0), 0, RW, fx), Err(EINVAL));
+        assert_eq!(t.mmap(p(0), 2 * PAGE, RW, fx), Ok(p(0)));
+        // A neighbour with the same flags merges; MAP_STACK adds nh.
+        assert_eq!(t.mmap(p(2), PAGE, RW, fx), Ok(p(2)));
+        assert_eq!(t.mmap(p(4), PAGE, RW, fx | MAP_STACK), Ok(p(4)));
+        assert_eq!(
+            t.mmap(p(6), PAGE, RW, fx | MAP_POPULATE | MAP_SYNC),
+            Ok(p(6))
+        );
+        assert_flags(
+            t,
+            &[
+                (0, 3, DROPPABLE_RW),
+                (4, 5, "rd wr mr mw me nr wf dd dp nh"),
+                (6, 7, "rd wr mr mw me nr wf dd dp sf"),
+            ],
+        );
+        assert_eq!(resident(t, p(6), 1), [true]);
+        // mlock populates droppable memory but does not lock it.
+        assert_eq!(resident(t, p(0), 3), [false; 3]);
+        assert_eq!(t.mlock2(p(0), 2 * PAGE, 0), Ok(()));
+        assert_eq!(t.mlock2(p(2), PAGE, MLOCK_ONFAULT), Ok(()));
+        assert_eq!(resident(t, p(0), 3), [true; 3]);
+        // Dump and fork advice: droppable memory is never kept.
+        assert_eq!(t.madvise(p(0), PAGE, MADV_KEEPONFORK), Err(EINVAL));
+        assert_eq!(t.madvise(p(0), PAGE, MADV_DODUMP), Err(EINVAL));
+        assert_eq!(t.madvise(p(0), PAGE, MADV_WIPEONFORK), Ok(()));
+        assert_eq!(t.madvise(p(0), PAGE, MADV_DONTDUMP), Ok(()));
+        assert_eq!(t.madvise(p(0), PAGE, MADV_FREE), Ok(()));
+        assert_eq!(t.mprotect(p(1), PAGE, PROT_READ), Ok(()));
+        assert_flags(
+            t,
+            &[
+                (0, 1, DROPPABLE_RW),
+                (1, 2, "rd mr mw me nr wf dd dp"),
+                (2, 3, DROPPABLE_RW),
+                (4, 5, "rd wr mr mw me nr wf dd dp nh"),
+                (6, 7, "rd wr mr mw me nr wf dd dp sf"),
+            ],
+        );
+        // DONTDUMP / DODUMP on ordinary memory.
+        assert_eq!(t.mmap(p(8), 2 * PAGE, RW, ANON | MAP_FIXED), Ok(p(8)));
+        assert_eq!(t.madvise(p(8), PAGE, MADV_DONTDUMP), Ok(()));
+        assert_flags(
+            t,
+            &[
+                (0, 1, DROPPABLE_RW),
+                (1, 2, "rd mr mw me nr wf dd dp"),
+                (2, 3, DROPPABLE_RW),
+                (4, 5, "rd wr mr mw me nr wf dd dp nh"),
+                (6, 7, "rd wr mr mw me nr wf dd dp sf"),
+                (8, 9, "rd wr mr mw me ac dd"),
+                (9, 10, PRIV_RW),
+            ],
+        );
+        assert_eq!(t.madvise(p(8), PAGE, MADV_DODUMP), Ok(()));
+        assert_flags(
+            t,
+            &[
+                (0, 1, DROPPABLE_RW),
+                (1, 2, "rd mr mw me nr wf dd dp"),
+                (2, 3, DROPPABLE_RW),
+                (4, 5, "rd wr mr mw me nr wf dd dp nh"),
+                (6, 7, "rd wr mr mw me nr wf dd dp sf"),
+                (8, 10, PRIV_RW),
+            ],
+        );
+    });
+}
+
+#[test]
+fn droppable_memory_is_wiped_in_fork_children_and_never_locked() {
+    const MCL_CURRENT: i32 = 1;
+    const MCL_FUTURE: i32 = 2;
+    const MCL_ONFAULT: i32 = 4;
+    // Page 0: droppable, written with 7. In the child: the value it loads
+    // (0: wiped)
+    // at page 0; then mlockall(MCL_CURRENT | MCL_FUTURE) and a droppable
+    // page at 2 (populated, not locked); then MCL_FUTURE | MCL_ONFAULT,
+    // a droppable page at 4 (populated: its lock, dropped, no longer says
+    // on-fault) and a MAP_POPULATE page at 6 (not populated: locks on
+    // fault). The residency of pages 2, 4, 6 follows.
+    let want_res = [0, 0, 1, 1, 0];
+    let want_flags = [
+        vec!["dd", "dp", "me", "mr", "mw", "nr", "rd", "wf", "wr"],
+        vec!["dd", "dp", "me", "mr", "mw", "nr", "rd", "wf", "wr"],
+        vec!["dd", "dp", "me", "mr", "mw", "nr", "rd", "wf", "wr"],
+        vec!["ac", "lf", "lo", "me", "mr", "mw", "rd", "wr"],
+    ];
+    let want_flags: Vec<Vec<String>> = want_flags
+        .iter()
+        .map(|v| v.iter().map(|s| s.to_string()).collect())
+        .collect();
+    let region = if kernel_has_droppable() {
+        let mut k = KernelTarget::new(8).unwrap();
+        let r = k.region();
+        assert_eq!(
+            k.mmap(r.page(0), PAGE, RW, DROP_ANON | MAP_FIXED),
+            Ok(r.page(0))
+        );
+        assert_eq!(k.write(r.page(0), &[7]), Ok(()));
+        let (res, smaps) = in_forked_child_reporting(c"/proc/self/smaps", |pipe| {
+            let mut out = [0u8; 64];
+            out[0] = kernel_load(pipe, r.page(0)).unwrap_or(0xff);
+            let map = |page: u64, flags: u32| {
+                // SAFETY: MAP_FIXED inside the test region, where no Rust
+                // object lives.
+                let p = unsafe {
+                    libc::mmap(
+                        r.page(page) as *mut libc::c_void,
+                        PAGE as usize,
+                        RW as i32,
+                        (flags | MAP_FIXED) as i32,
+                        -1,
+                        0,
+                    )
+                };
+                p as u64 == r.page(page)
+            };
+            let res = |page: u64| {
+                let mut v = 0u8;
+                // SAFETY: one page of our own memory; one byte out.
+                unsafe { libc::mincore(r.page(page) as *mut libc::c_void, PAGE as usize, &mut v) };
+                v & 1
+            };
+            // SAFETY: mlockall on this child's own memory.
+            out[1] = unsafe { libc::mlockall(MCL_CURRENT | MCL_FUTURE) } as u8;
+            out[1] |= !map(2, DROP_ANON) as u8;
+            out[2] = res(2);
+            // SAFETY: as above.
+            out[1] |= unsafe { libc::mlockall(MCL_FUTURE | MCL_ONFAULT) } as u8;
+            out[1] |= !map(4, DROP_ANON) as u8;
+            out[1] |= !map(6, ANON | MAP_POPULATE) as u8;
+            out[3] = res(4);
+            out[4] = res(6);
+            (out, 5)
+        });
+        assert_eq!(res, want_res, "kernel child");
+        let flags: Vec<Vec<String>> = common::kernel::smaps_flags_in(&smaps, r.lo, r.hi)
+            .into_iter()
+            .map(|(_, _, f)| comparable_flags(f))
+            .collect();
+        assert_eq!(flags, want_flags, "kernel child");
+        r
+    } else {
+        Region::new(aspace_target::DEFAULT_REGION_START, 8)
+    };
+    use aspace::MlockAllFlags as M;
+    let mut t = AspaceTarget::new(region);
+    let r = region;
+    let fx = MapFlags::from_bits_retain(DROP_ANON | MAP_FIXED);
+    assert_eq!(
+        t.mm.mmap(r.page(0), PAGE, Prot::READ | Prot::WRITE, fx),
+        Ok(r.page(0))
+    );
+    assert_eq!(t.write(r.page(0), &[7]), Ok(()));
+    let c = t.mm.fork().unwrap();
+    let mut b = [0xffu8];
+    c.read(r.page(0), &mut b).unwrap();
+    let mut got = vec![b[0], 0];
+    let rw = Prot::READ | Prot::WRITE;
+    c.mlockall(M::CURRENT | M::FUTURE).unwrap();
+    c.mmap(r.page(2), PAGE, rw, fx).unwrap();
+    got.push(c.mincore(r.page(2), PAGE).unwrap()[0] as u8);
+    c.mlockall(M::FUTURE | M::ONFAULT).unwrap();
+    c.mmap(r.page(4), PAGE, rw, fx).unwrap();
+    let pop = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED | MapFlags::POPULATE;
+    c.mmap(r.page(6), PAGE, rw, pop).unwrap();
+    got.push(c.mincore(r.page(4), PAGE).unwrap()[0] as u8);
+    got.push(c.mincore(r.page(6), PAGE).unwrap()[0] as u8);
+    assert_eq!(got, want_res, "aspace child");
+    let flags: Vec<Vec<String>> = c
+        .vmas()
+        .into_iter()
+        .filter(|v| v.start >= r.lo && v.end <= r.hi)
+        .map(|v| common::aspace_target::mnemonics(v.flags))
+        .collect();
+    assert_eq!(flags, want_flags, "aspace child");
+}
+
+// ---------------------------------------------------------------- RLIMIT_MEMLOCK
+
+/// One step of a locked-memory scenario; pages are interior page numbers.
+#[derive(Clone, Copy, Debug)]
+enum Lk {
+    /// `setrlimit(RLIMIT_MEMLOCK)` soft limit, bytes.
+    Limit(u64),
+    /// mmap(page, pages, RW, private anonymous fixed | extra flags).
+    Map(u64, u64, u32),
+    Unmap(u64, u64),
+    /// mlock2(page, raw length, flags).
+    Mlock(u64, u64, u32),
+    Munlock(u64, u64),
+    Mlockall(i32),
+    Munlockall,
+    /// mremap(page, old pages, new pages, flags, new page).
+    Mremap(u64, u64, u64, u32, u64),
+    /// brk(start + pages) (the break's start differs on each side).
+    Brk(u64),
+    /// Whether heap page `n` (from the break's start) is resident: 1 or 0.
+    HeapResident(u64),
+}
+
+/// Runs `steps` in a forked child of this process that has dropped its
+/// privileges (all uids to `nobody`, so no `CAP_IPC_LOCK`; dumpable again
+/// so that it can read its own smaps). Returns each step's errno (0 for
+/// success; for brk, 0 if the break moved, else 1), the residency of the
+/// pages `resident` lists, and the child's smaps.
+fn lk_on_kernel(r: Region, steps: &[Lk], resident: &[u64]) -> (Vec<u8>, Vec<bool>, String) {
+    assert!(steps.len() + resident.len() <= 64);
+    let (res, smaps) = in_forked_child_reporting(c"/proc/self/smaps", |_| {
+        let mut out = [0u8; 64];
+        let p = |i: u64| r.page(i);
+        let err = || std::io::Error::last_os_error().raw_os_error().unwrap_or(0) as u8;
+        // SAFETY: setresuid/prctl/sbrk only change this child's
+        // credentials, dumpability and break.
+        let start_brk = unsafe {
+            if libc::setresuid(65534, 65534, 65534) != 0 {
+                libc::_exit(3);
+            }
+            libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0);
+            libc::sbrk(0) as u64
+        };
+        let start_brk = (start_brk + PAGE - 1) & !(PAGE - 1);
+        for (i, &s) in steps.iter().enumerate() {
+            // SAFETY: every address is a page of the test region (MAP_FIXED
+            // and mremap destinations included) or the child's own heap;
+            // no Rust object lives in either.
+            out[i] = unsafe {
+                match s {
+                    Lk::Limit(b) => {
+                        let mut rl: libc::rlimit = std::mem::zeroed();
+                        libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl);
+                        rl.rlim_cur = b.min(rl.rlim_max);
+                        if libc::setrlimit(libc::RLIMIT_MEMLOCK, &rl) == 0 {
+                            0
+                        } else {
+                            err()
+                        }
+                    }
+                    Lk::Map(a, n, f) => {
+                        let q = libc::mmap(
+                            p(a) as *mut libc::c_void,
+                            (n * PAGE) as usize,
+                            RW as i32,
+                            (ANON | MAP_FIXED | f) as i32,
+                            -1,
+                            0,
+                        );
+                        if q == libc::MAP_FAILED {
+                            err()
+                        } else {
+                            0
+                        }
+                    }
+                    Lk::Unmap(a, n) => {
+                        libc::munmap(p(a) as *mut libc::c_void, (n * PAGE) as usize);
+                        0
+                    }
+                    Lk::Mlock(a, len, f) => {
+                        if libc::syscall(libc::SYS_mlock2, p(a), len, f) == 0 {
+                            0
+                        } else {
+                            err()
+                        }
+                    }
+                    Lk::Munlock(a, n) => {
+                        if libc::munlock(p(a) as *const libc::c_void, (n * PAGE) as usize) == 0 {
+                            0
+                        } else {
+                            err()
+                        }
+                    }
+                    Lk::Mlockall(f) => {
+                        if libc::mlockall(f) == 0 {
+                            0
+                        } else {
+                            err()
+                        }
+                    }
+                    Lk::Munlockall => {
+                        libc::munlockall();
+                        0
+                    }
+                    Lk::Mremap(a, o, n, f, d) => {
+                        let q = libc::syscall(libc::SYS_mremap, p(a), o * PAGE, n * PAGE, f, p(d));
+                        if q == -1 {
+                            err()
+                        } else {
+                            0
+                        }
+                    }
+                    Lk::Brk(n) => {
+                        let want = start_brk + n * PAGE;
+                        (libc::syscall(libc::SYS_brk, want) as u64 != want) as u8
+                    }
+                    Lk::HeapResident(n) => {
+                        let mut v = 0u8;
+                        libc::mincore(
+                            (start_brk + n * PAGE) as *mut libc::c_void,
+                            PAGE as usize,
+                            &mut v,
+                        );
+                        v & 1
+                    }
+                }
+            };
+        }
+        for (j, &pg) in resident.iter().enumerate() {
+            let mut v = 0u8;
+            // SAFETY: one page of our own memory; one byte out.
+            let rc = unsafe { libc::mincore(p(pg) as *mut libc::c_void, PAGE as usize, &mut v) };
+            out[steps.len() + j] = if rc == 0 { v & 1 } else { 2 };
+        }
+        (out, steps.len() + resident.len())
+    });
+    let (errs, res) = res.split_at(steps.len());
+    (errs.to_vec(), res.iter().map(|&b| b == 1).collect(), smaps)
+}
+
+/// The same steps on aspace (memlock limit as the child's: 8 MiB, the
+/// kernel's default, until a `Limit` step).
+fn lk_on_aspace(r: Region, steps: &[Lk], resident: &[u64]) -> (Vec<u8>, Vec<bool>, AspaceTarget) {
+    let t = AspaceTarget::with_config(r, Config::default());
+    let mm = &t.mm;
+    let p = |i: u64| r.page(i);
+    let e = |x: aspace::Result<()>| x.err().map_or(0, |e| e.errno() as u8);
+    let rw = Prot::READ | Prot::WRITE;
+    let start_brk = mm.brk(0).unwrap();
+    let errs = steps
+        .iter()
+        .map(|&s| match s {
+            Lk::Limit(b) => {
+                mm.set_memlock_limit(b);
+                0
+            }
+            Lk::Map(a, n, f) => e(mm
+                .mmap(
+                    p(a),
+                    n * PAGE,
+                    rw,
+                    MapFlags::from_bits_retain(ANON | MAP_FIXED | f),
+                )
+                .map(drop)),
+            Lk::Unmap(a, n) => e(mm.munmap(p(a), n * PAGE)),
+            Lk::Mlock(a, len, f) => {
+                e(mm.mlock2(p(a), len, aspace::MlockFlags::from_bits_retain(f)))
+            }
+            Lk::Munlock(a, n) => e(mm.munlock(p(a), n * PAGE)),
+            Lk::Mlockall(f) => e(mm.mlockall(aspace::MlockAllFlags::from_bits_retain(f as u32))),
+            Lk::Munlockall => e(mm.munlockall()),
+            Lk::Mremap(a, o, n, f, d) => e(mm
+                .mremap(
+                    p(a),
+                    o * PAGE,
+                    n * PAGE,
+                    aspace::MremapFlags::from_bits_retain(f),
+                    p(d),
+                )
+                .map(drop)),
+            Lk::Brk(n) => (mm.brk(start_brk + n * PAGE).unwrap() != start_brk + n * PAGE) as u8,
+            Lk::HeapResident(n) => mm.mincore(start_brk + n * PAGE, PAGE).unwrap()[0] as u8,
+        })
+        .collect();
+    let res = resident
+        .iter()
+        .map(|&pg| mm.mincore(p(pg), PAGE).unwrap()[0])
+        .collect();
+    (errs, res, t)
+}
+
+/// Runs a locked-memory scenario on both sides and checks the errnos,
+/// the residency of `resident` and the interior's flags against `want`.
+fn lk_case(
+    steps: &[Lk],
+    want: &[i32],
+    resident: &[u64],
+    want_res: &[bool],
+    flags: &[(u64, u64, &str)],
+) {
+    let want: Vec<u8> = want.iter().map(|&e| e as u8).collect();
+    let fl: Vec<(u64, u64, Vec<String>)> = flags
+        .iter()
+        .map(|&(s, e, f)| {
+            let mut v: Vec<String> = f.split_whitespace().map(str::to_string).collect();
+            v.sort();
+            (s, e, v)
+        })
+        .collect();
+    let region = match KernelTarget::new(24) {
+        Some(k) => {
+            let r = k.region();
+            let (errs, res, smaps) = lk_on_kernel(r, steps, resident);
+            for (i, s) in steps.iter().enumerate() {
+                assert_eq!(errs[i], want[i], "kernel, step {i} {s:?}");
+            }
+            assert_eq!(res, want_res, "kernel residency");
+            let got: Vec<(u64, u64, Vec<String>)> =
+                common::kernel::smaps_flags_in(&smaps, r.lo, r.hi)
+                    .into_iter()
+                    .map(|(s, e, f)| ((s - r.lo) / PAGE, (e - r.lo) / PAGE, comparable_flags(f)))
+                    .collect();
+            assert_eq!(got, fl, "kernel flags");
+            r
+        }
+        None => Region::new(aspace_target::DEFAULT_REGION_START, 24),
+    };
+    let (errs, res, mut t) = lk_on_aspace(region, steps, resident);
+    for (i, s) in steps.iter().enumerate() {
+        assert_eq!(errs[i], want[i], "aspace, step {i} {s:?}");
+    }
+    assert_eq!(res, want_res, "aspace residency");
+    assert_eq!(flags_layout(&mut t), fl, "aspace flags");
+}
+
+const EAGAIN: i32 = 11;
+const MCL_CURRENT: i32 = 1;
+const MCL_FUTURE: i32 = 2;
+const MCL_ONFAULT: i32 = 4;
+
+#[test]
+fn memlock_limit_bounds_mlock_map_locked_mlockall_and_mremap() {
+    use Lk::*;
+    const L: u64 = 4 * PAGE;
+    let steps = [
+        Limit(L),
+        Map(0, 16, 0),
+        Mlock(0, 5 * PAGE, 0),
+        Mlock(0, 4 * PAGE, 0),
+        Mlock(0, 4 * PAGE, 0),
+        Mlock(1, 4 * PAGE, 0),
+        Mlock(1, 3 * PAGE, 0),
+        Mlock(8, PAGE, MLOCK_ONFAULT),
+        Mlock(0, u64::MAX, 0),
+        Mlock(0, u64::MAX - (PAGE - 1), 0),
+        Munlock(0, 16),
+        Map(16, 5, MAP_LOCKED),
+        Map(16, 4, MAP_LOCKED),
+        Mlockall(MCL_CURRENT),
+        Mlockall(MCL_FUTURE),
+        Map(21, 1, 0),
+        Munlockall,
+        Map(21, 1, 0),
+        Unmap(16, 8),
+        Map(16, 3, 0),
+        Mlock(16, 3 * PAGE, 0),
+        Mremap(16, 3, 4, 0, 0),
+        Mremap(16, 4, 5, 0, 0),
+        Mremap(16, 4, 5, MREMAP_MAYMOVE, 0),
+        Mremap(16, 4, 5, MREMAP_MAYMOVE | MREMAP_FIXED, 10),
+        Limit(0),
+        Mlock(0, PAGE, 0),
+        Mlock(0, 0, 0),
+        Mlock(0, PAGE, 2),
+        Mlockall(MCL_FUTURE),
+        Mlockall(0),
+        Map(22, 1, MAP_LOCKED),
+        Map(22, 0, MAP_LOCKED),
+        Munlock(16, 1),
+    ];
+    let want = [
+        0, 0, ENOMEM, 0, 0, ENOMEM, 0, ENOMEM, 0, ENOMEM, 0, EAGAIN, 0, ENOMEM, 0, EAGAIN, 0, 0, 0,
+        0, 0, 0, EAGAIN, EAGAIN, EAGAIN, 0, EPERM, EPERM, EINVAL, EPERM, EINVAL, EPERM, EINVAL, 0,
+    ];
+    // The in-place growth of the locked VMA (page 19) was populated.
+    lk_case(
+        &steps,
+        &want,
+        &[16, 19],
+        &[true, true],
+        &[(0, 17, PRIV_RW), (17, 20, "rd wr mr mw me ac lo")],
+    );
+}
+
+#[test]
+fn mlockall_future_locks_and_populates_brk_growth_not_mremap_growth() {
+    use Lk::*;
+    let steps = [
+        Brk(2),
+        Mlockall(MCL_FUTURE),
+        // The heap's growth is a new, locked VMA, populated.
+        Brk(4),
+        HeapResident(1),
+        HeapResident(2),
+        HeapResident(3),
+        // New mappings are locked; growing a locked VMA populates the
+        // new part.
+        Map(0, 2, 0),
+        Mremap(0, 2, 3, 0, 0),
+        // MCL_FUTURE does not lock the growth of an unlocked VMA.
+        Map(8, 2, 0),
+        Munlock(8, 2),
+        Mremap(8, 2, 3, 0, 0),
+        // On fault: the heap's growth is locked but not populated.
+        Mlockall(MCL_FUTURE | MCL_ONFAULT),
+        Brk(6),
+        HeapResident(4),
+        HeapResident(5),
+        // Locked heap growth counts against the limit: 2 + 2 + 3 pages
+        // are locked; 2 more pass 8, 1 more fits.
+        Limit(8 * PAGE),
+        Brk(8),
+        Brk(7),
+        Brk(6),
+    ];
+    let want = [0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0];
+    lk_case(
+        &steps,
+        &want,
+        &[0, 1, 2, 8, 9, 10],
+        &[true, true, true, true, true, false],
+        &[(0, 3, "rd wr mr mw me ac lo"), (8, 11, PRIV_RW)],
+    );
+}
+
+// ---------------------------------------------------------------- found by kernel_diff
+
+#[test]
+fn mremap_dontunmap_unlocks_the_whole_old_vma_without_splitting_it() {
+    on_both(16, |t| {
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        assert_eq!(t.mmap(p(0), 4 * PAGE, RW, ANON | MAP_FIXED), Ok(p(0)));
+        assert_eq!(t.mlock2(p(0), 4 * PAGE, 0), Ok(()));
+        let mv = MREMAP_MAYMOVE | MREMAP_DONTUNMAP | MREMAP_FIXED;
+        assert_eq!(t.mremap(p(1), PAGE, PAGE, mv, p(8)), Ok(p(8)));
+        assert_flags(t, &[(0, 4, PRIV_RW), (8, 9, "rd wr mr mw me ac lo")]);
+        // An on-fault lock of a shared mapping, moved whole.
+        assert_eq!(
+            t.mmap(p(10), 2 * PAGE, RW, SHARED_ANON | MAP_FIXED),
+            Ok(p(10))
+        );
+        assert_eq!(t.mlock2(p(10), 2 * PAGE, MLOCK_ONFAULT), Ok(()));
+        assert_eq!(t.mremap(p(10), 2 * PAGE, 2 * PAGE, mv, p(13)), Ok(p(13)));
+        assert_flags(
+            t,
+            &[
+                (0, 4, PRIV_RW),
+                (8, 9, "rd wr mr mw me ac lo"),
+                (10, 12, "rd wr sh mr mw me ms"),
+                (13, 15, "rd wr sh mr mw me ms lo lf"),
+            ],
+        );
+    });
+}
+
+#[test]
+fn madvise_populate_read_needs_read_permission() {
+    on_both(8, |t| {
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        assert_eq!(t.mmap(p(0), PAGE, PROT_WRITE, ANON | MAP_FIXED), Ok(p(0)));
+        assert_eq!(t.mmap(p(2), PAGE, PROT_EXEC, ANON | MAP_FIXED), Ok(p(2)));
+        assert_eq!(t.madvise(p(0), PAGE, MADV_POPULATE_READ), Err(EINVAL));
+        assert_eq!(t.madvise(p(0), 3 * PAGE, MADV_POPULATE_READ), Err(EINVAL));
+        assert_eq!(t.madvise(p(2), PAGE, MADV_POPULATE_READ), Err(EINVAL));
+        assert_eq!(t.madvise(p(0), PAGE, MADV_POPULATE_WRITE), Ok(()));
+        assert_eq!(resident(t, p(0), 1), [true]);
+    });
+}
+
+#[test]
+fn mprotect_populates_a_private_locked_vma_made_writable() {
+    on_both(16, |t| {
+        let r = t.region();
+        let p = |i: u64| r.page(i);
+        let rx = PROT_READ | PROT_EXEC;
+        assert_eq!(
+            t.mmap(p(0), 6 * PAGE, rx, ANON | MAP_FIXED | MAP_LOCKED),
+            Ok(p(0))
+        );
+        // Over a hole: the VMA's part is made writable and populated, then
+        // ENOMEM.
+        assert_eq!(t.mprotect(p(4), 8 * PAGE, RW), Err(ENOMEM));
+        assert_eq!(resident(t, p(4), 2), [true, true]);
+        // It has its anon_vma now, so it keeps its charge when made
+        // read-only again, and does not merge with the untouched part.
+        assert_eq!(t.mprotect(p(2), 3 * PAGE, PROT_READ), Ok(()));
+        assert_flags(
+            t,
+            &[
+                (0, 2, "rd ex mr mw me lo"),
+                (2, 4, "rd mr mw me lo"),
+                (4, 5, "rd mr mw me lo ac"),
+                (5, 6, "rd wr mr mw me lo ac"),
+            ],
+        );
+        // Not for an on-fault lock.
+        assert_eq!(
+            t.mmap(p(8), 2 * PAGE, PROT_READ, ANON | MAP_FIXED),
+            Ok(p(8))
+        );
+        assert_eq!(t.mlock2(p(8), 2 * PAGE, MLOCK_ONFAULT), Ok(()));
+        assert_eq!(t.mprotect(p(8), 2 * PAGE, RW), Ok(()));
+        assert_eq!(resident(t, p(8), 2), [false, false]);
+    });
 }

@@ -11,7 +11,8 @@ use crate::addr::{page_align_up, Range, PAGE_SHIFT, PAGE_SIZE};
 use crate::error::Result;
 use crate::vma::VmFlags;
 
-/// Flags of the heap VMA (x86-64's VM_DATA_DEFAULT_FLAGS plus accounting).
+/// Flags of the heap VMA (x86-64's VM_DATA_DEFAULT_FLAGS plus accounting;
+/// `mm->def_flags` are added).
 pub(crate) const BRK_FLAGS: VmFlags = VmFlags::READ
     .union(VmFlags::WRITE)
     .union(VmFlags::MAY)
@@ -24,25 +25,37 @@ impl AddressSpace {
     /// returns the current break. The `Result` is always `Ok`; it is kept
     /// for uniformity with the other calls.
     pub fn brk(&self, addr: u64) -> Result<u64> {
+        let (brk, grown) = self.brk_locked(addr);
+        // After mlockall(MCL_FUTURE) the new part is locked: populate it
+        // as mlock would (not with the lock held; errors ignored).
+        if let Some(r) = grown {
+            let _ = self.populate_locked(r, true);
+        }
+        Ok(brk)
+    }
+
+    /// [`brk`](Self::brk) under the mmap_lock: the new break, and the
+    /// range it added when that is locked.
+    fn brk_locked(&self, addr: u64) -> (u64, Option<Range>) {
         let mut ed = Edit::begin(self);
         let old = ed.st.brk;
         if addr < ed.st.start_brk {
-            return Ok(old);
+            return (old, None);
         }
         let (Some(newbrk), Some(oldbrk)) = (page_align_up(addr), page_align_up(old)) else {
-            return Ok(old);
+            return (old, None);
         };
         if newbrk > self.cfg.task_size {
-            return Ok(old);
+            return (old, None);
         }
         if newbrk == oldbrk {
             ed.st.brk = addr;
-            return Ok(addr);
+            return (addr, None);
         }
         if newbrk < oldbrk {
             // Shrink: unmap the tail of the heap (which must be there).
             if ed.find_after(newbrk).is_none_or(|v| v.start() >= oldbrk) {
-                return Ok(old);
+                return (old, None);
             }
             if let Some(v) = ed
                 .find(newbrk)
@@ -60,26 +73,32 @@ impl AddressSpace {
                 drop(gather);
                 ed.free_pgtables(r);
                 ed.st.brk = addr;
-                return Ok(addr);
+                return (addr, None);
             }
             if ed.unmap(Range::new(newbrk, oldbrk)).is_err() {
-                return Ok(old);
+                return (old, None);
             }
             ed.st.brk = addr;
-            return Ok(addr);
+            return (addr, None);
         }
-        // Grow: stay one page below the next mapping (and its guard gap).
+        // Grow: within the memlock limit when mlockall(MCL_FUTURE) locks
+        // the heap's growth.
+        let flags = BRK_FLAGS | ed.st.def_flags;
+        if !self.mlock_future_ok(&ed, flags, newbrk - oldbrk) {
+            return (old, None);
+        }
+        // Stay one page below the next mapping (and its guard gap).
         // `newbrk <= task_size`, so `newbrk + PAGE_SIZE` cannot overflow;
         // the guard gap is the embedder's choice, so that sum saturates.
         if let Some(next) = ed.find_after(oldbrk) {
             let reach = (newbrk + PAGE_SIZE).saturating_add(self.cfg.stack_guard_gap);
             if next.start() < reach && newbrk + PAGE_SIZE > self.vm_start_gap(next) {
-                return Ok(old);
+                return (old, None);
             }
         }
         let heap = ed.ending_at(oldbrk).filter(|v| {
             v.start() >= ed.st.start_brk
-                && super::merge::flags_mergeable(v.flags(), BRK_FLAGS)
+                && super::merge::flags_mergeable(v.flags(), flags)
                 && v.name().is_none()
         });
         match heap {
@@ -90,13 +109,13 @@ impl AddressSpace {
             }
             None => {
                 if ed.st.map_count >= self.cfg.max_map_count || !ed.vma_room(1) {
-                    return Ok(old);
+                    return (old, None);
                 }
                 let r = Range::new(oldbrk, newbrk);
                 let v = ed.new_vma(
                     r,
                     oldbrk >> PAGE_SHIFT,
-                    BRK_FLAGS | VmFlags::SOFTDIRTY,
+                    flags | VmFlags::SOFTDIRTY,
                     None,
                     None,
                 );
@@ -104,6 +123,9 @@ impl AddressSpace {
             }
         }
         ed.st.brk = addr;
-        Ok(addr)
+        let grown = flags
+            .contains(VmFlags::LOCKED)
+            .then(|| Range::new(oldbrk, newbrk));
+        (addr, grown)
     }
 }

@@ -94,6 +94,14 @@ pub struct Config {
     /// may grow to. Change it at run time with
     /// [`AddressSpace::set_stack_limit`](crate::AddressSpace::set_stack_limit).
     pub stack_limit: u64,
+    /// Initial locked-memory limit in bytes (`RLIMIT_MEMLOCK`'s soft
+    /// limit; default 8 MiB, Linux's default): what mlock, mlock2,
+    /// mlockall, `MAP_LOCKED`, locked mremap growth and locked brk
+    /// growth may lock in all. 0 refuses every lock (`EPERM`); `u64::MAX`
+    /// is unlimited, as `RLIM_INFINITY` or a task with `CAP_IPC_LOCK`.
+    /// Change it at run time with
+    /// [`AddressSpace::set_memlock_limit`](crate::AddressSpace::set_memlock_limit).
+    pub memlock_limit: u64,
 }
 
 /// Linux x86-64 `TASK_SIZE` with 4-level paging.
@@ -118,6 +126,7 @@ impl Default for Config {
             deferred_reclaim: false,
             brk_fast_path: true,
             stack_limit: 8 << 20,
+            memlock_limit: 8 << 20,
         }
     }
 }

@@ -76,6 +76,14 @@ bitflags! {
         /// `MAP_SYNC`: recorded as `VM_SYNC`, as Linux does for anonymous
         /// memory (it is checked only for files mapped `SHARED_VALIDATE`).
         const SYNC = 0x8_0000;
+        /// `MAP_DROPPABLE` (Linux 6.11+), a value of the type field
+        /// ([`MapFlags::TYPE`]) instead of `SHARED`/`PRIVATE`: private
+        /// anonymous memory whose pages the kernel may drop at any time
+        /// (aspace never does: it has no memory pressure). The VMA gets
+        /// `VM_DROPPABLE`, `VM_NORESERVE`, `VM_WIPEONFORK` and
+        /// `VM_DONTDUMP`; mlock and mlockall leave it unlocked (and
+        /// populate it). `EINVAL` with `LOCKED`, `GROWSDOWN` or `HUGETLB`.
+        const DROPPABLE = 0x08;
     }
 }
 
@@ -127,7 +135,9 @@ pub enum Advice {
     Free,
     /// `MADV_REMOVE`: punch a hole in a shared mapping's object: its pages
     /// read back as zero in every mapping of it. `EINVAL` on private or
-    /// locked memory, `EACCES` without `VM_MAYWRITE`.
+    /// locked memory, `EACCES` without `VM_MAYWRITE`. Unlike Linux, the
+    /// object keeps the punched pages' frames (zeroed, since other
+    /// mappings may still map them), so `mincore` reports them resident.
     Remove,
     /// `MADV_DONTFORK`: the VMA is not copied into fork children
     /// (`VM_DONTCOPY`).
@@ -144,19 +154,26 @@ pub enum Advice {
     WipeOnFork,
     /// `MADV_KEEPONFORK`: undoes `WipeOnFork`.
     KeepOnFork,
-    /// `MADV_POPULATE_READ`: fault the pages in for reading (`EINVAL` on
-    /// inaccessible memory, `ENOMEM` at a hole, `EFAULT` at `SIGBUS`).
+    /// `MADV_POPULATE_READ`: fault the pages in for reading (`EINVAL`
+    /// without read permission, write-only and exec-only memory included;
+    /// `ENOMEM` at a hole, `EFAULT` at `SIGBUS`).
     PopulateRead,
     /// `MADV_POPULATE_WRITE`: fault the pages in for writing, breaking
     /// copy-on-write (`EINVAL` without write permission).
     PopulateWrite,
     /// `MADV_DONTNEED_LOCKED`: `DontNeed` that also drops locked pages.
     DontNeedLocked,
+    /// `MADV_DONTDUMP`: leave the range out of core dumps (`VM_DONTDUMP`;
+    /// recorded only).
+    DontDump,
+    /// `MADV_DODUMP`: undoes `DontDump` (`EINVAL` on droppable memory,
+    /// which is never dumped).
+    DoDump,
 }
 
 impl Advice {
     /// Every advice, for conversions.
-    const ALL: [Advice; 16] = [
+    const ALL: [Advice; 18] = [
         Advice::Normal,
         Advice::Random,
         Advice::Sequential,
@@ -173,6 +190,8 @@ impl Advice {
         Advice::PopulateRead,
         Advice::PopulateWrite,
         Advice::DontNeedLocked,
+        Advice::DontDump,
+        Advice::DoDump,
     ];
 
     /// Linux's `MADV_*` number.
@@ -194,6 +213,8 @@ impl Advice {
             Advice::PopulateRead => 22,
             Advice::PopulateWrite => 23,
             Advice::DontNeedLocked => 24,
+            Advice::DontDump => 16,
+            Advice::DoDump => 17,
         }
     }
 

@@ -84,9 +84,11 @@ impl AddressSpace {
             AddressSpace::with_parts(self.cfg.clone(), self.frames.clone(), self.pool.clone());
         // Resource limits are inherited, as the rlimits of a forked task.
         child.set_stack_limit(self.stack_limit());
+        child.set_memlock_limit(self.memlock_limit());
         let ok = {
             let mut ced = Edit::begin(&child);
             ced.st.start_brk = ed.st.start_brk;
+            ced.st.start_stack = ed.st.start_stack;
             ced.st.brk = ed.st.brk;
             let vmas = ed.vmas_in(Range::new(0, self.cfg.task_size));
             // dup_mmap's vma_start_write: no per-VMA fault runs in a parent
@@ -102,8 +104,9 @@ impl AddressSpace {
                 if v.flags().contains(VmFlags::DONTCOPY) {
                     continue;
                 }
-                // Locks are not inherited (dup_mmap clears VM_LOCKED).
-                let flags = v.flags() - VmFlags::LOCKED;
+                // Locks are not inherited (dup_mmap clears VM_LOCKED and
+                // VM_LOCKONFAULT).
+                let flags = v.flags() - VmFlags::LOCKED - VmFlags::LOCKONFAULT;
                 let copy = ced.new_vma(v.range(), v.pgoff(), flags, None, v.shmem_arc());
                 copy.set_name(v.name_arc());
                 // MADV_WIPEONFORK: the child starts with an empty VMA (no

@@ -132,7 +132,13 @@ fn advised_flags(v: &VmaRef, a: Advice) -> Result<VmFlags> {
             return Err(Error::Inval)
         }
         Advice::WipeOnFork => f | VmFlags::WIPEONFORK,
+        // Droppable memory is never copied into a child nor dumped.
+        Advice::KeepOnFork | Advice::DoDump if f.contains(VmFlags::DROPPABLE) => {
+            return Err(Error::Inval)
+        }
         Advice::KeepOnFork => f - VmFlags::WIPEONFORK,
+        Advice::DontDump => f | VmFlags::DONTDUMP,
+        Advice::DoDump => f - VmFlags::DONTDUMP,
         _ => f,
     })
 }
@@ -155,10 +161,13 @@ impl AddressSpace {
             let Some(v) = self.vma_at(a) else {
                 return Err(Error::NoMem);
             };
+            // GUP's check_vma_flags: the VMA must allow the access itself
+            // (a write-only or exec-only VMA cannot be populated for
+            // reading, though x86 lets a user-mode load read it).
             let ok = if write {
                 v.flags.contains(VmFlags::WRITE)
             } else {
-                v.flags.accessible()
+                v.flags.contains(VmFlags::READ)
             };
             if !ok {
                 return Err(Error::Inval);

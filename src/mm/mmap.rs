@@ -30,12 +30,13 @@ impl AddressSpace {
     /// length or a fixed range exceeds the task size, or no gap fits;
     /// `EINVAL` for an unaligned fixed address; `EPERM` for a fixed address
     /// below `mmap_min_addr`; `EEXIST` when `FIXED_NOREPLACE` overlaps a
-    /// mapping; `EINVAL` when neither `SHARED` nor `PRIVATE` is given, or
-    /// `GROWSDOWN` is combined with `SHARED`; `EINVAL` also for
-    /// `SHARED | PRIVATE` (Linux's `MAP_SHARED_VALIDATE`, which anonymous
-    /// mappings do not accept) and for the other values of the type field
-    /// ([`MapFlags::TYPE`]); then `ENOMEM` when the memory budget has no
-    /// room for the new VMA.
+    /// mapping; `EPERM` for `LOCKED` with a memlock limit of 0, `EAGAIN`
+    /// when a lock (`LOCKED`, or `mlockall(MCL_FUTURE)`) would pass the
+    /// limit; `EINVAL` when the type field ([`MapFlags::TYPE`]) is none of
+    /// `SHARED`, `PRIVATE` and `DROPPABLE` (`SHARED | PRIVATE`, Linux's
+    /// `MAP_SHARED_VALIDATE`, is for files only), when `GROWSDOWN` comes
+    /// with `SHARED` or `DROPPABLE`, or `LOCKED` with `DROPPABLE`; then
+    /// `ENOMEM` when the memory budget has no room for the new VMA.
     pub fn mmap(&self, addr: u64, len: u64, prot: Prot, flags: MapFlags) -> Result<u64> {
         // Unknown bits are ignored, as Linux's mmap ignores them (only
         // MAP_SHARED_VALIDATE rejects them, and anonymous memory rejects
@@ -72,18 +73,33 @@ impl AddressSpace {
         {
             return Err(Error::Exist);
         }
-        // Anonymous memory takes exactly one of SHARED and PRIVATE (Linux's
-        // MAP_SHARED_VALIDATE, both bits, is for files only).
-        let shared = flags.contains(MapFlags::SHARED);
-        if shared == flags.contains(MapFlags::PRIVATE) {
+        // The memlock limit: MAP_LOCKED needs a non-zero one (EPERM), and
+        // a lock, asked for or by mlockall(MCL_FUTURE), must fit (EAGAIN).
+        if flags.contains(MapFlags::LOCKED) && self.memlock_limit() == 0 {
+            return Err(Error::Perm);
+        }
+        let def_flags = ed.st.def_flags;
+        let mut lock = def_flags;
+        if flags.contains(MapFlags::LOCKED) {
+            lock |= VmFlags::LOCKED;
+        }
+        if !self.mlock_future_ok(&ed, lock, len) {
+            return Err(Error::Again);
+        }
+        // Anonymous memory takes SHARED, PRIVATE or DROPPABLE in the type
+        // field (Linux's MAP_SHARED_VALIDATE is for files only; other
+        // values are unknown types).
+        let ty = flags.bits() & MapFlags::TYPE;
+        let shared = ty == MapFlags::SHARED.bits();
+        let droppable = ty == MapFlags::DROPPABLE.bits();
+        if !shared && !droppable && ty != MapFlags::PRIVATE.bits() {
             return Err(Error::Inval);
         }
-        if shared && flags.contains(MapFlags::GROWSDOWN) {
+        if (shared || droppable) && flags.contains(MapFlags::GROWSDOWN) {
             return Err(Error::Inval);
         }
-        // The other type values (MAP_DROPPABLE, 0x08, included) are not
-        // modelled: EINVAL, as Linux for an unknown type.
-        if flags.bits() & MapFlags::TYPE & !MapFlags::SHARED_VALIDATE.bits() != 0 {
+        // Droppable pages cannot be locked (HUGETLB failed above).
+        if droppable && flags.contains(MapFlags::LOCKED) {
             return Err(Error::Inval);
         }
 
@@ -99,7 +115,7 @@ impl AddressSpace {
         }
         // mm->def_flags (VM_LOCKED after mlockall(MCL_FUTURE)), then
         // calc_vm_flag_bits.
-        vf |= self.def_flags();
+        vf |= def_flags;
         if flags.contains(MapFlags::LOCKED) {
             vf |= VmFlags::LOCKED;
         }
@@ -108,6 +124,15 @@ impl AddressSpace {
         }
         if flags.contains(MapFlags::STACK) {
             vf |= VmFlags::NOHUGEPAGE;
+        }
+        // Locked, or locked by mlockall(MCL_FUTURE): populated, whether or
+        // not the lock stays.
+        let lock_populates = vf.contains(VmFlags::LOCKED);
+        if droppable {
+            // Never reserved, copied to a child, dumped or locked (the
+            // mlockall(MCL_FUTURE) lock is dropped, as for VM_SPECIAL).
+            vf |= VmFlags::DROPPABLE | VmFlags::NORESERVE | VmFlags::WIPEONFORK | VmFlags::DONTDUMP;
+            vf -= VmFlags::LOCKED | VmFlags::LOCKONFAULT;
         }
         // Private writable memory is charged (Linux's accountable_mapping).
         if !shared && vf.contains(VmFlags::WRITE) && !vf.contains(VmFlags::NORESERVE) {
@@ -139,9 +164,11 @@ impl AddressSpace {
             ed.map_new(r, addr >> PAGE_SHIFT, vf, None, None)
         };
         // Locked memory is populated as mlock does; MAP_POPULATE unless
-        // MAP_NONBLOCK says not to.
-        let populate = vf.contains(VmFlags::LOCKED) && !vf.contains(VmFlags::LOCKONFAULT)
-            || flags.contains(MapFlags::POPULATE) && !flags.contains(MapFlags::NONBLOCK);
+        // MAP_NONBLOCK says not to; neither where the VMA locks on fault
+        // (populate_vma_page_range skips it).
+        let populate = (lock_populates
+            || flags.contains(MapFlags::POPULATE) && !flags.contains(MapFlags::NONBLOCK))
+            && !vf.contains(VmFlags::LOCKONFAULT);
         let _ = vma;
         drop(ed);
         if populate {
@@ -326,6 +353,11 @@ fn hugetlb_error(addr: u64, len: u64, flags: MapFlags) -> Error {
         30 => 1 << 30,
         _ => return Error::Inval,
     };
+    // A type other than SHARED, PRIVATE or SHARED_VALIDATE (DROPPABLE
+    // among them) is refused for the hugetlb file before its reservation.
+    if flags.bits() & MapFlags::TYPE & !MapFlags::SHARED_VALIDATE.bits() != 0 {
+        return Error::Inval;
+    }
     let fixed = flags.intersects(MapFlags::FIXED | MapFlags::FIXED_NOREPLACE);
     match len.checked_next_multiple_of(size) {
         Some(l) if l != 0 && !(fixed && addr % size != 0) => Error::NoMem,

@@ -89,6 +89,15 @@ pub(crate) struct MmState {
     /// Current break (`mm->brk`).
     /// Protected by: the mmap_lock (written under its write side).
     pub(crate) brk: u64,
+    /// The initial stack pointer (`mm->start_stack`); 0 for none (see
+    /// [`AddressSpace::set_start_stack`]).
+    /// Protected by: the mmap_lock (written under its write side).
+    pub(crate) start_stack: u64,
+    /// Flags every new mapping and heap growth gets (`mm->def_flags`:
+    /// `VM_LOCKED` after `mlockall(MCL_FUTURE)`); fork children start
+    /// without them.
+    /// Protected by: the mmap_lock (written under its write side).
+    pub(crate) def_flags: crate::vma::VmFlags,
 }
 
 /// Source of unique ids for address spaces, anon_vmas and shared objects.
@@ -151,16 +160,31 @@ pub struct AddressSpace {
     /// `RLIMIT_STACK` (see [`AddressSpace::set_stack_limit`]).
     /// Protected by: a relaxed atomic; read once per stack growth.
     stack_limit: AtomicU64,
-    /// Flags every new mapping gets (`mm->def_flags`, set by mlockall).
-    /// Protected by: stored under the mmap_lock write side; read by its
-    /// writers (relaxed).
-    def_flags: crate::sync::AtomicU32,
+    /// `RLIMIT_MEMLOCK` (see [`AddressSpace::set_memlock_limit`]).
+    /// Protected by: a relaxed atomic; read once per locking call.
+    memlock_limit: AtomicU64,
 }
 
 const _: () = {
     const fn send_sync<T: Send + Sync>() {}
     send_sync::<AddressSpace>();
+    const fn unwind_safe<T: std::panic::RefUnwindSafe + std::panic::UnwindSafe>() {}
+    unwind_safe::<AddressSpace>();
 };
+
+// Unwind safety. The auto traits fail only because the locks inside
+// (parking_lot's, which do not poison) and the atomic cells are interior
+// mutability. A space seen again after a caught panic is consistent:
+// - no public method calls back into caller code (no closures), so a
+//   caller's panic falls between two calls, never inside an edit;
+// - the one guard a caller holds across its own code, a `Translator`,
+//   unregisters its slot when dropped by the unwinding, so flushes do not
+//   wait for it (tested in tests/linux_surface.rs);
+// - aspace's own code returns an errno for bad input instead of panicking
+//   (tests/hostile.rs), and every lock guard it holds is released by the
+//   unwinding of a panic that would be a bug.
+impl std::panic::RefUnwindSafe for AddressSpace {}
+impl std::panic::UnwindSafe for AddressSpace {}
 
 impl AddressSpace {
     /// An empty address space with a physical memory of its own:
@@ -213,9 +237,7 @@ impl AddressSpace {
     pub fn vma_at(&self, addr: u64) -> Option<VmaInfo> {
         let st = self.mmap_lock.read();
         let g = self.tree.pin();
-        self.tree
-            .find(addr, &g)
-            .map(|(_, v)| v.info(is_heap(&st, v.range())))
+        self.tree.find(addr, &g).map(|(_, v)| snapshot(&st, v))
     }
 
     pub(crate) fn with_parts(cfg: Config, frames: Arc<FrameAllocator>, pool: Arc<VmaPool>) -> Self {
@@ -228,12 +250,15 @@ impl AddressSpace {
         };
         let start_brk = cfg.brk_start;
         let stack_limit = cfg.stack_limit;
+        let memlock_limit = cfg.memlock_limit;
         AddressSpace {
             tree: RangeTree::with_reclaimer(reclaimer()),
             mmap_lock: MmapLock::new(MmState {
                 map_count: 0,
                 start_brk,
                 brk: start_brk,
+                start_stack: 0,
+                def_flags: crate::vma::VmFlags::empty(),
             }),
             pt: PageTable::with_budget(reclaimer(), frames.memory().clone()),
             frames,
@@ -243,7 +268,7 @@ impl AddressSpace {
             cfg,
             id: next_id(),
             stack_limit: AtomicU64::new(stack_limit),
-            def_flags: crate::sync::AtomicU32::new(0),
+            memlock_limit: AtomicU64::new(memlock_limit),
         }
     }
 
@@ -256,10 +281,7 @@ impl AddressSpace {
     pub fn vmas(&self) -> Vec<VmaInfo> {
         let st = self.mmap_lock.read();
         let g = self.tree.pin();
-        self.tree
-            .iter(&g)
-            .map(|(_, v)| v.info(is_heap(&st, v.range())))
-            .collect()
+        self.tree.iter(&g).map(|(_, v)| snapshot(&st, v)).collect()
     }
 
     /// The VMAs in `/proc/pid/maps` format, one line each.
@@ -340,6 +362,7 @@ impl core::fmt::Debug for AddressSpace {
             .field("frames_used", &self.frames_used())
             .field("brk", &format_args!("{brk:#x}"))
             .field("stack_limit", &self.stack_limit())
+            .field("memlock_limit", &self.memlock_limit())
             .field("config", &self.cfg)
             .finish()
     }
@@ -350,4 +373,19 @@ impl core::fmt::Debug for AddressSpace {
 /// or starts at the break, is not the heap, and an empty heap has none.
 pub(crate) fn is_heap(st: &MmState, r: Range) -> bool {
     r.start < st.brk && r.end > st.start_brk
+}
+
+/// Linux (`vma_is_initial_stack`) prints `[stack]` for the VMA that
+/// contains `mm->start_stack`, both ends inclusive: a VMA that ends
+/// exactly at it is labelled too. After a split only the pieces touching
+/// it keep the label. No start stack (0), no label.
+pub(crate) fn is_stack(st: &MmState, r: Range) -> bool {
+    st.start_stack != 0 && r.start <= st.start_stack && st.start_stack <= r.end
+}
+
+/// The public snapshot of `v`, with the labels only the address space
+/// knows (`[heap]`, `[stack]`). Under the mmap_lock.
+pub(crate) fn snapshot(st: &MmState, v: &crate::vma::VmaRef) -> VmaInfo {
+    let r = v.range();
+    v.info(is_heap(st, r), is_stack(st, r))
 }

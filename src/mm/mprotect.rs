@@ -23,7 +23,30 @@ impl AddressSpace {
     /// `ENOMEM` for an overflowing range, a range starting in a hole, or a
     /// split past `max_map_count`; `EACCES` for a protection the mapping
     /// may not get.
+    ///
+    /// A private locked VMA that becomes writable is populated for writing
+    /// (Linux breaks copy-on-write at once, so that locked memory does not
+    /// fault later).
     pub fn mprotect(&self, addr: u64, len: u64, prot: Prot) -> Result<()> {
+        let mut populate = Vec::new();
+        let res = self.mprotect_locked(addr, len, prot, &mut populate);
+        // After the mmap_lock is released, as faults need it; the pieces
+        // already have their anon_vma, as in Linux.
+        for r in populate {
+            self.populate(r, VmFlags::READ | VmFlags::WRITE);
+        }
+        res
+    }
+
+    /// [`mprotect`](Self::mprotect) under the mmap_lock; the ranges to
+    /// populate go to `populate`.
+    fn mprotect_locked(
+        &self,
+        addr: u64,
+        len: u64,
+        prot: Prot,
+        populate: &mut Vec<Range>,
+    ) -> Result<()> {
         let grows = prot & (Prot::GROWSDOWN | Prot::GROWSUP);
         if grows == (Prot::GROWSDOWN | Prot::GROWSUP) {
             return Err(Error::Inval);
@@ -81,6 +104,13 @@ impl AddressSpace {
             }
             let tmp = vma.end().min(end);
             let cur = Self::mprotect_fixup(&mut ed, vma, nstart, tmp, newflags)?;
+            // A private, locked (not on fault) VMA made writable.
+            let lock = VmFlags::WRITE | VmFlags::SHARED | VmFlags::LOCKED | VmFlags::LOCKONFAULT;
+            if old & lock == VmFlags::LOCKED && newflags.contains(VmFlags::WRITE) {
+                ed.lock(cur);
+                let _ = crate::mm::anon_vma::anon_vma_prepare(self, &cur, false);
+                populate.push(Range::new(nstart, tmp));
+            }
             self.change_protection(Range::new(nstart, tmp), cur, &mut gather);
             // A merge may have carried the changed VMA past `tmp`.
             nstart = tmp.max(cur.end());

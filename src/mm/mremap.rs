@@ -54,6 +54,28 @@ impl AddressSpace {
         flags: MremapFlags,
         new_addr: u64,
     ) -> Result<u64> {
+        let mut locked = false;
+        let new = self.mremap_locked(old_addr, old_len, new_len, flags, new_addr, &mut locked)?;
+        // Locked memory that grew is populated as mlock would (not with
+        // the lock held; errors ignored), as Linux's mremap ends.
+        let (old_len, new_len) = (page_align_wrapping(old_len), page_align_wrapping(new_len));
+        if locked && new_len > old_len {
+            let _ = self.populate_locked(Range::new(new + old_len, new + new_len), true);
+        }
+        Ok(new)
+    }
+
+    /// [`mremap`](Self::mremap) under the mmap_lock; `locked` says
+    /// whether the VMA it found was locked.
+    fn mremap_locked(
+        &self,
+        old_addr: u64,
+        old_len: u64,
+        new_len: u64,
+        flags: MremapFlags,
+        new_addr: u64,
+        locked: &mut bool,
+    ) -> Result<u64> {
         let task = self.cfg.task_size;
         if !MremapFlags::all().contains(flags) {
             return Err(Error::Inval);
@@ -98,6 +120,8 @@ impl AddressSpace {
         let Some(vma) = ed.find(old_addr) else {
             return Err(Error::Fault);
         };
+        let vma_locked = vma.flags().contains(VmFlags::LOCKED);
+        *locked = vma_locked;
         // Declared after `ed`, so dropped (and flushed) before the
         // mmap_lock is released: one flush for the whole call.
         let mut gather = ed.gather();
@@ -113,6 +137,13 @@ impl AddressSpace {
         // a same-size call does nothing.
         if implies_new || new_len > old_len {
             Self::check_old_range(vma, old_addr, old_len.min(new_len))?;
+        }
+        // Growing locked memory must fit the memlock limit.
+        if vma_locked
+            && new_len > old_len
+            && !self.mlock_future_ok(&ed, VmFlags::LOCKED, new_len - old_len)
+        {
+            return Err(Error::Again);
         }
         if implies_new {
             return self.mremap_to(
@@ -320,6 +351,10 @@ impl AddressSpace {
             if old.start() == old_addr && old.end() == old_addr + old_len {
                 old.set_anon_vma(None);
             }
+            // The lock stays with the pages: the whole old VMA (not split,
+            // not merged) loses VM_LOCKED and VM_LOCKONFAULT, as Linux's
+            // dontunmap_complete.
+            old.set_flags(old.flags() - VmFlags::LOCKED - VmFlags::LOCKONFAULT);
             return Ok(dst);
         }
         // Linux's move_vma ignores a failure here (out of memory for the

@@ -28,6 +28,32 @@ impl AddressSpace {
     pub fn set_stack_limit(&self, bytes: u64) {
         self.stack_limit.store(bytes, Ordering::Relaxed);
     }
+
+    /// Sets the initial stack pointer (`mm->start_stack`), as exec does
+    /// after it builds the main thread's stack: the VMA containing `addr`
+    /// (both ends inclusive, as Linux's `vma_is_initial_stack`) shows as
+    /// `[stack]` in [`maps`](Self::maps) and [`VmaInfo::stack`](crate::VmaInfo::stack),
+    /// whatever becomes of it (growth keeps the label, and after a split
+    /// only the pieces that touch `addr` have it). 0, the default, means
+    /// no initial stack, so no VMA is labelled. Fork children inherit it.
+    ///
+    /// ```
+    /// use aspace::{AddressSpace, Config, MapFlags, Prot};
+    /// let mm = AddressSpace::new(Config::default());
+    /// let f = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::GROWSDOWN;
+    /// let s = mm.mmap(0, 1 << 20, Prot::READ | Prot::WRITE, f).unwrap();
+    /// mm.set_start_stack(s + (1 << 20) - 64);
+    /// assert!(mm.maps().contains("[stack]"));
+    /// ```
+    pub fn set_start_stack(&self, addr: u64) {
+        self.mmap_lock.write().start_stack = addr;
+    }
+
+    /// The initial stack pointer set by
+    /// [`set_start_stack`](Self::set_start_stack) (0: none).
+    pub fn start_stack(&self) -> u64 {
+        self.mmap_lock.read().start_stack
+    }
 }
 
 /// Grows the growsdown VMA above `addr` down to cover it. Fails (false)

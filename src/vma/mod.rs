@@ -78,6 +78,12 @@ bitflags! {
         const SYNC = 0x80_0000;
         /// Fork children get zero-filled memory here (`MADV_WIPEONFORK`).
         const WIPEONFORK = 0x200_0000;
+        /// Left out of core dumps (`MADV_DONTDUMP`, `MAP_DROPPABLE`).
+        const DONTDUMP = 0x400_0000;
+        /// Pages may be dropped under memory pressure (`MAP_DROPPABLE`;
+        /// Linux's `VM_DROPPABLE` is a bit above 32, this one is Linux's
+        /// `VM_MIXEDMAP`, which aspace has no use for).
+        const DROPPABLE = 0x1000_0000;
         /// Soft-dirty tracking bit; ignored when merging.
         const SOFTDIRTY = 0x800_0000;
         /// Transparent huge pages asked for (`MADV_HUGEPAGE`).
@@ -88,7 +94,7 @@ bitflags! {
 }
 
 /// `/proc/pid/smaps` `VmFlags` mnemonics, in the kernel's (bit) order.
-const MNEMONICS: [(VmFlags, &str); 21] = [
+const MNEMONICS: [(VmFlags, &str); 23] = [
     (VmFlags::READ, "rd"),
     (VmFlags::WRITE, "wr"),
     (VmFlags::EXEC, "ex"),
@@ -107,9 +113,11 @@ const MNEMONICS: [(VmFlags, &str); 21] = [
     (VmFlags::NORESERVE, "nr"),
     (VmFlags::SYNC, "sf"),
     (VmFlags::WIPEONFORK, "wf"),
+    (VmFlags::DONTDUMP, "dd"),
     (VmFlags::SOFTDIRTY, "sd"),
     (VmFlags::HUGEPAGE, "hg"),
     (VmFlags::NOHUGEPAGE, "nh"),
+    (VmFlags::DROPPABLE, "dp"),
 ];
 
 impl VmFlags {
@@ -526,7 +534,9 @@ impl Vma {
     }
 
     /// A public snapshot of this VMA.
-    pub(crate) fn info(&self, heap: bool) -> VmaInfo {
+    /// `heap` and `stack` say whether the address space labels it
+    /// `[heap]` or `[stack]`.
+    pub(crate) fn info(&self, heap: bool, stack: bool) -> VmaInfo {
         let f = self.flags();
         VmaInfo {
             start: self.start(),
@@ -541,6 +551,7 @@ impl Vma {
             // the writers' own checks).
             shmem_id: unsafe { self.shmem() }.map(|s| s.id),
             heap,
+            stack,
             name: self.name().map(str::to_string),
         }
     }
@@ -577,6 +588,10 @@ pub struct VmaInfo {
     pub shmem_id: Option<u64>,
     /// This is the brk heap.
     pub heap: bool,
+    /// This VMA contains the initial stack pointer
+    /// ([`set_start_stack`](crate::AddressSpace::set_start_stack)): maps
+    /// shows it as `[stack]`.
+    pub stack: bool,
     /// The name given with [`set_anon_name`](crate::AddressSpace::set_anon_name).
     pub name: Option<String>,
 }
@@ -624,11 +639,12 @@ impl VmaInfo {
             ),
         };
         // show_map_vma: a shared mapping's object first, then the heap,
-        // then an anonymous VMA's name.
+        // the stack, then an anonymous VMA's name.
         let path = match (&self.name, self.shmem_id.is_some()) {
             (Some(n), true) => format!("[anon_shmem:{n}]"),
             (None, true) => "/dev/zero (deleted)".to_string(),
             _ if self.heap => "[heap]".to_string(),
+            _ if self.stack => "[stack]".to_string(),
             (Some(n), false) => format!("[anon:{n}]"),
             (None, false) => String::new(),
         };

@@ -15,9 +15,15 @@ pub struct AspaceTarget {
 }
 
 impl AspaceTarget {
-    /// Default configuration.
+    /// Default configuration, with this test process's locked-memory
+    /// limit (unlimited when it runs with `CAP_IPC_LOCK`, as root does),
+    /// so that locks compare with the kernel side's.
     pub fn new(region: Region) -> AspaceTarget {
-        Self::with_config(region, Config::default())
+        let cfg = Config {
+            memlock_limit: super::kernel::process_memlock_limit(),
+            ..Config::default()
+        };
+        Self::with_config(region, cfg)
     }
 
     /// A given configuration; the guard pages are mapped as on the kernel.
@@ -130,6 +136,28 @@ impl Target for AspaceTarget {
                 })
                 .collect(),
         )
+    }
+
+    fn mlock2(&mut self, addr: u64, len: u64, flags: u32) -> Res<()> {
+        errno(
+            self.mm
+                .mlock2(addr, len, aspace::MlockFlags::from_bits_retain(flags)),
+        )
+    }
+
+    fn munlock(&mut self, addr: u64, len: u64) -> Res<()> {
+        errno(self.mm.munlock(addr, len))
+    }
+
+    fn msync(&mut self, addr: u64, len: u64, flags: u32) -> Res<()> {
+        errno(
+            self.mm
+                .msync(addr, len, aspace::MsyncFlags::from_bits_retain(flags)),
+        )
+    }
+
+    fn mincore(&mut self, addr: u64, len: u64) -> Res<Vec<bool>> {
+        errno(self.mm.mincore(addr, len))
     }
 
     fn resident(&mut self, _addr: u64, _pages: u64) -> Option<Vec<bool>> {

@@ -71,6 +71,29 @@ pub fn kernel_version() -> (u32, u32) {
     (major, minor)
 }
 
+/// The locked-memory limit this process has in effect: `u64::MAX` with
+/// `CAP_IPC_LOCK` (bit 14 of `CapEff` in /proc/self/status), else the soft
+/// `RLIMIT_MEMLOCK` (`RLIM_INFINITY` is `u64::MAX` too).
+pub fn process_memlock_limit() -> u64 {
+    const CAP_IPC_LOCK: u32 = 14;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    if cap_eff >> CAP_IPC_LOCK & 1 == 1 {
+        return u64::MAX;
+    }
+    // SAFETY: rlimit is plain old data; getrlimit fills it in.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: `rl` is a valid, writable rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) } != 0 {
+        return u64::MAX;
+    }
+    rl.rlim_cur
+}
+
 /// Prints the kernel version once per test binary, straight to stderr (not
 /// through the test harness's capture, so it shows in every run).
 pub fn banner() {
@@ -220,6 +243,17 @@ impl KernelTarget {
                 self.region.hi
             );
         }
+    }
+
+    /// [`assert_safe`](Self::assert_safe) for mlock's rounding: the start
+    /// down to its page, the length grown by the offset and rounded up,
+    /// wrapping as the kernel's `PAGE_ALIGN`.
+    fn assert_lock_range(&self, what: &str, addr: u64, len: u64) {
+        let start = addr & !(PAGE - 1);
+        let l = len.wrapping_add(addr - start).wrapping_add(PAGE - 1) & !(PAGE - 1);
+        // Nothing to lock, or an end that wraps (EINVAL).
+        let fails_early = l == 0 || start.checked_add(l).is_none();
+        self.assert_safe(what, &[(start, l)], fails_early);
     }
 
     /// Reads from/stores to `addr` through the pipe, one page at a time.
@@ -548,6 +582,44 @@ impl Target for KernelTarget {
             }
         }
         super::normalize(out)
+    }
+
+    fn mlock2(&mut self, addr: u64, len: u64, flags: u32) -> Res<()> {
+        self.assert_lock_range("mlock2", addr, len);
+        // SAFETY: the page-rounded range is inside the region (checked
+        // above); mlock2 only changes VMA flags and faults pages in there.
+        let rc = unsafe { libc::syscall(libc::SYS_mlock2, addr, len, flags) };
+        ret(rc == 0, ())
+    }
+
+    fn munlock(&mut self, addr: u64, len: u64) -> Res<()> {
+        self.assert_lock_range("munlock", addr, len);
+        // SAFETY: as in `mlock2`.
+        let rc = unsafe { libc::syscall(libc::SYS_munlock, addr, len) };
+        ret(rc == 0, ())
+    }
+
+    fn msync(&mut self, addr: u64, len: u64, flags: u32) -> Res<()> {
+        self.assert_safe("msync", &[(addr, len)], false);
+        // SAFETY: the range is inside the region (or rejected before any
+        // effect), where only anonymous memory lives: nothing is written
+        // back.
+        let rc = unsafe { libc::syscall(libc::SYS_msync, addr, len, flags) };
+        ret(rc == 0, ())
+    }
+
+    fn mincore(&mut self, addr: u64, len: u64) -> Res<Vec<bool>> {
+        let n = len.div_ceil(PAGE).min(1 << 20) as usize;
+        let mut v = vec![0u8; n];
+        if len.div_ceil(PAGE) > 1 << 20 {
+            // More pages than the buffer: only a call the kernel rejects
+            // before writing (the test generates no other).
+            assert!(addr % PAGE != 0 || addr.checked_add(len).is_none_or(|e| e > TASK_SIZE));
+        }
+        // SAFETY: mincore only reads page-table state and writes one byte
+        // per page into `v`, which has that many (or fails first).
+        let rc = unsafe { libc::syscall(libc::SYS_mincore, addr, len, v.as_mut_ptr()) };
+        ret(rc == 0, v.into_iter().map(|b| b & 1 != 0).collect())
     }
 
     fn resident(&mut self, addr: u64, pages: u64) -> Option<Vec<bool>> {

@@ -155,9 +155,9 @@ pub fn normalize(mut v: Vec<Vma>) -> Vec<Vma> {
 }
 
 /// The `VmFlags` mnemonics of `/proc/pid/smaps` that aspace models.
-pub const MODELLED_FLAGS: [&str; 20] = [
+pub const MODELLED_FLAGS: [&str; 22] = [
     "rd", "wr", "ex", "sh", "mr", "mw", "me", "ms", "gd", "ac", "nr", "lo", "sf", "hg", "nh", "sr",
-    "rr", "dc", "wf", "lf",
+    "rr", "dc", "wf", "lf", "dd", "dp",
 ];
 
 /// Keeps only the modelled mnemonics, sorted.
@@ -196,6 +196,13 @@ pub trait Target {
     fn layout(&mut self) -> Vec<Vma>;
     /// (start, end, modelled VmFlags mnemonics) of the VMAs in the region.
     fn vm_flags(&mut self) -> Option<Vec<(u64, u64, Vec<String>)>>;
+    /// `mlock2` (flags 0 is `mlock`).
+    fn mlock2(&mut self, addr: u64, len: u64, flags: u32) -> Res<()>;
+    fn munlock(&mut self, addr: u64, len: u64) -> Res<()>;
+    /// `msync` (anonymous memory: the argument and hole checks only).
+    fn msync(&mut self, addr: u64, len: u64, flags: u32) -> Res<()>;
+    /// `mincore` of `len` bytes: one entry per page, or the errno.
+    fn mincore(&mut self, addr: u64, len: u64) -> Res<Vec<bool>>;
     /// Which of `pages` pages from `addr` have a page-table entry
     /// (`mincore`); None where the target cannot tell.
     fn resident(&mut self, addr: u64, pages: u64) -> Option<Vec<bool>>;

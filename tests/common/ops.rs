@@ -45,6 +45,25 @@ pub enum Op {
         addr: u64,
         len: u64,
     },
+    /// `mlock2` (flags 0 is `mlock`).
+    Mlock {
+        addr: u64,
+        len: u64,
+        flags: u32,
+    },
+    Munlock {
+        addr: u64,
+        len: u64,
+    },
+    Msync {
+        addr: u64,
+        len: u64,
+        flags: u32,
+    },
+    Mincore {
+        addr: u64,
+        len: u64,
+    },
 }
 
 fn prot_str(p: u32) -> String {
@@ -74,6 +93,9 @@ fn map_flags_str(f: u32) -> String {
         (0x4000, "NORESERVE"),
         (0x8000, "POPULATE"),
         (0x10_0000, "FIXED_NOREPLACE"),
+        (0x08, "DROPPABLE"),
+        (0x2000, "LOCKED"),
+        (0x2_0000, "STACK"),
     ];
     let mut v: Vec<String> = names
         .iter()
@@ -149,6 +171,10 @@ impl fmt::Debug for Op {
                 write!(f, "write({addr:#x}, {len:#x} bytes, pattern {seed})")
             }
             Op::Read { addr, len } => write!(f, "read({addr:#x}, {len:#x} bytes)"),
+            Op::Mlock { addr, len, flags } => write!(f, "mlock2({addr:#x}, {len:#x}, {flags})"),
+            Op::Munlock { addr, len } => write!(f, "munlock({addr:#x}, {len:#x})"),
+            Op::Msync { addr, len, flags } => write!(f, "msync({addr:#x}, {len:#x}, {flags})"),
+            Op::Mincore { addr, len } => write!(f, "mincore({addr:#x}, {len:#x})"),
         }
     }
 }
@@ -187,6 +213,8 @@ pub enum Outcome {
     Outside(Vec<Option<Bytes>>),
     /// Bytes loaded by a read.
     Loaded(Bytes),
+    /// Residency by page (mincore).
+    Resident(Vec<bool>),
     /// The errno.
     Err(i32),
 }
@@ -252,5 +280,12 @@ pub fn apply(t: &mut dyn Target, op: Op) -> Outcome {
                 Err(e) => Outcome::Err(e),
             }
         }
+        Op::Mlock { addr, len, flags } => unit(t.mlock2(addr, len, flags)),
+        Op::Munlock { addr, len } => unit(t.munlock(addr, len)),
+        Op::Msync { addr, len, flags } => unit(t.msync(addr, len, flags)),
+        Op::Mincore { addr, len } => match t.mincore(addr, len) {
+            Ok(v) => Outcome::Resident(v),
+            Err(e) => Outcome::Err(e),
+        },
     }
 }
