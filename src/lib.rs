@@ -36,12 +36,12 @@ pub use addr::{Range, PAGE_SIZE};
 pub use error::{Error, FaultError, MemoryFault, Result};
 pub use mm::{
     Access, AddressSpace, Advice, Budget, Config, ConfigError, FaultLocking, FrameAllocator,
-    MapFlags, MlockAllFlags, MlockFlags, MremapExtent, MremapFlags, MsyncFlags, Prot,
+    MapFlags, MlockAllFlags, MlockFlags, MremapExtent, MremapFlags, MsyncFlags, Prot, VmaInfo,
 };
 pub use phys::Pfn;
 pub use stats::Stats;
 pub use translate::{Scalar, Translator};
-pub use vma::{RmapHit, VmFlags, VmaInfo};
+pub use vma::{RmapHit, VmFlags};
 
 /// The internals that the loom models in `loom_tests/` drive directly (the
 /// page table, the per-VMA lock, the mmap_lock): loom builds only, not API.

@@ -425,12 +425,12 @@ impl AddressSpace {
     }
 
     /// A snapshot of the first VMA ending above `addr`.
-    fn vma_after(&self, addr: u64) -> Option<crate::vma::VmaInfo> {
+    fn vma_after(&self, addr: u64) -> Option<super::VmaInfo> {
         let st = self.mmap_lock.read();
         let g = self.tree.pin();
         self.tree
             .find_after(addr, &g)
-            .map(|(_, v)| super::snapshot(&st, v))
+            .map(|(_, v)| super::maps::snapshot(&st, v))
     }
 }
 

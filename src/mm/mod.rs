@@ -51,6 +51,7 @@ pub(crate) mod edit;
 pub(crate) mod fault;
 mod fork;
 mod madvise;
+mod maps;
 mod merge;
 mod mlock;
 mod mmap;
@@ -64,10 +65,10 @@ pub(crate) mod stack;
 
 pub use config::{Config, ConfigError, FaultLocking, MremapExtent};
 pub use flags::{Access, Advice, MapFlags, MremapFlags, Prot};
+pub use maps::VmaInfo;
 pub use mlock::{MlockAllFlags, MlockFlags, MsyncFlags};
 pub use name::ANON_NAME_MAX;
 
-use crate::addr::Range;
 pub use crate::phys::{Budget, FrameAllocator};
 use crate::pt::PageTable;
 use crate::reclaim::Reclaimer;
@@ -75,7 +76,7 @@ use crate::stats::{StatCounters, Stats};
 use crate::sync::{Arc, AtomicU64};
 use crate::tlb::TlbState;
 use crate::tree::RangeTree;
-use crate::vma::{VmaInfo, VmaPool, VmaRef};
+use crate::vma::{VmaPool, VmaRef};
 use mmap_lock::MmapLock;
 
 /// State protected by the mmap_lock.
@@ -232,14 +233,6 @@ impl AddressSpace {
         Ok(Self::new(cfg))
     }
 
-    /// The VMA containing `addr`, if any (one VMA, without snapshotting
-    /// the others as [`vmas`](Self::vmas) does).
-    pub fn vma_at(&self, addr: u64) -> Option<VmaInfo> {
-        let st = self.mmap_lock.read();
-        let g = self.tree.pin();
-        self.tree.find(addr, &g).map(|(_, v)| snapshot(&st, v))
-    }
-
     pub(crate) fn with_parts(cfg: Config, frames: Arc<FrameAllocator>, pool: Arc<VmaPool>) -> Self {
         let reclaimer = || {
             if cfg.deferred_reclaim {
@@ -275,23 +268,6 @@ impl AddressSpace {
     /// The configuration this address space was made with.
     pub fn config(&self) -> &Config {
         &self.cfg
-    }
-
-    /// Snapshot of every VMA, in address order.
-    pub fn vmas(&self) -> Vec<VmaInfo> {
-        let st = self.mmap_lock.read();
-        let g = self.tree.pin();
-        self.tree.iter(&g).map(|(_, v)| snapshot(&st, v)).collect()
-    }
-
-    /// The VMAs in `/proc/pid/maps` format, one line each.
-    pub fn maps(&self) -> String {
-        let mut s = String::new();
-        for v in self.vmas() {
-            s.push_str(&v.maps_line());
-            s.push('\n');
-        }
-        s
     }
 
     /// Event counters (faults by path, retries, TLB flushes, ...).
@@ -366,26 +342,4 @@ impl core::fmt::Debug for AddressSpace {
             .field("config", &self.cfg)
             .finish()
     }
-}
-
-/// Linux (6.7+, `vma_is_initial_heap`) prints `[heap]` for a VMA that
-/// overlaps `[start_brk, brk)`: one that merely ends at the heap's start,
-/// or starts at the break, is not the heap, and an empty heap has none.
-pub(crate) fn is_heap(st: &MmState, r: Range) -> bool {
-    r.start < st.brk && r.end > st.start_brk
-}
-
-/// Linux (`vma_is_initial_stack`) prints `[stack]` for the VMA that
-/// contains `mm->start_stack`, both ends inclusive: a VMA that ends
-/// exactly at it is labelled too. After a split only the pieces touching
-/// it keep the label. No start stack (0), no label.
-pub(crate) fn is_stack(st: &MmState, r: Range) -> bool {
-    st.start_stack != 0 && r.start <= st.start_stack && st.start_stack <= r.end
-}
-
-/// The public snapshot of `v`, with the labels only the address space
-/// knows (`[heap]`, `[stack]`). Under the mmap_lock.
-pub(crate) fn snapshot(st: &MmState, v: &crate::vma::VmaRef) -> VmaInfo {
-    let r = v.range();
-    v.info(is_heap(st, r), is_stack(st, r))
 }

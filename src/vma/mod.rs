@@ -32,7 +32,6 @@ pub(crate) use pool::{VmaPool, VmaRef};
 pub(crate) use shmem::Shmem;
 
 use crate::addr::{Range, PAGE_SHIFT};
-use crate::mm::Prot;
 use crate::stats::StatCounters;
 use crate::sync::{Arc, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use bitflags::bitflags;
@@ -127,16 +126,6 @@ impl VmFlags {
     pub const MAY: VmFlags = VmFlags::MAYREAD
         .union(VmFlags::MAYWRITE)
         .union(VmFlags::MAYEXEC);
-
-    /// The access bits of a protection.
-    pub fn from_prot(p: Prot) -> VmFlags {
-        VmFlags::from_bits_truncate(p.bits() & Prot::ACCESS.bits())
-    }
-
-    /// The protection these flags grant.
-    pub fn prot(self) -> Prot {
-        Prot::from_bits_truncate((self & VmFlags::ACCESS).bits())
-    }
 
     /// Any access at all (Linux's `vma_is_accessible`).
     pub fn accessible(self) -> bool {
@@ -532,29 +521,6 @@ impl Vma {
             unsafe { drop(Arc::from_raw(old)) };
         }
     }
-
-    /// A public snapshot of this VMA.
-    /// `heap` and `stack` say whether the address space labels it
-    /// `[heap]` or `[stack]`.
-    pub(crate) fn info(&self, heap: bool, stack: bool) -> VmaInfo {
-        let f = self.flags();
-        VmaInfo {
-            start: self.start(),
-            end: self.end(),
-            prot: f.prot(),
-            flags: f,
-            shared: f.contains(VmFlags::SHARED) || f.contains(VmFlags::MAYSHARE),
-            growsdown: f.contains(VmFlags::GROWSDOWN),
-            pgoff: self.pgoff(),
-            anon_vma: !self.anon_vma.load(Ordering::Relaxed).is_null(),
-            // SAFETY: `info` is called under the mmap_lock (vmas, vma_at,
-            // the writers' own checks).
-            shmem_id: unsafe { self.shmem() }.map(|s| s.id),
-            heap,
-            stack,
-            name: self.name().map(str::to_string),
-        }
-    }
 }
 
 impl Drop for Vma {
@@ -562,96 +528,5 @@ impl Drop for Vma {
         self.set_anon_vma(None);
         self.set_shmem(None);
         self.set_name(None);
-    }
-}
-
-/// A snapshot of one VMA, as `vmas()` returns it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VmaInfo {
-    /// First address.
-    pub start: u64,
-    /// First address past the end.
-    pub end: u64,
-    /// Protection.
-    pub prot: Prot,
-    /// All flags.
-    pub flags: VmFlags,
-    /// A shared mapping.
-    pub shared: bool,
-    /// A growsdown (stack) mapping.
-    pub growsdown: bool,
-    /// Page offset in the backing object (`vm_pgoff`).
-    pub pgoff: u64,
-    /// An anon_vma has been assigned (the VMA was written to).
-    pub anon_vma: bool,
-    /// Identity of the shared backing object, if any.
-    pub shmem_id: Option<u64>,
-    /// This is the brk heap.
-    pub heap: bool,
-    /// This VMA contains the initial stack pointer
-    /// ([`set_start_stack`](crate::AddressSpace::set_start_stack)): maps
-    /// shows it as `[stack]`.
-    pub stack: bool,
-    /// The name given with [`set_anon_name`](crate::AddressSpace::set_anon_name).
-    pub name: Option<String>,
-}
-
-impl VmaInfo {
-    /// `[start, end)`.
-    pub fn range(&self) -> Range {
-        Range::new(self.start, self.end)
-    }
-
-    /// The `VmFlags:` line `/proc/pid/smaps` prints for this VMA (no
-    /// newline), e.g. `VmFlags: rd wr mr mw me lo ac `.
-    pub fn smaps_vmflags(&self) -> String {
-        let mut s = String::from("VmFlags:");
-        for m in self.flags.mnemonics() {
-            s.push(' ');
-            s.push_str(m);
-        }
-        s.push(' ');
-        s
-    }
-
-    /// The line `/proc/pid/maps` prints for this VMA (no newline).
-    pub fn maps_line(&self) -> String {
-        let p = |b: bool, c: char| if b { c } else { '-' };
-        let perms = format!(
-            "{}{}{}{}",
-            p(self.prot.contains(Prot::READ), 'r'),
-            p(self.prot.contains(Prot::WRITE), 'w'),
-            p(self.prot.contains(Prot::EXEC), 'x'),
-            if self.shared { 's' } else { 'p' }
-        );
-        let head = match self.shmem_id {
-            Some(ino) => format!(
-                "{:08x}-{:08x} {} {:08x} 00:01 {}",
-                self.start,
-                self.end,
-                perms,
-                self.pgoff << PAGE_SHIFT,
-                ino
-            ),
-            None => format!(
-                "{:08x}-{:08x} {} 00000000 00:00 0",
-                self.start, self.end, perms
-            ),
-        };
-        // show_map_vma: a shared mapping's object first, then the heap,
-        // the stack, then an anonymous VMA's name.
-        let path = match (&self.name, self.shmem_id.is_some()) {
-            (Some(n), true) => format!("[anon_shmem:{n}]"),
-            (None, true) => "/dev/zero (deleted)".to_string(),
-            _ if self.heap => "[heap]".to_string(),
-            _ if self.stack => "[stack]".to_string(),
-            (Some(n), false) => format!("[anon:{n}]"),
-            (None, false) => String::new(),
-        };
-        if path.is_empty() {
-            format!("{head} ")
-        } else {
-            format!("{head:<72} {path}")
-        }
     }
 }
