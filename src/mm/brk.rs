@@ -5,7 +5,7 @@
 //! The mmap_lock write side (through `Edit`); growth that only moves the
 //! heap VMA's end skips the anon_vma family lock (`Config::brk_fast_path`).
 
-use super::edit::Edit;
+use super::edit::{Edit, VmaSpec};
 use super::AddressSpace;
 use crate::addr::{page_align_up, Range, PAGE_SHIFT, PAGE_SIZE};
 use crate::error::Result;
@@ -38,8 +38,8 @@ impl AddressSpace {
     /// range it added when that is locked.
     fn brk_locked(&self, addr: u64) -> (u64, Option<Range>) {
         let mut ed = Edit::begin(self);
-        let old = ed.st.brk;
-        if addr < ed.st.start_brk {
+        let old = ed.state().brk;
+        if addr < ed.state().start_brk {
             return (old, None);
         }
         let (Some(newbrk), Some(oldbrk)) = (page_align_up(addr), page_align_up(old)) else {
@@ -49,7 +49,7 @@ impl AddressSpace {
             return (old, None);
         }
         if newbrk == oldbrk {
-            ed.st.brk = addr;
+            ed.state_mut().brk = addr;
             return (addr, None);
         }
         if newbrk < oldbrk {
@@ -57,10 +57,9 @@ impl AddressSpace {
             if ed.find_after(newbrk).is_none_or(|v| v.start() >= oldbrk) {
                 return (old, None);
             }
-            if let Some(v) = ed
-                .find(newbrk)
-                .filter(|v| v.start() < newbrk && v.end() == oldbrk && v.start() >= ed.st.start_brk)
-            {
+            if let Some(v) = ed.find(newbrk).filter(|v| {
+                v.start() < newbrk && v.end() == oldbrk && v.start() >= ed.state().start_brk
+            }) {
                 // Only the heap VMA's end moves, with nothing inserted:
                 // shrink it in place (no split, so no anon_vma lock with
                 // the fast path), then zap and free what it left.
@@ -72,18 +71,18 @@ impl AddressSpace {
                 gather.flush();
                 drop(gather);
                 ed.free_pgtables(r);
-                ed.st.brk = addr;
+                ed.state_mut().brk = addr;
                 return (addr, None);
             }
             if ed.unmap(Range::new(newbrk, oldbrk)).is_err() {
                 return (old, None);
             }
-            ed.st.brk = addr;
+            ed.state_mut().brk = addr;
             return (addr, None);
         }
         // Grow: within the memlock limit when mlockall(MCL_FUTURE) locks
         // the heap's growth.
-        let flags = BRK_FLAGS | ed.st.def_flags;
+        let flags = BRK_FLAGS | ed.state().def_flags;
         if !self.mlock_future_ok(&ed, flags, newbrk - oldbrk) {
             return (old, None);
         }
@@ -97,7 +96,7 @@ impl AddressSpace {
             }
         }
         let heap = ed.ending_at(oldbrk).filter(|v| {
-            v.start() >= ed.st.start_brk
+            v.start() >= ed.state().start_brk
                 && super::merge::flags_mergeable(v.flags(), flags)
                 && v.name().is_none()
         });
@@ -108,21 +107,19 @@ impl AddressSpace {
                 ed.set_range(v, v.start(), newbrk, v.pgoff());
             }
             None => {
-                if ed.st.map_count >= self.cfg.max_map_count || !ed.vma_room(1) {
+                if ed.map_count() >= self.cfg.max_map_count || !ed.vma_room(1) {
                     return (old, None);
                 }
                 let r = Range::new(oldbrk, newbrk);
-                let v = ed.new_vma(
+                let v = ed.new_vma(VmaSpec::anon(
                     r,
                     oldbrk >> PAGE_SHIFT,
                     flags | VmFlags::SOFTDIRTY,
-                    None,
-                    None,
-                );
+                ));
                 ed.insert(v);
             }
         }
-        ed.st.brk = addr;
+        ed.state_mut().brk = addr;
         let grown = flags
             .contains(VmFlags::LOCKED)
             .then(|| Range::new(oldbrk, newbrk));

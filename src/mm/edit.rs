@@ -16,21 +16,65 @@
 
 use super::mmap_lock::MmapWriteGuard;
 use super::{AddressSpace, MmState};
-use crate::addr::Range;
+use crate::addr::{Range, PAGE_SIZE};
 use crate::error::{Error, Result};
 use crate::reclaim::Guard;
 use crate::stats::Event;
 use crate::sync::Arc;
 use crate::tlb::Gather;
 use crate::tree::TreeWriter;
-use crate::vma::{AnonVma, RmapIndex, Shmem, VmFlags, VmaRef, VMA_BYTES};
+use crate::vma::{AnonName, AnonVma, RmapIndex, Shmem, VmFlags, Vma, VmaRef, VMA_BYTES};
 
 /// An mmap_lock writer's view of the address space.
 pub(crate) struct Edit<'a> {
-    pub(crate) mm: &'a AddressSpace,
-    pub(crate) st: MmapWriteGuard<'a, MmState>,
-    pub(crate) w: TreeWriter<'a, VmaRef>,
-    pub(crate) g: Guard,
+    mm: &'a AddressSpace,
+    /// The mmap_lock's write side, and the state it guards.
+    state: MmapWriteGuard<'a, MmState>,
+    /// The tree's writer (its mutex is uncontended: only mmap_lock
+    /// writers take it).
+    tree: TreeWriter<'a, VmaRef>,
+    /// An epoch pin for the tree reads the edit makes.
+    pin: Guard,
+}
+
+/// A VMA to create, or a range to map: where, at which page offset, with
+/// which flags and backing. Built fresh for new memory, or [`like`]
+/// (Self::like) an existing VMA when one is split, grown or moved.
+pub(crate) struct VmaSpec {
+    pub(crate) range: Range,
+    /// Page offset of `range.start` (`vm_pgoff`).
+    pub(crate) pgoff: u64,
+    pub(crate) flags: VmFlags,
+    pub(crate) anon: Option<Arc<AnonVma>>,
+    pub(crate) shmem: Option<Arc<Shmem>>,
+    pub(crate) name: Option<Arc<AnonName>>,
+}
+
+impl VmaSpec {
+    /// Private anonymous memory with no anon_vma, object or name yet.
+    pub(crate) fn anon(range: Range, pgoff: u64, flags: VmFlags) -> Self {
+        VmaSpec {
+            range,
+            pgoff,
+            flags,
+            anon: None,
+            shmem: None,
+            name: None,
+        }
+    }
+
+    /// `range` at page offset `pgoff`, with `v`'s flags, anon_vma, object
+    /// and name. The caller holds `v` (the mmap_lock write side).
+    pub(crate) fn like(v: &Vma, range: Range, pgoff: u64) -> Self {
+        VmaSpec {
+            range,
+            pgoff,
+            flags: v.flags(),
+            anon: v.anon_vma_arc(),
+            shmem: v.shmem_arc(),
+            name: v.name_arc(),
+        }
+    }
 }
 
 impl<'a> Edit<'a> {
@@ -39,22 +83,68 @@ impl<'a> Edit<'a> {
         let st = mm.mmap_lock.write();
         let w = mm.tree.writer();
         let g = mm.tree.pin();
-        Edit { mm, st, w, g }
+        Edit {
+            mm,
+            state: st,
+            tree: w,
+            pin: g,
+        }
+    }
+
+    /// The state the mmap_lock guards (break, start stack, map count,
+    /// default flags).
+    pub(crate) fn state(&self) -> &MmState {
+        &self.state
+    }
+
+    /// [`state`](Self::state), to change it.
+    pub(crate) fn state_mut(&mut self) -> &mut MmState {
+        &mut self.state
+    }
+
+    /// The number of VMAs (`mm->map_count`).
+    pub(crate) fn map_count(&self) -> usize {
+        self.state.map_count
+    }
+
+    /// The lowest (or, with `top_down`, the highest) page-aligned free
+    /// range of `len` bytes inside `[low, high)` (Linux's
+    /// `unmapped_area` and `unmapped_area_topdown`).
+    pub(crate) fn free_area(&self, low: u64, high: u64, len: u64, top_down: bool) -> Option<u64> {
+        if top_down {
+            self.tree.gap_highest(low, high, len, PAGE_SIZE, &self.pin)
+        } else {
+            self.tree.gap_lowest(low, high, len, PAGE_SIZE, &self.pin)
+        }
+    }
+
+    /// Attaches `vmas` (sorted, disjoint, write-locked) to an address space
+    /// that has none, building its tree in one pass (the maple tree's
+    /// `__mt_dup`: no insert per VMA).
+    pub(crate) fn attach_all_sorted(&mut self, vmas: &[VmaRef]) {
+        debug_assert_eq!(self.state.map_count, 0);
+        for v in vmas {
+            v.lock.mark_attached();
+        }
+        self.tree
+            .replace_all(vmas.iter().map(|&v| (v.range(), v)))
+            .expect("the VMAs are sorted and disjoint");
+        self.state.map_count = vmas.len();
     }
 
     /// The VMA containing `addr`.
     pub(crate) fn find(&self, addr: u64) -> Option<VmaRef> {
-        self.w.find(addr, &self.g).map(|(_, v)| *v)
+        self.tree.find(addr, &self.pin).map(|(_, v)| *v)
     }
 
     /// The first VMA ending above `addr` (Linux's `find_vma`).
     pub(crate) fn find_after(&self, addr: u64) -> Option<VmaRef> {
-        self.w.find_after(addr, &self.g).map(|(_, v)| *v)
+        self.tree.find_after(addr, &self.pin).map(|(_, v)| *v)
     }
 
     /// The last VMA ending at or below `addr`.
     pub(crate) fn prev(&self, addr: u64) -> Option<VmaRef> {
-        self.w.prev(addr, &self.g).map(|(_, v)| *v)
+        self.tree.prev(addr, &self.pin).map(|(_, v)| *v)
     }
 
     /// The VMA ending exactly at `addr`.
@@ -69,13 +159,13 @@ impl<'a> Edit<'a> {
 
     /// The VMAs intersecting `r`, in order.
     pub(crate) fn vmas_in(&self, r: Range) -> Vec<VmaRef> {
-        self.w.range(r, &self.g).map(|(_, v)| *v).collect()
+        self.tree.range(r, &self.pin).map(|(_, v)| *v).collect()
     }
 
     /// Write-locks `v`: waits for its readers, and keeps new ones out until
     /// the mmap_lock is released.
     pub(crate) fn lock(&self, v: VmaRef) {
-        v.lock.write_lock(self.st.seq());
+        v.lock.write_lock(self.state.seq());
     }
 
     /// Runs `f` with the lock of `anon`'s family held (counted in the
@@ -96,30 +186,23 @@ impl<'a> Edit<'a> {
         }
     }
 
-    /// A new, detached, write-locked VMA (linked into its anon_vma's
-    /// reverse map under that family's lock).
-    pub(crate) fn new_vma(
-        &mut self,
-        r: Range,
-        pgoff: u64,
-        flags: VmFlags,
-        anon: Option<Arc<AnonVma>>,
-        shmem: Option<Arc<Shmem>>,
-    ) -> VmaRef {
-        self.new_vma_in(r, pgoff, flags, anon, shmem, None)
+    /// A new, detached, write-locked VMA as `spec` describes it (linked
+    /// into its anon_vma's reverse map under that family's lock).
+    pub(crate) fn new_vma(&mut self, spec: VmaSpec) -> VmaRef {
+        self.new_vma_in(spec, None)
     }
 
     /// [`new_vma`](Self::new_vma) for a caller that may already hold the
-    /// family's lock (`idx`, which must be `anon`'s family).
-    pub(super) fn new_vma_in(
-        &mut self,
-        r: Range,
-        pgoff: u64,
-        flags: VmFlags,
-        anon: Option<Arc<AnonVma>>,
-        shmem: Option<Arc<Shmem>>,
-        idx: Option<&mut RmapIndex>,
-    ) -> VmaRef {
+    /// family's lock (`idx`, which must be the family of `spec.anon`).
+    pub(super) fn new_vma_in(&mut self, spec: VmaSpec, idx: Option<&mut RmapIndex>) -> VmaRef {
+        let VmaSpec {
+            range: r,
+            pgoff,
+            flags,
+            anon,
+            shmem,
+            name,
+        } = spec;
         // Callers checked for room (`vma_room`) before changing anything;
         // a concurrent charge from another space may pass the limit by a
         // VMA or two.
@@ -136,6 +219,7 @@ impl<'a> Edit<'a> {
         v.set_flags(flags);
         self.link_in(v, anon, idx);
         v.set_shmem(shmem);
+        v.set_name(name);
         v
     }
 
@@ -157,8 +241,8 @@ impl<'a> Edit<'a> {
     /// Attaches a new VMA over a range no VMA covers.
     pub(crate) fn insert(&mut self, v: VmaRef) {
         v.lock.mark_attached();
-        self.w.store(v.range(), v);
-        self.st.map_count += 1;
+        self.tree.store(v.range(), v);
+        self.state.map_count += 1;
     }
 
     /// Removes VMAs whose ranges are no longer in the tree: unlinks them
@@ -172,7 +256,7 @@ impl<'a> Edit<'a> {
             v.lock.mark_detached();
         }
         crate::vma::unlink_all(vs, &self.mm.stats);
-        self.st.map_count -= vs.len();
+        self.state.map_count -= vs.len();
         for &v in vs {
             self.mm.pool.free(v);
         }
@@ -192,13 +276,13 @@ impl<'a> Edit<'a> {
             // Erase only what still maps to `v`: a survivor may already
             // have been stored over part of it.
             let parts: Vec<Range> = self
-                .w
-                .range(r, &self.g)
+                .tree
+                .range(r, &self.pin)
                 .filter(|(_, x)| **x == v)
                 .map(|(r, _)| r)
                 .collect();
             for p in parts {
-                self.w.erase(p);
+                self.tree.erase(p);
             }
         }
         v.lock.mark_detached();
@@ -206,7 +290,7 @@ impl<'a> Edit<'a> {
             Some(idx) => v.unlink_anon_held(idx),
             None => v.set_anon_vma_counted(None, Some(&self.mm.stats)),
         }
-        self.st.map_count -= 1;
+        self.state.map_count -= 1;
         self.mm.pool.free(v);
         self.mm.frames.memory().uncharge(VMA_BYTES);
     }
@@ -249,7 +333,7 @@ impl<'a> Edit<'a> {
             !(start_moves && v.has_anon_vma() && idx.is_none()),
             "moving the start of a VMA with an anon_vma needs the rmap lock"
         );
-        self.w.store(Range::new(start, end), v);
+        self.tree.store(Range::new(start, end), v);
         // A shrink: the lost parts were overwritten by the caller's stores,
         // or must be erased now.
         if old.start < start {
@@ -275,13 +359,13 @@ impl<'a> Edit<'a> {
             return;
         }
         let parts: Vec<Range> = self
-            .w
-            .range(r, &self.g)
+            .tree
+            .range(r, &self.pin)
             .filter(|(_, x)| **x == v)
             .map(|(p, _)| p.intersect(&r).unwrap_or(p))
             .collect();
         for p in parts {
-            self.w.erase(p);
+            self.tree.erase(p);
         }
     }
 
@@ -296,7 +380,7 @@ impl<'a> Edit<'a> {
     /// `split_vma` limit (`map_count >= max_map_count` fails).
     pub(crate) fn split(&mut self, v: VmaRef, at: u64, check_count: bool) -> Result<VmaRef> {
         debug_assert!(v.start() < at && at < v.end());
-        if check_count && self.st.map_count >= self.mm.cfg.max_map_count {
+        if check_count && self.state.map_count >= self.mm.cfg.max_map_count {
             return Err(Error::NoMem);
         }
         if !self.vma_room(1) {
@@ -307,12 +391,11 @@ impl<'a> Edit<'a> {
         let anon = v.anon_vma_arc();
         Ok(self.with_rmap(anon.clone(), |ed, idx| {
             let upper = Range::new(at, v.end());
-            let n = ed.new_vma_in(upper, v.pgoff_of(at), v.flags(), anon, v.shmem_arc(), idx);
-            n.set_name(v.name_arc());
+            let n = ed.new_vma_in(VmaSpec::like(&v, upper, v.pgoff_of(at)), idx);
             n.lock.mark_attached();
             // One store moves [at, end) from v to n atomically for readers.
-            ed.w.store(upper, n);
-            ed.st.map_count += 1;
+            ed.tree.store(upper, n);
+            ed.state.map_count += 1;
             v.set_end(at);
             n
         }))
@@ -368,7 +451,7 @@ impl<'a> Edit<'a> {
         // at the limit.
         if first.start() < r.start
             && r.end < first.end()
-            && self.st.map_count >= self.mm.cfg.max_map_count
+            && self.state.map_count >= self.mm.cfg.max_map_count
         {
             return Err(Error::NoMem);
         }
@@ -386,7 +469,7 @@ impl<'a> Edit<'a> {
             self.lock(v);
         }
         // Point of no return: one store clears the range for readers.
-        self.w.erase(r);
+        self.tree.erase(r);
         self.zap(r, gather);
         self.detach_all(&victims);
         self.free_pgtables(r);

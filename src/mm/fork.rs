@@ -35,7 +35,7 @@
 //! the child yet), then family locks one run at a time, then the parent's
 //! and child's PTE-table locks one table pair at a time; see [`crate::mm`].
 
-use super::edit::Edit;
+use super::edit::{Edit, VmaSpec};
 use super::{next_id, AddressSpace};
 use crate::addr::Range;
 use crate::error::{Error, Result};
@@ -77,7 +77,7 @@ impl AddressSpace {
         let ed = Edit::begin(self);
         // The child's VMAs must fit the memory budget (its page tables are
         // charged as they are copied).
-        if !ed.vma_room(ed.st.map_count as u64) {
+        if !ed.vma_room(ed.map_count() as u64) {
             return Err(Error::NoMem);
         }
         let child =
@@ -87,9 +87,10 @@ impl AddressSpace {
         child.set_memlock_limit(self.memlock_limit());
         let ok = {
             let mut ced = Edit::begin(&child);
-            ced.st.start_brk = ed.st.start_brk;
-            ced.st.start_stack = ed.st.start_stack;
-            ced.st.brk = ed.st.brk;
+            let (from, to) = (ed.state(), ced.state_mut());
+            to.start_brk = from.start_brk;
+            to.start_stack = from.start_stack;
+            to.brk = from.brk;
             let vmas = ed.vmas_in(Range::new(0, self.cfg.task_size));
             // dup_mmap's vma_start_write: no per-VMA fault runs in a parent
             // VMA until the mmap_lock is released. All are locked before
@@ -107,8 +108,12 @@ impl AddressSpace {
                 // Locks are not inherited (dup_mmap clears VM_LOCKED and
                 // VM_LOCKONFAULT).
                 let flags = v.flags() - VmFlags::LOCKED - VmFlags::LOCKONFAULT;
-                let copy = ced.new_vma(v.range(), v.pgoff(), flags, None, v.shmem_arc());
-                copy.set_name(v.name_arc());
+                // The copy's anon_vma is linked below, in bulk.
+                let copy = ced.new_vma(VmaSpec {
+                    flags,
+                    anon: None,
+                    ..VmaSpec::like(&v, v.range(), v.pgoff())
+                });
                 // MADV_WIPEONFORK: the child starts with an empty VMA (no
                 // anon_vma, no entries copied).
                 let wipe = v.flags().contains(VmFlags::WIPEONFORK);
@@ -119,7 +124,8 @@ impl AddressSpace {
                 });
             }
             link_anon_vmas(&dups, &self.stats);
-            attach_all(&mut ced, &dups);
+            let copies: Vec<VmaRef> = dups.iter().map(|d| d.copy).collect();
+            ced.attach_all_sorted(&copies);
             copy_page_tables(self, &child, &dups, &mut ed.gather())
         };
         drop(ed);
@@ -171,18 +177,6 @@ fn link_anon_vmas(dups: &[Dup], stats: &StatCounters) {
             link_all(&mut family.root().lock(Some(stats)), links);
         },
     );
-}
-
-/// Attaches every copy and builds the child's tree in one pass (the
-/// maple tree's `__mt_dup`): no insert per VMA.
-fn attach_all(ced: &mut Edit<'_>, dups: &[Dup]) {
-    for d in dups {
-        d.copy.lock.mark_attached();
-    }
-    ced.w
-        .replace_all(dups.iter().map(|d| (d.copy.range(), d.copy)))
-        .expect("the parent's VMAs are sorted and disjoint");
-    ced.st.map_count = dups.len();
 }
 
 /// Copies the page-table entries of every VMA that needs it, a PTE table

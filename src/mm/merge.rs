@@ -8,8 +8,8 @@
 //! merges that move pages between VMAs hold the family's reverse-map lock
 //! (the lock order is in [`crate::mm`]).
 
-use super::edit::Edit;
-use crate::addr::{pages, Range};
+use super::edit::{Edit, VmaSpec};
+use crate::addr::pages;
 use crate::error::Result;
 use crate::sync::Arc;
 use crate::vma::{AnonName, AnonVma, RmapIndex, Shmem, VmFlags, Vma, VmaRef};
@@ -162,37 +162,17 @@ impl Edit<'_> {
         });
     }
 
-    /// Maps a new range `r` with no VMA in it: merges with the neighbours
-    /// where Linux would (`vma_merge_new_range`), else inserts a new VMA.
-    /// Returns the VMA that covers `r`.
-    pub(crate) fn map_new(
-        &mut self,
-        r: Range,
-        pgoff: u64,
-        flags: VmFlags,
-        anon: Option<Arc<AnonVma>>,
-        shmem: Option<Arc<Shmem>>,
-    ) -> VmaRef {
-        self.map_new_named(r, pgoff, flags, anon, shmem, None)
-    }
-
-    /// [`map_new`](Self::map_new) for a range with a name (mremap moving
-    /// or growing a named VMA).
-    pub(crate) fn map_new_named(
-        &mut self,
-        r: Range,
-        pgoff: u64,
-        flags: VmFlags,
-        anon: Option<Arc<AnonVma>>,
-        shmem: Option<Arc<Shmem>>,
-        name: Option<Arc<AnonName>>,
-    ) -> VmaRef {
+    /// Maps a new range (`spec.range`, with no VMA in it): merges with the
+    /// neighbours where Linux would (`vma_merge_new_range`), else inserts
+    /// a new VMA. Returns the VMA that covers the range.
+    pub(crate) fn map_new(&mut self, spec: VmaSpec) -> VmaRef {
+        let (r, pgoff) = (spec.range, spec.pgoff);
         let proto = Proto {
-            flags,
-            anon: anon.as_deref(),
-            shmem: shmem.as_deref(),
+            flags: spec.flags,
+            anon: spec.anon.as_deref(),
+            shmem: spec.shmem.as_deref(),
             singular: true,
-            name: name.as_deref().map(|n| &*n.0),
+            name: spec.name.as_deref().map(|n| &*n.0),
         };
         let (prev, next) = proto.neighbours(
             self.ending_at(r.start),
@@ -203,25 +183,24 @@ impl Edit<'_> {
         match (prev, next) {
             (Some(p), Some(n)) => {
                 // next's pages move to prev: an importer, under the lock.
-                self.merge_both(p, n, None, anon);
+                self.merge_both(p, n, None, spec.anon);
                 p
             }
             (Some(p), None) => {
                 self.lock(p);
-                self.inherit_anon(p, anon, None);
+                self.inherit_anon(p, spec.anon, None);
                 // Only prev's end moves, over an empty range.
                 self.set_range(p, p.start(), r.end, p.pgoff());
                 p
             }
             (None, Some(n)) => {
                 self.lock(n);
-                self.inherit_anon(n, anon, None);
+                self.inherit_anon(n, spec.anon, None);
                 self.set_range(n, r.start, n.end(), pgoff);
                 n
             }
             (None, None) => {
-                let v = self.new_vma(r, pgoff, flags, anon, shmem);
-                v.set_name(name);
+                let v = self.new_vma(spec);
                 self.insert(v);
                 v
             }

@@ -355,7 +355,7 @@ impl AddressSpace {
         } else {
             VmFlags::empty()
         };
-        ed.st.def_flags = future;
+        ed.state_mut().def_flags = future;
         if !flags.is_empty() && !flags.contains(MlockAllFlags::CURRENT) {
             return Ok(());
         }

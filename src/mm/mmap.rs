@@ -5,7 +5,7 @@
 //! The mmap_lock write side through `Edit`; population (MAP_POPULATE,
 //! MAP_LOCKED) after it, under the read side. Order: [`crate::mm`].
 
-use super::edit::Edit;
+use super::edit::{Edit, VmaSpec};
 use super::{next_id, AddressSpace, MapFlags, Prot};
 use crate::addr::{is_page_aligned, page_align_down, page_align_up, Range, PAGE_SHIFT, PAGE_SIZE};
 use crate::error::{Error, Result};
@@ -59,7 +59,7 @@ impl AddressSpace {
         let mut ed = Edit::begin(self);
         // Linux checks `map_count > max`; we keep the inclusive rule
         // (the count never exceeds the limit), as Linux since late 2025.
-        if ed.st.map_count >= self.cfg.max_map_count {
+        if ed.map_count() >= self.cfg.max_map_count {
             return Err(Error::NoMem);
         }
         let addr = self.get_unmapped_area(&ed, hint, len, fixed, flags)?;
@@ -78,7 +78,7 @@ impl AddressSpace {
         if flags.contains(MapFlags::LOCKED) && self.memlock_limit() == 0 {
             return Err(Error::Perm);
         }
-        let def_flags = ed.st.def_flags;
+        let def_flags = ed.state().def_flags;
         let mut lock = def_flags;
         if flags.contains(MapFlags::LOCKED) {
             lock |= VmFlags::LOCKED;
@@ -147,29 +147,30 @@ impl AddressSpace {
         // MAP_FIXED replaces what is there, data included.
         if fixed {
             ed.unmap(r)?;
-            if ed.st.map_count >= self.cfg.max_map_count {
+            if ed.map_count() >= self.cfg.max_map_count {
                 return Err(Error::NoMem);
             }
         }
-        let vma = if shared {
+        if shared {
             let obj = Arc::new(Shmem::new(
                 next_id(),
                 len >> PAGE_SHIFT,
                 self.frames.clone(),
             ));
-            let v = ed.new_vma(r, 0, vf, None, Some(obj));
+            let v = ed.new_vma(VmaSpec {
+                shmem: Some(obj),
+                ..VmaSpec::anon(r, 0, vf)
+            });
             ed.insert(v);
-            v
         } else {
-            ed.map_new(r, addr >> PAGE_SHIFT, vf, None, None)
-        };
+            ed.map_new(VmaSpec::anon(r, addr >> PAGE_SHIFT, vf));
+        }
         // Locked memory is populated as mlock does; MAP_POPULATE unless
         // MAP_NONBLOCK says not to; neither where the VMA locks on fault
         // (populate_vma_page_range skips it).
         let populate = (lock_populates
             || flags.contains(MapFlags::POPULATE) && !flags.contains(MapFlags::NONBLOCK))
             && !vf.contains(VmFlags::LOCKONFAULT);
-        let _ = vma;
         drop(ed);
         if populate {
             self.populate(r, vf);
@@ -288,7 +289,7 @@ impl AddressSpace {
                 return None;
             }
             // The gap search keeps `s + len <= high`: no overflow below.
-            let s = ed.w.gap_highest(low, high, len, PAGE_SIZE, &ed.g)?;
+            let s = ed.free_area(low, high, len, true)?;
             match ed.find_after(s) {
                 Some(next) if s + len > self.vm_start_gap(next) => {
                     // The gap below a stack is shortened by its guard gap.
@@ -332,7 +333,7 @@ impl AddressSpace {
                 return None;
             }
             // The gap search keeps `s + len <= high`: no overflow below.
-            let s = ed.w.gap_lowest(low, high, len, PAGE_SIZE, &ed.g)?;
+            let s = ed.free_area(low, high, len, false)?;
             match ed.find_after(s) {
                 Some(next) if s + len > self.vm_start_gap(next) => low = next.end(),
                 _ => return Some(s),

@@ -6,7 +6,7 @@
 //! and destination PTE-table locks, flushed per extent or once as
 //! `Config::mremap_extent` says. Order: [`crate::mm`].
 
-use super::edit::Edit;
+use super::edit::{Edit, VmaSpec};
 use super::{AddressSpace, MapFlags, MremapExtent, MremapFlags};
 use crate::addr::{is_page_aligned, Range, PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
 use crate::error::{Error, Result};
@@ -17,6 +17,18 @@ use crate::vma::{VmFlags, VmaRef};
 /// `PAGE_ALIGN` with C's wrap-around (an overflowing length becomes 0).
 fn page_align_wrapping(len: u64) -> u64 {
     len.wrapping_add(PAGE_MASK) & !PAGE_MASK
+}
+
+/// One mremap request, after its lengths are page-aligned: what the
+/// helpers below pass along (`old_len` shrinks as a move trims a tail).
+#[derive(Clone, Copy)]
+struct Request {
+    old_addr: u64,
+    old_len: u64,
+    new_len: u64,
+    flags: MremapFlags,
+    /// The `FIXED` target or the `DONTUNMAP` hint.
+    new_addr: u64,
 }
 
 impl AddressSpace {
@@ -113,7 +125,7 @@ impl AddressSpace {
             if old_end > new_addr && new_end > old_addr {
                 return Err(Error::Inval);
             }
-            if ed.st.map_count + 2 >= self.cfg.max_map_count.saturating_sub(3) {
+            if ed.map_count() + 2 >= self.cfg.max_map_count.saturating_sub(3) {
                 return Err(Error::NoMem);
             }
         }
@@ -145,16 +157,15 @@ impl AddressSpace {
         {
             return Err(Error::Again);
         }
+        let req = Request {
+            old_addr,
+            old_len,
+            new_len,
+            flags,
+            new_addr,
+        };
         if implies_new {
-            return self.mremap_to(
-                &mut ed,
-                &mut gather,
-                old_addr,
-                old_len,
-                new_len,
-                flags,
-                new_addr,
-            );
+            return self.mremap_to(&mut ed, &mut gather, req);
         }
         if new_len == old_len {
             return Ok(old_addr);
@@ -170,8 +181,7 @@ impl AddressSpace {
         if old_addr + old_len == vma.end() && self.expandable(&ed, vma, delta) {
             let r = Range::new(vma.end(), vma.end() + delta);
             let pgoff = vma.pgoff_of(vma.end());
-            let (anon, shmem, name) = (vma.anon_vma_arc(), vma.shmem_arc(), vma.name_arc());
-            ed.map_new_named(r, pgoff, vma.flags(), anon, shmem, name);
+            ed.map_new(VmaSpec::like(&vma, r, pgoff));
             return Ok(old_addr);
         }
         if !flags.contains(MremapFlags::MAYMOVE) {
@@ -183,16 +193,7 @@ impl AddressSpace {
             MapFlags::PRIVATE
         };
         let dst = self.get_unmapped_area(&ed, 0, new_len, false, mflags)?;
-        self.move_vma(
-            &mut ed,
-            &mut gather,
-            vma,
-            old_addr,
-            old_len,
-            new_len,
-            dst,
-            flags,
-        )
+        self.move_vma(&mut ed, &mut gather, vma, req, dst)
     }
 
     /// Moves every VMA piece of `[old_addr, old_addr + len)` to the same
@@ -213,7 +214,14 @@ impl AddressSpace {
             .collect();
         for p in pieces {
             let dst = new_addr + (p.start - old_addr);
-            self.mremap_to(ed, gather, p.start, p.len(), p.len(), flags, dst)?;
+            let piece = Request {
+                old_addr: p.start,
+                old_len: p.len(),
+                new_len: p.len(),
+                flags,
+                new_addr: dst,
+            };
+            self.mremap_to(ed, gather, piece)?;
         }
         Ok(new_addr)
     }
@@ -256,23 +264,25 @@ impl AddressSpace {
     }
 
     /// The FIXED / DONTUNMAP cases.
-    #[allow(clippy::too_many_arguments)]
     fn mremap_to(
         &self,
         ed: &mut Edit<'_>,
         gather: &mut Gather<'_>,
-        old_addr: u64,
-        mut old_len: u64,
-        new_len: u64,
-        flags: MremapFlags,
-        new_addr: u64,
+        mut req: Request,
     ) -> Result<u64> {
+        let Request {
+            old_addr,
+            new_len,
+            flags,
+            new_addr,
+            ..
+        } = req;
         if flags.contains(MremapFlags::FIXED) {
             ed.unmap_into(Range::new(new_addr, new_addr + new_len), gather)?;
         }
-        if new_len < old_len {
-            ed.unmap_into(self.shrunk_tail(old_addr, old_len, new_len)?, gather)?;
-            old_len = new_len;
+        if new_len < req.old_len {
+            ed.unmap_into(self.shrunk_tail(old_addr, req.old_len, new_len)?, gather)?;
+            req.old_len = new_len;
         }
         let Some(vma) = ed.find(old_addr) else {
             return Err(Error::Fault);
@@ -294,25 +304,28 @@ impl AddressSpace {
         if dst < self.cfg.mmap_min_addr {
             return Err(Error::Perm);
         }
-        self.move_vma(ed, gather, vma, old_addr, old_len, new_len, dst, flags)
+        self.move_vma(ed, gather, vma, req, dst)
     }
 
     /// Moves `[old_addr, old_addr + old_len)` of `vma` to a new VMA of
     /// `new_len` bytes at `dst` (free): the page-table entries move, then
     /// the old range is unmapped (or, with DONTUNMAP, left empty).
-    #[allow(clippy::too_many_arguments)]
     fn move_vma(
         &self,
         ed: &mut Edit<'_>,
         gather: &mut Gather<'_>,
         vma: VmaRef,
-        old_addr: u64,
-        old_len: u64,
-        new_len: u64,
+        req: Request,
         dst: u64,
-        flags: MremapFlags,
     ) -> Result<u64> {
-        if ed.st.map_count >= self.cfg.max_map_count.saturating_sub(3) {
+        let Request {
+            old_addr,
+            old_len,
+            new_len,
+            flags,
+            ..
+        } = req;
+        if ed.map_count() >= self.cfg.max_map_count.saturating_sub(3) {
             return Err(Error::NoMem);
         }
         ed.lock(vma);
@@ -324,15 +337,7 @@ impl AddressSpace {
         } else {
             vma.pgoff_of(old_addr)
         };
-        let new = ed.map_new_named(
-            Range::new(dst, dst + new_len),
-            pgoff,
-            vma.flags(),
-            vma.anon_vma_arc(),
-            vma.shmem_arc(),
-            vma.name_arc(),
-        );
-        let _ = new;
+        ed.map_new(VmaSpec::like(&vma, Range::new(dst, dst + new_len), pgoff));
         let moved_len = old_len.min(new_len);
         if moved_len > 0 {
             self.move_page_tables(gather, old_addr, dst, moved_len);
