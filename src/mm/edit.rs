@@ -102,6 +102,17 @@ impl<'a> Edit<'a> {
         &mut self.state
     }
 
+    /// The address space being edited.
+    pub(crate) fn mm(&self) -> &'a AddressSpace {
+        self.mm
+    }
+
+    /// Removes `r` from the tree in one store (readers see all of it
+    /// unmapped at once); the caller has write-locked the VMAs in it.
+    pub(super) fn erase(&mut self, r: Range) {
+        self.tree.erase(r);
+    }
+
     /// The number of VMAs (`mm->map_count`).
     pub(crate) fn map_count(&self) -> usize {
         self.state.map_count
@@ -422,58 +433,6 @@ impl<'a> Edit<'a> {
     /// A gather bound to this address space.
     pub(crate) fn gather(&self) -> Gather<'a> {
         Gather::new(&self.mm.tlb, &self.mm.stats, &self.mm.frames)
-    }
-
-    /// Unmaps `[start, end)` (page-aligned, inside the task): Linux's
-    /// `do_vmi_munmap` after argument checks. Splits at both ends, removes
-    /// every VMA inside, zaps their pages and frees page tables; one TLB
-    /// flush covers it all.
-    pub(crate) fn unmap(&mut self, r: Range) -> Result<()> {
-        let mut gather = self.gather();
-        let res = self.unmap_into(r, &mut gather);
-        gather.flush();
-        res
-    }
-
-    /// [`unmap`](Self::unmap) with the flush left to `gather` (an operation
-    /// that unmaps several ranges flushes once). The zapped frames are freed
-    /// only when `gather` flushes; detached VMAs and page-table pages are
-    /// safe to release first (VMA objects are type-stable and tables go
-    /// through the epoch).
-    pub(crate) fn unmap_into(&mut self, r: Range, gather: &mut Gather<'_>) -> Result<()> {
-        let Some(first) = self.find_after(r.start) else {
-            return Ok(());
-        };
-        if first.start() >= r.end {
-            return Ok(());
-        }
-        // A middle split needs one more VMA; head/tail-only unmaps may run
-        // at the limit.
-        if first.start() < r.start
-            && r.end < first.end()
-            && self.state.map_count >= self.mm.cfg.max_map_count
-        {
-            return Err(Error::NoMem);
-        }
-        if first.start() < r.start {
-            self.split(first, r.start, false)?;
-        }
-        // `first` starts below `r.end`, so `r.end > 0`.
-        if let Some(last) = self.find(r.end - 1) {
-            if last.end() > r.end {
-                self.split(last, r.end, false)?;
-            }
-        }
-        let victims = self.vmas_in(r);
-        for &v in &victims {
-            self.lock(v);
-        }
-        // Point of no return: one store clears the range for readers.
-        self.tree.erase(r);
-        self.zap(r, gather);
-        self.detach_all(&victims);
-        self.free_pgtables(r);
-        Ok(())
     }
 }
 

@@ -50,6 +50,7 @@ mod brk;
 pub(crate) mod edit;
 pub(crate) mod fault;
 mod fork;
+mod inspect;
 mod madvise;
 mod maps;
 mod merge;
@@ -65,8 +66,9 @@ pub(crate) mod stack;
 
 pub use config::{Config, ConfigError, FaultLocking, MremapExtent};
 pub use flags::{Access, Advice, MapFlags, MremapFlags, Prot};
+pub use inspect::MsyncFlags;
 pub use maps::VmaInfo;
-pub use mlock::{MlockAllFlags, MlockFlags, MsyncFlags};
+pub use mlock::{MlockAllFlags, MlockFlags};
 pub use name::ANON_NAME_MAX;
 
 pub use crate::phys::{Budget, FrameAllocator};

@@ -1,4 +1,5 @@
-//! munmap, and the teardown of a whole address space (munmap of
+//! munmap (and the unmap edit every operation that replaces mappings
+//! shares), and the teardown of a whole address space (munmap of
 //! everything, in bulk).
 //!
 //! # Locking
@@ -9,6 +10,7 @@ use super::edit::Edit;
 use super::AddressSpace;
 use crate::addr::{is_page_aligned, page_align_up, Range};
 use crate::error::{Error, Result};
+use crate::tlb::Gather;
 
 impl AddressSpace {
     /// Unmaps `[addr, addr + len)`, like `munmap(2)`: VMAs are split at
@@ -37,6 +39,60 @@ impl AddressSpace {
             Some(l) if l != 0 => Range::from_len(addr, l).ok_or(Error::Inval),
             _ => Err(Error::Inval),
         }
+    }
+}
+
+impl Edit<'_> {
+    /// Unmaps `[start, end)` (page-aligned, inside the task): Linux's
+    /// `do_vmi_munmap` after argument checks. Splits at both ends, removes
+    /// every VMA inside, zaps their pages and frees page tables; one TLB
+    /// flush covers it all.
+    pub(crate) fn unmap(&mut self, r: Range) -> Result<()> {
+        let mut gather = self.gather();
+        let res = self.unmap_into(r, &mut gather);
+        gather.flush();
+        res
+    }
+
+    /// [`unmap`](Self::unmap) with the flush left to `gather` (an operation
+    /// that unmaps several ranges flushes once). The zapped frames are freed
+    /// only when `gather` flushes; detached VMAs and page-table pages are
+    /// safe to release first (VMA objects are type-stable and tables go
+    /// through the epoch).
+    pub(crate) fn unmap_into(&mut self, r: Range, gather: &mut Gather<'_>) -> Result<()> {
+        let Some(first) = self.find_after(r.start) else {
+            return Ok(());
+        };
+        if first.start() >= r.end {
+            return Ok(());
+        }
+        // A middle split needs one more VMA; head/tail-only unmaps may run
+        // at the limit.
+        if first.start() < r.start
+            && r.end < first.end()
+            && self.map_count() >= self.mm().cfg.max_map_count
+        {
+            return Err(Error::NoMem);
+        }
+        if first.start() < r.start {
+            self.split(first, r.start, false)?;
+        }
+        // `first` starts below `r.end`, so `r.end > 0`.
+        if let Some(last) = self.find(r.end - 1) {
+            if last.end() > r.end {
+                self.split(last, r.end, false)?;
+            }
+        }
+        let victims = self.vmas_in(r);
+        for &v in &victims {
+            self.lock(v);
+        }
+        // Point of no return: one store clears the range for readers.
+        self.erase(r);
+        self.zap(r, gather);
+        self.detach_all(&victims);
+        self.free_pgtables(r);
+        Ok(())
     }
 }
 
