@@ -27,7 +27,7 @@ fn main() {
     let per_vma = mm.metadata_bytes_per_vma();
     println!(
         "metadata per VMA: {per_vma} bytes (VMA object {} + tree nodes; {} objects for {n} VMAs); Linux vm_area_struct: 192 bytes ({:.2}x)",
-        std::mem::size_of::<aspace::vma::Vma>(),
+        AddressSpace::VMA_OBJECT_BYTES,
         mm.vma_objects(),
         per_vma as f64 / 192.0
     );

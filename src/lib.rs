@@ -29,7 +29,7 @@ mod sync;
 mod tlb;
 pub mod translate;
 pub mod tree;
-pub mod vma;
+mod vma;
 pub mod vmap;
 
 pub use addr::{Range, PAGE_SIZE};

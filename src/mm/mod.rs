@@ -33,7 +33,8 @@
 //! - `tree`: written under the mmap_lock write side; read lock-free by
 //!   anyone pinned to the epoch.
 //! - `MmState` (map count, brk): inside the mmap_lock.
-//! - each VMA's fields: see [`crate::vma`].
+//! - each VMA's fields: the `vma` module's `# Locking` section, and the
+//!   `Protected by:` line on each field of `Vma`.
 //! - page-table entries: PTE-page locks for changes; lock-free walks; table
 //!   pages are freed through the epoch and only where no VMA covers them
 //!   (so no fault is walking there).
@@ -318,11 +319,14 @@ impl AddressSpace {
         self.pool.allocated()
     }
 
+    /// Bytes of one VMA object (Linux's `vm_area_struct` is 192).
+    pub const VMA_OBJECT_BYTES: usize = core::mem::size_of::<crate::vma::Vma>();
+
     /// Bytes of metadata per VMA now: the VMA object plus its share of the
     /// tree's nodes.
     pub fn metadata_bytes_per_vma(&self) -> usize {
         let n = self.tree.len().max(1);
-        core::mem::size_of::<crate::vma::Vma>() + self.tree.memory_bytes() / n
+        Self::VMA_OBJECT_BYTES + self.tree.memory_bytes() / n
     }
 }
 
