@@ -12,8 +12,6 @@
 //! crossbeam-epoch is re-exported as [`epoch`]: under loom it is the crate's
 //! loom flavour (its `loom` feature plus `--cfg crossbeam_loom`).
 
-#![allow(dead_code)]
-
 pub use crossbeam_epoch as epoch;
 
 #[cfg(not(aspace_loom))]
@@ -33,38 +31,6 @@ mod imp {
     pub type RwLockReadGuard<'a, T> = parking_lot::RwLockReadGuard<'a, T>;
     /// Write guard of [`RwLock`].
     pub type RwLockWriteGuard<'a, T> = parking_lot::RwLockWriteGuard<'a, T>;
-
-    /// Interior mutability with loom's closure-based API, so that loom can
-    /// check every access in model builds.
-    #[derive(Debug, Default)]
-    pub struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
-
-    impl<T> UnsafeCell<T> {
-        /// Wraps `v`.
-        pub const fn new(v: T) -> Self {
-            Self(std::cell::UnsafeCell::new(v))
-        }
-        /// Shared access to the contents through a raw pointer.
-        #[inline(always)]
-        pub fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
-            f(self.0.get())
-        }
-        /// Exclusive access to the contents through a raw pointer.
-        #[inline(always)]
-        pub fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
-            f(self.0.get())
-        }
-        /// Consumes the cell.
-        pub fn into_inner(self) -> T {
-            self.0.into_inner()
-        }
-    }
-
-    /// Busy-wait hint inside a retry loop (a yield under loom).
-    #[inline(always)]
-    pub fn spin_hint() {
-        std::hint::spin_loop();
-    }
 
     /// Waits until `done()` holds: spins briefly, then yields the CPU.
     /// Used where the awaited party runs a short, non-blocking section
@@ -106,10 +72,6 @@ mod imp {
         /// Tries to lock without waiting.
         pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
             self.0.try_lock().ok()
-        }
-        /// Consumes the mutex.
-        pub fn into_inner(self) -> T {
-            self.0.into_inner().unwrap()
         }
         /// Exclusive access without locking.
         pub fn get_mut(&mut self) -> &mut T {
@@ -212,16 +174,6 @@ mod imp {
             drop(s);
             Some(self.read_guard())
         }
-        /// Exclusive lock without waiting for a holder.
-        pub fn try_write(&self) -> Option<RwLockWriteGuard<'_, T>> {
-            let mut s = self.state.lock().unwrap();
-            if *s != 0 {
-                return None;
-            }
-            *s = WRITER;
-            drop(s);
-            Some(self.write_guard())
-        }
         fn read_guard(&self) -> RwLockReadGuard<'_, T> {
             RwLockReadGuard {
                 lock: self,
@@ -233,12 +185,6 @@ mod imp {
                 lock: self,
                 data: Some(self.data.get_mut()),
             }
-        }
-        /// Exclusive access without locking.
-        pub fn get_mut(&mut self) -> &mut T {
-            // SAFETY: `&mut self` excludes every guard, so the reference is
-            // unique for as long as it borrows `self`.
-            self.data.with_mut(|p| unsafe { &mut *p })
         }
     }
 
@@ -288,13 +234,9 @@ mod imp {
         }
     }
 
+    /// A cell whose accesses loom checks (the frame witnesses in `phys`,
+    /// which exist in loom builds only).
     pub use loom::cell::UnsafeCell;
-
-    /// Busy-wait hint inside a retry loop: loom must see a yield here.
-    #[inline(always)]
-    pub fn spin_hint() {
-        loom::thread::yield_now();
-    }
 
     /// Waits until `done()` holds, yielding to loom's scheduler each try.
     pub fn wait_until(mut done: impl FnMut() -> bool) {

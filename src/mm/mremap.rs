@@ -137,11 +137,18 @@ impl AddressSpace {
         // Declared after `ed`, so dropped (and flushed) before the
         // mmap_lock is released: one flush for the whole call.
         let mut gather = ed.gather();
+        let req = Request {
+            old_addr,
+            old_len,
+            new_len,
+            flags,
+            new_addr,
+        };
         // A FIXED move of the same size may span several VMAs (Linux
         // 6.17+): each piece moves to the same offset at the target, holes
         // stay holes.
         if flags.contains(MremapFlags::FIXED) && old_len == new_len {
-            return self.remap_move(&mut ed, &mut gather, old_addr, old_len, flags, new_addr);
+            return self.remap_move(&mut ed, &mut gather, req);
         }
         // Only calls that will map something new (a grow, FIXED,
         // DONTUNMAP) check the old range, as far as it survives a shrink;
@@ -157,13 +164,6 @@ impl AddressSpace {
         {
             return Err(Error::Again);
         }
-        let req = Request {
-            old_addr,
-            old_len,
-            new_len,
-            flags,
-            new_addr,
-        };
         if implies_new {
             return self.mremap_to(&mut ed, &mut gather, req);
         }
@@ -198,15 +198,14 @@ impl AddressSpace {
 
     /// Moves every VMA piece of `[old_addr, old_addr + len)` to the same
     /// offset from `new_addr`; the first piece must start at `old_addr`.
-    fn remap_move(
-        &self,
-        ed: &mut Edit<'_>,
-        gather: &mut Gather<'_>,
-        old_addr: u64,
-        len: u64,
-        flags: MremapFlags,
-        new_addr: u64,
-    ) -> Result<u64> {
+    fn remap_move(&self, ed: &mut Edit<'_>, gather: &mut Gather<'_>, req: Request) -> Result<u64> {
+        let Request {
+            old_addr,
+            old_len: len,
+            flags,
+            new_addr,
+            ..
+        } = req;
         let pieces: Vec<Range> = ed
             .vmas_in(Range::new(old_addr, old_addr + len))
             .iter()
