@@ -17,6 +17,7 @@
 
 pub mod addr;
 pub mod error;
+mod lazy;
 pub mod mm;
 mod percpu;
 mod phys;

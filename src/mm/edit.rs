@@ -118,7 +118,7 @@ impl<'a> Edit<'a> {
         // a concurrent charge from another space may pass the limit by a
         // VMA or two.
         self.mm.frames.memory().force_charge(VMA_BYTES);
-        let (v, reused) = self.mm.pool.alloc();
+        let (v, reused) = self.mm.pool.get().alloc();
         if reused {
             self.mm.stats.inc(Event::vma_reused);
         }
@@ -168,7 +168,7 @@ impl<'a> Edit<'a> {
         crate::vma::unlink_all(vs, &self.mm.stats);
         self.st.map_count -= vs.len();
         for &v in vs {
-            self.mm.pool.free(v);
+            self.mm.pool.get().free(v);
         }
         self.mm
             .frames
@@ -201,7 +201,7 @@ impl<'a> Edit<'a> {
             None => v.set_anon_vma_counted(None, Some(&self.mm.stats)),
         }
         self.st.map_count -= 1;
-        self.mm.pool.free(v);
+        self.mm.pool.get().free(v);
         self.mm.frames.memory().uncharge(VMA_BYTES);
     }
 

@@ -68,6 +68,7 @@ pub use name::ANON_NAME_MAX;
 
 use crate::addr::Range;
 use crate::error::FaultError;
+use crate::lazy::LazyArc;
 pub use crate::phys::{Budget, FrameAllocator};
 use crate::pt::PageTable;
 use crate::reclaim::Reclaimer;
@@ -122,7 +123,10 @@ pub struct AddressSpace {
     pub(crate) frames: Arc<FrameAllocator>,
     pub(crate) tlb: TlbState,
     pub(crate) stats: StatCounters,
-    pub(crate) pool: Arc<VmaPool>,
+    /// VMA objects: made by the first VMA, so an idle space has none.
+    /// Fork children share their parent's (a reverse-map walk may reach a
+    /// child's VMA objects through the parent's anon_vma families).
+    pub(crate) pool: LazyArc<VmaPool>,
     pub(crate) cfg: Config,
     pub(crate) id: u64,
     /// `RLIMIT_STACK` (see [`AddressSpace::set_stack_limit`]).
@@ -143,7 +147,7 @@ impl AddressSpace {
     /// have it checked first.
     pub fn new(cfg: Config) -> AddressSpace {
         let frames = Arc::new(FrameAllocator::new(cfg.memory_budget, cfg.zero_pages));
-        Self::with_parts(cfg, frames, Arc::new(VmaPool::new()))
+        Self::with_parts(cfg, frames, None)
     }
 
     /// An empty address space whose frames, page tables and metadata come
@@ -164,7 +168,7 @@ impl AddressSpace {
     /// assert_eq!(pool.used(), 2);
     /// ```
     pub fn with_pool(cfg: Config, pool: Arc<FrameAllocator>) -> AddressSpace {
-        Self::with_parts(cfg, pool, Arc::new(VmaPool::new()))
+        Self::with_parts(cfg, pool, None)
     }
 
     /// An empty address space, after [`Config::validate`] accepts the
@@ -192,7 +196,13 @@ impl AddressSpace {
             .map(|(_, v)| v.info(is_heap(&st, v.range())))
     }
 
-    pub(crate) fn with_parts(cfg: Config, frames: Arc<FrameAllocator>, pool: Arc<VmaPool>) -> Self {
+    /// An empty space on `frames`, sharing `pool` if given (a fork
+    /// child's) or making its own VMA pool on its first VMA.
+    pub(crate) fn with_parts(
+        cfg: Config,
+        frames: Arc<FrameAllocator>,
+        pool: Option<Arc<VmaPool>>,
+    ) -> Self {
         let reclaimer = || {
             if cfg.deferred_reclaim {
                 Reclaimer::deferred()
@@ -213,7 +223,7 @@ impl AddressSpace {
             frames,
             tlb: TlbState::new(cfg.shootdown_cost_ns),
             stats: StatCounters::new(),
-            pool,
+            pool: pool.map_or_else(LazyArc::new, LazyArc::from_arc),
             cfg,
             id: next_id(),
             stack_limit: AtomicU64::new(stack_limit),
@@ -302,7 +312,7 @@ impl AddressSpace {
     /// VMA objects allocated from the system by this address space's
     /// type-stable cache (recycled objects are not counted again).
     pub fn vma_objects(&self) -> usize {
-        self.pool.allocated()
+        self.pool.peek().map_or(0, VmaPool::allocated)
     }
 
     /// Bytes of metadata per VMA now: the VMA object plus its share of the

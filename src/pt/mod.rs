@@ -129,18 +129,24 @@ fn index(va: u64, level: u32) -> usize {
 
 /// A 4-level page table.
 pub struct PageTable {
-    /// The top-level table, never freed before the page table.
+    /// The top-level table, as an upper-level entry (the table's address
+    /// with [`TABLE_BIT`], or 0): made by the first walk that creates a
+    /// table, so an idle address space allocates no table at all. Never
+    /// freed before the page table.
     ///
-    /// Protected by: immutable after creation (its contents: see
-    /// `Table`'s fields).
-    root: Box<Table>,
+    /// Protected by: filled once, like any upper-level entry, by a
+    /// compare-and-swap of the first creating walker (`Release` publishes
+    /// the zeroed table; walkers load it with `Acquire`); the loser frees
+    /// its table. Never emptied until drop (its contents: see `Table`'s
+    /// fields).
+    root: AtomicU64,
     /// Where unlinked table pages wait for the walkers that may still see
     /// them.
     ///
     /// Protected by: immutable after creation.
     reclaimer: Reclaimer,
-    /// Table pages below the root, per CPU (a slot may go negative; the
-    /// sum counts).
+    /// Table pages, the root included, per CPU (a slot may go negative;
+    /// the sum counts).
     ///
     /// Protected by: statistics atomics (`sync::counter`, `Relaxed`).
     tables: PerCpu<AtomicI64>,
@@ -166,12 +172,11 @@ impl PageTable {
     }
 
     /// An empty page table whose table pages (the root included) are
-    /// charged to `budget`. The root is charged even past the limit: an
-    /// address space always has one.
+    /// charged to `budget`. Allocates nothing: the root is made, and
+    /// charged like any table, by the first walk that creates a table.
     pub fn with_budget(reclaimer: Reclaimer, budget: Arc<Budget>) -> Self {
-        budget.force_charge(TABLE_BYTES);
         PageTable {
-            root: Table::new(),
+            root: AtomicU64::new(0),
             reclaimer,
             tables: PerCpu::new(|| AtomicI64::new(0)),
             budget,
@@ -183,10 +188,10 @@ impl PageTable {
         self.reclaimer.pin()
     }
 
-    /// Table pages in use, the root included.
+    /// Table pages in use, the root included (none before the first table
+    /// is made; the root stays from then on).
     pub fn table_pages(&self) -> u64 {
-        1 + self
-            .tables
+        self.tables
             .iter()
             .map(|c| c.load(Ordering::Relaxed))
             .sum::<i64>()
