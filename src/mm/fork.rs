@@ -168,6 +168,11 @@ fn link_anon_vmas(dups: &[Dup], stats: &StatCounters) {
 /// Attaches every copy and builds the child's tree in one pass (the
 /// maple tree's `__mt_dup`): no insert per VMA.
 fn attach_all(ced: &mut Edit<'_>, dups: &[Dup]) {
+    if dups.is_empty() {
+        // The child's tree is empty already: building an empty one would
+        // only make its node cache (an idle space's fork allocates nothing).
+        return;
+    }
     for d in dups {
         d.copy.lock.mark_attached();
     }
