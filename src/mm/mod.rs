@@ -145,7 +145,16 @@ impl AddressSpace {
     /// `cfg.memory_budget` bytes, zeroing frames if `cfg.zero_pages`. The
     /// configuration is used as given; see [`try_new`](Self::try_new) to
     /// have it checked first.
+    ///
+    /// Creation allocates only that physical memory (three allocations:
+    /// the allocator, its budget and its chunk directory; the frames come
+    /// on first use). Everything else waits for its first use: per-CPU
+    /// arrays, the root page table, the VMA pool and the tree's node cache
+    /// (see `tests/creation.rs`).
     pub fn new(cfg: Config) -> AddressSpace {
+        // The space owns its physical memory, so it is made here: it is
+        // what `frame_pool` returns and what forks share, and making it
+        // lazily would put a check on every frame access.
         let frames = Arc::new(FrameAllocator::new(cfg.memory_budget, cfg.zero_pages));
         Self::with_parts(cfg, frames, None)
     }
@@ -167,6 +176,8 @@ impl AddressSpace {
     /// b.write(b.mmap(0, 4096, rw, anon).unwrap(), b"b").unwrap();
     /// assert_eq!(pool.used(), 2);
     /// ```
+    ///
+    /// Allocates nothing until first use.
     pub fn with_pool(cfg: Config, pool: Arc<FrameAllocator>) -> AddressSpace {
         Self::with_parts(cfg, pool, None)
     }

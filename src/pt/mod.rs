@@ -11,6 +11,12 @@
 //! exists: a fault that would need a table past the budget gets no table
 //! (`install` fails) instead of growing the host without bound.
 //!
+//! An empty page table has no table at all: the root is made by the first
+//! walk that creates a table, installed by the same compare-and-swap as
+//! any upper-level entry, and then lives as long as the page table. Walks
+//! that create nothing (lookups, zaps, copies from it, frees) find no root
+//! and see an empty table.
+//!
 //! Table pages are freed only through the [`Reclaimer`], and only where
 //! the caller guarantees no VMA covers their span, so a lock-free walker
 //! that is still inside one never touches freed memory. mremap may move a
