@@ -98,7 +98,12 @@ fn warm_up() {
     // the epoch's thread registration) is not the space's.
     let mm = AddressSpace::new(Config::default());
     let a = mm
-        .mmap(0, 4096, Prot::READ | Prot::WRITE, MapFlags::PRIVATE | MapFlags::ANONYMOUS)
+        .mmap(
+            0,
+            4096,
+            Prot::READ | Prot::WRITE,
+            MapFlags::PRIVATE | MapFlags::ANONYMOUS,
+        )
         .unwrap();
     mm.write(a, b"warm").unwrap();
     drop(mm.fork().unwrap());
@@ -109,10 +114,17 @@ fn creating_an_idle_space_allocates_only_its_physical_memory() {
     warm_up();
     let cfg = Config::default();
     let (mm, allocs) = counted(|| AddressSpace::new(cfg.clone()));
-    assert!(allocs <= NEW_ALLOCS, "AddressSpace::new made {allocs} allocations");
+    assert!(
+        allocs <= NEW_ALLOCS,
+        "AddressSpace::new made {allocs} allocations"
+    );
     assert_eq!(still_live(), allocs);
     drop(mm);
-    assert_eq!(still_live(), 0, "dropping the space frees all creation made");
+    assert_eq!(
+        still_live(),
+        0,
+        "dropping the space frees all creation made"
+    );
     // Nor does its fork: the child shares the parent's frames and makes
     // the rest on first use.
     let mm = AddressSpace::new(cfg.clone());
@@ -138,7 +150,10 @@ fn a_lazily_created_space_is_fully_usable() {
     let anon = MapFlags::PRIVATE | MapFlags::ANONYMOUS;
     let pool = Arc::new(FrameAllocator::new(64 << 20, true));
     let mm = AddressSpace::with_pool(Config::default(), pool.clone());
-    assert_eq!((mm.page_table_bytes(), mm.vma_objects(), mm.map_count()), (0, 0, 0));
+    assert_eq!(
+        (mm.page_table_bytes(), mm.vma_objects(), mm.map_count()),
+        (0, 0, 0)
+    );
     // An idle space's child gets VMAs of its own.
     let early = mm.fork().unwrap();
     let a = mm.mmap(0, 3 * 4096, rw, anon).unwrap();
