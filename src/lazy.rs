@@ -12,7 +12,7 @@ use crate::sync::{Arc, AtomicPtr, Ordering};
 
 /// An `Arc<T>` made (with `T::default()`) the first time it is needed, or
 /// given at creation to share another owner's.
-pub(crate) struct LazyArc<T> {
+pub struct LazyArc<T> {
     /// From `Arc::into_raw`, or null before first use.
     ///
     /// Protected by: installed once, null to an `Arc`, by a
@@ -31,14 +31,14 @@ unsafe impl<T: Send + Sync> Sync for LazyArc<T> {}
 
 impl<T: Default> LazyArc<T> {
     /// Nothing yet: [`get`](Self::get) makes it.
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         LazyArc {
             ptr: AtomicPtr::new(core::ptr::null_mut()),
         }
     }
 
     /// Shares `a` (allocates nothing).
-    pub(crate) fn from_arc(a: Arc<T>) -> Self {
+    pub fn from_arc(a: Arc<T>) -> Self {
         LazyArc {
             ptr: AtomicPtr::new(Arc::into_raw(a) as *mut T),
         }
@@ -46,7 +46,7 @@ impl<T: Default> LazyArc<T> {
 
     /// The value if it exists.
     #[inline]
-    pub(crate) fn peek(&self) -> Option<&T> {
+    pub fn peek(&self) -> Option<&T> {
         // Acquire: pairs with the install's Release.
         let p = self.ptr.load(Ordering::Acquire);
         // SAFETY: a non-null pointer came from `Arc::into_raw`, and this
@@ -56,7 +56,7 @@ impl<T: Default> LazyArc<T> {
 
     /// The value, made now on first use.
     #[inline]
-    pub(crate) fn get(&self) -> &T {
+    pub fn get(&self) -> &T {
         match self.peek() {
             Some(v) => v,
             None => self.install(),
@@ -64,7 +64,7 @@ impl<T: Default> LazyArc<T> {
     }
 
     /// Another reference, made now on first use.
-    pub(crate) fn arc(&self) -> Arc<T> {
+    pub fn arc(&self) -> Arc<T> {
         let p: *const T = self.get();
         // SAFETY: `p` is from `Arc::into_raw` and this handle's reference
         // keeps it alive; the returned Arc owns the reference added here.
@@ -75,7 +75,7 @@ impl<T: Default> LazyArc<T> {
     }
 
     /// Another reference if the value exists (to share it, not make it).
-    pub(crate) fn shared(&self) -> Option<Arc<T>> {
+    pub fn shared(&self) -> Option<Arc<T>> {
         self.peek().is_some().then(|| self.arc())
     }
 
