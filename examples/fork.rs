@@ -26,59 +26,13 @@
 //!
 //! All kernel rows run before any address space is built, so the kernel
 //! never copies aspace's own frames along with the layout.
-//!
-//! The last line also counts the heap allocations (and bytes) of one
-//! `AddressSpace::new`, with a counting global allocator that is idle
-//! (one relaxed load per allocation) everywhere else.
 
 #[path = "../benches/common/machine.rs"]
 mod machine;
 
 use aspace::{AddressSpace, Config, MapFlags, Prot};
 use machine::{machine, parse_arg};
-use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-
-/// Counts allocations while `COUNTING` is set.
-struct Counting;
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-static BYTES: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator; counting allocates nothing.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: AllocLayout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-            BYTES.fetch_add(l.size(), Ordering::Relaxed);
-        }
-        // SAFETY: the caller's contract is the system allocator's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: AllocLayout) {
-        // SAFETY: as for alloc.
-        unsafe { System.dealloc(p, l) }
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
-
-/// Heap allocations and bytes of one `AddressSpace::new` (after a first
-/// one, so that process-wide setup is not counted).
-fn creation_allocs() -> (usize, usize) {
-    drop(AddressSpace::new(Config::default()));
-    let cfg = Config::default();
-    COUNTING.store(true, Ordering::Relaxed);
-    let mm = AddressSpace::new(cfg);
-    COUNTING.store(false, Ordering::Relaxed);
-    drop(mm);
-    (
-        ALLOCS.load(Ordering::Relaxed),
-        BYTES.load(Ordering::Relaxed),
-    )
-}
 
 const PAGE: u64 = 4096;
 const RW: Prot = Prot::READ.union(Prot::WRITE);
@@ -284,10 +238,8 @@ fn main() {
         );
     }
     let (n, d) = create_drop(reps);
-    let (allocs, bytes) = creation_allocs();
     println!(
-        "create + drop of an idle space: {:.1} us ({:.1} us new, {:.1} us drop); \
-         new makes {allocs} allocations ({bytes} bytes)",
+        "create + drop of an idle space: {:.1} us ({:.1} us new, {:.1} us drop)",
         us(n) + us(d),
         us(n),
         us(d)
