@@ -100,6 +100,12 @@ impl<T: Default> LazyArc<T> {
     }
 }
 
+impl<T: Default> Default for LazyArc<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl<T> Drop for LazyArc<T> {
     fn drop(&mut self) {
         let p = self.ptr.load(Ordering::Acquire);
