@@ -1,5 +1,6 @@
-//! Loom models of the page table: racing table installs and PTE installs,
-//! and a lock-free lookup racing a zap and table free. Runs the real
+//! Loom models of the page table: racing table installs and PTE installs
+//! (the first of them racing to make the root, which an empty page table
+//! does not have), and a lock-free lookup racing a zap and table free. Runs the real
 //! `PageTable` through src/sync.rs. `./loom.sh pt` runs them.
 #![cfg(aspace_loom)]
 
@@ -46,6 +47,40 @@ fn racing_installs() {
         assert_eq!(pt.lookup(VA + 0x1000, &g).pfn(), Pfn::new(9));
         // Root + PUD + PMD + PTE tables: losers freed their copies.
         assert_eq!(pt.table_pages(), 4);
+    });
+}
+
+/// Two faults in different top-level slots race the first install on an
+/// empty page table: they share only the root, which neither has yet.
+/// Exactly one root is made; both entries are readable after, and the
+/// loser's root is freed and uncharged (root + 2 x (PUD, PMD, PTE)).
+///
+/// Mutation caught: in `PageTable::make_table` (src/pt/walk.rs), publish
+/// with a plain store instead of the compare-and-swap
+/// (`e.store(new as u64 | TABLE_BIT, Ordering::Release)` then the `Ok`
+/// arm): the loser's root replaces the winner's, and the winner's entry
+/// is lost.
+#[test]
+fn racing_first_root_install() {
+    model(|| {
+        let pt = Arc::new(PageTable::new(Reclaimer::deferred()));
+        let far = 0x7f00_0000_0000;
+        let p2 = pt.clone();
+        let t = thread::spawn(move || {
+            let g = p2.pin();
+            p2.install(far, Pte::new(Pfn::new(2), PteFlags::USER), &g)
+                .unwrap();
+        });
+        {
+            let g = pt.pin();
+            pt.install(0x1000, Pte::new(Pfn::new(1), PteFlags::USER), &g)
+                .unwrap();
+        }
+        t.join().unwrap();
+        let g = pt.pin();
+        assert_eq!(pt.lookup(0x1000, &g).pfn(), Pfn::new(1));
+        assert_eq!(pt.lookup(far, &g).pfn(), Pfn::new(2));
+        assert_eq!(pt.table_pages(), 7);
     });
 }
 

@@ -19,6 +19,7 @@
 
 pub mod addr;
 pub mod error;
+mod lazy;
 pub mod mm;
 mod percpu;
 mod phys;
@@ -44,11 +45,14 @@ pub use translate::{Scalar, Translator};
 pub use vma::{RmapHit, VmFlags};
 
 /// The internals that the loom models in `loom_tests/` drive directly (the
-/// page table, the per-VMA lock, the mmap_lock): loom builds only, not API.
+/// page table, the per-VMA lock, the mmap_lock, objects made on first
+/// use): loom builds only, not API.
 #[cfg(aspace_loom)]
 #[doc(hidden)]
 pub mod loom_door {
+    pub use crate::lazy::LazyArc;
     pub use crate::mm::mmap_lock::MmapLock;
+    pub use crate::percpu::PerCpu;
     pub use crate::pt::{PageTable, Pte, PteFlags};
     pub use crate::vma::lock::{ReadLockError, VmaLock};
 }

@@ -23,15 +23,18 @@
 //!
 //! # Locking
 //!
-//! This module takes no lock: the slot array is immutable after creation,
-//! and what protects a slot's contents is its user's business (the table
+//! This module takes no lock: the slot array is allocated on first use
+//! and installed once by a compare-and-swap (`Release`, loaded with
+//! `Acquire`; the loser frees its copy), immutable after that, and what
+//! protects a slot's contents is its user's business (the table
 //! above; the locks among them are ordered in the crate's [lock
 //! order](crate::mm#locking)). The CPU count is computed once
 //! ([`sync::once`](crate::sync::once)); fallback ids come from a counter
 //! atomic ([`sync::counter`](crate::sync::counter)), which orders nothing.
 
-use crate::sync::counter::{AtomicUsize, Ordering};
+use crate::sync::counter::{self, AtomicUsize};
 use crate::sync::once::OnceLock;
+use crate::sync::{AtomicPtr, Ordering};
 use crossbeam_utils::CachePadded;
 
 /// Number of per-CPU slots: the machine's CPUs (configured, so CPU numbers
@@ -79,49 +82,140 @@ pub fn cpu_id() -> usize {
 fn thread_slot() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static ID: usize = NEXT.fetch_add(1, Ordering::Relaxed) % nr_cpus();
+        static ID: usize = NEXT.fetch_add(1, counter::Ordering::Relaxed) % nr_cpus();
     }
     ID.with(|id| *id)
 }
 
 /// One `T` per CPU slot, each on its own cache line.
+///
+/// The slots are allocated on first use ([`local`](Self::local) or
+/// [`get`](Self::get)), not by [`new`](Self::new): an address space that is
+/// created and dropped idle allocates none of its per-CPU arrays. Until
+/// then [`iter`](Self::iter) yields nothing (every slot would still hold
+/// its initial value, which sums to nothing for the counters kept here).
 pub struct PerCpu<T> {
-    /// One slot per CPU, each on its own cache line.
+    /// The first of `len` slots, each on its own cache line; null until
+    /// first use.
     ///
-    /// Protected by: the array is immutable after creation; a slot's
-    /// contents are protected by the slot type (atomics or a mutex, see
-    /// the module docs).
-    slots: Box<[CachePadded<T>]>,
+    /// Protected by: installed once, null to an array, by a
+    /// compare-and-swap (`Release` on success: the slots' initialization
+    /// happens before any thread that loads the pointer with `Acquire`
+    /// uses them); the loser of a race frees its own array. Never changed
+    /// again until drop. A slot's contents are protected by the slot type
+    /// (atomics or a mutex, see the module docs).
+    slots: AtomicPtr<CachePadded<T>>,
+    /// Number of slots ([`nr_cpus`] when made).
+    ///
+    /// Protected by: immutable after creation.
+    len: usize,
+    /// Makes a slot's initial value.
+    ///
+    /// Protected by: immutable after creation.
+    init: fn() -> T,
 }
 
+// SAFETY: the slots are shared by every thread that uses the PerCpu (so T
+// must be Sync) and dropped by whichever thread drops it (so T must be
+// Send), as for the `Box<[T]>` this replaces.
+unsafe impl<T: Send + Sync> Sync for PerCpu<T> {}
+// SAFETY: as for Sync: moving the PerCpu moves ownership of its slots.
+unsafe impl<T: Send> Send for PerCpu<T> {}
+
 impl<T> PerCpu<T> {
-    /// One slot per CPU, each made by `init`.
-    pub fn new(mut init: impl FnMut() -> T) -> Self {
+    /// One slot per CPU, each made by `init` on first use. Allocates
+    /// nothing.
+    pub fn new(init: fn() -> T) -> Self {
         PerCpu {
-            slots: (0..nr_cpus()).map(|_| CachePadded::new(init())).collect(),
+            slots: AtomicPtr::new(core::ptr::null_mut()),
+            len: nr_cpus(),
+            init,
+        }
+    }
+
+    /// The slot array, allocated (race-free) on first use.
+    #[inline]
+    fn slots(&self) -> &[CachePadded<T>] {
+        // Acquire: pairs with the Release of the install, so the slots'
+        // initialization is visible before we use them.
+        let p = self.slots.load(Ordering::Acquire);
+        let p = if p.is_null() { self.install() } else { p };
+        // SAFETY: a non-null pointer came from `install`: the first of
+        // `len` initialized slots of a boxed slice, published once and
+        // freed only by `drop` (`&mut self`), so it outlives `&self`.
+        unsafe { core::slice::from_raw_parts(p, self.len) }
+    }
+
+    /// Allocates the slots and publishes them, unless another thread got
+    /// there first: then frees ours and returns theirs.
+    #[cold]
+    fn install(&self) -> *mut CachePadded<T> {
+        let fresh: Box<[CachePadded<T>]> = (0..self.len)
+            .map(|_| CachePadded::new((self.init)()))
+            .collect();
+        let new = Box::into_raw(fresh) as *mut CachePadded<T>;
+        match self.slots.compare_exchange(
+            core::ptr::null_mut(),
+            new,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => new,
+            Err(winner) => {
+                // SAFETY: `new` was never published; we own it, and it was
+                // a boxed slice of `len` slots.
+                drop(unsafe { Box::from_raw(core::ptr::slice_from_raw_parts_mut(new, self.len)) });
+                winner
+            }
         }
     }
 
     /// The calling thread's slot.
     #[inline]
     pub fn local(&self) -> &T {
-        &self.slots[cpu_id() % self.slots.len()]
+        &self.slots()[cpu_id() % self.len]
     }
 
     /// Slot `cpu` (modulo the slot count).
     #[inline]
     pub fn get(&self, cpu: usize) -> &T {
-        &self.slots[cpu % self.slots.len()]
+        &self.slots()[cpu % self.len]
     }
 
-    /// All slots, for summing.
+    /// All slots, for summing; none before first use.
     pub fn iter(&self) -> impl Iterator<Item = &T> {
-        self.slots.iter().map(|s| &**s)
+        // Acquire: as in `slots`.
+        let p = self.slots.load(Ordering::Acquire);
+        let slots: &[CachePadded<T>] = if p.is_null() {
+            &[]
+        } else {
+            // SAFETY: as in `slots`.
+            unsafe { core::slice::from_raw_parts(p, self.len) }
+        };
+        slots.iter().map(|s| &**s)
     }
 
     /// Number of slots.
+    #[allow(clippy::len_without_is_empty)] // never empty: at least 2 slots
     pub fn len(&self) -> usize {
-        self.slots.len()
+        self.len
+    }
+
+    /// True once the slots exist (tests of laziness).
+    #[cfg(test)]
+    pub(crate) fn is_allocated(&self) -> bool {
+        !self.slots.load(Ordering::Acquire).is_null()
+    }
+}
+
+impl<T> Drop for PerCpu<T> {
+    fn drop(&mut self) {
+        let p = self.slots.load(Ordering::Acquire);
+        if !p.is_null() {
+            // SAFETY: published by `install` from a boxed slice of `len`
+            // slots; `&mut self` means nobody else can reach it.
+            drop(unsafe { Box::from_raw(core::ptr::slice_from_raw_parts_mut(p, self.len)) });
+        }
     }
 }
 
@@ -146,6 +240,7 @@ mod tests {
         );
         assert!(nr_cpus().is_power_of_two());
         let p = PerCpu::new(|| AtomicUsize::new(0));
+        assert_eq!(p.iter().count(), 0, "nothing before first use");
         p.local().fetch_add(1, Ordering::Relaxed);
         assert_eq!(
             p.iter().map(|c| c.load(Ordering::Relaxed)).sum::<usize>(),
@@ -154,5 +249,57 @@ mod tests {
         let other = std::thread::spawn(cpu_id).join().unwrap();
         assert!(other < nr_cpus());
         assert!(thread_slot() < nr_cpus());
+    }
+
+    /// Slots that count their making and dropping, to check that a lost
+    /// install race frees its copy.
+    static MADE: AtomicUsize = AtomicUsize::new(0);
+    static DROPPED: AtomicUsize = AtomicUsize::new(0);
+    struct Tracked(AtomicUsize);
+    impl Drop for Tracked {
+        fn drop(&mut self) {
+            DROPPED.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn first_use_races_install_one_array_and_leak_nothing() {
+        for _ in 0..50 {
+            let p = PerCpu::new(|| {
+                MADE.fetch_add(1, Ordering::Relaxed);
+                Tracked(AtomicUsize::new(0))
+            });
+            assert!(!p.is_allocated());
+            assert_eq!(
+                MADE.load(Ordering::Relaxed),
+                DROPPED.load(Ordering::Relaxed)
+            );
+            let start = std::sync::Barrier::new(4);
+            let seen: Vec<usize> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..4)
+                    .map(|_| {
+                        s.spawn(|| {
+                            start.wait();
+                            p.local().0.fetch_add(1, Ordering::Relaxed);
+                            p.get(0) as *const Tracked as usize
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert!(seen.iter().all(|&a| a == seen[0]), "one array for all");
+            assert_eq!(
+                p.iter().map(|t| t.0.load(Ordering::Relaxed)).sum::<usize>(),
+                4
+            );
+            // Only the winner's slots are alive.
+            let alive = MADE.load(Ordering::Relaxed) - DROPPED.load(Ordering::Relaxed);
+            assert_eq!(alive, p.len());
+            drop(p);
+            assert_eq!(
+                MADE.load(Ordering::Relaxed),
+                DROPPED.load(Ordering::Relaxed)
+            );
+        }
     }
 }

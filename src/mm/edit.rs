@@ -134,6 +134,11 @@ impl<'a> Edit<'a> {
     /// `__mt_dup`: no insert per VMA).
     pub(crate) fn attach_all_sorted(&mut self, vmas: &[VmaRef]) {
         debug_assert_eq!(self.state.map_count, 0);
+        if vmas.is_empty() {
+            // The tree is empty already: building an empty one would only
+            // make its node cache (an idle space's fork allocates nothing).
+            return;
+        }
         for v in vmas {
             v.lock.mark_attached();
         }
@@ -218,7 +223,7 @@ impl<'a> Edit<'a> {
         // a concurrent charge from another space may pass the limit by a
         // VMA or two.
         self.mm.frames.memory().force_charge(VMA_BYTES);
-        let (v, reused) = self.mm.pool.alloc();
+        let (v, reused) = self.mm.pool.get().alloc();
         if reused {
             self.mm.stats.inc(Event::vma_reused);
         }
@@ -269,7 +274,7 @@ impl<'a> Edit<'a> {
         crate::vma::unlink_all(vs, &self.mm.stats);
         self.state.map_count -= vs.len();
         for &v in vs {
-            self.mm.pool.free(v);
+            self.mm.pool.get().free(v);
         }
         self.mm
             .frames
@@ -302,7 +307,7 @@ impl<'a> Edit<'a> {
             None => v.set_anon_vma_counted(None, Some(&self.mm.stats)),
         }
         self.state.map_count -= 1;
-        self.mm.pool.free(v);
+        self.mm.pool.get().free(v);
         self.mm.frames.memory().uncharge(VMA_BYTES);
     }
 

@@ -80,8 +80,9 @@ impl AddressSpace {
         if !ed.vma_room(ed.map_count() as u64) {
             return Err(Error::NoMem);
         }
+        // A parent with no VMA pool yet has no VMA: the child makes its own.
         let child =
-            AddressSpace::with_parts(self.cfg.clone(), self.frames.clone(), self.pool.clone());
+            AddressSpace::with_parts(self.cfg.clone(), self.frames.clone(), self.pool.shared());
         // Resource limits are inherited, as the rlimits of a forked task.
         child.set_stack_limit(self.stack_limit());
         child.set_memlock_limit(self.memlock_limit());

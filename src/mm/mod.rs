@@ -72,6 +72,7 @@ pub use maps::VmaInfo;
 pub use mlock::{MlockAllFlags, MlockFlags};
 pub use name::ANON_NAME_MAX;
 
+use crate::lazy::LazyArc;
 pub use crate::phys::{Budget, FrameAllocator};
 use crate::pt::PageTable;
 use crate::reclaim::Reclaimer;
@@ -154,9 +155,13 @@ pub struct AddressSpace {
     /// Event counters.
     /// Protected by: per-CPU relaxed atomics (statistics, no ordering).
     pub(crate) stats: StatCounters,
-    /// Type-stable VMA objects (shared with fork relatives).
-    /// Protected by: immutable after creation (the pool locks inside).
-    pub(crate) pool: Arc<VmaPool>,
+    /// Type-stable VMA objects: made by the first VMA, so an idle space
+    /// has none. Fork children share their parent's (a reverse-map walk
+    /// may reach a child's VMA objects through the parent's anon_vma
+    /// families).
+    /// Protected by: installed once (compare-and-swap, `LazyArc`), then
+    /// immutable; the pool locks inside.
+    pub(crate) pool: LazyArc<VmaPool>,
     /// Protected by: immutable after creation.
     pub(crate) cfg: Config,
     /// Protected by: immutable after creation.
@@ -195,9 +200,18 @@ impl AddressSpace {
     /// `cfg.memory_budget` bytes, zeroing frames if `cfg.zero_pages`. The
     /// configuration is used as given; see [`try_new`](Self::try_new) to
     /// have it checked first.
+    ///
+    /// Creation allocates only that physical memory (three allocations:
+    /// the allocator, its budget and its chunk directory; the frames come
+    /// on first use). Everything else waits for its first use: per-CPU
+    /// arrays, the root page table, the VMA pool and the tree's node cache
+    /// (see `tests/creation.rs`).
     pub fn new(cfg: Config) -> AddressSpace {
+        // The space owns its physical memory, so it is made here: it is
+        // what `frame_pool` returns and what forks share, and making it
+        // lazily would put a check on every frame access.
         let frames = Arc::new(FrameAllocator::new(cfg.memory_budget, cfg.zero_pages));
-        Self::with_parts(cfg, frames, Arc::new(VmaPool::new()))
+        Self::with_parts(cfg, frames, None)
     }
 
     /// An empty address space whose frames, page tables and metadata come
@@ -217,8 +231,10 @@ impl AddressSpace {
     /// b.write(b.mmap(0, 4096, rw, anon).unwrap(), b"b").unwrap();
     /// assert_eq!(pool.used(), 2);
     /// ```
+    ///
+    /// Allocates nothing until first use.
     pub fn with_pool(cfg: Config, pool: Arc<FrameAllocator>) -> AddressSpace {
-        Self::with_parts(cfg, pool, Arc::new(VmaPool::new()))
+        Self::with_parts(cfg, pool, None)
     }
 
     /// An empty address space, after [`Config::validate`] accepts the
@@ -236,7 +252,13 @@ impl AddressSpace {
         Ok(Self::new(cfg))
     }
 
-    pub(crate) fn with_parts(cfg: Config, frames: Arc<FrameAllocator>, pool: Arc<VmaPool>) -> Self {
+    /// An empty space on `frames`, sharing `pool` if given (a fork
+    /// child's) or making its own VMA pool on its first VMA.
+    pub(crate) fn with_parts(
+        cfg: Config,
+        frames: Arc<FrameAllocator>,
+        pool: Option<Arc<VmaPool>>,
+    ) -> Self {
         let reclaimer = || {
             if cfg.deferred_reclaim {
                 Reclaimer::deferred()
@@ -260,7 +282,7 @@ impl AddressSpace {
             frames,
             tlb: TlbState::new(cfg.shootdown_cost_ns),
             stats: StatCounters::new(),
-            pool,
+            pool: pool.map_or_else(LazyArc::new, LazyArc::from_arc),
             cfg,
             id: next_id(),
             stack_limit: AtomicU64::new(stack_limit),
@@ -316,7 +338,7 @@ impl AddressSpace {
     /// VMA objects allocated from the system by this address space's
     /// type-stable cache (recycled objects are not counted again).
     pub fn vma_objects(&self) -> usize {
-        self.pool.allocated()
+        self.pool.peek().map_or(0, VmaPool::allocated)
     }
 
     /// Bytes of one VMA object (Linux's `vm_area_struct` is 192).

@@ -25,7 +25,9 @@ impl PageTable {
     /// scan of the gap. The caller guarantees no VMA covers `limits`.
     pub fn free_tables_within(&self, r: Range, limits: Range, g: &Guard) {
         debug_assert!(limits.start <= r.start && r.end <= limits.end);
-        self.free_in(&self.root, LEVELS - 1, 0, r, limits, g);
+        if let Some(root) = self.child(&self.root, g) {
+            self.free_in(root, LEVELS - 1, 0, r, limits, g);
+        }
     }
 
     /// Frees empty child tables of `t` (at `level`, covering addresses from
@@ -74,7 +76,7 @@ impl Drop for PageTable {
     fn drop(&mut self) {
         self.budget.uncharge(TABLE_BYTES * self.table_pages());
         fn free(t: &Table, level: u32) {
-            // An empty table (an idle space's root) has no child to free.
+            // An empty table has no child to free.
             if level == 0 || t.is_empty() {
                 return;
             }
@@ -90,6 +92,12 @@ impl Drop for PageTable {
                 }
             }
         }
-        free(&self.root, LEVELS - 1);
+        let v = self.root.load(Ordering::Acquire);
+        if v != 0 {
+            // SAFETY: a non-zero root entry owns a table from Box::into_raw
+            // (see `make_table`); nothing else can reach it any more.
+            let root = unsafe { Box::from_raw((v & !TABLE_BIT) as *mut Table) };
+            free(&root, LEVELS - 1);
+        }
     }
 }

@@ -11,6 +11,12 @@
 //! exists: a fault that would need a table past the budget gets no table
 //! (`install` fails) instead of growing the host without bound.
 //!
+//! An empty page table has no table at all: the root is made by the first
+//! walk that creates a table, installed by the same compare-and-swap as
+//! any upper-level entry, and then lives as long as the page table. Walks
+//! that create nothing (lookups, zaps, copies from it, frees) find no root
+//! and see an empty table.
+//!
 //! Table pages are freed only through the [`Reclaimer`], and only where
 //! the caller guarantees no VMA covers their span, so a lock-free walker
 //! that is still inside one never touches freed memory. mremap may move a
@@ -129,18 +135,24 @@ fn index(va: u64, level: u32) -> usize {
 
 /// A 4-level page table.
 pub struct PageTable {
-    /// The top-level table, never freed before the page table.
+    /// The top-level table, as an upper-level entry (the table's address
+    /// with [`TABLE_BIT`], or 0): made by the first walk that creates a
+    /// table, so an idle address space allocates no table at all. Never
+    /// freed before the page table.
     ///
-    /// Protected by: immutable after creation (its contents: see
-    /// `Table`'s fields).
-    root: Box<Table>,
+    /// Protected by: filled once, like any upper-level entry, by a
+    /// compare-and-swap of the first creating walker (`Release` publishes
+    /// the zeroed table; walkers load it with `Acquire`); the loser frees
+    /// its table. Never emptied until drop (its contents: see `Table`'s
+    /// fields).
+    root: AtomicU64,
     /// Where unlinked table pages wait for the walkers that may still see
     /// them.
     ///
     /// Protected by: immutable after creation.
     reclaimer: Reclaimer,
-    /// Table pages below the root, per CPU (a slot may go negative; the
-    /// sum counts).
+    /// Table pages, the root included, per CPU (a slot may go negative;
+    /// the sum counts).
     ///
     /// Protected by: statistics atomics (`sync::counter`, `Relaxed`).
     tables: PerCpu<AtomicI64>,
@@ -166,12 +178,11 @@ impl PageTable {
     }
 
     /// An empty page table whose table pages (the root included) are
-    /// charged to `budget`. The root is charged even past the limit: an
-    /// address space always has one.
+    /// charged to `budget`. Allocates nothing: the root is made, and
+    /// charged like any table, by the first walk that creates a table.
     pub fn with_budget(reclaimer: Reclaimer, budget: Arc<Budget>) -> Self {
-        budget.force_charge(TABLE_BYTES);
         PageTable {
-            root: Table::new(),
+            root: AtomicU64::new(0),
             reclaimer,
             tables: PerCpu::new(|| AtomicI64::new(0)),
             budget,
@@ -183,10 +194,10 @@ impl PageTable {
         self.reclaimer.pin()
     }
 
-    /// Table pages in use, the root included.
+    /// Table pages in use, the root included (none before the first table
+    /// is made; the root stays from then on).
     pub fn table_pages(&self) -> u64 {
-        1 + self
-            .tables
+        self.tables
             .iter()
             .map(|c| c.load(Ordering::Relaxed))
             .sum::<i64>()

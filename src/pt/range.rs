@@ -15,7 +15,9 @@ impl PageTable {
         let mut va = r.start;
         while va < end {
             // Walk down; an empty entry at `level` lets us skip its span.
-            let mut t: &Table = &self.root;
+            let Some(mut t) = self.child(&self.root, g) else {
+                return; // no root: no table anywhere
+            };
             let mut empty_at = None;
             for level in (1..LEVELS).rev() {
                 match self.child(&t.entries[index(va, level)], g) {

@@ -213,3 +213,80 @@ fn concurrent_installs_one_winner_per_address() {
     // 2048 pages = 4 PTE tables + 1 PMD + 1 PUD + root.
     assert_eq!(p.table_pages(), 7);
 }
+
+#[test]
+fn the_root_is_made_on_first_use_and_nothing_needs_it_before() {
+    let budget = Arc::new(Budget::new(1 << 30));
+    let p = PageTable::with_budget(Reclaimer::deferred(), budget.clone());
+    assert_eq!(
+        p.root.load(Ordering::Relaxed),
+        0,
+        "creation allocates no table"
+    );
+    assert!(!p.tables.is_allocated());
+    let g = p.pin();
+    let va = 0x7f00_0000_3000;
+    let all = Range::new(0, 1 << 47);
+    // Every walk that creates nothing works on a missing root.
+    assert_eq!(p.lookup(va, &g), Pte::NONE);
+    assert_eq!(p.update(va, &g, |_| Some(Pte::NONE)), None);
+    let e = Pte::new(Pfn::new(7), PteFlags::USER);
+    assert_eq!(
+        p.install_checked(va, e, &g, || true),
+        Err(CheckedInstallError::NoTable)
+    );
+    p.zap_range(all, &g, |_, _| panic!("nothing to zap"));
+    p.change_range(all, &g, |_, e| e);
+    p.for_each_present(all, &g, |_, _| panic!("nothing present"));
+    p.free_tables(all, &g);
+    assert_eq!(p.missing_span(va, &g), Some((1 << 48) - va));
+    let dst = pt();
+    let dg = dst.pin();
+    assert_eq!(p.copy_ranges(&dst, [all], &g, &dg, |_, e| (e, e)), Ok(0));
+    assert_eq!(
+        dst.root.load(Ordering::Relaxed),
+        0,
+        "copying nothing makes nothing"
+    );
+    assert_eq!((p.table_pages(), budget.used()), (0, 0));
+    assert_eq!(p.root.load(Ordering::Relaxed), 0);
+    // The first install makes it, charged like any table.
+    p.install(va, e, &g).unwrap();
+    assert_eq!(p.table_pages(), 4);
+    assert_eq!(budget.used(), 4 * TABLE_BYTES);
+    drop(g);
+    drop(p);
+    assert_eq!(budget.used(), 0);
+}
+
+#[test]
+fn racing_first_installs_agree_on_one_root() {
+    for _ in 0..50 {
+        let budget = Arc::new(Budget::new(1 << 30));
+        let p = PageTable::with_budget(Reclaimer::deferred(), budget.clone());
+        let vas = [0x1000u64, 0x7f00_0000_0000];
+        let start = std::sync::Barrier::new(vas.len());
+        std::thread::scope(|s| {
+            for (i, &va) in vas.iter().enumerate() {
+                let (p, start) = (&p, &start);
+                s.spawn(move || {
+                    let g = p.pin();
+                    start.wait();
+                    let e = Pte::new(Pfn::new(i as u32 + 1), PteFlags::USER);
+                    p.install(va, e, &g).unwrap();
+                });
+            }
+        });
+        let g = p.pin();
+        for (i, &va) in vas.iter().enumerate() {
+            assert_eq!(p.lookup(va, &g).pfn(), Pfn::new(i as u32 + 1));
+        }
+        // One root, and a PUD, PMD and PTE table for each address: a lost
+        // race leaves no table charged.
+        assert_eq!(p.table_pages(), 7);
+        assert_eq!(budget.used(), 7 * TABLE_BYTES);
+        drop(g);
+        drop(p);
+        assert_eq!(budget.used(), 0);
+    }
+}

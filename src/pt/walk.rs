@@ -71,42 +71,63 @@ impl PageTable {
         if va >> VA_BITS != 0 {
             return None;
         }
-        let mut t: &Table = &self.root;
+        let mut t = match self.child(&self.root, g) {
+            Some(root) => root,
+            None if create == Make::No => return None,
+            None => self.make_table(&self.root, None, create, g)?,
+        };
         for level in (level + 1..LEVELS).rev() {
             let e = &t.entries[index(va, level)];
             t = match self.child(e, g) {
                 Some(c) => c,
                 None if create == Make::No => return None,
-                None => {
-                    if create == Make::Forced {
-                        self.budget.force_charge(TABLE_BYTES);
-                    } else if !self.budget.try_charge(TABLE_BYTES) {
-                        return None;
-                    }
-                    let new = Box::into_raw(Table::new());
-                    match e.compare_exchange(
-                        0,
-                        new as u64 | TABLE_BIT,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    ) {
-                        Ok(_) => {
-                            t.used.fetch_add(1, Ordering::Relaxed);
-                            self.tables.local().fetch_add(1, counter::Ordering::Relaxed);
-                            // SAFETY: we just published `new`; see `child`.
-                            unsafe { &*new }
-                        }
-                        Err(_) => {
-                            // SAFETY: `new` was never published; we own it.
-                            unsafe { drop(Box::from_raw(new)) };
-                            self.budget.uncharge(TABLE_BYTES);
-                            self.child(e, g).expect("the winner's table is there")
-                        }
-                    }
-                }
+                None => self.make_table(e, Some(t), create, g)?,
             };
         }
         Some(t)
+    }
+
+    /// Creates the table entry `e` (of `parent`, or the root slot) points
+    /// to, charging it as `create` says; if another walker installed one
+    /// first, frees ours and returns theirs. `None` if the budget refuses.
+    #[cold]
+    fn make_table<'g>(
+        &'g self,
+        e: &AtomicU64,
+        parent: Option<&Table>,
+        create: Make,
+        g: &'g Guard,
+    ) -> Option<&'g Table> {
+        if create == Make::Forced {
+            self.budget.force_charge(TABLE_BYTES);
+        } else if !self.budget.try_charge(TABLE_BYTES) {
+            return None;
+        }
+        let new = Box::into_raw(Table::new());
+        // Release (in AcqRel): the zeroed table is visible to any walker
+        // that loads the entry with Acquire (`child`). Acquire on failure:
+        // the winner's table is initialized for us too.
+        match e.compare_exchange(
+            0,
+            new as u64 | TABLE_BIT,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => {
+                if let Some(p) = parent {
+                    p.used.fetch_add(1, Ordering::Relaxed);
+                }
+                self.tables.local().fetch_add(1, counter::Ordering::Relaxed);
+                // SAFETY: we just published `new`; see `child`.
+                Some(unsafe { &*new })
+            }
+            Err(_) => {
+                // SAFETY: `new` was never published; we own it.
+                unsafe { drop(Box::from_raw(new)) };
+                self.budget.uncharge(TABLE_BYTES);
+                Some(self.child(e, g).expect("the winner's table is there"))
+            }
+        }
     }
 
     /// The entry for `va` (lock-free); `Pte::NONE` if absent or `va` is
@@ -189,7 +210,10 @@ impl PageTable {
         if va >> VA_BITS != 0 {
             return Some(PAGE_SIZE);
         }
-        let mut t: &Table = &self.root;
+        let Some(mut t) = self.child(&self.root, g) else {
+            // No root: nothing is mapped anywhere above `va`.
+            return Some(entry_span(LEVELS) - va);
+        };
         for level in (1..LEVELS).rev() {
             match self.child(&t.entries[index(va, level)], g) {
                 Some(c) => t = c,

@@ -83,6 +83,12 @@ unsafe fn dealloc_node<V>(p: *mut Node<V>) {
     drop(unsafe { Box::from_raw(p as *mut core::mem::MaybeUninit<Node<V>>) });
 }
 
+impl<V> Default for NodeCache<V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl<V> NodeCache<V> {
     pub(super) fn new() -> Self {
         NodeCache {

@@ -59,8 +59,9 @@ mod write;
 pub use write::TreeWriter;
 
 use crate::addr::Range;
+use crate::lazy::LazyArc;
 use crate::reclaim::{Guard, Reclaimer};
-use crate::sync::{Arc, AtomicPtr, AtomicUsize, Mutex, Ordering};
+use crate::sync::{AtomicPtr, AtomicUsize, Mutex, Ordering};
 use cache::NodeCache;
 use edit::Editor;
 use node::{node, Node};
@@ -101,10 +102,11 @@ pub struct RangeTree<V> {
     /// Protected by: immutable after construction.
     reclaimer: Reclaimer,
     /// Memory of retired nodes for the writer to reuse (shared with the
-    /// deferred frees, which may run after the tree is gone).
-    /// Protected by: immutable after construction (the `Arc`); the cache's
+    /// deferred frees, which may run after the tree is gone). Made by the
+    /// first edit: a tree that is never written allocates none.
+    /// Protected by: installed once (see [`LazyArc`]); the cache's
     /// contents as its fields say.
-    cache: Arc<NodeCache<V>>,
+    cache: LazyArc<NodeCache<V>>,
 }
 
 // SAFETY: nodes are immutable once published and hold `V`s; sharing the
@@ -141,7 +143,7 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
             len: AtomicUsize::new(0),
             writer: Mutex::new(()),
             reclaimer,
-            cache: Arc::new(NodeCache::new()),
+            cache: LazyArc::new(),
         }
     }
 
@@ -154,7 +156,7 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
         let es = write::sorted_entries(entries)?;
         let t = Self::new();
         let g = t.pin();
-        let root = Editor::new(&t.cache, &g).build(&es);
+        let root = Editor::new(t.cache.get(), &g).build(&es);
         t.root.store(root as *mut Node<V>, Ordering::Release);
         t.len.store(es.len(), Ordering::Relaxed);
         Ok(t)

@@ -87,7 +87,7 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
         {
             return Err(TreeError::Occupied);
         }
-        let mut ed = Editor::new(&self.tree.cache, &g);
+        let mut ed = Editor::new(self.tree.cache.get(), &g);
         let root = ed.insert(self.cur(), r.start, r.end, v);
         self.publish(root, ed, 1, &g);
         Ok(())
@@ -124,7 +124,7 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
         if removed == 0 {
             return 0;
         }
-        let mut ed = Editor::new(&self.tree.cache, &g);
+        let mut ed = Editor::new(self.tree.cache.get(), &g);
         ed.discard_all(self.cur());
         let root = ed.build(&kept);
         self.publish(root, ed, -(removed as isize), &g);
@@ -144,7 +144,7 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
         let es = sorted_entries(entries)?;
         let g = self.tree.pin();
         let delta = es.len() as isize - self.tree.len() as isize;
-        let mut ed = Editor::new(&self.tree.cache, &g);
+        let mut ed = Editor::new(self.tree.cache.get(), &g);
         ed.discard_all(self.cur());
         let root = ed.build(&es);
         self.publish(root, ed, delta, &g);
@@ -155,7 +155,7 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
     pub fn remove(&mut self, addr: u64) -> Option<(Range, V)> {
         let g = self.tree.pin();
         let (r, v) = self.tree.find(addr, &g).map(|(r, v)| (r, v.clone()))?;
-        let mut ed = Editor::new(&self.tree.cache, &g);
+        let mut ed = Editor::new(self.tree.cache.get(), &g);
         let root = ed.remove(self.cur(), r.start);
         self.publish(root, ed, -1, &g);
         Some((r, v))
@@ -175,7 +175,7 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
             .range(r, &g)
             .map(|(e, v)| (e, v.clone()))
             .collect();
-        let mut ed = Editor::new(&self.tree.cache, &g);
+        let mut ed = Editor::new(self.tree.cache.get(), &g);
         // Storing over exactly one entry that starts where `r` does, and
         // at most growing it into free space: one path copy.
         if let (Some(v), [(e, ev)]) = (&v, hit.as_slice()) {
@@ -273,7 +273,7 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
         // One deferred step per edit (not per node), and a cheap one: it
         // only hands the batch back to the writer's node cache.
         let batch = Batch::boxed(garbage);
-        let cache = self.tree.cache.clone();
+        let cache = self.tree.cache.arc();
         self.tree.reclaimer.defer(g, move || {
             // SAFETY: the batch's nodes were unlinked by this edit (not
             // reachable from the new root), and this runs only after every

@@ -107,6 +107,12 @@ impl VmaPool {
     }
 }
 
+impl Default for VmaPool {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Drop for VmaPool {
     fn drop(&mut self) {
         let inner = self.inner.get_mut();

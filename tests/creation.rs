@@ -1,0 +1,182 @@
+//! Creation allocates nothing it does not need until first use (issue 14):
+//! an idle address space owns its physical memory and nothing else, gives
+//! back everything when dropped, and is fully usable afterwards.
+//!
+//! A counting global allocator counts the allocations of the calling
+//! thread only (tests run in parallel).
+
+use aspace::{AddressSpace, Config, FrameAllocator, MapFlags, Prot};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::Arc;
+
+struct Counting;
+
+/// Allocations tracked at once (more is a test failure).
+const TRACKED: usize = 32;
+
+thread_local! {
+    /// Whether this thread counts, and how many allocations it made.
+    static COUNT: Cell<(bool, usize)> = const { Cell::new((false, 0)) };
+    /// Addresses of this thread's counted allocations not yet freed (0:
+    /// empty slot; `usize::MAX` in slot 0: overflow).
+    static LIVE: Cell<[usize; TRACKED]> = const { Cell::new([0; TRACKED]) };
+}
+
+fn note_alloc(p: *mut u8) {
+    // `try_with`: the thread-locals may be gone while a thread exits.
+    let _ = COUNT.try_with(|c| {
+        let (on, n) = c.get();
+        if on && !p.is_null() {
+            c.set((on, n + 1));
+            let mut live = LIVE.with(Cell::get);
+            match live.iter().position(|&a| a == 0) {
+                Some(i) => live[i] = p as usize,
+                None => live[0] = usize::MAX,
+            }
+            LIVE.with(|l| l.set(live));
+        }
+    });
+}
+
+fn note_free(p: *mut u8) {
+    let _ = LIVE.try_with(|l| {
+        let mut live = l.get();
+        if let Some(i) = live.iter().position(|&a| a == p as usize) {
+            live[i] = 0;
+            l.set(live);
+        }
+    });
+}
+
+// SAFETY: forwards to the system allocator; the bookkeeping allocates
+// nothing (const-initialized thread-local cells).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract is the system allocator's.
+        let p = unsafe { System.alloc(l) };
+        note_alloc(p);
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        note_free(p);
+        // SAFETY: as for alloc.
+        unsafe { System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// Runs `f` and returns its value and how many allocations it made on
+/// this thread; they are tracked until freed (see [`still_live`]).
+fn counted<R>(f: impl FnOnce() -> R) -> (R, usize) {
+    LIVE.with(|l| l.set([0; TRACKED]));
+    COUNT.with(|c| c.set((true, 0)));
+    let r = f();
+    let (_, n) = COUNT.with(|c| c.replace((false, 0)));
+    (r, n)
+}
+
+/// How many of the allocations of the last [`counted`] are not freed yet.
+fn still_live() -> usize {
+    let live = LIVE.with(Cell::get);
+    assert_ne!(live[0], usize::MAX, "more than {TRACKED} allocations");
+    live.iter().filter(|&&a| a != 0).count()
+}
+
+/// What `AddressSpace::new` legitimately allocates: the physical memory it
+/// owns, i.e. the `Arc<FrameAllocator>`, that allocator's `Arc<Budget>`
+/// (shared with the page table, which charges its tables to it) and its
+/// chunk directory (a slot per 1 GiB of budget; the chunks themselves come
+/// on first use). Per-CPU arrays, the root page table, the VMA pool and
+/// the tree's node cache all wait for their first use.
+const NEW_ALLOCS: usize = 3;
+
+fn warm_up() {
+    // Process-wide one-time setup (CPU count, membarrier registration,
+    // the epoch's thread registration) is not the space's.
+    let mm = AddressSpace::new(Config::default());
+    let a = mm
+        .mmap(
+            0,
+            4096,
+            Prot::READ | Prot::WRITE,
+            MapFlags::PRIVATE | MapFlags::ANONYMOUS,
+        )
+        .unwrap();
+    mm.write(a, b"warm").unwrap();
+    drop(mm.fork().unwrap());
+}
+
+#[test]
+fn creating_an_idle_space_allocates_only_its_physical_memory() {
+    warm_up();
+    let cfg = Config::default();
+    let (mm, allocs) = counted(|| AddressSpace::new(cfg.clone()));
+    assert!(
+        allocs <= NEW_ALLOCS,
+        "AddressSpace::new made {allocs} allocations"
+    );
+    assert_eq!(still_live(), allocs);
+    drop(mm);
+    assert_eq!(
+        still_live(),
+        0,
+        "dropping the space frees all creation made"
+    );
+    // Nor does its fork: the child shares the parent's frames and makes
+    // the rest on first use.
+    let mm = AddressSpace::new(cfg.clone());
+    let (child, allocs) = counted(|| mm.fork().unwrap());
+    assert_eq!(allocs, 0, "fork of an idle space made {allocs} allocations");
+    drop(child);
+}
+
+#[test]
+fn a_space_on_a_shared_pool_allocates_nothing_until_used() {
+    warm_up();
+    let pool = Arc::new(FrameAllocator::new(64 << 20, true));
+    let cfg = Config::default();
+    // On a given pool, a space needs nothing of its own until first use.
+    let (mm, allocs) = counted(|| AddressSpace::with_pool(cfg.clone(), pool.clone()));
+    assert_eq!(allocs, 0, "with_pool made {allocs} allocations");
+    drop(mm);
+}
+
+#[test]
+fn a_lazily_created_space_is_fully_usable() {
+    let rw = Prot::READ | Prot::WRITE;
+    let anon = MapFlags::PRIVATE | MapFlags::ANONYMOUS;
+    let pool = Arc::new(FrameAllocator::new(64 << 20, true));
+    let mm = AddressSpace::with_pool(Config::default(), pool.clone());
+    assert_eq!(
+        (mm.page_table_bytes(), mm.vma_objects(), mm.map_count()),
+        (0, 0, 0)
+    );
+    // An idle space's child gets VMAs of its own.
+    let early = mm.fork().unwrap();
+    let a = mm.mmap(0, 3 * 4096, rw, anon).unwrap();
+    mm.write(a + 4090, b"hello").unwrap();
+    let mut buf = [0u8; 5];
+    mm.read(a + 4090, &mut buf).unwrap();
+    assert_eq!(&buf, b"hello");
+    assert!(mm.page_table_bytes() > 0 && mm.vma_objects() == 1);
+    let b = early.mmap(0, 4096, rw, anon).unwrap();
+    early.write(b, b"early").unwrap();
+    let child = mm.fork().unwrap();
+    child.write(a + 4090, b"child").unwrap();
+    mm.read(a + 4090, &mut buf).unwrap();
+    assert_eq!(&buf, b"hello");
+    child.read(a + 4090, &mut buf).unwrap();
+    assert_eq!(&buf, b"child");
+    early.read(b, &mut buf).unwrap();
+    assert_eq!(&buf, b"early");
+    mm.munmap(a, 3 * 4096).unwrap();
+    assert_eq!(mm.map_count(), 0);
+    child.read(a + 4090, &mut buf).unwrap();
+    assert_eq!(&buf, b"child");
+    drop((mm, child, early));
+    assert_eq!(pool.used(), 0);
+    assert_eq!(pool.memory().used(), 0);
+}
