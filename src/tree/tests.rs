@@ -1,3 +1,6 @@
+//! Unit tests of the tree: inserts, stores, removals, neighbours, gap
+//! search at the edges, bulk builds, and the invariant check after each.
+
 use super::*;
 
 fn r(a: u64, b: u64) -> Range {
