@@ -19,8 +19,9 @@ fn page_align_wrapping(len: u64) -> u64 {
     len.wrapping_add(PAGE_MASK) & !PAGE_MASK
 }
 
-/// One mremap request, after its lengths are page-aligned: what the
-/// helpers below pass along (`old_len` shrinks as a move trims a tail).
+/// One mremap request: the call's arguments (page-aligned lengths once
+/// checked), as the helpers below pass them along (`old_len` shrinks as a
+/// move trims a tail).
 #[derive(Clone, Copy)]
 struct Request {
     old_addr: u64,
@@ -67,7 +68,14 @@ impl AddressSpace {
         new_addr: u64,
     ) -> Result<u64> {
         let mut locked = false;
-        let new = self.mremap_locked(old_addr, old_len, new_len, flags, new_addr, &mut locked)?;
+        let raw = Request {
+            old_addr,
+            old_len,
+            new_len,
+            flags,
+            new_addr,
+        };
+        let new = self.mremap_locked(raw, &mut locked)?;
         // Locked memory that grew is populated as mlock would (not with
         // the lock held; errors ignored), as Linux's mremap ends.
         let (old_len, new_len) = (page_align_wrapping(old_len), page_align_wrapping(new_len));
@@ -77,17 +85,16 @@ impl AddressSpace {
         Ok(new)
     }
 
-    /// [`mremap`](Self::mremap) under the mmap_lock; `locked` says
-    /// whether the VMA it found was locked.
-    fn mremap_locked(
-        &self,
-        old_addr: u64,
-        old_len: u64,
-        new_len: u64,
-        flags: MremapFlags,
-        new_addr: u64,
-        locked: &mut bool,
-    ) -> Result<u64> {
+    /// [`mremap`](Self::mremap) under the mmap_lock, with the call's raw
+    /// arguments; `locked` says whether the VMA it found was locked.
+    fn mremap_locked(&self, raw: Request, locked: &mut bool) -> Result<u64> {
+        let Request {
+            old_addr,
+            old_len,
+            new_len,
+            flags,
+            new_addr,
+        } = raw;
         let task = self.cfg.task_size;
         if !MremapFlags::all().contains(flags) {
             return Err(Error::Inval);
