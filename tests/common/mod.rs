@@ -1,4 +1,5 @@
-//! Shared harness of `kernel_diff.rs` and `semantics/`: the same
+//! Shared harness of `kernel_diff.rs` and `semantics/` (and
+//! `kernel_diff`'s random call generator, [`gen`]): the same
 //! operations on the real kernel ([`kernel::KernelTarget`]) and on an
 //! [`aspace::AddressSpace`] ([`AspaceTarget`]), with normalized results.
 //!
@@ -14,6 +15,7 @@
 #![allow(dead_code)]
 
 pub mod aspace_target;
+pub mod gen;
 pub mod kernel;
 pub mod ops;
 
