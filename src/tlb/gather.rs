@@ -1,0 +1,91 @@
+//! The mmu_gather: a batch of unmapped ranges to flush and of frames to
+//! free once the flush has made every old translation of them unusable.
+//! One flush per operation, or earlier when the batch is full.
+//!
+//! # Locking
+//!
+//! None of its own: it runs inside its operation's locks and ends with one
+//! [`TlbState`](super::TlbState) flush (the flush lock is the innermost
+//! lock, see [`crate::mm`]).
+
+use super::TlbState;
+use crate::addr::Range;
+use crate::phys::{FrameAllocator, Pfn};
+use crate::stats::StatCounters;
+
+/// Frames gathered before a flush is forced (bounds the batch's memory).
+const GATHER_MAX_FRAMES: usize = 4096;
+
+/// A batch of unmapped ranges to flush and frames to free after the flush
+/// (Linux's mmu_gather). Flushed once when finished, earlier only when full.
+pub(crate) struct Gather<'a> {
+    tlb: &'a TlbState,
+    stats: &'a StatCounters,
+    frames: &'a FrameAllocator,
+    pending: Vec<Pfn>,
+    pages: u64,
+    range: Option<Range>,
+}
+
+impl<'a> Gather<'a> {
+    pub(crate) fn new(
+        tlb: &'a TlbState,
+        stats: &'a StatCounters,
+        frames: &'a FrameAllocator,
+    ) -> Self {
+        Gather {
+            tlb,
+            stats,
+            frames,
+            pending: Vec::new(),
+            pages: 0,
+            range: None,
+        }
+    }
+
+    /// Records that the translation of `[va, va + 4 KiB)` was removed or
+    /// changed.
+    pub(crate) fn add_page(&mut self, va: u64) {
+        self.add_range(Range::new(va, va + crate::addr::PAGE_SIZE));
+    }
+
+    /// Records that the translations of the page-aligned range `r` were
+    /// removed or changed (in O(1), whatever its size).
+    pub(crate) fn add_range(&mut self, r: Range) {
+        if r.is_empty() {
+            return;
+        }
+        self.pages += crate::addr::pages(r.len());
+        self.range = Some(match self.range {
+            Some(old) => Range::new(old.start.min(r.start), old.end.max(r.end)),
+            None => r,
+        });
+    }
+
+    /// Records a frame reference to drop after the flush.
+    pub(crate) fn free_frame(&mut self, pfn: Pfn) {
+        self.pending.push(pfn);
+        if self.pending.len() >= GATHER_MAX_FRAMES {
+            self.flush();
+        }
+    }
+
+    /// Flushes what was gathered, then frees the frames.
+    pub(crate) fn flush(&mut self) {
+        if self.pages == 0 && self.pending.is_empty() {
+            return;
+        }
+        self.tlb.flush(self.stats, self.pages);
+        for pfn in self.pending.drain(..) {
+            self.frames.put(pfn);
+        }
+        self.pages = 0;
+        self.range = None;
+    }
+}
+
+impl Drop for Gather<'_> {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
