@@ -1,5 +1,5 @@
-//! Unit tests of the vmalloc-style allocator: zones, lazy purging, bad
-//! frees.
+//! Unit tests of the vmalloc-style allocator: bad windows, lowest fit and
+//! errors, lazy areas and purging, spilling to remote zones.
 
 use super::*;
 
