@@ -135,6 +135,11 @@ struct Shared {
     end: Barrier,
     job: Mutex<Option<Arc<Job>>>,
     cpu: Mutex<Vec<f64>>,
+    /// When each faulter started and finished its faults: the run's wall
+    /// time is from the first start to the last finish, as the faulters
+    /// saw them (the driver may be descheduled around the barriers on a
+    /// loaded machine, so its own clock would not bound the faults).
+    spans: Mutex<Vec<Option<(Instant, Instant)>>>,
     writer_done: AtomicBool,
     writer_ops: AtomicU64,
     quit: AtomicBool,
@@ -162,6 +167,7 @@ impl Workers {
             end: Barrier::new(all),
             job: Mutex::new(None),
             cpu: Mutex::new(vec![0.0; threads]),
+            spans: Mutex::new(vec![None; threads]),
             writer_done: AtomicBool::new(false),
             writer_ops: AtomicU64::new(0),
             quit: AtomicBool::new(false),
@@ -209,9 +215,14 @@ impl Workers {
         sh.writer_done.store(false, Ordering::Relaxed);
         sh.writer_ops.store(0, Ordering::Relaxed);
         sh.start.wait();
-        let t0 = Instant::now();
         sh.faulted.wait();
-        let wall = t0.elapsed().as_secs_f64();
+        let wall = {
+            let spans = sh.spans.lock().expect("spans");
+            let spans = spans.iter().map(|s| s.expect("every faulter ran"));
+            let first = spans.clone().map(|(a, _)| a).min().expect("threads");
+            let last = spans.map(|(_, b)| b).max().expect("threads");
+            (last - first).as_secs_f64()
+        };
         sh.writer_done.store(true, Ordering::Relaxed);
         sh.end.wait();
         *sh.job.lock().expect("job") = None;
@@ -255,12 +266,15 @@ fn faulter(sh: &Shared, i: usize) {
         let job = current_job(sh);
         let base = job.bases[i];
         let c0 = thread_cpu_time();
+        let t0 = Instant::now();
         for pg in 0..job.pages {
             job.mm
                 .fault(base + pg * job.stride * PAGE_SIZE, Access::Write)
                 .expect("fault");
         }
+        let t1 = Instant::now();
         sh.cpu.lock().expect("cpu")[i] = thread_cpu_time() - c0;
+        sh.spans.lock().expect("spans")[i] = Some((t0, t1));
         drop(job);
         sh.faulted.wait();
         sh.end.wait();
