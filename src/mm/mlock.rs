@@ -14,7 +14,8 @@
 //! # Locking
 //!
 //! Flag changes hold the mmap_lock write side (through `Edit`); population
-//! and mincore then hold its read side; see [`crate::mm`].
+//! then runs as ordinary faults after it is released (each VMA looked up
+//! under the read side); see [`crate::mm`].
 
 use super::edit::Edit;
 use super::{Access, AddressSpace};

@@ -3,7 +3,8 @@
 //! # Locking
 //!
 //! The mmap_lock write side through `Edit`; population (MAP_POPULATE,
-//! MAP_LOCKED) after it, under the read side. Order: [`crate::mm`].
+//! MAP_LOCKED) after it is released, as ordinary faults. Order:
+//! [`crate::mm`].
 
 use super::edit::{Edit, VmaSpec};
 use super::{next_id, AddressSpace, MapFlags, Prot};
