@@ -1146,21 +1146,9 @@ fn kernel_names_vmas() -> bool {
     ok
 }
 
-/// Runs `f` on the kernel when it names VMAs, then on aspace.
-fn on_both_names(pages: u64, f: impl Fn(&mut dyn Target)) {
-    if kernel_names_vmas() {
-        on_both(pages, f);
-    } else {
-        f(&mut AspaceTarget::new(Region::new(
-            aspace_target::DEFAULT_REGION_START,
-            pages,
-        )));
-    }
-}
-
 #[test]
 fn anon_names_split_merge_and_show_in_maps() {
-    on_both_names(8, |t| {
+    on_both_if(kernel_names_vmas(), 8, |t| {
         let r = t.region();
         let p = |i: u64| r.page(i);
         assert_eq!(t.mmap(p(0), 4 * PAGE, RW, ANON | MAP_FIXED), Ok(p(0)));
@@ -1401,21 +1389,9 @@ fn kernel_has_droppable() -> bool {
     ok
 }
 
-/// Runs `f` on the kernel when it has MAP_DROPPABLE, then on aspace.
-fn on_both_droppable(pages: u64, f: impl Fn(&mut dyn Target)) {
-    if kernel_has_droppable() {
-        on_both(pages, f);
-    } else {
-        f(&mut AspaceTarget::new(Region::new(
-            aspace_target::DEFAULT_REGION_START,
-            pages,
-        )));
-    }
-}
-
 #[test]
 fn map_droppable_flag_rules_vm_flags_and_locks() {
-    on_both_droppable(12, |t| {
+    on_both_if(kernel_has_droppable(), 12, |t| {
         let r = t.region();
         let p = |i: u64| r.page(i);
         let fx = DROP_ANON | MAP_FIXED;

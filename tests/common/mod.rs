@@ -284,6 +284,19 @@ pub fn pattern(seed: u64, addr: u64, len: usize) -> Vec<u8> {
 /// inside `f` are thereby checked against Linux itself, then required of
 /// aspace. Returns whether the kernel side ran.
 pub fn on_both(pages: u64, f: impl Fn(&mut dyn Target)) -> bool {
+    on_both_if(true, pages, f)
+}
+
+/// [`on_both`] where the running kernel has the feature under test
+/// (`kernel_has_it`), else on aspace alone. True if the kernel side ran.
+pub fn on_both_if(kernel_has_it: bool, pages: u64, f: impl Fn(&mut dyn Target)) -> bool {
+    if !kernel_has_it {
+        f(&mut AspaceTarget::new(Region::new(
+            aspace_target::DEFAULT_REGION_START,
+            pages,
+        )));
+        return false;
+    }
     let ran_kernel = match KernelTarget::new(pages) {
         Some(mut k) => {
             f(&mut k);
