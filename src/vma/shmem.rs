@@ -60,7 +60,7 @@ pub struct Shmem {
     height: u32,
     /// The root node lives in the object (its cost is the mapping's).
     root: Node,
-    frames: Arc<FrameAllocator>,
+    pub(crate) frames: Arc<FrameAllocator>,
 }
 
 impl Shmem {
@@ -175,11 +175,29 @@ impl Shmem {
             0,
             range.start,
             end,
-            &mut |pfn| frames.write(pfn, 0, &zeros),
+            &mut |_, pfn| frames.write(pfn, 0, &zeros),
         );
     }
 
-    /// Calls `f` on the frame of every page in `[start, end)` below `node`
+    /// Drops the object's frames of the pages from index `from` on (a
+    /// shrinking `ftruncate`). The caller excludes every other user of
+    /// those pages (a [`Memfd`](crate::Memfd) holds its size lock's write
+    /// side); frames a mapping still maps keep that mapping's reference.
+    pub(crate) fn truncate_from(&self, from: u64) {
+        self.visit(
+            &self.root,
+            self.height - 1,
+            0,
+            from,
+            self.npages,
+            &mut |slot, pfn| {
+                slot.store(0, Ordering::Release);
+                self.frames.put(pfn);
+            },
+        );
+    }
+
+    /// Calls `f` on the slot and frame of every page in `[start, end)` below `node`
     /// (at `level`, covering pages from `base`), skipping empty subtrees.
     fn visit(
         &self,
@@ -188,7 +206,7 @@ impl Shmem {
         base: u64,
         start: u64,
         end: u64,
-        f: &mut impl FnMut(Pfn),
+        f: &mut impl FnMut(&AtomicU64, Pfn),
     ) {
         let span = 1u64 << (level * SHIFT);
         for (i, s) in node.slots.iter().enumerate() {
@@ -209,7 +227,7 @@ impl Shmem {
                 continue;
             }
             if level == 0 {
-                f(Pfn::new((v - 1) as u32));
+                f(s, Pfn::new((v - 1) as u32));
             } else {
                 // SAFETY: as in `resident`.
                 let child = unsafe { &*(v as *const Node) };
