@@ -23,9 +23,17 @@
 //! [`Memfd::write_at`] hold its read side while they copy, so the size
 //! they checked stays valid; [`Memfd::set_len`] and extending writes hold
 //! its write side, so a shrink never frees a page a copy is using. Pages
-//! are installed in the tree lock-free (compare-and-swap). The lock is a
-//! leaf: nothing else is taken while it is held except the frame
-//! allocator's own locks.
+//! are installed in the tree lock-free (compare-and-swap).
+//!
+//! Mappings vs truncation: [`AddressSpace::mmap_fd`](crate::AddressSpace::mmap_fd)
+//! holds the read side of `size` around its whole mmap, and every VMA
+//! mapping the object holds a reference on its page tree. A shrink holds
+//! the write side and refuses (`EBUSY`) while any reference besides the
+//! object's own exists, so no page past the new end is mapped or
+//! mappable after it returns; faults need no lock of the object (they
+//! read its end, which only grows while it is mapped). Lock order: `size`
+//! before the mmap_lock (see [`crate::mm`]); under `size`'s write side
+//! nothing else is taken except the frame allocator's own locks.
 
 use crate::addr::{PAGE_SHIFT, PAGE_SIZE};
 use crate::error::{Error, Result};
@@ -75,8 +83,11 @@ pub struct Memfd {
 }
 
 struct Inner {
-    name: String,
-    pages: Shmem,
+    /// The pages, shared with every VMA mapping the object (each holds a
+    /// reference: a count above one means the object is mapped).
+    /// Protected by: the tree is lock-free; its end changes under `size`'s
+    /// write side.
+    pages: Arc<Shmem>,
     /// The size in bytes.
     ///
     /// Protected by: itself (read side for copies within the size, write
@@ -111,8 +122,13 @@ impl Memfd {
         }
         Ok(Memfd {
             inner: Arc::new(Inner {
-                name: name.to_owned(),
-                pages: Shmem::new(crate::mm::next_id(), MAX_PAGES, frames.clone()),
+                pages: Arc::new(Shmem::named(
+                    crate::mm::next_id(),
+                    Some(name.into()),
+                    MAX_PAGES,
+                    len.div_ceil(PAGE_SIZE),
+                    frames.clone(),
+                )),
                 size: RwLock::new(len),
             }),
         })
@@ -120,7 +136,7 @@ impl Memfd {
 
     /// The name given at creation.
     pub fn name(&self) -> &str {
-        &self.inner.name
+        self.inner.pages.name.as_deref().unwrap_or("")
     }
 
     /// The size in bytes (`fstat`'s `st_size`).
@@ -141,14 +157,22 @@ impl Memfd {
     /// Resizes the object (`ftruncate`): growing adds zero bytes; shrinking
     /// drops the pages wholly past the new end and zeroes the tail of the
     /// last page, so a later growth reads zeros there. `EINVAL` for a
-    /// length over [`MAX_LEN`]; nothing changes then.
+    /// length over [`MAX_LEN`]; `EBUSY` for a shrink while some address
+    /// space maps the object (Linux zaps the mapped pages past the new
+    /// end; this crate does not track the mappings of an object yet).
+    /// Nothing changes on an error.
     pub fn set_len(&self, len: u64) -> Result<()> {
         if len > MAX_LEN {
             return Err(Error::Inval);
         }
         let mut size = self.inner.size.write();
+        let pages = &self.inner.pages;
         if len < *size {
-            let pages = &self.inner.pages;
+            // Mapping takes the read side of `size` (`Memfd::map_object`),
+            // so no mapping appears while we hold the write side.
+            if Arc::strong_count(pages) > 1 {
+                return Err(Error::Busy);
+            }
             let tail = (len % PAGE_SIZE) as usize;
             if tail != 0 {
                 if let Some(pfn) = pages.resident(len >> PAGE_SHIFT) {
@@ -159,6 +183,7 @@ impl Memfd {
             pages.truncate_from(len.div_ceil(PAGE_SIZE));
         }
         *size = len;
+        pages.set_npages(len.div_ceil(PAGE_SIZE));
         Ok(())
     }
 
@@ -221,6 +246,7 @@ impl Memfd {
                 let r = copy();
                 // The object grows to the end of what was written.
                 *size = (*size).max(offset + done as u64);
+                pages.set_npages(size.div_ceil(PAGE_SIZE));
                 r
             }
         };
@@ -228,6 +254,14 @@ impl Memfd {
             Err(e) if done == 0 => Err(e),
             _ => Ok(done),
         }
+    }
+
+    /// Runs `f` with the object's pages while no shrink can run (the read
+    /// side of the size lock): a mapping is made inside `f`, so
+    /// [`set_len`](Self::set_len) sees it.
+    pub(crate) fn map_object<T>(&self, f: impl FnOnce(&Arc<Shmem>) -> T) -> T {
+        let _size = self.inner.size.read();
+        f(&self.inner.pages)
     }
 
     /// Calls `f(page index, byte range within the page, offset into the
@@ -263,7 +297,7 @@ fn check_span(offset: u64, len: usize) -> Result<u64> {
 impl core::fmt::Debug for Memfd {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Memfd")
-            .field("name", &self.inner.name)
+            .field("name", &self.name())
             .field("len", &self.len())
             .field("id", &self.inner.pages.id)
             .finish()

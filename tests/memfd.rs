@@ -256,3 +256,307 @@ fn copies_racing_truncation() {
         "a shrink to zero drops every byte"
     );
 }
+
+// ---- Mappings (`mmap_fd`) against the kernel's mmap of a memfd ----
+
+use aspace::{Access, AddressSpace, Advice, Config, FaultError, MapFlags, Prot};
+
+/// A kernel mapping of `fd` (anywhere), unmapped on drop.
+struct KMap {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl KMap {
+    fn new(fd: &KernelFd, len: u64, flags: i32, off: u64) -> Result<KMap, i32> {
+        // SAFETY: a fresh mapping chosen by the kernel; touches nothing else.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                fd.0,
+                off as i64,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            Err(errno())
+        } else {
+            Ok(KMap {
+                ptr: p.cast(),
+                len: len as usize,
+            })
+        }
+    }
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is ours, `len` bytes, and the tests keep
+        // every access inside the object's size (no SIGBUS).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+    fn dontneed(&self) {
+        // SAFETY: our own mapping.
+        assert_eq!(
+            unsafe { libc::madvise(self.ptr.cast(), self.len, libc::MADV_DONTNEED) },
+            0
+        );
+    }
+    /// The kernel's errno for loading `n` bytes at `at` (0: fine), made
+    /// through a pipe so a SIGBUS page reads as `EFAULT`.
+    fn load_errno(&self, at: usize, n: usize) -> i32 {
+        let mut fds = [0i32; 2];
+        // SAFETY: a fresh pipe; the write copies from our mapping, and a
+        // fault there returns EFAULT instead of a signal.
+        unsafe {
+            assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+            let r = libc::write(fds[1], self.ptr.add(at).cast(), n);
+            let e = if r < 0 { errno() } else { 0 };
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+            e
+        }
+    }
+    /// The kernel's `/proc/self/maps` line for this mapping, from the
+    /// permissions on (the addresses and inode differ by construction).
+    fn maps_tail(&self) -> String {
+        let start = format!("{:08x}-", self.ptr as u64);
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let line = maps
+            .lines()
+            .find(|l| l.starts_with(&start))
+            .unwrap()
+            .to_string();
+        strip_line(&line)
+    }
+}
+
+impl Drop for KMap {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// A maps line without its address range and inode.
+fn strip_line(line: &str) -> String {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    format!("{} {} {} {}", f[1], f[2], f[3], f[5..].join(" "))
+}
+
+fn our_line(mm: &AddressSpace, addr: u64) -> String {
+    let v = mm.vmas().into_iter().find(|v| v.start == addr).unwrap();
+    strip_line(&v.maps_line())
+}
+
+const RW: Prot = Prot::READ.union(Prot::WRITE);
+
+#[test]
+fn shared_and_private_mappings_match_the_kernel() {
+    for seed in 1..=12u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1);
+        let pages = 4 + rng.below(12);
+        let size = pages * PAGE;
+        let k = KernelFd::new("cow").unwrap();
+        k.truncate(size).unwrap();
+        let mm = AddressSpace::new(Config::default());
+        let m = Memfd::new_in(mm.frame_pool(), "cow", size).unwrap();
+        let (so, po) = (rng.below(pages) * PAGE, rng.below(pages) * PAGE);
+        let (sl, pl) = (size - so, size - po);
+        let mut ks = KMap::new(&k, sl, libc::MAP_SHARED, so).unwrap();
+        let mut kp = KMap::new(&k, pl, libc::MAP_PRIVATE, po).unwrap();
+        let s = mm.mmap_fd(0, sl, RW, MapFlags::SHARED, &m, so).unwrap();
+        let p = mm.mmap_fd(0, pl, RW, MapFlags::PRIVATE, &m, po).unwrap();
+        assert_eq!(our_line(&mm, s), ks.maps_tail(), "seed {seed}: shared line");
+        assert_eq!(
+            our_line(&mm, p),
+            kp.maps_tail(),
+            "seed {seed}: private line"
+        );
+        for step in 0..120 {
+            let what = format!("seed {seed} step {step}");
+            let byte = rng.next() as u8;
+            let n = 1 + rng.below(300) as usize;
+            match rng.below(6) {
+                0 => {
+                    let at = rng.below(sl - n as u64) as usize;
+                    ks.bytes()[at..at + n].fill(byte);
+                    mm.write(s + at as u64, &vec![byte; n]).unwrap();
+                }
+                1 => {
+                    let at = rng.below(pl - n as u64) as usize;
+                    kp.bytes()[at..at + n].fill(byte);
+                    mm.write(p + at as u64, &vec![byte; n]).unwrap();
+                }
+                2 => {
+                    let at = rng.below(size - n as u64);
+                    k.pwrite(at, &vec![byte; n]).unwrap();
+                    m.write_at(at, &vec![byte; n]).unwrap();
+                }
+                3 => {
+                    kp.dontneed();
+                    mm.madvise(p, pl, Advice::DontNeed).unwrap();
+                }
+                _ => {
+                    let mut ours = vec![0u8; pl as usize];
+                    mm.read(p, &mut ours).unwrap();
+                    assert!(ours == kp.bytes(), "{what}: private bytes");
+                    let mut ours = vec![0u8; sl as usize];
+                    mm.read(s, &mut ours).unwrap();
+                    assert!(ours == ks.bytes(), "{what}: shared bytes");
+                    let (mut a, mut b) = (vec![0u8; size as usize], vec![0u8; size as usize]);
+                    m.read_at(0, &mut a).unwrap();
+                    k.pread(0, &mut b).unwrap();
+                    assert!(a == b, "{what}: object bytes");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn past_the_end_is_sigbus_like_the_kernel() {
+    let k = KernelFd::new("bus").unwrap();
+    k.truncate(PAGE + 100).unwrap();
+    let mm = AddressSpace::new(Config::default());
+    let m = Memfd::new_in(mm.frame_pool(), "bus", PAGE + 100).unwrap();
+    for (flags, ours) in [
+        (libc::MAP_SHARED, MapFlags::SHARED),
+        (libc::MAP_PRIVATE, MapFlags::PRIVATE),
+    ] {
+        let km = KMap::new(&k, 4 * PAGE, flags, 0).unwrap();
+        let a = mm.mmap_fd(0, 4 * PAGE, RW, ours, &m, 0).unwrap();
+        for page in 0..4u64 {
+            let mut buf = [0u8; 8];
+            let e = mm
+                .read(a + page * PAGE + 8, &mut buf)
+                .err()
+                .map_or(0, |e| e.errno());
+            assert_eq!(
+                e,
+                km.load_errno((page * PAGE + 8) as usize, 8),
+                "page {page}"
+            );
+            let f = mm.fault(a + page * PAGE, Access::Read);
+            assert_eq!(f.is_err(), page >= 2, "page {page}: {f:?}");
+            if page >= 2 {
+                assert_eq!(f, Err(FaultError::Bus));
+            }
+        }
+        // Growing the object makes the pages fault in.
+        m.set_len(4 * PAGE).unwrap();
+        assert_eq!(mm.fault(a + 3 * PAGE, Access::Write), Ok(()));
+        m.set_len(PAGE + 100).unwrap_err(); // mapped: EBUSY (see set_len)
+        mm.munmap(a, 4 * PAGE).unwrap();
+        m.set_len(PAGE + 100).unwrap();
+    }
+}
+
+#[test]
+fn contiguous_offsets_merge_like_the_kernel() {
+    // Two fixed mappings of one object side by side: the kernel and ours
+    // merge them when the offsets are contiguous, not otherwise.
+    let k = KernelFd::new("merge").unwrap();
+    k.truncate(8 * PAGE).unwrap();
+    let mm = AddressSpace::new(Config::default());
+    let m = Memfd::new_in(mm.frame_pool(), "merge", 8 * PAGE).unwrap();
+    for (second_off, merges) in [(2 * PAGE, true), (5 * PAGE, false)] {
+        let base = KMap::new(&k, 4 * PAGE, libc::MAP_SHARED, 0).unwrap();
+        // SAFETY: replaces the upper half of our own mapping.
+        let r = unsafe {
+            libc::mmap(
+                base.ptr.add(2 * PAGE as usize).cast(),
+                (2 * PAGE) as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                k.0,
+                second_off as i64,
+            )
+        };
+        assert_ne!(r, libc::MAP_FAILED);
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let start = format!("{:08x}-", base.ptr as u64);
+        let line = maps.lines().find(|l| l.starts_with(&start)).unwrap();
+        let end = u64::from_str_radix(line.split(['-', ' ']).nth(1).unwrap(), 16).unwrap();
+        assert_eq!(end - base.ptr as u64 == 4 * PAGE, merges, "kernel: {line}");
+
+        let a = mm
+            .mmap_fd(0, 4 * PAGE, RW, MapFlags::SHARED, &m, 0)
+            .unwrap();
+        let fixed = MapFlags::SHARED | MapFlags::FIXED;
+        mm.mmap_fd(a + 2 * PAGE, 2 * PAGE, RW, fixed, &m, second_off)
+            .unwrap();
+        let v = mm.vmas().into_iter().find(|v| v.start == a).unwrap();
+        assert_eq!(v.end - a == 4 * PAGE, merges, "ours: {}", v.maps_line());
+        mm.munmap(a, 4 * PAGE).unwrap();
+    }
+}
+
+#[test]
+fn bad_offsets_and_lengths_match_the_kernel() {
+    let k = KernelFd::new("bad").unwrap();
+    k.truncate(PAGE).unwrap();
+    let mm = AddressSpace::new(Config::default());
+    let m = Memfd::new_in(mm.frame_pool(), "bad", PAGE).unwrap();
+    let top = (i64::MAX as u64) & !(PAGE - 1);
+    let cases = [
+        (PAGE, 1u64),
+        (PAGE, 100),
+        (0, 0),
+        (PAGE, top),
+        (2 * PAGE, top - PAGE),
+        (u64::MAX - PAGE, 0),
+        (PAGE, 1 << 40),
+    ];
+    for (len, off) in cases {
+        let kr = KMap::new(&k, len, libc::MAP_SHARED, off).map(|_| ());
+        let ours = mm
+            .mmap_fd(0, len, RW, MapFlags::SHARED, &m, off)
+            .map(|a| mm.munmap(a, len).unwrap())
+            .map_err(|e| e.errno());
+        assert_eq!(ours, kr, "len {len:#x} offset {off:#x}");
+    }
+    // An object of another pool cannot be mapped.
+    let other = Memfd::new("other", PAGE).unwrap();
+    let r = mm.mmap_fd(0, PAGE, RW, MapFlags::SHARED, &other, 0);
+    assert_eq!(r.map_err(|e| e.errno()), Err(libc::EINVAL));
+    let _ = mm.mmap_fd(0, PAGE, RW, MapFlags::SHARED, &other, u64::MAX);
+}
+
+#[test]
+fn fork_shares_shared_and_copies_private() {
+    let mm = AddressSpace::new(Config::default());
+    let m = Memfd::new_in(mm.frame_pool(), "fork", 2 * PAGE).unwrap();
+    m.write_at(0, b"object").unwrap();
+    let s = mm
+        .mmap_fd(0, 2 * PAGE, RW, MapFlags::SHARED, &m, 0)
+        .unwrap();
+    let p = mm
+        .mmap_fd(0, 2 * PAGE, RW, MapFlags::PRIVATE, &m, 0)
+        .unwrap();
+    mm.write(p, b"parent").unwrap();
+    let child = mm.fork().unwrap();
+    child.write(s, b"child!").unwrap();
+    child.write(p + 6, b"++").unwrap();
+    let mut buf = [0u8; 8];
+    mm.read(s, &mut buf).unwrap();
+    assert_eq!(
+        &buf[..6],
+        b"child!",
+        "shared: the parent sees the child's write"
+    );
+    mm.read(p, &mut buf).unwrap();
+    assert_eq!(
+        &buf[..8],
+        b"parent\0\0",
+        "private: the child's write is its own"
+    );
+    child.read(p, &mut buf).unwrap();
+    assert_eq!(&buf[..8], b"parent++");
+    child.madvise(p, PAGE, Advice::DontNeed).unwrap();
+    child.read(p, &mut buf).unwrap();
+    assert_eq!(
+        &buf[..6],
+        b"child!",
+        "after DONTNEED the object's bytes show"
+    );
+}
