@@ -296,10 +296,8 @@ impl KMap {
     }
     fn dontneed(&self) {
         // SAFETY: our own mapping.
-        assert_eq!(
-            unsafe { libc::madvise(self.ptr.cast(), self.len, libc::MADV_DONTNEED) },
-            0
-        );
+        let r = unsafe { libc::madvise(self.ptr.cast(), self.len, libc::MADV_DONTNEED) };
+        assert_eq!(r, 0);
     }
     /// The kernel's errno for loading `n` bytes at `at` (0: fine), made
     /// through a pipe so a SIGBUS page reads as `EFAULT`.
