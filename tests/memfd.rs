@@ -558,3 +558,55 @@ fn fork_shares_shared_and_copies_private() {
         "after DONTNEED the object's bytes show"
     );
 }
+
+#[test]
+fn no_shrink_while_mapped_under_races() {
+    // One thread maps the object, writes its fourth page if the object
+    // reaches it, and checks the byte stays readable until it unmaps;
+    // another shrinks and grows the object. A shrink that succeeded while
+    // the mapping existed would leave the entry mapped past the end (or
+    // make the read SIGBUS) and part the mapping from the object.
+    let mm = Arc::new(AddressSpace::new(Config::default()));
+    let m = Memfd::new_in(mm.frame_pool(), "race-map", 4 * PAGE).unwrap();
+    // `stop`: the mapper is done.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mapper = {
+        let (mm, m, stop) = (mm.clone(), m.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut hits = 0u64;
+            for _ in 0..3000 {
+                let a = mm
+                    .mmap_fd(0, 4 * PAGE, RW, MapFlags::SHARED, &m, 0)
+                    .unwrap();
+                if mm.write(a + 3 * PAGE, b"z").is_ok() {
+                    hits += 1;
+                    for _ in 0..100 {
+                        let mut b = [0u8; 1];
+                        mm.read(a + 3 * PAGE, &mut b).unwrap();
+                        assert_eq!(&b, b"z", "a mapped object was shrunk");
+                        // The mapping and the object agree: a shrink that
+                        // left the entry mapped would part them.
+                        assert_eq!(m.read_at(3 * PAGE, &mut b).unwrap(), 1);
+                        assert_eq!(&b, b"z", "the object lost a mapped page");
+                    }
+                }
+                mm.munmap(a, 4 * PAGE).unwrap();
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            hits
+        })
+    };
+    let mut shrunk = 0u64;
+    // (Also stop if the mapper panicked.)
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) && !mapper.is_finished() {
+        if m.set_len(PAGE).is_ok() {
+            shrunk += 1;
+        }
+        m.set_len(4 * PAGE).unwrap();
+    }
+    let hits = mapper.join().unwrap();
+    assert!(
+        shrunk > 0 && hits > 0,
+        "both sides ran: {shrunk} shrinks, {hits} hits"
+    );
+}
