@@ -33,6 +33,9 @@ pub enum Error {
     Exist,
     /// `EINVAL`: an argument is invalid (alignment, length, flags).
     Inval,
+    /// `EOVERFLOW`: an offset plus a length passes the largest object
+    /// size ([`AddressSpace::mmap_fd`](crate::AddressSpace::mmap_fd)).
+    Overflow,
 }
 
 impl Error {
@@ -49,6 +52,7 @@ impl Error {
             Error::Busy => 16,
             Error::Exist => 17,
             Error::Inval => 22,
+            Error::Overflow => 75,
         }
     }
 
@@ -63,6 +67,7 @@ impl Error {
             16 => Error::Busy,
             17 => Error::Exist,
             22 => Error::Inval,
+            75 => Error::Overflow,
             _ => return None,
         })
     }
@@ -80,6 +85,7 @@ impl Error {
             Error::Busy => "EBUSY",
             Error::Exist => "EEXIST",
             Error::Inval => "EINVAL",
+            Error::Overflow => "EOVERFLOW",
         }
     }
 }

@@ -20,6 +20,7 @@
 pub mod addr;
 pub mod error;
 mod lazy;
+pub mod memfd;
 pub mod mm;
 mod percpu;
 mod phys;
@@ -35,6 +36,7 @@ pub mod vmap;
 
 pub use addr::{Range, PAGE_SIZE};
 pub use error::{Error, FaultError, MemoryFault, Result};
+pub use memfd::Memfd;
 pub use mm::{
     Access, AddressSpace, Advice, Budget, Config, ConfigError, FaultLocking, FrameAllocator,
     MapFlags, MlockAllFlags, MlockFlags, MremapExtent, MremapFlags, MsyncFlags, Prot, VmaInfo,

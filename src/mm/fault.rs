@@ -15,6 +15,12 @@
 //! of a writable VMA reuses the frame if this entry holds its only
 //! reference, else copies it (copy-on-write).
 //!
+//! Object-backed VMAs ([`crate::Memfd`], shared anonymous memory): a page
+//! at or past the object's end is SIGBUS; a shared mapping maps the
+//! object's page (allocated on first touch); a private one maps it
+//! read-only and copies it into an anonymous frame on the first write,
+//! as Linux's private file mappings do.
+//!
 //! # Locking
 //!
 //! The per-VMA path holds one VMA read lock, then PTE-table locks; it only
@@ -203,8 +209,29 @@ fn do_fault(
                 return Err(Step::Fail(FaultError::Bus));
             }
             let pfn = shm.frame(idx).ok_or(Step::Fail(FaultError::OutOfMemory))?;
-            mm.frames.get(pfn);
-            Pte::new(pfn, PteFlags::from(flags))
+            if flags.contains(VmFlags::SHARED) {
+                mm.frames.get(pfn);
+                Pte::new(pfn, PteFlags::from(flags))
+            } else if access != Access::Write {
+                // A private mapping reads the object's page until its
+                // first write (the entry stays read-only).
+                mm.frames.get(pfn);
+                Pte::new(pfn, PteFlags::from(flags) - PteFlags::WRITE)
+            } else {
+                // The first write copies the object's page (do_cow_fault).
+                // The object keeps its reference on `pfn` while mapped
+                // (a mapped object is never shrunk), so it stays readable.
+                anon_vma_prepare(mm, vma, vma_locked).map_err(Step::Retry)?;
+                let copy = mm
+                    .frames
+                    .alloc_uninit()
+                    .ok_or(Step::Fail(FaultError::OutOfMemory))?;
+                mm.frames.copy(copy, pfn);
+                Pte::new(
+                    copy,
+                    PteFlags::from(flags) | PteFlags::DIRTY | PteFlags::ACCESSED,
+                )
+            }
         } else if access != Access::Write {
             Pte::new(Pfn::ZERO_PAGE, PteFlags::from(flags) - PteFlags::WRITE)
         } else {
@@ -253,7 +280,9 @@ fn wp_fault(
     g: &crate::reclaim::Guard,
 ) -> Result<bool, Step> {
     let writable = pte.flags() | PteFlags::WRITE | PteFlags::DIRTY | PteFlags::ACCESSED;
-    if vma.has_shmem() {
+    // A shared object's page is written in place; a private mapping of an
+    // object copies it below like any page it does not own.
+    if vma.has_shmem() && vma.flags().contains(VmFlags::SHARED) {
         return Ok(mm
             .pt
             .update(page, g, |cur| {

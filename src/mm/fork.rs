@@ -150,11 +150,13 @@ struct Dup {
 
 impl Dup {
     /// Whether the parent's page-table entries are copied: private
-    /// anonymous memory with an anon_vma has pages of its own; the rest
+    /// memory with an anon_vma (anonymous, or a private object mapping
+    /// with copies) has pages of its own; the rest
     /// maps only the zero page or a shared object, and the child faults it
     /// again (Linux's `vma_needs_copy`).
     fn copies_ptes(&self) -> bool {
-        self.anon.is_some() && !self.parent.has_shmem()
+        self.anon.is_some()
+            && !(self.parent.has_shmem() && self.parent.flags().contains(VmFlags::SHARED))
     }
 }
 

@@ -44,8 +44,10 @@ pub struct VmaInfo {
     pub pgoff: u64,
     /// An anon_vma has been assigned (the VMA was written to).
     pub anon_vma: bool,
-    /// Identity of the shared backing object, if any.
+    /// Identity of the backing object, if any (the inode `maps` prints).
     pub shmem_id: Option<u64>,
+    /// The name of the [`Memfd`](crate::Memfd) mapped, if the object is one.
+    pub memfd_name: Option<String>,
     /// This is the brk heap.
     pub heap: bool,
     /// This VMA contains the initial stack pointer
@@ -101,6 +103,12 @@ impl VmaInfo {
         // show_map_vma: a shared mapping's object first, then the heap,
         // the stack, then an anonymous VMA's name.
         let path = match (&self.name, self.shmem_id.is_some()) {
+            _ if self.memfd_name.is_some() => {
+                format!(
+                    "/memfd:{} (deleted)",
+                    self.memfd_name.as_deref().unwrap_or("")
+                )
+            }
             (Some(n), true) => format!("[anon_shmem:{n}]"),
             (None, true) => "/dev/zero (deleted)".to_string(),
             _ if self.heap => "[heap]".to_string(),
@@ -133,6 +141,8 @@ pub(crate) fn snapshot(st: &MmState, v: &Vma) -> VmaInfo {
         // SAFETY: snapshots are taken under the mmap_lock (vmas, vma_at,
         // the writers' own checks), which keeps `v` and its object.
         shmem_id: unsafe { v.shmem() }.map(|s| s.id),
+        // SAFETY: as above.
+        memfd_name: unsafe { v.shmem() }.and_then(|s| s.name.as_deref().map(str::to_string)),
         heap: is_heap(st, r),
         stack: is_stack(st, r),
         name: v.name().map(str::to_string),

@@ -10,6 +10,7 @@ use super::edit::{Edit, VmaSpec};
 use super::{next_id, AddressSpace, MapFlags, Prot};
 use crate::addr::{is_page_aligned, page_align_down, page_align_up, Range, PAGE_SHIFT, PAGE_SIZE};
 use crate::error::{Error, Result};
+use crate::memfd::Memfd;
 use crate::sync::Arc;
 use crate::vma::{Shmem, VmFlags, VmaRef};
 
@@ -39,6 +40,77 @@ impl AddressSpace {
     /// with `SHARED` or `DROPPABLE`, or `LOCKED` with `DROPPABLE`; then
     /// `ENOMEM` when the memory budget has no room for the new VMA.
     pub fn mmap(&self, addr: u64, len: u64, prot: Prot, flags: MapFlags) -> Result<u64> {
+        self.do_mmap(addr, len, prot, flags, None)
+    }
+
+    /// Maps `len` bytes of the memory object `memfd` from byte `offset`,
+    /// like `mmap(2)` on a memfd's descriptor.
+    ///
+    /// `MAP_SHARED` (or `MAP_SHARED_VALIDATE`): loads and stores reach the
+    /// object's pages, seen by [`Memfd::read_at`], every other mapping and
+    /// fork children. `MAP_PRIVATE`: copy-on-write over the object: a read
+    /// fault maps the object's page read-only, the first write copies it
+    /// into a private page; `MADV_DONTNEED` drops the copies, so the
+    /// object's bytes show again. A fault at or past the object's end
+    /// (page index `>= ceil(len / 4096)`) is `SIGBUS`
+    /// ([`FaultError::Bus`](crate::FaultError::Bus)). Adjacent mappings of
+    /// the same object at contiguous offsets merge, as in Linux.
+    ///
+    /// Errors as [`mmap`](Self::mmap), with the object's first: `EINVAL`
+    /// for an offset not a multiple of the page size (before anything
+    /// else) or an object charged to another frame pool than this
+    /// space's; `EOVERFLOW` when `offset + len` passes the largest object
+    /// size; `EINVAL` for the `DROPPABLE` type or `GROWSDOWN`. Flags of
+    /// `SHARED_VALIDATE` are not validated (Linux's `EOPNOTSUPP`).
+    ///
+    /// ```
+    /// use aspace::{AddressSpace, Advice, Config, MapFlags, Memfd, Prot};
+    ///
+    /// // Wasmtime-style instance reset: a private mapping of an image.
+    /// let mm = AddressSpace::new(Config::default());
+    /// let image = Memfd::new_in(mm.frame_pool(), "image", 8192)?;
+    /// image.write_at(0, b"initial")?;
+    /// let rw = Prot::READ | Prot::WRITE;
+    /// let a = mm.mmap_fd(0, 8192, rw, MapFlags::PRIVATE, &image, 0)?;
+    /// mm.write(a, b"dirty!!")?;
+    /// let mut buf = [0u8; 7];
+    /// mm.read(a, &mut buf)?;
+    /// assert_eq!(&buf, b"dirty!!");
+    /// mm.madvise(a, 8192, Advice::DontNeed)?; // reset
+    /// mm.read(a, &mut buf)?;
+    /// assert_eq!(&buf, b"initial");
+    /// # Ok::<(), aspace::Error>(())
+    /// ```
+    pub fn mmap_fd(
+        &self,
+        addr: u64,
+        len: u64,
+        prot: Prot,
+        flags: MapFlags,
+        memfd: &Memfd,
+        offset: u64,
+    ) -> Result<u64> {
+        if offset % PAGE_SIZE != 0 {
+            return Err(Error::Inval);
+        }
+        if !Arc::ptr_eq(memfd.frame_pool(), &self.frames) {
+            return Err(Error::Inval);
+        }
+        memfd.map_object(|obj| {
+            self.do_mmap(addr, len, prot, flags, Some((obj, offset >> PAGE_SHIFT)))
+        })
+    }
+
+    /// `mmap` of anonymous memory (`obj` is `None`) or of an object from
+    /// page `obj.1` on.
+    fn do_mmap(
+        &self,
+        addr: u64,
+        len: u64,
+        prot: Prot,
+        flags: MapFlags,
+        obj: Option<(&Arc<Shmem>, u64)>,
+    ) -> Result<u64> {
         // Unknown bits are ignored, as Linux's mmap ignores them (only
         // MAP_SHARED_VALIDATE rejects them, and anonymous memory rejects
         // that type below).
@@ -91,12 +163,24 @@ impl AddressSpace {
         // field (Linux's MAP_SHARED_VALIDATE is for files only; other
         // values are unknown types).
         let ty = flags.bits() & MapFlags::TYPE;
-        let shared = ty == MapFlags::SHARED.bits();
+        if let Some((_, pgoff)) = obj {
+            // file_mmap_ok: the mapping must end within the largest size.
+            let max_pages = (crate::memfd::MAX_LEN - len.min(crate::memfd::MAX_LEN)) >> PAGE_SHIFT;
+            if len > crate::memfd::MAX_LEN || pgoff > max_pages {
+                return Err(Error::Overflow);
+            }
+        }
+        // Files take MAP_SHARED_VALIDATE as shared.
+        let shared = ty == MapFlags::SHARED.bits()
+            || obj.is_some() && ty == MapFlags::SHARED_VALIDATE.bits();
         let droppable = ty == MapFlags::DROPPABLE.bits();
         if !shared && !droppable && ty != MapFlags::PRIVATE.bits() {
             return Err(Error::Inval);
         }
-        if (shared || droppable) && flags.contains(MapFlags::GROWSDOWN) {
+        if obj.is_some() && droppable {
+            return Err(Error::Inval);
+        }
+        if (shared || droppable || obj.is_some()) && flags.contains(MapFlags::GROWSDOWN) {
             return Err(Error::Inval);
         }
         // Droppable pages cannot be locked (HUGETLB failed above).
@@ -152,7 +236,14 @@ impl AddressSpace {
                 return Err(Error::NoMem);
             }
         }
-        if shared {
+        if let Some((obj, pgoff)) = obj {
+            // Merges with a neighbour mapping the same object at the
+            // contiguous offset, with the same flags.
+            ed.map_new(VmaSpec {
+                shmem: Some(obj.clone()),
+                ..VmaSpec::anon(r, pgoff, vf)
+            });
+        } else if shared {
             let obj = Arc::new(Shmem::new(
                 next_id(),
                 len >> PAGE_SHIFT,

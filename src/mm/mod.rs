@@ -4,6 +4,9 @@
 //!
 //! Lock order, outermost first:
 //!
+//! 0. A [`Memfd`](crate::Memfd)'s size lock: `mmap_fd` holds its read
+//!    side around the whole mmap (so a shrink, which holds its write side
+//!    and takes nothing else, never runs while a mapping appears).
 //! 1. `mmap_lock` (`mmap_lock::MmapLock`) — writers (mmap, munmap,
 //!    mprotect, mremap, brk) take it for write; the fault fallback path,
 //!    madvise and `vmas()` take it for read.

@@ -20,7 +20,8 @@
 //!    shared object", "attached". The fault needs no more for anonymous
 //!    private memory: a read maps the zero page, a write a zeroed frame.
 //! 4. Bail out when the fault needs more than an install: no anon_vma yet
-//!    (attaching one changes the VMA), a shared object, a write to a
+//!    (attaching one changes the VMA), an object (a shared mapping or a
+//!    private mapping of a memfd), a write to a
 //!    present read-only entry (copy-on-write: the reliability fixes live in
 //!    the per-VMA path), an access the flags refuse (the per-VMA path gives
 //!    the verdict), no PTE table, or a PTE table whose 2 MiB span is not

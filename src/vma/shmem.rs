@@ -1,4 +1,4 @@
-//! The backing object of shared anonymous mappings (like shmem): its pages
+//! The backing object of shared anonymous mappings and memfds (like shmem): its pages
 //! live in a sparse radix tree, as the page cache's xarray keeps them.
 //!
 //! The tree has a fixed height for the object's size and 64 slots per
@@ -56,18 +56,43 @@ fn height_for(npages: u64) -> u32 {
 pub struct Shmem {
     /// Identity, printed as the inode number in `maps()`.
     pub(crate) id: u64,
+    /// The name of a [`Memfd`](crate::Memfd) (`maps()` shows
+    /// `/memfd:NAME (deleted)`); `None` for a shared anonymous mapping.
+    /// Protected by: immutable after creation.
+    pub(crate) name: Option<Box<str>>,
+    /// Pages the tree can index (the largest size).
+    /// Protected by: immutable after creation.
     npages: u64,
+    /// Pages below the object's end (`ceil(size / 4096)`): a fault at or
+    /// past it is SIGBUS.
+    /// Protected by: an atomic, stored by the owner's resize (a
+    /// [`Memfd`](crate::Memfd)'s size lock); never lowered while mapped.
+    end: AtomicU64,
     height: u32,
     /// The root node lives in the object (its cost is the mapping's).
     root: Node,
-    frames: Arc<FrameAllocator>,
+    pub(crate) frames: Arc<FrameAllocator>,
 }
 
 impl Shmem {
     pub(crate) fn new(id: u64, npages: u64, frames: Arc<FrameAllocator>) -> Self {
+        Self::named(id, None, npages, npages, frames)
+    }
+
+    /// An object named `name` (a memfd) indexing up to `npages` pages, of
+    /// which the first `end` are inside it.
+    pub(crate) fn named(
+        id: u64,
+        name: Option<Box<str>>,
+        npages: u64,
+        end: u64,
+        frames: Arc<FrameAllocator>,
+    ) -> Self {
         Shmem {
             id,
+            name,
             npages,
+            end: AtomicU64::new(end),
             height: height_for(npages),
             root: Node::new(),
             frames,
@@ -133,9 +158,15 @@ impl Shmem {
         }
     }
 
-    /// Size in pages.
+    /// Size in pages: a fault at this index or past it is SIGBUS.
     pub(crate) fn npages(&self) -> u64 {
-        self.npages
+        self.end.load(Ordering::Acquire)
+    }
+
+    /// Sets the size in pages (at most the capacity given at creation).
+    pub(crate) fn set_npages(&self, end: u64) {
+        debug_assert!(end <= self.npages);
+        self.end.store(end, Ordering::Release);
     }
 
     /// The frame of page `index`, if it has one (nothing is allocated).
@@ -175,11 +206,29 @@ impl Shmem {
             0,
             range.start,
             end,
-            &mut |pfn| frames.write(pfn, 0, &zeros),
+            &mut |_, pfn| frames.write(pfn, 0, &zeros),
         );
     }
 
-    /// Calls `f` on the frame of every page in `[start, end)` below `node`
+    /// Drops the object's frames of the pages from index `from` on (a
+    /// shrinking `ftruncate`). The caller excludes every other user of
+    /// those pages (a [`Memfd`](crate::Memfd) holds its size lock's write
+    /// side); frames a mapping still maps keep that mapping's reference.
+    pub(crate) fn truncate_from(&self, from: u64) {
+        self.visit(
+            &self.root,
+            self.height - 1,
+            0,
+            from,
+            self.npages,
+            &mut |slot, pfn| {
+                slot.store(0, Ordering::Release);
+                self.frames.put(pfn);
+            },
+        );
+    }
+
+    /// Calls `f` on the slot and frame of every page in `[start, end)` below `node`
     /// (at `level`, covering pages from `base`), skipping empty subtrees.
     fn visit(
         &self,
@@ -188,7 +237,7 @@ impl Shmem {
         base: u64,
         start: u64,
         end: u64,
-        f: &mut impl FnMut(Pfn),
+        f: &mut impl FnMut(&AtomicU64, Pfn),
     ) {
         let span = 1u64 << (level * SHIFT);
         for (i, s) in node.slots.iter().enumerate() {
@@ -209,7 +258,7 @@ impl Shmem {
                 continue;
             }
             if level == 0 {
-                f(Pfn::new((v - 1) as u32));
+                f(s, Pfn::new((v - 1) as u32));
             } else {
                 // SAFETY: as in `resident`.
                 let child = unsafe { &*(v as *const Node) };

@@ -1,0 +1,305 @@
+//! Memory objects: [`Memfd`], a sized, named object of pages like Linux's
+//! `memfd_create` file, read and written by offset (`pread`/`pwrite`) and
+//! resized by [`Memfd::set_len`] (`ftruncate`).
+//!
+//! Its pages live in the same sparse radix tree as the object behind a
+//! shared anonymous mapping (`vma::Shmem`, the page cache's xarray): a
+//! shared anonymous mapping is a memfd without a name, as in Linux. The
+//! tree is sized for the largest object (`MAX_LFS_FILESIZE`) and costs only
+//! the nodes on the paths to the pages touched.
+//!
+//! Frames and tree nodes are charged to one [`FrameAllocator`] and its
+//! budget: the pool given to [`Memfd::new_in`] (pass
+//! [`AddressSpace::frame_pool`](crate::AddressSpace::frame_pool) to charge
+//! an address space's budget), or a pool of its own for [`Memfd::new`].
+//! Fresh pages read as zeros when the pool zeroes frames
+//! ([`FrameAllocator::zeroes_frames`]), as every pool made by
+//! [`AddressSpace::new`](crate::AddressSpace::new) with the default
+//! [`Config`](crate::Config) does.
+//!
+//! # Locking
+//!
+//! `size` is a reader-writer lock: [`Memfd::read_at`] and in-bounds
+//! [`Memfd::write_at`] hold its read side while they copy, so the size
+//! they checked stays valid; [`Memfd::set_len`] and extending writes hold
+//! its write side, so a shrink never frees a page a copy is using. Pages
+//! are installed in the tree lock-free (compare-and-swap).
+//!
+//! Mappings vs truncation: [`AddressSpace::mmap_fd`](crate::AddressSpace::mmap_fd)
+//! holds the read side of `size` around its whole mmap, and every VMA
+//! mapping the object holds a reference on its page tree. A shrink holds
+//! the write side and refuses (`EBUSY`) while any reference besides the
+//! object's own exists, so no page past the new end is mapped or
+//! mappable after it returns; faults need no lock of the object (they
+//! read its end, which only grows while it is mapped). Lock order: `size`
+//! before the mmap_lock (see [`crate::mm`]); under `size`'s write side
+//! nothing else is taken except the frame allocator's own locks.
+
+use crate::addr::{PAGE_SHIFT, PAGE_SIZE};
+use crate::error::{Error, Result};
+use crate::phys::FrameAllocator;
+use crate::sync::{Arc, RwLock};
+use crate::vma::Shmem;
+
+/// Longest name `memfd_create` accepts, in bytes (`MFD_NAME_MAX_LEN`).
+pub const MAX_NAME_LEN: usize = 249;
+
+/// Largest object size in bytes (`MAX_LFS_FILESIZE`, tmpfs's limit).
+pub const MAX_LEN: u64 = i64::MAX as u64;
+
+/// Pages the tree indexes: enough for an object of [`MAX_LEN`] bytes.
+const MAX_PAGES: u64 = (MAX_LEN >> PAGE_SHIFT) + 1;
+
+/// Memory budget of the pool [`Memfd::new`] makes (the default
+/// [`Config`](crate::Config)'s).
+const OWN_POOL_BYTES: u64 = 4 << 30;
+
+/// A memory object: a named, resizable sequence of bytes backed by frames,
+/// like a file from Linux's `memfd_create`.
+///
+/// Cloning is cheap and shares the object, like `dup` on its descriptor:
+/// a write through one handle is read through every other. The pages are
+/// freed when the last handle drops.
+///
+/// ```
+/// use aspace::Memfd;
+///
+/// let m = Memfd::new("image", 10_000)?;
+/// assert_eq!(m.write_at(4090, b"hello")?, 5);
+/// let other = m.clone();
+/// let mut buf = [0u8; 8];
+/// assert_eq!(other.read_at(4088, &mut buf)?, 8);
+/// assert_eq!(&buf, b"\0\0hello\0");
+/// m.set_len(4092)?; // drops the bytes past the new end
+/// assert_eq!(other.read_at(4088, &mut buf)?, 4);
+/// m.set_len(8192)?; // grows with zeros
+/// assert_eq!(other.read_at(4088, &mut buf)?, 8);
+/// assert_eq!(&buf, b"\0\0he\0\0\0\0");
+/// # Ok::<(), aspace::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Memfd {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// The pages, shared with every VMA mapping the object (each holds a
+    /// reference: a count above one means the object is mapped).
+    /// Protected by: the tree is lock-free; its end changes under `size`'s
+    /// write side.
+    pages: Arc<Shmem>,
+    /// The size in bytes.
+    ///
+    /// Protected by: itself (read side for copies within the size, write
+    /// side for any change of size).
+    size: RwLock<u64>,
+}
+
+impl Memfd {
+    /// A new object named `name` of `len` zero bytes, with a frame pool of
+    /// its own (a 4 GiB budget, zeroing frames).
+    ///
+    /// Errors as `memfd_create` then `ftruncate`: `EINVAL` for a name
+    /// longer than [`MAX_NAME_LEN`] bytes or holding a NUL byte, or a
+    /// length over [`MAX_LEN`].
+    pub fn new(name: &str, len: u64) -> Result<Memfd> {
+        Self::new_in(
+            &Arc::new(FrameAllocator::new(OWN_POOL_BYTES, true)),
+            name,
+            len,
+        )
+    }
+
+    /// A new object like [`new`](Self::new) whose frames and tree nodes
+    /// are charged to `frames` (e.g. an address space's
+    /// [`frame_pool`](crate::AddressSpace::frame_pool)).
+    pub fn new_in(frames: &Arc<FrameAllocator>, name: &str, len: u64) -> Result<Memfd> {
+        if name.len() > MAX_NAME_LEN || name.as_bytes().contains(&0) {
+            return Err(Error::Inval);
+        }
+        if len > MAX_LEN {
+            return Err(Error::Inval);
+        }
+        Ok(Memfd {
+            inner: Arc::new(Inner {
+                pages: Arc::new(Shmem::named(
+                    crate::mm::next_id(),
+                    Some(name.into()),
+                    MAX_PAGES,
+                    len.div_ceil(PAGE_SIZE),
+                    frames.clone(),
+                )),
+                size: RwLock::new(len),
+            }),
+        })
+    }
+
+    /// The name given at creation.
+    pub fn name(&self) -> &str {
+        self.inner.pages.name.as_deref().unwrap_or("")
+    }
+
+    /// The size in bytes (`fstat`'s `st_size`).
+    pub fn len(&self) -> u64 {
+        *self.inner.size.read()
+    }
+
+    /// True if the size is zero.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The frame pool the object's pages are charged to.
+    pub fn frame_pool(&self) -> &Arc<FrameAllocator> {
+        &self.inner.pages.frames
+    }
+
+    /// Resizes the object (`ftruncate`): growing adds zero bytes; shrinking
+    /// drops the pages wholly past the new end and zeroes the tail of the
+    /// last page, so a later growth reads zeros there. `EINVAL` for a
+    /// length over [`MAX_LEN`]; `EBUSY` for a shrink while some address
+    /// space maps the object (Linux zaps the mapped pages past the new
+    /// end; this crate does not track the mappings of an object yet).
+    /// Nothing changes on an error.
+    pub fn set_len(&self, len: u64) -> Result<()> {
+        if len > MAX_LEN {
+            return Err(Error::Inval);
+        }
+        let mut size = self.inner.size.write();
+        let pages = &self.inner.pages;
+        if len < *size {
+            // Mapping takes the read side of `size` (`Memfd::map_object`),
+            // so no mapping appears while we hold the write side.
+            if Arc::strong_count(pages) > 1 {
+                return Err(Error::Busy);
+            }
+            let tail = (len % PAGE_SIZE) as usize;
+            if tail != 0 {
+                if let Some(pfn) = pages.resident(len >> PAGE_SHIFT) {
+                    let zeros = [0u8; PAGE_SIZE as usize];
+                    pages.frames.write(pfn, tail, &zeros[tail..]);
+                }
+            }
+            pages.truncate_from(len.div_ceil(PAGE_SIZE));
+        }
+        *size = len;
+        pages.set_npages(len.div_ceil(PAGE_SIZE));
+        Ok(())
+    }
+
+    /// Copies bytes from `offset` into `buf` (`pread`): returns how many,
+    /// fewer than `buf.len()` at the end of the object, 0 at or past it.
+    /// Pages never written read as zeros and are not allocated. `EINVAL`
+    /// when `offset + buf.len()` passes [`MAX_LEN`].
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        check_span(offset, buf.len())?;
+        let size = self.inner.size.read();
+        let n = usize::try_from(size.saturating_sub(offset))
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        let pages = &self.inner.pages;
+        self.for_pages(offset, n, |idx, in_page, at| {
+            let chunk = &mut buf[at..at + in_page.len()];
+            match pages.resident(idx) {
+                Some(pfn) => pages.frames.read(pfn, in_page.start, chunk),
+                None => chunk.fill(0),
+            }
+            Ok(())
+        })?;
+        Ok(n)
+    }
+
+    /// Copies `data` into the object at `offset` (`pwrite`), growing it if
+    /// the write ends past its end; returns how many bytes were written.
+    /// `EINVAL` when `offset + data.len()` passes [`MAX_LEN`]; `ENOMEM`
+    /// when the pool has no frame for the first page (a later page out of
+    /// memory ends the write short, its bytes before that written).
+    pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<usize> {
+        let end = check_span(offset, data.len())?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let pages = &self.inner.pages;
+        let mut done = 0;
+        let mut copy = || {
+            self.for_pages(offset, data.len(), |idx, in_page, at| {
+                let pfn = pages.frame(idx).ok_or(Error::NoMem)?;
+                pages
+                    .frames
+                    .write(pfn, in_page.start, &data[at..at + in_page.len()]);
+                done = at + in_page.len();
+                Ok(())
+            })
+        };
+        let r = {
+            let size = self.inner.size.read();
+            if end <= *size {
+                Some(copy())
+            } else {
+                None
+            }
+        };
+        let r = match r {
+            Some(r) => r,
+            None => {
+                let mut size = self.inner.size.write();
+                let r = copy();
+                // The object grows to the end of what was written.
+                *size = (*size).max(offset + done as u64);
+                pages.set_npages(size.div_ceil(PAGE_SIZE));
+                r
+            }
+        };
+        match r {
+            Err(e) if done == 0 => Err(e),
+            _ => Ok(done),
+        }
+    }
+
+    /// Runs `f` with the object's pages while no shrink can run (the read
+    /// side of the size lock): a mapping is made inside `f`, so
+    /// [`set_len`](Self::set_len) sees it.
+    pub(crate) fn map_object<T>(&self, f: impl FnOnce(&Arc<Shmem>) -> T) -> T {
+        let _size = self.inner.size.read();
+        f(&self.inner.pages)
+    }
+
+    /// Calls `f(page index, byte range within the page, offset into the
+    /// caller's buffer)` for each page of `[offset, offset + n)`, stopping
+    /// at the first error.
+    fn for_pages(
+        &self,
+        offset: u64,
+        n: usize,
+        mut f: impl FnMut(u64, core::ops::Range<usize>, usize) -> Result<()>,
+    ) -> Result<()> {
+        let mut at = 0usize;
+        while at < n {
+            let pos = offset + at as u64;
+            let start = (pos % PAGE_SIZE) as usize;
+            let len = (PAGE_SIZE as usize - start).min(n - at);
+            f(pos >> PAGE_SHIFT, start..start + len, at)?;
+            at += len;
+        }
+        Ok(())
+    }
+}
+
+/// Checks `offset + len` against [`MAX_LEN`] as `rw_verify_area` does;
+/// returns the end.
+fn check_span(offset: u64, len: usize) -> Result<u64> {
+    offset
+        .checked_add(len as u64)
+        .filter(|&end| end <= MAX_LEN)
+        .ok_or(Error::Inval)
+}
+
+impl core::fmt::Debug for Memfd {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Memfd")
+            .field("name", &self.name())
+            .field("len", &self.len())
+            .field("id", &self.inner.pages.id)
+            .finish()
+    }
+}
