@@ -123,7 +123,7 @@ impl Memfd {
         Ok(Memfd {
             inner: Arc::new(Inner {
                 pages: Arc::new(Shmem::named(
-                    crate::mm::next_id(),
+                    crate::sync::counter::next_id(),
                     Some(name.into()),
                     MAX_PAGES,
                     len.div_ceil(PAGE_SIZE),

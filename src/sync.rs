@@ -255,6 +255,14 @@ pub use imp::*;
 /// works in every build. Nothing may be ordered by these.
 pub mod counter {
     pub use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+
+    /// A fresh id for an address space, an anon_vma or a memory object:
+    /// unique in the process, never reused (an id only names; no protocol
+    /// orders anything by it).
+    pub fn next_id() -> u64 {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    }
 }
 
 /// Atomics on frame memory (guest data): plain `std` atomics even under

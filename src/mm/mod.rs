@@ -108,12 +108,7 @@ pub(crate) struct MmState {
     pub(crate) def_flags: crate::vma::VmFlags,
 }
 
-/// Source of unique ids for address spaces, anon_vmas and shared objects.
-pub(crate) fn next_id() -> u64 {
-    use crate::sync::counter;
-    static NEXT: counter::AtomicU64 = counter::AtomicU64::new(1);
-    NEXT.fetch_add(1, counter::Ordering::Relaxed)
-}
+pub(crate) use crate::sync::counter::next_id;
 
 /// A process-like virtual address space.
 ///
