@@ -8,34 +8,15 @@
 //! so the explored interleavings are those of the race itself.
 #![cfg(aspace_loom)]
 
-use aspace::{Access, AddressSpace, Advice, Config, Error, FaultError, MapFlags, Prot, PAGE_SIZE};
+mod common;
+use common::{cfg, fixed, model, rw};
+
+use aspace::{Access, AddressSpace, Advice, Error, FaultError, Prot, PAGE_SIZE};
 use loom::sync::Arc;
 use loom::thread;
 
-/// The bound and branch limit come from the environment (`loom.sh` sets
-/// `LOOM_MAX_PREEMPTIONS=2`): no model pins its own.
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    loom::model::Builder::new().check(f);
-}
-
 const A: u64 = 0x4000_0000;
 const B: u64 = 0x5000_0000;
-
-fn cfg() -> Config {
-    Config {
-        deferred_reclaim: true,
-        memory_budget: 64 * PAGE_SIZE,
-        ..Config::default()
-    }
-}
-
-fn fixed() -> MapFlags {
-    MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED
-}
-
-fn rw() -> Prot {
-    Prot::READ | Prot::WRITE
-}
 
 /// Model 3: a lock-free lookup races with munmap of its VMA and the
 /// immediate reuse of the VMA object for another range. The fault either
@@ -186,18 +167,7 @@ fn write_vs_mprotect_read() {
         let mm = Arc::new(AddressSpace::new(cfg()));
         mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
         mm.write(A, &[1]).unwrap();
-        let m2 = mm.clone();
-        let t = thread::spawn(move || m2.write(A, &[2]));
-        mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
-        let (mut before, mut after) = ([0u8; 1], [0u8; 1]);
-        mm.read(A, &mut before).unwrap();
-        let r = t.join().unwrap();
-        mm.read(A, &mut after).unwrap();
-        assert_eq!(before, after, "a store landed after mprotect returned");
-        match r {
-            Ok(()) => assert_eq!(after, [2]),
-            Err(e) => assert_eq!(e.errno(), Error::Fault.errno(), "{e:?}"),
-        }
+        common::store_vs_mprotect_read(mm.clone(), A);
     });
 }
 

@@ -4,15 +4,13 @@
 //! src/sync.rs. `./loom.sh lazy` runs them.
 #![cfg(aspace_loom)]
 
+mod common;
+use common::model;
+
 use aspace::loom_door::{LazyArc, PerCpu};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    // Bound and branch limit from the environment (loom.sh).
-    loom::model::Builder::new().check(f);
-}
 
 /// Two threads count in their slot of a `PerCpu` nobody has used yet:
 /// both race to allocate the slot array, one array is installed, and

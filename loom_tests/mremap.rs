@@ -9,17 +9,16 @@
 //! mapping's byte. It must see the moved data or a clean EFAULT.
 #![cfg(aspace_loom)]
 
-use aspace::{AddressSpace, Config, MapFlags, MremapExtent, MremapFlags, Prot, PAGE_SIZE};
+mod common;
+use common::fixed;
+
+use aspace::{AddressSpace, Config, MremapExtent, MremapFlags, Prot, PAGE_SIZE};
 use loom::sync::Arc;
 use loom::thread;
 
 const A: u64 = 0x4000_0000;
 const B: u64 = 0x5000_0000;
 const C: u64 = 0x6000_0000;
-
-fn fixed() -> MapFlags {
-    MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED
-}
 
 fn read_vs_mremap(mode: MremapExtent) {
     // Bound and branch limit from the environment (loom.sh).

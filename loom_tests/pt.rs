@@ -4,6 +4,9 @@
 //! `PageTable` through src/sync.rs. `./loom.sh pt` runs them.
 #![cfg(aspace_loom)]
 
+mod common;
+use common::model;
+
 use aspace::loom_door::{PageTable, Pte, PteFlags};
 use aspace::reclaim::Reclaimer;
 use aspace::Pfn;
@@ -12,12 +15,6 @@ use loom::sync::Arc;
 use loom::thread;
 
 const VA: u64 = 0x7f12_3456_7000;
-
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    // Bound and branch limit from the environment (loom.sh).
-    let b = loom::model::Builder::new();
-    b.check(f);
-}
 
 /// Two faults install tables and a PTE for the same address, and for its
 /// neighbour in the same PTE table: exactly one install of the shared

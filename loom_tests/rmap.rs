@@ -11,7 +11,10 @@
 //! takes the lock zero times. `./loom.sh rmap` runs it.
 #![cfg(aspace_loom)]
 
-use aspace::{AddressSpace, Config, PAGE_SIZE};
+mod common;
+use common::cfg;
+
+use aspace::{AddressSpace, PAGE_SIZE};
 use loom::sync::Arc;
 use loom::thread;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -29,14 +32,6 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
     eprintln!("loom_rmap: {n} executions explored");
     // Guard against a vacuous model (a single schedule explored).
     assert!(n > 1, "the model explored only one schedule");
-}
-
-fn cfg() -> Config {
-    Config {
-        deferred_reclaim: true,
-        memory_budget: 64 * PAGE_SIZE,
-        ..Config::default()
-    }
 }
 
 /// Parent and child with a two-page heap, both pages written in the

@@ -22,9 +22,11 @@
 //! finish at bound 2 within loom.sh's 300 s cap.
 #![cfg(aspace_loom)]
 
+mod common;
+use common::{cfg, fixed, model, rw};
+
 use aspace::{
-    Access, AddressSpace, Config, Error, FaultError, FaultLocking, MapFlags, MremapFlags, Prot,
-    PAGE_SIZE,
+    Access, AddressSpace, Config, Error, FaultError, FaultLocking, MremapFlags, Prot, PAGE_SIZE,
 };
 use loom::sync::Arc;
 use loom::thread;
@@ -35,25 +37,10 @@ const PMD: u64 = 1 << 21;
 /// A page-aligned address that is not 2 MiB-aligned, in `A`'s 1 GiB.
 const B: u64 = 0x5000_1000;
 
-/// At the bound loom.sh sets (LOOM_MAX_PREEMPTIONS).
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    loom::model::Builder::new().check(f);
-}
-
-fn fixed() -> MapFlags {
-    MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED
-}
-
-fn rw() -> Prot {
-    Prot::READ | Prot::WRITE
-}
-
 fn space() -> Arc<AddressSpace> {
     Arc::new(AddressSpace::new(Config {
-        deferred_reclaim: true,
         fault_locking: FaultLocking::Speculative,
-        memory_budget: 64 * PAGE_SIZE,
-        ..Config::default()
+        ..cfg()
     }))
 }
 
@@ -88,18 +75,7 @@ fn spawn_fault(
 fn spec_fault_vs_mprotect_read() {
     model(|| {
         let mm = setup();
-        let m2 = mm.clone();
-        let t = thread::spawn(move || m2.write(A, &[2]));
-        mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
-        let (mut before, mut after) = ([0u8; 1], [0u8; 1]);
-        mm.read(A, &mut before).unwrap();
-        let r = t.join().unwrap();
-        mm.read(A, &mut after).unwrap();
-        assert_eq!(before, after, "a store landed after mprotect returned");
-        match r {
-            Ok(()) => assert_eq!(after, [2]),
-            Err(e) => assert_eq!(e.errno(), Error::Fault.errno(), "{e:?}"),
-        }
+        common::store_vs_mprotect_read(mm.clone(), A);
         mm.munmap(A, PMD).unwrap();
         assert_eq!(mm.frames_used(), 0, "a frame leaked");
     });

@@ -7,29 +7,16 @@
 //! `./loom.sh translator` runs them.
 #![cfg(aspace_loom)]
 
-use aspace::{AddressSpace, Config, FaultError, MapFlags, Prot, PAGE_SIZE};
+mod common;
+use common::{cfg, fixed, rw};
+
+use aspace::{AddressSpace, FaultError, Prot, PAGE_SIZE};
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
 const A: u64 = 0x4000_0000;
 const B: u64 = 0x5000_0000;
-
-fn cfg() -> Config {
-    Config {
-        deferred_reclaim: true,
-        memory_budget: 64 * PAGE_SIZE,
-        ..Config::default()
-    }
-}
-
-fn fixed() -> MapFlags {
-    MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED
-}
-
-fn rw() -> Prot {
-    Prot::READ | Prot::WRITE
-}
 
 /// The race both models run: a thread's translator caches A's writable
 /// entry, then stores 7 through it, while the main thread runs `flush`.

@@ -3,16 +3,13 @@
 //! src/sync.rs. `./loom.sh vma_lock` runs them.
 #![cfg(aspace_loom)]
 
+mod common;
+use common::model;
+
 use aspace::loom_door::{MmapLock, ReadLockError, VmaLock};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-
-/// The bound comes from the environment (`loom.sh` sets 2); these models
-/// are small enough to run deeper by hand (`LOOM_MAX_PREEMPTIONS=3`).
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    loom::model::Builder::new().check(f);
-}
 
 /// Model 1: a reader's trylock against a writer's write-lock. The reader
 /// never proceeds while the writer holds the VMA, and the writer never

@@ -1,0 +1,52 @@
+//! Helpers the loom model files share: the model runner (the bound and
+//! branch limit come from the environment, which `loom.sh` sets; no model
+//! pins its own), the small address-space configuration the models use,
+//! and races more than one file runs.
+#![allow(dead_code)]
+
+use aspace::{AddressSpace, Config, Error, MapFlags, Prot, PAGE_SIZE};
+use loom::sync::Arc;
+use loom::thread;
+
+/// Runs `f` under loom at the bound `loom.sh` sets.
+pub fn model(f: impl Fn() + Sync + Send + 'static) {
+    loom::model::Builder::new().check(f);
+}
+
+/// A space with a small budget whose reclamation is deferred to its drop,
+/// so the epoch's internals stay out of the models' state space.
+pub fn cfg() -> Config {
+    Config {
+        deferred_reclaim: true,
+        memory_budget: 64 * PAGE_SIZE,
+        ..Config::default()
+    }
+}
+
+/// Private anonymous memory at a fixed address.
+pub fn fixed() -> MapFlags {
+    MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED
+}
+
+/// Read and write.
+pub fn rw() -> Prot {
+    Prot::READ | Prot::WRITE
+}
+
+/// A store of 2 at `a` (a writable page) races mprotect of the
+/// page to read-only: no store may land after mprotect returns, and a
+/// store that failed failed with EFAULT.
+pub fn store_vs_mprotect_read(mm: Arc<AddressSpace>, a: u64) {
+    let m2 = mm.clone();
+    let t = thread::spawn(move || m2.write(a, &[2]));
+    mm.mprotect(a, PAGE_SIZE, Prot::READ).unwrap();
+    let (mut before, mut after) = ([0u8; 1], [0u8; 1]);
+    mm.read(a, &mut before).unwrap();
+    let r = t.join().unwrap();
+    mm.read(a, &mut after).unwrap();
+    assert_eq!(before, after, "a store landed after mprotect returned");
+    match r {
+        Ok(()) => assert_eq!(after, [2]),
+        Err(e) => assert_eq!(e.errno(), Error::Fault.errno(), "{e:?}"),
+    }
+}
