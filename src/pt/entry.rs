@@ -19,6 +19,13 @@ bitflags! {
         const ACCESSED = 1 << 5;
         /// The page was written.
         const DIRTY = 1 << 6;
+        /// Write-protected for a userfault handler (`_PAGE_UFFD_WP`, x86's
+        /// second software bit): a write faults even where the VMA allows
+        /// it.
+        const UFFD_WP = 1 << 10;
+        /// Written since the last soft-dirty reset (`_PAGE_SOFT_DIRTY`,
+        /// x86's third software bit).
+        const SOFT_DIRTY = 1 << 11;
     }
 }
 

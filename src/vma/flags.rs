@@ -57,6 +57,16 @@ bitflags! {
         const DROPPABLE = 0x1000_0000;
         /// Soft-dirty tracking bit; ignored when merging.
         const SOFTDIRTY = 0x800_0000;
+        /// Registered with a userfault handler for missing pages
+        /// (`UFFDIO_REGISTER_MODE_MISSING`).
+        const UFFD_MISSING = 0x200;
+        /// Registered with a userfault handler for write-protect faults
+        /// (`UFFDIO_REGISTER_MODE_WP`).
+        const UFFD_WP = 0x1000;
+        /// Registered with a userfault handler for minor faults
+        /// (`UFFDIO_REGISTER_MODE_MINOR`; Linux's bit 41 does not fit in 32
+        /// bits, this is Linux's `VM_PFNMAP`, which aspace has no use for).
+        const UFFD_MINOR = 0x400;
         /// Transparent huge pages asked for (`MADV_HUGEPAGE`).
         const HUGEPAGE = 0x2000_0000;
         /// No transparent huge pages (`MADV_NOHUGEPAGE`, `MAP_STACK`).
@@ -65,7 +75,7 @@ bitflags! {
 }
 
 /// `/proc/pid/smaps` `VmFlags` mnemonics, in the kernel's (bit) order.
-const MNEMONICS: [(VmFlags, &str); 23] = [
+const MNEMONICS: [(VmFlags, &str); 26] = [
     (VmFlags::READ, "rd"),
     (VmFlags::WRITE, "wr"),
     (VmFlags::EXEC, "ex"),
@@ -75,6 +85,8 @@ const MNEMONICS: [(VmFlags, &str); 23] = [
     (VmFlags::MAYEXEC, "me"),
     (VmFlags::MAYSHARE, "ms"),
     (VmFlags::GROWSDOWN, "gd"),
+    (VmFlags::UFFD_MISSING, "um"),
+    (VmFlags::UFFD_WP, "uw"),
     (VmFlags::LOCKED, "lo"),
     (VmFlags::SEQ_READ, "sr"),
     (VmFlags::RAND_READ, "rr"),
@@ -89,6 +101,7 @@ const MNEMONICS: [(VmFlags, &str); 23] = [
     (VmFlags::HUGEPAGE, "hg"),
     (VmFlags::NOHUGEPAGE, "nh"),
     (VmFlags::DROPPABLE, "dp"),
+    (VmFlags::UFFD_MINOR, "ui"),
 ];
 
 impl VmFlags {
