@@ -14,7 +14,7 @@
 
 mod common;
 
-use aspace::{ClearRefs, PagemapEntry};
+use aspace::{ClearRefs, FaultLocking, PagemapEntry};
 use common::aspace_target::AspaceTarget;
 use common::kernel::KernelTarget;
 use common::*;
@@ -170,14 +170,47 @@ fn shape(pm: &[u64]) -> Vec<String> {
 /// snapshots (labelled). The compared bits must agree; the soft-dirty bits
 /// of every snapshot must be the expected ones on aspace, and on the
 /// kernel where it tracks them.
-fn compare(pages: u64, f: impl Fn(&mut Side) -> Vec<(&'static str, Vec<u64>, &'static str)>) {
+/// Labelled pagemap snapshots with their expected soft-dirty bits.
+type Snapshots = Vec<(&'static str, Vec<u64>, &'static str)>;
+
+fn compare(pages: u64, f: impl Fn(&mut Side) -> Snapshots) {
     // One scenario at a time: a fork (or a reset) of this process by
     // another test would change what this one reads.
     let _one = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
-    let k_dirty = kernel_tracks_soft_dirty();
     let kernel = KernelTarget::new(pages).map(|k| f(&mut Side::Kernel(k)));
     let region = Region::new(aspace_target::DEFAULT_REGION_START, pages);
-    let ours = f(&mut Side::Aspace(Box::new(AspaceTarget::new(region))));
+    let base = AspaceTarget::new(region).mm.config().clone();
+    let mut ours: Option<Snapshots> = None;
+    // The speculative and mmap_lock fault paths must set the same bits.
+    for locking in [
+        FaultLocking::PerVma,
+        FaultLocking::Speculative,
+        FaultLocking::MmapLock,
+    ] {
+        let cfg = aspace::Config {
+            fault_locking: locking,
+            ..base.clone()
+        };
+        let got = f(&mut Side::Aspace(Box::new(AspaceTarget::with_config(
+            region, cfg,
+        ))));
+        match &ours {
+            Some(first) => {
+                for ((label, a, _), (_, b, _)) in first.iter().zip(&got) {
+                    let bits = |pm: &[u64]| (shape(pm), dirty(pm));
+                    assert_eq!(bits(a), bits(b), "{locking:?} differs at {label}");
+                }
+            }
+            None => ours = Some(got),
+        }
+    }
+    check(kernel, ours.unwrap());
+}
+
+/// Checks aspace's snapshots (their soft-dirty bits as expected) and the
+/// kernel's, if it ran, against them.
+fn check(kernel: Option<Snapshots>, ours: Snapshots) {
+    let k_dirty = kernel_tracks_soft_dirty();
     for (label, pm, want) in &ours {
         assert_eq!(dirty(pm), *want, "aspace soft-dirty bits at {label}");
     }
@@ -527,4 +560,107 @@ fn writer_vs_reset(translator: bool) {
     }
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
+}
+
+/// A memfd mapped shared and privately: its pages read as file pages
+/// (exclusive while one entry maps them), a private copy as an anonymous
+/// page; both kinds record writes after a reset.
+#[test]
+fn memfd_pages_read_as_file_pages() {
+    const SHARED_FD: u32 = MAP_SHARED | MAP_FIXED;
+    const PRIVATE_FD: u32 = MAP_PRIVATE | MAP_FIXED;
+    let steps = |s: &mut Side, map: &mut dyn FnMut(&mut Side, u64, u32)| {
+        let mut out = Vec::new();
+        map(s, 0, SHARED_FD);
+        map(s, 5, PRIVATE_FD);
+        s.write(0);
+        s.read(5); // the object's page 0, also mapped shared
+        s.read(6); // the object's page 1, mapped once
+        s.write(7); // a private copy of page 2
+        out.push(("touched", s.pagemap(0, 9), "DDDD.DDDD"));
+        s.clear_refs(4);
+        out.push(("cleared", s.pagemap(0, 9), "........."));
+        s.write(1);
+        s.write(6); // copy-on-write of a file page
+        s.write(7); // the private copy, reused
+        out.push(("written", s.pagemap(0, 9), ".D....DD."));
+        out
+    };
+    let _one = KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    let kernel = KernelTarget::new(10).map(|k| {
+        let name = c"soft_dirty";
+        // SAFETY: a valid C string.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), 0) };
+        assert!(fd >= 0);
+        // SAFETY: our descriptor.
+        assert_eq!(unsafe { libc::ftruncate(fd, (4 * PAGE) as i64) }, 0);
+        let mut s = Side::Kernel(k);
+        let out = steps(&mut s, &mut |s, page, flags| {
+            let a = s.page(page);
+            // SAFETY: `a` and the 4 pages after it lie in the region's
+            // interior, which no Rust object uses.
+            let p = unsafe {
+                libc::mmap(
+                    a as *mut libc::c_void,
+                    (4 * PAGE) as usize,
+                    (PROT_READ | PROT_WRITE) as i32,
+                    flags as i32,
+                    fd,
+                    0,
+                )
+            };
+            assert_eq!(p as u64, a);
+        });
+        // SAFETY: our descriptor; the mappings keep the object.
+        unsafe { libc::close(fd) };
+        out
+    });
+    let region = Region::new(aspace_target::DEFAULT_REGION_START, 10);
+    let a = AspaceTarget::new(region);
+    let memfd = aspace::Memfd::new_in(a.mm.frame_pool(), "soft_dirty", 4 * PAGE).unwrap();
+    let mut s = Side::Aspace(Box::new(a));
+    let ours = steps(&mut s, &mut |s, page, flags| {
+        let a = s.page(page);
+        let Side::Aspace(t) = s else { unreachable!() };
+        let got = t.mm.mmap_fd(
+            a,
+            4 * PAGE,
+            aspace::Prot::READ | aspace::Prot::WRITE,
+            aspace::MapFlags::from_bits_retain(flags),
+            &memfd,
+            0,
+        );
+        assert_eq!(got, Ok(a));
+    });
+    check(kernel, ours);
+}
+
+/// The speculative fault path installs written entries soft-dirty, as the
+/// per-VMA path does (it runs only where a PTE table's whole 2 MiB span
+/// lies inside the VMA, so this needs a large mapping; aspace only).
+#[test]
+fn speculative_faults_record_writes() {
+    let mm = aspace::AddressSpace::new(aspace::Config {
+        fault_locking: FaultLocking::Speculative,
+        ..aspace::Config::default()
+    });
+    let len = 4 << 20;
+    let rw = aspace::Prot::READ | aspace::Prot::WRITE;
+    let anon = aspace::MapFlags::PRIVATE | aspace::MapFlags::ANONYMOUS;
+    let base = mm.mmap(0, len, rw, anon).unwrap();
+    // A span of one PTE table inside the VMA; its first write gives the
+    // VMA its anon_vma and the span its table (per-VMA path).
+    let span = (base + (2 << 20) - 1) & !((2 << 20) - 1);
+    mm.write(span, b"a").unwrap();
+    mm.clear_refs(ClearRefs::SoftDirty);
+    let before = mm.stats().fault_speculative;
+    mm.write(span + PAGE, b"b").unwrap();
+    assert_eq!(
+        mm.stats().fault_speculative,
+        before + 1,
+        "a speculative fault"
+    );
+    let pm = mm.pagemap(span, 3 * PAGE).unwrap();
+    assert!(!pm[0].is_soft_dirty() && pm[1].is_soft_dirty() && !pm[2].is_soft_dirty());
+    assert!(pm[1].is_present() && pm[1].is_exclusive());
 }

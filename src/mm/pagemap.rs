@@ -203,3 +203,39 @@ impl AddressSpace {
         Ok(n)
     }
 }
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests {
+    use super::*;
+    use crate::pt::Pte;
+    use crate::{Config, MapFlags, Prot};
+
+    #[test]
+    fn uffd_wp_entries_and_the_zero_page() {
+        let mm = AddressSpace::new(Config::default());
+        let a = mm
+            .mmap(
+                0,
+                2 * PAGE_SIZE,
+                Prot::READ | Prot::WRITE,
+                MapFlags::PRIVATE | MapFlags::ANONYMOUS,
+            )
+            .unwrap();
+        mm.write(a, b"w").unwrap();
+        mm.read(a + PAGE_SIZE, &mut [0]).unwrap();
+        let g = mm.pt.pin();
+        mm.pt.update(a, &g, |p| {
+            Some(Pte::new(
+                p.pfn(),
+                (p.flags() - PteFlags::WRITE) | PteFlags::UFFD_WP,
+            ))
+        });
+        let pm = mm.pagemap(a, 2 * PAGE_SIZE).unwrap();
+        assert!(pm[0].is_uffd_wp() && pm[0].is_present() && pm[0].is_exclusive());
+        assert_eq!(pm[0].pfn(), Some(mm.pt.lookup(a, &g).pfn()));
+        assert!(!pm[1].is_uffd_wp() && !pm[1].is_exclusive() && !pm[1].is_file());
+        assert_eq!(pm[1].pfn(), Some(Pfn::ZERO_PAGE));
+        assert!(!pm[0].is_swapped());
+        assert_eq!(PagemapEntry::from_raw(pm[0].raw()), pm[0]);
+    }
+}

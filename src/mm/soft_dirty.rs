@@ -3,8 +3,8 @@
 //! tracks them.
 //!
 //! A page reads soft-dirty in [`pagemap`](AddressSpace::pagemap) when its
-//! entry has [`PteFlags::SOFT_DIRTY`] or its VMA has
-//! [`VmFlags::SOFTDIRTY`]:
+//! page-table entry has the soft-dirty bit (x86's `_PAGE_SOFT_DIRTY`) or
+//! its VMA has [`VmFlags::SOFTDIRTY`]:
 //!
 //! - every write fault sets the entry's bit with the write access (a new
 //!   frame, a copy-on-write copy, a reused frame, a shared object's page:
@@ -25,16 +25,18 @@
 //! with `VM_SOFTDIRTY`. So a write that needs no fault is already
 //! recorded. Two paths would otherwise break it, and keep it here: a read
 //! fault in a shared mapping maps the page read-only once the VMA lost its
-//! bit ([`shared_fault_flags`], Linux's `vma_wants_writenotify`), and
+//! bit (`shared_fault_flags`, Linux's `vma_wants_writenotify`), and
 //! mprotect does not make a clean entry of such a VMA writable
-//! ([`needs_write_fault`], Linux's `pte_needs_soft_dirty_wp`).
+//! (`needs_write_fault`, Linux's `pte_needs_soft_dirty_wp`).
 //!
 //! # What merges lose
 //!
 //! Merging ignores `VM_SOFTDIRTY` (two VMAs differing only there merge),
 //! and the merged VMA has one bit for all its pages, so soft-dirty is
-//! imprecise across merges, exactly as in Linux (6.18, before sticky VMA
-//! flags):
+//! imprecise across merges, as in Linux's code (6.18, before sticky VMA
+//! flags; the kernel the tests run on lacks `CONFIG_MEM_SOFT_DIRTY`, so
+//! these bits follow that reading while the merges themselves are compared
+//! with the kernel):
 //!
 //! - an mmap next to a cleared VMA that merges with it marks the whole
 //!   merged VMA soft-dirty: clean pages of the old VMA read written.
@@ -45,7 +47,7 @@
 //!   clean from then on, though the memory is new since the reset.
 //!
 //! Dirty tracking that must survive merges uses uffd write-protection
-//! (PAGEMAP_SCAN) instead, as CRIU does.
+//! (`PAGEMAP_SCAN`) instead.
 //!
 //! # Locking
 //!
