@@ -72,13 +72,8 @@ fn fault_vs_munmap_same_page() {
     model(|| {
         let mm = Arc::new(AddressSpace::new(cfg()));
         mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
-        // Give the VMA its anon_vma, then empty the page again; a neighbour
-        // keeps the page tables, so the race makes and frees none.
-        mm.write(A, &[1]).unwrap();
-        mm.madvise(A, PAGE_SIZE, Advice::DontNeed).unwrap();
-        mm.mmap(A + 2 * PAGE_SIZE, PAGE_SIZE, Prot::READ, fixed())
-            .unwrap();
-        mm.fault(A + 2 * PAGE_SIZE, Access::Read).unwrap();
+        // Give the VMA its anon_vma, then empty the page again.
+        common::emptied_with_neighbour(&mm, A);
         let m2 = mm.clone();
         let t = thread::spawn(move || m2.write(A, &[0x5a]));
         mm.munmap(A, PAGE_SIZE).unwrap();

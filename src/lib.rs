@@ -41,6 +41,7 @@ pub use mm::{
     Access, AddressSpace, Advice, Budget, Config, ConfigError, FaultLocking, FrameAllocator,
     MapFlags, MlockAllFlags, MlockFlags, MremapExtent, MremapFlags, MsyncFlags, Prot, VmaInfo,
 };
+pub use mm::{ClearRefs, PagemapEntry};
 pub use phys::Pfn;
 pub use stats::Stats;
 pub use translate::{Scalar, Translator};

@@ -529,7 +529,8 @@ fn map_locked_locks_and_populates() {
         assert_eq!(resident(t, a, 4), [true, true, true, false]);
         if let Some(mm) = t.aspace() {
             let v = mm.vmas().into_iter().find(|v| v.start == a).unwrap();
-            assert_eq!(v.smaps_vmflags(), "VmFlags: rd wr mr mw me lo ac ");
+            // `sd`: aspace tracks soft-dirty (CONFIG_MEM_SOFT_DIRTY).
+            assert_eq!(v.smaps_vmflags(), "VmFlags: rd wr mr mw me lo ac sd ");
         }
         // Locked pages cannot be dropped: EINVAL at the locked VMA.
         assert_eq!(t.madvise(r.page(3), 2 * PAGE, MADV_DONTNEED), Err(EINVAL));

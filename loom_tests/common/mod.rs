@@ -4,7 +4,7 @@
 //! and races more than one file runs.
 #![allow(dead_code)]
 
-use aspace::{AddressSpace, Config, Error, MapFlags, Prot, PAGE_SIZE};
+use aspace::{Access, AddressSpace, Advice, Config, Error, MapFlags, Prot, PAGE_SIZE};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -49,4 +49,16 @@ pub fn store_vs_mprotect_read(mm: Arc<AddressSpace>, a: u64) {
         Ok(()) => assert_eq!(after, [2]),
         Err(e) => assert_eq!(e.errno(), Error::Fault.errno(), "{e:?}"),
     }
+}
+
+/// Writes the page at `a` once (its VMA gets an anon_vma, an object its
+/// page), empties its entry again, and maps and touches a read-only
+/// neighbour two pages up that keeps the page tables: a race on `a` then
+/// makes and frees no table.
+pub fn emptied_with_neighbour(mm: &AddressSpace, a: u64) {
+    mm.write(a, &[1]).unwrap();
+    mm.madvise(a, PAGE_SIZE, Advice::DontNeed).unwrap();
+    mm.mmap(a + 2 * PAGE_SIZE, PAGE_SIZE, Prot::READ, fixed())
+        .unwrap();
+    mm.fault(a + 2 * PAGE_SIZE, Access::Read).unwrap();
 }

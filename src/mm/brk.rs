@@ -105,6 +105,9 @@ impl AddressSpace {
                 // Only the end moves: nothing else changes owner.
                 ed.lock(v);
                 ed.set_range(v, v.start(), newbrk, v.pgoff());
+                // Grown memory reads as written (Linux's do_brk_flags),
+                // and with it the whole heap VMA.
+                v.set_flags(v.flags() | VmFlags::SOFTDIRTY);
             }
             None => {
                 if ed.map_count() >= self.cfg.max_map_count || !ed.vma_room(1) {

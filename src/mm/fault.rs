@@ -31,6 +31,7 @@
 use crate::addr::page_align_down;
 use crate::error::FaultError;
 use crate::mm::anon_vma::anon_vma_prepare;
+use crate::mm::soft_dirty;
 use crate::mm::{Access, AddressSpace, FaultLocking};
 use crate::phys::Pfn;
 use crate::pt::{Pte, PteFlags};
@@ -211,7 +212,7 @@ fn do_fault(
             let pfn = shm.frame(idx).ok_or(Step::Fail(FaultError::OutOfMemory))?;
             if flags.contains(VmFlags::SHARED) {
                 mm.frames.get(pfn);
-                Pte::new(pfn, PteFlags::from(flags))
+                Pte::new(pfn, soft_dirty::shared_fault_flags(flags, access))
             } else if access != Access::Write {
                 // A private mapping reads the object's page until its
                 // first write (the entry stays read-only).
@@ -227,20 +228,14 @@ fn do_fault(
                     .alloc_uninit()
                     .ok_or(Step::Fail(FaultError::OutOfMemory))?;
                 mm.frames.copy(copy, pfn);
-                Pte::new(
-                    copy,
-                    PteFlags::from(flags) | PteFlags::DIRTY | PteFlags::ACCESSED,
-                )
+                Pte::new(copy, PteFlags::from(flags) | soft_dirty::WRITTEN)
             }
         } else if access != Access::Write {
             Pte::new(Pfn::ZERO_PAGE, PteFlags::from(flags) - PteFlags::WRITE)
         } else {
             anon_vma_prepare(mm, vma, vma_locked).map_err(Step::Retry)?;
             let pfn = alloc_frame(mm)?;
-            Pte::new(
-                pfn,
-                PteFlags::from(flags) | PteFlags::DIRTY | PteFlags::ACCESSED,
-            )
+            Pte::new(pfn, PteFlags::from(flags) | soft_dirty::WRITTEN)
         };
         match mm.pt.install(page, new, &g) {
             Ok(()) => return Ok(()),
@@ -279,7 +274,7 @@ fn wp_fault(
     vma_locked: bool,
     g: &crate::reclaim::Guard,
 ) -> Result<bool, Step> {
-    let writable = pte.flags() | PteFlags::WRITE | PteFlags::DIRTY | PteFlags::ACCESSED;
+    let writable = pte.flags() | PteFlags::WRITE | soft_dirty::WRITTEN;
     // A shared object's page is written in place; a private mapping of an
     // object copies it below like any page it does not own.
     if vma.has_shmem() && vma.flags().contains(VmFlags::SHARED) {

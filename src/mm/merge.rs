@@ -255,7 +255,7 @@ impl Edit<'_> {
         // Every merge here moves pages between VMAs: under the rmap lock of
         // the family they join. Only the neighbours that merge count: a
         // neighbour left alone may belong to another family.
-        match (prev, next) {
+        let merged: Result<VmaRef> = match (prev, next) {
             (Some(p), Some(n)) => {
                 self.merge_both(p, n, Some(v), anon);
                 Ok(p)
@@ -305,6 +305,12 @@ impl Edit<'_> {
                 mid.set_name(name);
                 Ok(mid)
             }
-        }
+        };
+        // The result takes exactly `flags`, as Linux's callers reset the
+        // merged VMA's flags to the new ones: a merge target's
+        // VM_SOFTDIRTY (the only bit that may differ) gives way to `v`'s.
+        let merged = merged?;
+        merged.set_flags(flags);
+        Ok(merged)
     }
 }

@@ -236,13 +236,17 @@ impl AddressSpace {
                 return Err(Error::NoMem);
             }
         }
-        if let Some((obj, pgoff)) = obj {
+        // New memory reads as written since the last soft-dirty reset,
+        // and so does every page of a VMA it merges into (Linux's
+        // __mmap_complete; see `soft_dirty` for the precision this loses).
+        vf |= VmFlags::SOFTDIRTY;
+        let v = if let Some((obj, pgoff)) = obj {
             // Merges with a neighbour mapping the same object at the
             // contiguous offset, with the same flags.
             ed.map_new(VmaSpec {
                 shmem: Some(obj.clone()),
                 ..VmaSpec::anon(r, pgoff, vf)
-            });
+            })
         } else if shared {
             let obj = Arc::new(Shmem::new(
                 next_id(),
@@ -254,9 +258,12 @@ impl AddressSpace {
                 ..VmaSpec::anon(r, 0, vf)
             });
             ed.insert(v);
+            v
         } else {
-            ed.map_new(VmaSpec::anon(r, addr >> PAGE_SHIFT, vf));
-        }
+            ed.map_new(VmaSpec::anon(r, addr >> PAGE_SHIFT, vf))
+        };
+        // `map_new` write-locked the neighbour it merged into.
+        v.set_flags(v.flags() | VmFlags::SOFTDIRTY);
         // Locked memory is populated as mlock does; MAP_POPULATE unless
         // MAP_NONBLOCK says not to; neither where the VMA locks on fault
         // (populate_vma_page_range skips it).

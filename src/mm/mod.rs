@@ -64,7 +64,9 @@ mod mprotect;
 mod mremap;
 mod munmap;
 mod name;
+pub mod pagemap;
 mod rmap;
+pub mod soft_dirty;
 pub(crate) mod spec_fault;
 pub(crate) mod stack;
 
@@ -74,6 +76,8 @@ pub use inspect::MsyncFlags;
 pub use maps::VmaInfo;
 pub use mlock::{MlockAllFlags, MlockFlags};
 pub use name::ANON_NAME_MAX;
+pub use pagemap::PagemapEntry;
+pub use soft_dirty::ClearRefs;
 
 use crate::lazy::LazyArc;
 pub use crate::phys::{Budget, FrameAllocator};

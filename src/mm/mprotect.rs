@@ -167,7 +167,12 @@ impl AddressSpace {
             {
                 f.remove(PteFlags::WRITE);
             }
-            f |= pte.flags() & (PteFlags::ACCESSED | PteFlags::DIRTY);
+            // A clean entry after a soft-dirty reset stays write-protected,
+            // so that its next write faults and is recorded.
+            if crate::mm::soft_dirty::needs_write_fault(flags, pte.flags()) {
+                f.remove(PteFlags::WRITE);
+            }
+            f |= pte.flags() & crate::mm::soft_dirty::KEPT;
             let new = Pte::new(pte.pfn(), f);
             if new != pte {
                 gather.add_page(va);

@@ -161,10 +161,7 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
     }
     let new = if access == Access::Write {
         let pfn = mm.frames.alloc().ok_or(Event::spec_abort_oom)?;
-        Pte::new(
-            pfn,
-            PteFlags::from(flags) | PteFlags::DIRTY | PteFlags::ACCESSED,
-        )
+        Pte::new(pfn, PteFlags::from(flags) | crate::mm::soft_dirty::WRITTEN)
     } else {
         Pte::new(Pfn::ZERO_PAGE, PteFlags::from(flags) - PteFlags::WRITE)
     };

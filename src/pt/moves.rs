@@ -3,7 +3,7 @@
 //! are relinked to their new PMD entry where both spans are aligned.
 
 use super::walk::Make;
-use super::{entry_span, index, PageTable};
+use super::{entry_span, index, PageTable, PteFlags};
 use crate::addr::{Range, PAGE_SIZE};
 use crate::reclaim::Guard;
 use crate::sync::Ordering;
@@ -127,6 +127,10 @@ impl PageTable {
                 debug_assert!(false, "mremap destination entry was not empty");
                 continue;
             }
+            // A moved entry reads as written since the last soft-dirty
+            // reset (Linux's move_soft_dirty_pte); a relinked table keeps
+            // its entries' bits, as Linux's move_normal_pmd does.
+            let v = v | PteFlags::SOFT_DIRTY.bits();
             // New place first: a walker finds the page at one place or
             // both while it moves, never at neither.
             de.store(v, Ordering::Release);

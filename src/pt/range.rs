@@ -85,8 +85,7 @@ impl PageTable {
     }
 
     /// Calls `f(va, pte)` for every present entry in `r` (lock-free
-    /// snapshot).
-    #[cfg(test)]
+    /// snapshot, each entry read whole).
     pub fn for_each_present(&self, r: Range, g: &Guard, mut f: impl FnMut(u64, Pte)) {
         self.for_each_table(r, g, |t, part| {
             let mut va = part.start;
