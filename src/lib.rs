@@ -49,7 +49,7 @@ pub use vma::{RmapHit, VmFlags};
 
 /// The internals that the loom models in `loom_tests/` drive directly (the
 /// page table, the per-VMA lock, the mmap_lock, objects made on first
-/// use): loom builds only, not API.
+/// use, one speculative fault attempt): loom builds only, not API.
 #[cfg(aspace_loom)]
 #[doc(hidden)]
 pub mod loom_door {
@@ -58,6 +58,13 @@ pub mod loom_door {
     pub use crate::percpu::PerCpu;
     pub use crate::pt::{PageTable, Pte, PteFlags};
     pub use crate::vma::lock::{ReadLockError, VmaLock};
+
+    /// One speculative fault attempt alone (`spec_fault::handle`, without
+    /// the per-VMA and mmap_lock fallbacks): true if it completed the
+    /// fault, false if it aborted and changed nothing.
+    pub fn speculative_fault(mm: &crate::AddressSpace, addr: u64, access: crate::Access) -> bool {
+        crate::mm::spec_fault::handle(mm, addr, access).is_ok()
+    }
 }
 
 /// The README's examples run as doctests.

@@ -73,7 +73,10 @@
 //!   way; a fault never reports an error because of it (we fall back).
 //! - **VMA reuse** (hazard 5): a recycled object is stamped before any
 //!   field changes, and it is stamped when detached, so the re-read differs
-//!   from `s`; we also compare the address space id and the range.
+//!   from `s`; we also compare the address space id and the range. An
+//!   object taken back for a VMA at the same address (MAP_FIXED over part
+//!   of the VMA) passes those two: the stamp alone rejects a snapshot of
+//!   its old life, and the table check one of its new life.
 //!
 //! Tables (hazard 2): we never create a table; and we use one only if its
 //! 2 MiB span lies inside the VMA's snapshot range. Then whoever created
@@ -87,10 +90,11 @@
 //! the two: we fall back there.
 //!
 //! Checked by `loom_tests/spec_fault.rs` (mprotect, a split, munmap,
-//! mremap) and `tests/stress_spec.rs` (splits, fork, DONTNEED under
-//! faults). A loom model of VMA reuse is still missing: mmap(MAP_FIXED)
-//! over the VMA (the object freed and handed out again at once) against a
-//! read fault does not finish at bound 2 within loom.sh's 300 s cap.
+//! mremap, and VMA reuse: `spec_fault_vs_vma_reuse`, where mmap(MAP_FIXED,
+//! PROT_NONE) over the VMA's first page frees the object and takes it back
+//! at once for the new VMA at the same address, under a speculative
+//! attempt that looked it up before) and `tests/stress_spec.rs` (splits,
+//! fork, DONTNEED under faults).
 //!
 //! # Shared-memory writes left on the path
 //!
