@@ -49,7 +49,7 @@ pub mod flags;
 pub(crate) mod mmap_lock;
 
 mod access;
-mod anon_vma;
+pub(crate) mod anon_vma;
 mod brk;
 pub(crate) mod edit;
 pub(crate) mod fault;

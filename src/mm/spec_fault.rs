@@ -117,6 +117,7 @@ use crate::phys::Pfn;
 use crate::pt::{CheckedInstallError, Pte, PteFlags};
 use crate::stats::Event;
 use crate::sync::{fence, Ordering};
+use crate::vma::VmFlags;
 
 /// One speculative attempt. `Err(reason)`: nothing changed, run the
 /// per-VMA path.
@@ -139,7 +140,12 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
     if !access.allowed_by(flags) {
         return Err(Event::spec_abort_lookup);
     }
-    if !v.is_anonymous() || (access == Access::Write && !v.has_anon_vma()) {
+    // A missing page of a registered VMA is the handler's: only the
+    // locked paths deliver userfaults.
+    if !v.is_anonymous()
+        || (access == Access::Write && !v.has_anon_vma())
+        || flags.contains(VmFlags::UFFD_MISSING)
+    {
         return Err(Event::spec_abort_needs_more);
     }
     let page = page_align_down(addr);
