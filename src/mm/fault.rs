@@ -21,6 +21,12 @@
 //! read-only and copies it into an anonymous frame on the first write,
 //! as Linux's private file mappings do.
 //!
+//! Userfaults ([`crate::uffd`]): in a VMA with a `UFFD_*` flag, an empty
+//! entry the handler must fill, or a write to an entry write-protected for
+//! it, is queued for the handler under the VMA hold; the fault then drops
+//! every lock, sleeps until woken, and runs again from the top. An
+//! unregistered VMA pays one flag test.
+//!
 //! # Locking
 //!
 //! The per-VMA path holds one VMA read lock, then PTE-table locks; it only

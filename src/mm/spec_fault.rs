@@ -23,7 +23,8 @@
 //!    (attaching one changes the VMA), an object (a shared mapping or a
 //!    private mapping of a memfd), a write to a
 //!    present read-only entry (copy-on-write: the reliability fixes live in
-//!    the per-VMA path), an access the flags refuse (the per-VMA path gives
+//!    the per-VMA path), a VMA registered for missing-page userfaults
+//!    (only the locked paths deliver them), an access the flags refuse (the per-VMA path gives
 //!    the verdict), no PTE table, or a PTE table whose 2 MiB span is not
 //!    wholly inside the VMA (see "tables" below).
 //! 5. Allocate and zero the frame, take the PTE table's lock, issue an
