@@ -739,6 +739,9 @@ mod kernel {
     struct Kuffd(i32);
     impl Kuffd {
         fn new() -> Option<Kuffd> {
+            Self::with_features(0)
+        }
+        fn with_features(features: u64) -> Option<Kuffd> {
             // SAFETY: plain syscall.
             let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC) } as i32;
             if fd < 0 {
@@ -747,7 +750,7 @@ mod kernel {
             }
             let mut api = Api {
                 api: UFFD_API,
-                features: 0,
+                features,
                 ioctls: 0,
             };
             // SAFETY: `api` is a valid uffdio_api.
@@ -808,7 +811,10 @@ mod kernel {
         }
     }
 
-    /// A private anonymous mapping of this process, unmapped on drop.
+    /// A private anonymous mapping of this process between two
+    /// inaccessible guard pages (so it never merges with, or shares an
+    /// anon_vma with, a mapping another test placed next to it), unmapped
+    /// on drop.
     struct Map(u64, u64);
     impl Map {
         fn new(len: u64) -> Map {
@@ -817,15 +823,25 @@ mod kernel {
             let p = unsafe {
                 libc::mmap(
                     std::ptr::null_mut(),
-                    len as usize,
-                    libc::PROT_READ | libc::PROT_WRITE,
+                    (len + 2 * P) as usize,
+                    libc::PROT_NONE,
                     libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                     -1,
                     0,
                 )
             };
             assert_ne!(p, libc::MAP_FAILED);
-            Map(p as u64, len)
+            let a = p as u64 + P;
+            // SAFETY: the interior of the mapping just made.
+            let r = unsafe {
+                libc::mprotect(
+                    a as *mut libc::c_void,
+                    len as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                )
+            };
+            assert_eq!(r, 0);
+            Map(a, len)
         }
         fn vmas_in(&self) -> usize {
             let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
@@ -844,8 +860,8 @@ mod kernel {
     }
     impl Drop for Map {
         fn drop(&mut self) {
-            // SAFETY: our own mapping.
-            unsafe { libc::munmap(self.0 as *mut libc::c_void, self.1 as usize) };
+            // SAFETY: our own mapping, guards included.
+            unsafe { libc::munmap((self.0 - P) as *mut libc::c_void, (self.1 + 2 * P) as usize) };
         }
     }
 
@@ -938,6 +954,56 @@ mod kernel {
             .iter()
             .map(|r| ((r.start - start) / P, (r.end - start) / P, r.categories))
             .collect())
+    }
+
+    #[test]
+    fn async_write_protect_scans_like_the_kernel() {
+        const WP_UNPOPULATED: u64 = 1 << 13;
+        const WP_ASYNC: u64 = 1 << 15;
+        let Some(k) = Kuffd::with_features(WP_ASYNC | WP_UNPOPULATED) else {
+            return;
+        };
+        let km = Map::new(16 * P);
+        let mm = AddressSpace::new(Config::default());
+        let a = mm.mmap(0, 16 * P, rw(), anon()).unwrap();
+        let u = UffdBuilder::new().wp_async(true).create(&mm);
+        k.register(km.0, 16 * P, 2).unwrap();
+        u.register_with_mode(a, 16 * P, RegisterMode::WRITE_PROTECT)
+            .unwrap();
+        let touch = |pages: &[u64]| {
+            for &i in pages {
+                // SAFETY: inside our own writable mapping.
+                unsafe { std::ptr::write_volatile((km.0 + i * P + 8) as *mut u8, 1) };
+                mm.write(a + i * P + 8, &[1]).unwrap();
+            }
+        };
+        let check = |what: &str| {
+            let args = ScanArgs {
+                flags: ScanFlags::WP_MATCHING | ScanFlags::CHECK_WPASYNC,
+                category_mask: PageCategories::WRITTEN,
+                return_mask: PageCategories::WRITTEN,
+                max_regions: 64,
+                ..ScanArgs::default()
+            };
+            let want = kscan(km.0, km.0 + 16 * P, &args);
+            let got = mm.pagemap_scan(a, a + 16 * P, &args).map(|r| {
+                r.regions
+                    .iter()
+                    .map(|g| ((g.start - a) / P, (g.end - a) / P, g.categories.bits()))
+                    .collect::<Vec<_>>()
+            });
+            assert_eq!(got.map_err(|e| e.errno()), want, "{what}");
+        };
+        touch(&(0..16).collect::<Vec<_>>());
+        check("every page written");
+        check("reset");
+        touch(&[3, 4, 9, 15]);
+        check("some written");
+        check("reset again");
+        // A VMA that is not WP-allowed: EPERM under CHECK_WPASYNC.
+        k.unregister(km.0, 16 * P).unwrap();
+        u.unregister(a, 16 * P).unwrap();
+        check("unregistered");
     }
 
     #[test]
