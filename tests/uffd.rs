@@ -957,6 +957,46 @@ mod kernel {
     }
 
     #[test]
+    fn holes_in_the_range_like_the_kernel() {
+        let Some(k) = Kuffd::new() else { return };
+        let km = Map::new(4 * P);
+        // SAFETY: a page of our own mapping, which nothing else uses.
+        assert_eq!(
+            unsafe { libc::munmap((km.0 + P) as *mut libc::c_void, P as usize) },
+            0
+        );
+        let mm = AddressSpace::new(Config::default());
+        let a = mm.mmap(0, 4 * P, rw(), anon()).unwrap();
+        mm.munmap(a + P, P).unwrap();
+        let u = mm.userfaultfd();
+        let kio = k
+            .register(km.0, 4 * P, 1 | 2)
+            .map(|io| io & IoctlFlags::all().bits());
+        let io = u
+            .register_with_mode(
+                a,
+                4 * P,
+                RegisterMode::MISSING | RegisterMode::WRITE_PROTECT,
+            )
+            .map(|io| io.bits())
+            .map_err(|e| e.errno());
+        assert_eq!(io, kio, "a range with a hole registers its VMAs");
+        assert_eq!(
+            errno(u.register(a + P, P)),
+            k.register(km.0 + P, P, 1).unwrap_err()
+        );
+        assert_eq!(errno(u.write_protect(a + P, P)), Error::NoEnt.errno());
+        assert_eq!(
+            errno(u.unregister(a + P, P)),
+            k.unregister(km.0 + P, P).unwrap_err()
+        );
+        assert_eq!(
+            u.unregister(a, 4 * P).is_ok(),
+            k.unregister(km.0, 4 * P).is_ok()
+        );
+    }
+
+    #[test]
     fn async_write_protect_scans_like_the_kernel() {
         const WP_UNPOPULATED: u64 = 1 << 13;
         const WP_ASYNC: u64 = 1 << 15;
