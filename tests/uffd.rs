@@ -961,10 +961,8 @@ mod kernel {
         let Some(k) = Kuffd::new() else { return };
         let km = Map::new(4 * P);
         // SAFETY: a page of our own mapping, which nothing else uses.
-        assert_eq!(
-            unsafe { libc::munmap((km.0 + P) as *mut libc::c_void, P as usize) },
-            0
-        );
+        let r = unsafe { libc::munmap((km.0 + P) as *mut libc::c_void, P as usize) };
+        assert_eq!(r, 0);
         let mm = AddressSpace::new(Config::default());
         let a = mm.mmap(0, 4 * P, rw(), anon()).unwrap();
         mm.munmap(a + P, P).unwrap();
