@@ -10,7 +10,8 @@ use aspace::uffd::{
     Event, FaultKind, IoctlFlags, PageCategories, ReadWrite, RegisterMode, ScanArgs, ScanFlags,
 };
 use aspace::{
-    AddressSpace, Config, Error, FaultError, MapFlags, Memfd, Prot, Uffd, UffdBuilder, PAGE_SIZE,
+    AddressSpace, Config, Error, FaultError, FaultLocking, MapFlags, Memfd, Prot, Uffd,
+    UffdBuilder, PAGE_SIZE,
 };
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -202,6 +203,33 @@ fn memory_kind(r: Result<(), Error>) -> FaultError {
     match r {
         Err(Error::Memory(m)) => m.kind,
         other => panic!("expected a memory fault, got {other:?}"),
+    }
+}
+
+#[test]
+fn every_fault_path_delivers_and_retries() {
+    for locking in [
+        FaultLocking::PerVma,
+        FaultLocking::MmapLock,
+        FaultLocking::Speculative,
+    ] {
+        let mm = AddressSpace::new(Config {
+            fault_locking: locking,
+            ..Config::default()
+        });
+        let a = mm.mmap(0, 4 * P, rw(), anon()).unwrap();
+        // A touched neighbour page: the speculative path has a table.
+        mm.write(a + 3 * P, &[1]).unwrap();
+        let uffd = mm.userfaultfd();
+        uffd.register(a, 2 * P).unwrap();
+        let r = blocked_read(&mm, uffd.clone(), a + P, |u| {
+            u.copy(&page_for(a + P), a + P, true).unwrap();
+        });
+        assert!(r.is_ok(), "{locking:?}: {r:?}");
+        let mut b = [0u8; 1];
+        mm.read(a + P, &mut b).unwrap();
+        assert_eq!(b, [page_for(a + P)[0]], "{locking:?}");
+        assert_eq!(mm.stats().userfaults, 1, "{locking:?}");
     }
 }
 
