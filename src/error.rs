@@ -10,6 +10,9 @@ use core::fmt;
 pub enum Error {
     /// `EPERM`: the operation is not permitted (e.g. below `mmap_min_addr`).
     Perm,
+    /// `ENOENT`: no registered mapping covers the range (userfaultfd
+    /// ioctls).
+    NoEnt,
     /// `EAGAIN`: a resource is temporarily unavailable.
     Again,
     /// `ENOMEM`: no room, no memory, a hole in the range, or too many maps.
@@ -43,6 +46,7 @@ impl Error {
     pub const fn errno(self) -> i32 {
         match self {
             Error::Perm => 1,
+            Error::NoEnt => 2,
             Error::Again => 11,
             Error::NoMem => 12,
             Error::AccessDenied => 13,
@@ -60,6 +64,7 @@ impl Error {
     pub const fn from_errno(errno: i32) -> Option<Error> {
         Some(match errno {
             1 => Error::Perm,
+            2 => Error::NoEnt,
             11 => Error::Again,
             12 => Error::NoMem,
             13 => Error::AccessDenied,
@@ -76,6 +81,7 @@ impl Error {
     pub const fn name(self) -> &'static str {
         match self {
             Error::Perm => "EPERM",
+            Error::NoEnt => "ENOENT",
             Error::Again => "EAGAIN",
             Error::NoMem => "ENOMEM",
             Error::AccessDenied => "EACCES",
@@ -156,6 +162,13 @@ pub enum FaultError {
     /// The memory budget has no room for a frame or a page-table page
     /// (`VM_FAULT_OOM`).
     OutOfMemory,
+    /// The fault waited for a userfault handler, and its range was
+    /// unregistered or the last [`Uffd`](crate::Uffd) handle dropped
+    /// before a handler resolved it (`SIGBUS`, as Linux's
+    /// `UFFD_FEATURE_SIGBUS` gives). Linux instead wakes the fault, which
+    /// retries and fills the page as if never registered; aspace lets the
+    /// caller see that its handler went away.
+    HandlerGone,
 }
 
 impl FaultError {
@@ -181,6 +194,7 @@ impl fmt::Display for FaultError {
             FaultError::AccessDenied => "SIGSEGV (SEGV_ACCERR): access denied by the mapping",
             FaultError::Bus => "SIGBUS: no backing object at the address",
             FaultError::OutOfMemory => "out of memory: memory budget exhausted",
+            FaultError::HandlerGone => "SIGBUS: the userfault handler went away",
         })
     }
 }
@@ -206,6 +220,7 @@ mod tests {
     fn errno_round_trips() {
         for e in [
             Error::Perm,
+            Error::NoEnt,
             Error::Again,
             Error::NoMem,
             Error::AccessDenied,

@@ -31,6 +31,7 @@ mod sync;
 mod tlb;
 pub mod translate;
 pub mod tree;
+pub mod uffd;
 mod vma;
 pub mod vmap;
 
@@ -45,6 +46,7 @@ pub use mm::{ClearRefs, PagemapEntry};
 pub use phys::Pfn;
 pub use stats::Stats;
 pub use translate::{Scalar, Translator};
+pub use uffd::{Uffd, UffdBuilder};
 pub use vma::{RmapHit, VmFlags};
 
 /// The internals that the loom models in `loom_tests/` drive directly (the

@@ -145,6 +145,11 @@ counters! {
     spec_abort_stamp,
     /// Speculative attempts abandoned: no free frame (PerVma retries).
     spec_abort_oom,
+    /// Faults handed to a userfault handler (events queued).
+    userfaults,
+    /// Writes to write-protected pages resolved without a handler (the
+    /// `wp_async` feature: the page is only marked written).
+    uffd_wp_async,
 }
 
 pub(crate) struct StatCounters {

@@ -32,6 +32,37 @@ mod imp {
     /// Write guard of [`RwLock`].
     pub type RwLockWriteGuard<'a, T> = parking_lot::RwLockWriteGuard<'a, T>;
 
+    /// A condition variable paired with [`Mutex`]: the userfault wait
+    /// queue's sleepers (faults waiting for a handler, handlers waiting
+    /// for events).
+    #[derive(Debug, Default)]
+    pub struct Condvar(parking_lot::Condvar);
+
+    impl Condvar {
+        /// A condition variable with no waiters.
+        pub fn new() -> Self {
+            Self(parking_lot::Condvar::new())
+        }
+        /// Releases `g`, sleeps until notified, and locks again.
+        pub fn wait<'a, T>(&self, mut g: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(&mut g);
+            g
+        }
+        /// [`wait`](Self::wait) for at most `d`; true if it timed out.
+        pub fn wait_for<'a, T>(
+            &self,
+            mut g: MutexGuard<'a, T>,
+            d: std::time::Duration,
+        ) -> (MutexGuard<'a, T>, bool) {
+            let r = self.0.wait_for(&mut g, d);
+            (g, r.timed_out())
+        }
+        /// Wakes every sleeper.
+        pub fn notify_all(&self) {
+            self.0.notify_all();
+        }
+    }
+
     /// Waits until `done()` holds: spins briefly, then yields the CPU.
     /// Used where the awaited party runs a short, non-blocking section
     /// (a reader inside a VMA, a fault finishing a PTE install).
@@ -231,6 +262,25 @@ mod imp {
             drop(self.data.take());
             *self.lock.state.lock().unwrap() = 0;
             self.lock.changed.notify_all();
+        }
+    }
+
+    /// loom's condition variable with the production one's API.
+    #[derive(Debug, Default)]
+    pub struct Condvar(loom::sync::Condvar);
+
+    impl Condvar {
+        /// A condition variable with no waiters.
+        pub fn new() -> Self {
+            Self(loom::sync::Condvar::new())
+        }
+        /// Releases `g`, sleeps until notified, and locks again.
+        pub fn wait<'a, T>(&self, g: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(g).unwrap()
+        }
+        /// Wakes every sleeper.
+        pub fn notify_all(&self) {
+            self.0.notify_all();
         }
     }
 

@@ -23,6 +23,7 @@ use crate::stats::Event;
 use crate::sync::Arc;
 use crate::tlb::Gather;
 use crate::tree::TreeWriter;
+use crate::uffd::UffdCtx;
 use crate::vma::{AnonName, AnonVma, RmapIndex, Shmem, VmFlags, Vma, VmaRef, VMA_BYTES};
 
 /// An mmap_lock writer's view of the address space.
@@ -48,6 +49,8 @@ pub(crate) struct VmaSpec {
     pub(crate) anon: Option<Arc<AnonVma>>,
     pub(crate) shmem: Option<Arc<Shmem>>,
     pub(crate) name: Option<Arc<AnonName>>,
+    /// The userfault context the range is registered with.
+    pub(crate) uffd: Option<Arc<UffdCtx>>,
 }
 
 impl VmaSpec {
@@ -60,6 +63,7 @@ impl VmaSpec {
             anon: None,
             shmem: None,
             name: None,
+            uffd: None,
         }
     }
 
@@ -73,6 +77,7 @@ impl VmaSpec {
             anon: v.anon_vma_arc(),
             shmem: v.shmem_arc(),
             name: v.name_arc(),
+            uffd: v.uffd_arc(),
         }
     }
 }
@@ -218,6 +223,7 @@ impl<'a> Edit<'a> {
             anon,
             shmem,
             name,
+            uffd,
         } = spec;
         // Callers checked for room (`vma_room`) before changing anything;
         // a concurrent charge from another space may pass the limit by a
@@ -236,6 +242,7 @@ impl<'a> Edit<'a> {
         self.link_in(v, anon, idx);
         v.set_shmem(shmem);
         v.set_name(name);
+        v.set_uffd(uffd);
         v
     }
 
@@ -270,6 +277,7 @@ impl<'a> Edit<'a> {
         for &v in vs {
             self.lock(v);
             v.lock.mark_detached();
+            v.set_uffd(None);
         }
         crate::vma::unlink_all(vs, &self.mm.stats);
         self.state.map_count -= vs.len();
@@ -302,6 +310,7 @@ impl<'a> Edit<'a> {
             }
         }
         v.lock.mark_detached();
+        v.set_uffd(None);
         match idx {
             Some(idx) => v.unlink_anon_held(idx),
             None => v.set_anon_vma_counted(None, Some(&self.mm.stats)),

@@ -21,6 +21,12 @@
 //! read-only and copies it into an anonymous frame on the first write,
 //! as Linux's private file mappings do.
 //!
+//! Userfaults ([`crate::uffd`]): in a VMA with a `UFFD_*` flag, an empty
+//! entry the handler must fill, or a write to an entry write-protected for
+//! it, is queued for the handler under the VMA hold; the fault then drops
+//! every lock, sleeps until woken, and runs again from the top. An
+//! unregistered VMA pays one flag test.
+//!
 //! # Locking
 //!
 //! The per-VMA path holds one VMA read lock, then PTE-table locks; it only
@@ -36,6 +42,7 @@ use crate::mm::{Access, AddressSpace, FaultLocking};
 use crate::phys::Pfn;
 use crate::pt::{Pte, PteFlags};
 use crate::stats::Event;
+use crate::uffd::{self, Waiter};
 use crate::vma::lock::ReadLockError;
 use crate::vma::{VmFlags, Vma, VmaRef};
 
@@ -48,13 +55,24 @@ pub(crate) enum Step {
     Retry(Event),
     /// The fault fails.
     Fail(FaultError),
+    /// A userfault handler must resolve the page: drop every lock, wait,
+    /// then run the whole fault again (Linux's `VM_FAULT_RETRY`).
+    Wait(Waiter),
+}
+
+/// Why an attempt at the whole fault stopped.
+enum Stop {
+    /// The fault fails (already counted).
+    Fail(FaultError),
+    /// Wait for a userfault handler with no lock held, then retry.
+    Wait(Waiter),
 }
 
 fn count_failure(mm: &AddressSpace, e: FaultError) -> FaultError {
     mm.stats.inc(match e {
         FaultError::NoMapping => Event::segv_maperr,
         FaultError::AccessDenied => Event::segv_accerr,
-        FaultError::Bus => Event::sigbus,
+        FaultError::Bus | FaultError::HandlerGone => Event::sigbus,
         FaultError::OutOfMemory => Event::fault_oom,
     });
     e
@@ -66,6 +84,17 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
     if addr >= mm.cfg.task_size {
         return Err(count_failure(mm, FaultError::NoMapping));
     }
+    loop {
+        match attempt(mm, addr, access) {
+            Ok(()) => return Ok(()),
+            Err(Stop::Fail(e)) => return Err(e),
+            Err(Stop::Wait(w)) => w.wait(mm).map_err(|e| count_failure(mm, e))?,
+        }
+    }
+}
+
+/// One run of the fault through its paths.
+fn attempt(mm: &AddressSpace, addr: u64, access: Access) -> Result<(), Stop> {
     if mm.cfg.fault_locking == FaultLocking::Speculative {
         match crate::mm::spec_fault::handle(mm, addr, access) {
             Ok(()) => return Ok(()),
@@ -82,7 +111,7 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
 }
 
 /// The per-VMA attempt: `Err(reason)` means "retry under the mmap_lock".
-fn per_vma(mm: &AddressSpace, addr: u64, access: Access) -> Result<Result<(), FaultError>, Event> {
+fn per_vma(mm: &AddressSpace, addr: u64, access: Access) -> Result<Result<(), Stop>, Event> {
     // One epoch pin for the whole fault: the page-table walk below pins
     // again, and a nested pin is only a counter increment (a fresh one
     // costs a full fence).
@@ -90,7 +119,7 @@ fn per_vma(mm: &AddressSpace, addr: u64, access: Access) -> Result<Result<(), Fa
     let vma = lock_vma_under_rcu(mm, addr, &g)?;
     if !access.allowed_by(vma.flags()) {
         vma.lock.read_unlock();
-        return Ok(Err(count_failure(mm, FaultError::AccessDenied)));
+        return Ok(Err(Stop::Fail(count_failure(mm, FaultError::AccessDenied))));
     }
     let r = do_fault(mm, &vma, addr, access, true);
     vma.lock.read_unlock();
@@ -100,7 +129,8 @@ fn per_vma(mm: &AddressSpace, addr: u64, access: Access) -> Result<Result<(), Fa
             Ok(Ok(()))
         }
         Err(Step::Retry(why)) => Err(why),
-        Err(Step::Fail(e)) => Ok(Err(count_failure(mm, e))),
+        Err(Step::Fail(e)) => Ok(Err(Stop::Fail(count_failure(mm, e)))),
+        Err(Step::Wait(w)) => Ok(Err(Stop::Wait(w))),
     }
 }
 
@@ -143,27 +173,35 @@ fn lock_vma_under_rcu(
 
 /// The fault under the mmap_lock read side (the MmapLock mode, and the
 /// fallback of the per-VMA mode). Grows stacks.
-fn under_mmap_lock(mm: &AddressSpace, addr: u64, access: Access) -> Result<(), FaultError> {
+fn under_mmap_lock(mm: &AddressSpace, addr: u64, access: Access) -> Result<(), Stop> {
+    under_mmap_lock_inner(mm, addr, access).map_err(|e| match e {
+        Stop::Fail(e) => Stop::Fail(count_failure(mm, e)),
+        w => w,
+    })
+}
+
+/// [`under_mmap_lock`] with failures not yet counted.
+fn under_mmap_lock_inner(mm: &AddressSpace, addr: u64, access: Access) -> Result<(), Stop> {
     loop {
         let st = mm.mmap_lock.read();
         let g = mm.tree.pin();
         let Some((_, v)) = mm.tree.find_after(addr, &g) else {
-            return Err(count_failure(mm, FaultError::NoMapping));
+            return Err(Stop::Fail(FaultError::NoMapping));
         };
         let v = *v;
         if v.start() > addr {
             if !v.flags().contains(VmFlags::GROWSDOWN) {
-                return Err(count_failure(mm, FaultError::NoMapping));
+                return Err(Stop::Fail(FaultError::NoMapping));
             }
             drop(g);
             drop(st);
             if !crate::mm::stack::expand_stack(mm, addr) {
-                return Err(count_failure(mm, FaultError::NoMapping));
+                return Err(Stop::Fail(FaultError::NoMapping));
             }
             continue;
         }
         if !access.allowed_by(v.flags()) {
-            return Err(count_failure(mm, FaultError::AccessDenied));
+            return Err(Stop::Fail(FaultError::AccessDenied));
         }
         let r = do_fault(mm, &v, addr, access, false);
         drop(st);
@@ -172,7 +210,8 @@ fn under_mmap_lock(mm: &AddressSpace, addr: u64, access: Access) -> Result<(), F
                 mm.stats.inc(Event::fault_mmap_lock);
                 Ok(())
             }
-            Err(Step::Fail(e)) => Err(count_failure(mm, e)),
+            Err(Step::Fail(e)) => Err(Stop::Fail(e)),
+            Err(Step::Wait(w)) => Err(Stop::Wait(w)),
             // Under the mmap_lock nothing asks for a retry; be safe anyway.
             Err(Step::Retry(_)) => continue,
         };
@@ -197,10 +236,21 @@ fn do_fault(
                 mm.stats.inc(Event::fault_spurious);
                 return Ok(());
             }
+            if pte.flags().contains(PteFlags::UFFD_WP) && flags.contains(VmFlags::UFFD_WP) {
+                // Write-protected for a handler: queue the fault, or (an
+                // async context) clear the bit and go on as a plain
+                // write fault.
+                uffd::wp_fault(mm, vma, page, pte, &g)?;
+                continue;
+            }
             if wp_fault(mm, vma, page, pte, vma_locked, &g)? {
                 return Ok(());
             }
             continue;
+        }
+        // The one test an unregistered VMA pays for userfaults here.
+        if flags.intersects(VmFlags::UFFD_MISSING | VmFlags::UFFD_MINOR) {
+            uffd::missing_fault(mm, vma, page, access)?;
         }
         // SAFETY: `do_fault`'s caller holds `vma` (its read lock, or the
         // mmap_lock read side) until after the fault.
@@ -274,7 +324,9 @@ fn wp_fault(
     vma_locked: bool,
     g: &crate::reclaim::Guard,
 ) -> Result<bool, Step> {
-    let writable = pte.flags() | PteFlags::WRITE | soft_dirty::WRITTEN;
+    // A write-protect bit left by a registration that is gone goes with
+    // the protection.
+    let writable = (pte.flags() - PteFlags::UFFD_WP) | PteFlags::WRITE | soft_dirty::WRITTEN;
     // A shared object's page is written in place; a private mapping of an
     // object copies it below like any page it does not own.
     if vma.has_shmem() && vma.flags().contains(VmFlags::SHARED) {

@@ -44,6 +44,7 @@ use crate::pt::{Pte, PteFlags};
 use crate::stats::StatCounters;
 use crate::sync::Arc;
 use crate::tlb::Gather;
+use crate::uffd::UFFD_FLAGS;
 use crate::vma::{for_each_family_run, link_all, AnonVma, VmFlags, VmaRef};
 
 impl AddressSpace {
@@ -108,11 +109,14 @@ impl AddressSpace {
                 }
                 // Locks are not inherited (dup_mmap clears VM_LOCKED and
                 // VM_LOCKONFAULT).
-                let flags = v.flags() - VmFlags::LOCKED - VmFlags::LOCKONFAULT;
+                // Nor are userfault registrations (dup_userfaultfd without
+                // UFFD_FEATURE_EVENT_FORK).
+                let flags = v.flags() - VmFlags::LOCKED - VmFlags::LOCKONFAULT - UFFD_FLAGS;
                 // The copy's anon_vma is linked below, in bulk.
                 let copy = ced.new_vma(VmaSpec {
                     flags,
                     anon: None,
+                    uffd: None,
                     ..VmaSpec::like(&v, v.range(), v.pgoff())
                 });
                 // MADV_WIPEONFORK: the child starts with an empty VMA (no
@@ -212,7 +216,9 @@ fn copy_page_tables(
             if ro != pte {
                 gather.add_page(va);
             }
-            (ro, ro)
+            // The parent keeps its write-protect bits; the child, not
+            // registered, drops them (copy_present_pte).
+            (ro, Pte::new(pfn, ro.flags() - PteFlags::UFFD_WP))
         })
         .is_ok();
     gather.flush();

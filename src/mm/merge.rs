@@ -12,6 +12,7 @@ use super::edit::{Edit, VmaSpec};
 use crate::addr::pages;
 use crate::error::Result;
 use crate::sync::Arc;
+use crate::uffd::UffdCtx;
 use crate::vma::{AnonName, AnonVma, RmapIndex, Shmem, VmFlags, Vma, VmaRef};
 
 /// Flags equal for merging purposes (soft-dirty ignored).
@@ -70,6 +71,10 @@ pub(crate) struct Proto<'p> {
     pub(crate) singular: bool,
     /// The range's name: VMAs merge only with equal names.
     pub(crate) name: Option<&'p str>,
+    /// The range's userfault context: VMAs merge only with the same one
+    /// (Linux's `is_mergeable_vm_userfaultfd_ctx`). Compared, never
+    /// dereferenced.
+    pub(crate) uffd: *const UffdCtx,
 }
 
 impl Proto<'_> {
@@ -80,6 +85,7 @@ impl Proto<'_> {
         let (shmem, anon) = unsafe { (prev.shmem(), prev.anon_vma()) };
         flags_mergeable(prev.flags(), self.flags)
             && prev.name() == self.name
+            && prev.uffd_ptr() == self.uffd
             && same_shmem(shmem, self.shmem)
             && anon_mergeable(self.anon, self.singular, anon)
             && prev.pgoff() + pages(prev.range().len()) == pgoff
@@ -92,6 +98,7 @@ impl Proto<'_> {
         let (shmem, anon) = unsafe { (next.shmem(), next.anon_vma()) };
         flags_mergeable(next.flags(), self.flags)
             && next.name() == self.name
+            && next.uffd_ptr() == self.uffd
             && same_shmem(shmem, self.shmem)
             && anon_mergeable(self.anon, self.singular, anon)
             && pgoff + pages(len) == next.pgoff()
@@ -173,6 +180,7 @@ impl Edit<'_> {
             shmem: spec.shmem.as_deref(),
             singular: true,
             name: spec.name.as_deref().map(|n| &*n.0),
+            uffd: spec.uffd.as_ref().map_or(core::ptr::null(), Arc::as_ptr),
         };
         let (prev, next) = proto.neighbours(
             self.ending_at(r.start),
@@ -231,6 +239,23 @@ impl Edit<'_> {
         flags: VmFlags,
         name: Option<Arc<AnonName>>,
     ) -> Result<VmaRef> {
+        let uffd = v.uffd_arc();
+        self.modify_uffd(v, s, e, flags, name, uffd)
+    }
+
+    /// [`modify`](Self::modify) that also registers `[s, e)` with the
+    /// userfault context `uffd` (none: unregistered), as Linux's
+    /// `vma_modify_flags_uffd` does for `UFFDIO_REGISTER` and
+    /// `UFFDIO_UNREGISTER`.
+    pub(crate) fn modify_uffd(
+        &mut self,
+        v: VmaRef,
+        s: u64,
+        e: u64,
+        flags: VmFlags,
+        name: Option<Arc<AnonName>>,
+        uffd: Option<Arc<UffdCtx>>,
+    ) -> Result<VmaRef> {
         let left_side = s == v.start();
         let right_side = e == v.end();
         let pgoff = v.pgoff_of(s);
@@ -242,6 +267,7 @@ impl Edit<'_> {
             shmem: shmem.as_deref(),
             singular: anon.as_ref().is_none_or(|a| a.chain_len() == 1),
             name: name.as_deref().map(|n| &*n.0),
+            uffd: uffd.as_ref().map_or(core::ptr::null(), Arc::as_ptr),
         };
         // Only a change that reaches an end of `v` can join the neighbour
         // on that side.
@@ -303,6 +329,7 @@ impl Edit<'_> {
                 }
                 mid.set_flags(flags);
                 mid.set_name(name);
+                mid.set_uffd(uffd);
                 Ok(mid)
             }
         };

@@ -27,6 +27,12 @@
 //! 6. The TLB model's flush lock (inside `tlb`), taken by each flush,
 //!    under PTE locks when mremap flushes per extent. Its holder waits only
 //!    for user-mode accesses in flight, which take no lock.
+//! 7. A userfault context's wait-queue lock (`uffd`), a leaf: taken by a
+//!    fault queuing for a handler (under its VMA read lock or the
+//!    mmap_lock read side) and by wakes (fills after their installs;
+//!    unregister and munmap under the mmap_lock write side). A fault
+//!    sleeps for its handler holding no other lock (it drops them and
+//!    retries, Linux's `VM_FAULT_RETRY`), so munmap never waits for it.
 //!
 //! A page fault on the per-VMA path holds only a VMA *read* lock; it may
 //! try-lock the mmap_lock (to give the VMA its anon_vma) but never blocks
@@ -49,7 +55,7 @@ pub mod flags;
 pub(crate) mod mmap_lock;
 
 mod access;
-mod anon_vma;
+pub(crate) mod anon_vma;
 mod brk;
 pub(crate) mod edit;
 pub(crate) mod fault;

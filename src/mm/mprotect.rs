@@ -161,9 +161,11 @@ impl AddressSpace {
         let frames = &self.frames;
         self.pt.change_range(r, &g, |va, pte| {
             let mut f = PteFlags::from(flags);
+            // A page write-protected for a userfault handler stays so
+            // (can_change_pte_writable), and keeps its bit.
             if f.contains(PteFlags::WRITE)
-                && !shared
-                && (pte.pfn().is_zero_page() || frames.refcount(pte.pfn()) != 1)
+                && (pte.flags().contains(PteFlags::UFFD_WP)
+                    || !shared && (pte.pfn().is_zero_page() || frames.refcount(pte.pfn()) != 1))
             {
                 f.remove(PteFlags::WRITE);
             }

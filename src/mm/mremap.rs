@@ -12,6 +12,7 @@ use crate::addr::{is_page_aligned, Range, PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
 use crate::error::{Error, Result};
 use crate::stats::Event;
 use crate::tlb::Gather;
+use crate::uffd::UFFD_FLAGS;
 use crate::vma::{VmFlags, VmaRef};
 
 /// `PAGE_ALIGN` with C's wrap-around (an overflowing length becomes 0).
@@ -343,10 +344,21 @@ impl AddressSpace {
         } else {
             vma.pgoff_of(old_addr)
         };
-        ed.map_new(VmaSpec::like(&vma, Range::new(dst, dst + new_len), pgoff));
+        // The moved mapping leaves its userfault registration behind
+        // (mremap_userfaultfd_prep without UFFD_FEATURE_EVENT_REMAP), and
+        // its entries their write-protect bits.
+        let registered = vma.flags().intersects(UFFD_FLAGS);
+        ed.map_new(VmaSpec {
+            flags: vma.flags() - UFFD_FLAGS,
+            uffd: None,
+            ..VmaSpec::like(&vma, Range::new(dst, dst + new_len), pgoff)
+        });
         let moved_len = old_len.min(new_len);
         if moved_len > 0 {
             self.move_page_tables(gather, old_addr, dst, moved_len);
+            if registered {
+                crate::uffd::clear_wp_bits(self, Range::new(dst, dst + moved_len));
+            }
         }
         if old_len == 0 {
             return Ok(dst);

@@ -87,11 +87,20 @@ impl Edit<'_> {
         for &v in &victims {
             self.lock(v);
         }
+        // Faults waiting for a userfault handler in the range are woken
+        // once it is gone: they retry and find no mapping.
+        let handlers: Vec<_> = victims
+            .iter()
+            .filter_map(|v| Some((v.uffd_arc()?, v.range())))
+            .collect();
         // Point of no return: one store clears the range for readers.
         self.erase(r);
         self.zap(r, gather);
         self.detach_all(&victims);
         self.free_pgtables(r);
+        for (ctx, vr) in handlers {
+            ctx.wake(vr);
+        }
         Ok(())
     }
 }

@@ -73,10 +73,12 @@ pub(crate) const WRITTEN: PteFlags = PteFlags::DIRTY
     .union(PteFlags::ACCESSED)
     .union(PteFlags::SOFT_DIRTY);
 
-/// Entry bits a permission change keeps.
+/// Entry bits a permission change keeps (the userfault write-protect bit
+/// too: a protected page stays protected, `can_change_pte_writable`).
 pub(crate) const KEPT: PteFlags = PteFlags::DIRTY
     .union(PteFlags::ACCESSED)
-    .union(PteFlags::SOFT_DIRTY);
+    .union(PteFlags::SOFT_DIRTY)
+    .union(PteFlags::UFFD_WP);
 
 /// True if an entry with `pte` bits in a VMA with `vma` flags must stay
 /// write-protected so that its next write faults and is recorded: the VMA

@@ -23,7 +23,8 @@
 //!    (attaching one changes the VMA), an object (a shared mapping or a
 //!    private mapping of a memfd), a write to a
 //!    present read-only entry (copy-on-write: the reliability fixes live in
-//!    the per-VMA path), an access the flags refuse (the per-VMA path gives
+//!    the per-VMA path), a VMA registered for missing-page userfaults
+//!    (only the locked paths deliver them), an access the flags refuse (the per-VMA path gives
 //!    the verdict), no PTE table, or a PTE table whose 2 MiB span is not
 //!    wholly inside the VMA (see "tables" below).
 //! 5. Allocate and zero the frame, take the PTE table's lock, issue an
@@ -121,6 +122,7 @@ use crate::phys::Pfn;
 use crate::pt::{CheckedInstallError, Pte, PteFlags};
 use crate::stats::Event;
 use crate::sync::{fence, Ordering};
+use crate::vma::VmFlags;
 
 /// One speculative attempt. `Err(reason)`: nothing changed, run the
 /// per-VMA path.
@@ -143,7 +145,12 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
     if !access.allowed_by(flags) {
         return Err(Event::spec_abort_lookup);
     }
-    if !v.is_anonymous() || (access == Access::Write && !v.has_anon_vma()) {
+    // A missing page of a registered VMA is the handler's: only the
+    // locked paths deliver userfaults.
+    if !v.is_anonymous()
+        || (access == Access::Write && !v.has_anon_vma())
+        || flags.contains(VmFlags::UFFD_MISSING)
+    {
         return Err(Event::spec_abort_needs_more);
     }
     let page = page_align_down(addr);

@@ -36,6 +36,7 @@ pub(crate) use shmem::Shmem;
 use crate::addr::{Range, PAGE_SHIFT};
 use crate::stats::StatCounters;
 use crate::sync::{Arc, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use crate::uffd::UffdCtx;
 use lock::VmaLock;
 
 /// Bytes of metadata charged to the budget for each VMA: the object and
@@ -78,6 +79,12 @@ pub struct Vma {
     shmem: AtomicPtr<Shmem>,
     /// Protected by: the VMA write lock; read under the mmap_lock.
     name: AtomicPtr<AnonName>,
+    /// The userfault context the VMA is registered with
+    /// (`vm_userfaultfd_ctx`), null if none; set with the `UFFD_*` flags.
+    /// Protected by: the VMA write lock (mmap_lock writer) for stores;
+    /// dereferenced only by a holder of the VMA (its read lock or the
+    /// mmap_lock).
+    uffd: AtomicPtr<UffdCtx>,
 }
 
 /// The name of an anonymous VMA (`PR_SET_VMA_ANON_NAME`), shared by the
@@ -99,6 +106,7 @@ impl Vma {
             anon_vma: AtomicPtr::new(core::ptr::null_mut()),
             shmem: AtomicPtr::new(core::ptr::null_mut()),
             name: AtomicPtr::new(core::ptr::null_mut()),
+            uffd: AtomicPtr::new(core::ptr::null_mut()),
         }
     }
 
@@ -402,8 +410,47 @@ impl Vma {
     }
 }
 
+impl Vma {
+    /// The userfault context, as a pointer only compared (merge rules),
+    /// never dereferenced.
+    #[inline]
+    pub(crate) fn uffd_ptr(&self) -> *const UffdCtx {
+        self.uffd.load(Ordering::Relaxed)
+    }
+
+    /// The userfault context as an owned handle. The caller holds the VMA
+    /// (its read lock or the mmap_lock).
+    pub(crate) fn uffd_arc(&self) -> Option<Arc<UffdCtx>> {
+        let p = self.uffd.load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: `p` came from `Arc::into_raw` in `set_uffd`; that count
+        // is released only by a later `set_uffd`, under the VMA write
+        // lock, which the caller's hold excludes. Bump it before making an
+        // Arc of it.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Some(Arc::from_raw(p))
+        }
+    }
+
+    /// Sets the userfault context; the caller has the VMA write-locked or
+    /// detached.
+    pub(crate) fn set_uffd(&self, c: Option<Arc<UffdCtx>>) {
+        let new = c.map_or(core::ptr::null_mut(), |c| Arc::into_raw(c) as *mut UffdCtx);
+        let old = self.uffd.swap(new, Ordering::AcqRel);
+        if !old.is_null() {
+            // SAFETY: as in `set_name`: the swap took the VMA's count out,
+            // and no holder of the VMA runs now.
+            unsafe { drop(Arc::from_raw(old)) };
+        }
+    }
+}
+
 impl Drop for Vma {
     fn drop(&mut self) {
+        self.set_uffd(None);
         self.set_anon_vma(None);
         self.set_shmem(None);
         self.set_name(None);

@@ -158,6 +158,30 @@ impl Shmem {
         }
     }
 
+    /// Puts `pfn` at page `index` if the object has no frame there, the
+    /// reference the caller holds moving to the object (a userfault
+    /// handler's `UFFDIO_COPY` into a hole). `Err(Some(existing))` if the
+    /// page is there, `Err(None)` if the budget has no room for the index;
+    /// either way `pfn` stays the caller's. The caller checks
+    /// `index < npages`.
+    pub(crate) fn insert(&self, index: u64, pfn: Pfn) -> Result<(), Option<Pfn>> {
+        let mut node = &self.root;
+        for level in (1..self.height).rev() {
+            node = self
+                .child_or_make(&node.slots[Self::slot(index, level)])
+                .ok_or(None)?;
+        }
+        node.slots[Self::slot(index, 0)]
+            .compare_exchange(
+                0,
+                u64::from(pfn.get()) + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .map(|_| ())
+            .map_err(|winner| Some(Pfn::new((winner - 1) as u32)))
+    }
+
     /// Size in pages: a fault at this index or past it is SIGBUS.
     pub(crate) fn npages(&self) -> u64 {
         self.end.load(Ordering::Acquire)
