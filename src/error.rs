@@ -36,6 +36,9 @@ pub enum Error {
     /// `EOVERFLOW`: an offset plus a length passes the largest object
     /// size ([`AddressSpace::mmap_fd`](crate::AddressSpace::mmap_fd)).
     Overflow,
+    /// `EOPNOTSUPP`: a flag the object does not support
+    /// (`MAP_SHARED_VALIDATE` with a flag outside Linux's legacy set).
+    NotSupported,
 }
 
 impl Error {
@@ -53,6 +56,7 @@ impl Error {
             Error::Exist => 17,
             Error::Inval => 22,
             Error::Overflow => 75,
+            Error::NotSupported => 95,
         }
     }
 
@@ -68,6 +72,7 @@ impl Error {
             17 => Error::Exist,
             22 => Error::Inval,
             75 => Error::Overflow,
+            95 => Error::NotSupported,
             _ => return None,
         })
     }
@@ -86,6 +91,7 @@ impl Error {
             Error::Exist => "EEXIST",
             Error::Inval => "EINVAL",
             Error::Overflow => "EOVERFLOW",
+            Error::NotSupported => "EOPNOTSUPP",
         }
     }
 }

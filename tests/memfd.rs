@@ -606,3 +606,82 @@ fn no_shrink_while_mapped_under_races() {
     let hits = mapper.join().unwrap();
     println!("{hits} mapped writes to the fourth page");
 }
+
+#[test]
+fn shared_validate_checks_flags_like_the_kernel() {
+    // Each flag bit alone with each type, on a memfd: MAP_SHARED ignores
+    // what it does not know, MAP_SHARED_VALIDATE rejects every bit outside
+    // Linux's legacy set with EOPNOTSUPP.
+    let k = KernelFd::new("validate").unwrap();
+    k.truncate(PAGE).unwrap();
+    let mm = AddressSpace::new(Config::default());
+    let m = Memfd::new_in(mm.frame_pool(), "validate", PAGE).unwrap();
+    // A free page for the fixed flags, on each side.
+    // SAFETY: a fresh anonymous page of our own, unmapped at once: its
+    // address is free (other threads of the test may race for it, which
+    // makes the kernel's FIXED_NOREPLACE fail with EEXIST, not corrupt).
+    let hole = unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            PAGE as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        libc::munmap(p, PAGE as usize);
+        p as u64
+    };
+    let ours_hole = mm
+        .mmap(0, PAGE, RW, MapFlags::PRIVATE | MapFlags::ANONYMOUS)
+        .unwrap();
+    mm.munmap(ours_hole, PAGE).unwrap();
+    for ty in [
+        libc::MAP_SHARED,
+        libc::MAP_SHARED_VALIDATE,
+        libc::MAP_PRIVATE,
+    ] {
+        for bit in 4..32 {
+            let extra = 1i32 << bit;
+            // MAP_FIXED would replace whatever the kernel has there.
+            if extra == libc::MAP_FIXED {
+                continue;
+            }
+            let fixed = extra == libc::MAP_FIXED_NOREPLACE;
+            let flags = ty | extra;
+            let (khint, ohint) = if fixed { (hole, ours_hole) } else { (0, 0) };
+            // SAFETY: a hint, or FIXED_NOREPLACE at a free page: the
+            // kernel replaces nothing.
+            let p = unsafe {
+                libc::mmap(
+                    khint as *mut libc::c_void,
+                    PAGE as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    flags,
+                    k.0,
+                    0,
+                )
+            };
+            let kr = if p == libc::MAP_FAILED {
+                Err(errno())
+            } else {
+                // SAFETY: the mapping just made.
+                unsafe { libc::munmap(p, PAGE as usize) };
+                Ok(())
+            };
+            let or = mm
+                .mmap_fd(
+                    ohint,
+                    PAGE,
+                    RW,
+                    MapFlags::from_bits_retain(flags as u32),
+                    &m,
+                    0,
+                )
+                .map(|a| mm.munmap(a, PAGE).unwrap())
+                .map_err(|e| e.errno());
+            assert_eq!(or, kr, "type {ty:#x} flag {extra:#x}");
+        }
+    }
+}
