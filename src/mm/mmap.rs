@@ -135,9 +135,8 @@ impl AddressSpace {
         if !Arc::ptr_eq(memfd.frame_pool(), &self.frames) {
             return Err(Error::Inval);
         }
-        memfd.map_object(|obj| {
-            self.do_mmap(addr, len, prot, flags, Some((obj, offset >> PAGE_SHIFT)))
-        })
+        let obj = Some((memfd.pages(), offset >> PAGE_SHIFT));
+        self.do_mmap(addr, len, prot, flags, obj)
     }
 
     /// `mmap` of anonymous memory (`obj` is `None`) or of an object from
