@@ -3,7 +3,12 @@
 //! boundaries, past the end, near the largest size, overflowing) made on
 //! a real memfd and on a [`Memfd`], comparing every result, errno and byte
 //! read; name checks; hostile arguments never panic; a stress test of
-//! copies racing truncation; and the frames return to the pool.
+//! copies racing truncation; and the frames return to the pool. Then
+//! mappings (`mmap_fd`) against the kernel's mmap of a memfd: bytes,
+//! maps lines, merges, SIGBUS past the end, flags of
+//! `MAP_SHARED_VALIDATE`, and a shrink zapping the pages past the new end
+//! in every mapping (two address spaces and a fork child), with faults
+//! racing shrinks and growths.
 
 use aspace::{FrameAllocator, Memfd};
 use std::ffi::CString;
