@@ -79,7 +79,9 @@ impl AddressSpace {
     /// into a private page; `MADV_DONTNEED` drops the copies, so the
     /// object's bytes show again. A fault at or past the object's end
     /// (page index `>= ceil(len / 4096)`) is `SIGBUS`
-    /// ([`FaultError::Bus`](crate::FaultError::Bus)). Adjacent mappings of
+    /// ([`FaultError::Bus`](crate::FaultError::Bus)), also after a shrink
+    /// ([`Memfd::set_len`]) unmapped the pages past the new end, private
+    /// copies included, as Linux's truncation does. Adjacent mappings of
     /// the same object at contiguous offsets merge, as in Linux.
     ///
     /// Errors as [`mmap`](Self::mmap), with the object's first: `EINVAL`

@@ -12,7 +12,9 @@
 //! # Locking
 //!
 //! Lock-free: nodes and pages are installed by compare-and-swap; callers
-//! hold the VMA (its read lock or the mmap_lock). Order: [`crate::mm`].
+//! hold the VMA (its read lock or the mmap_lock). The VMAs mapping the
+//! object are indexed under their own lock ([`super::mappings`]). Order:
+//! [`crate::mm`].
 
 use crate::phys::{FrameAllocator, Pfn};
 use crate::sync::{Arc, AtomicU64, Ordering};
@@ -65,8 +67,10 @@ pub struct Shmem {
     npages: u64,
     /// Pages below the object's end (`ceil(size / 4096)`): a fault at or
     /// past it is SIGBUS.
-    /// Protected by: an atomic, stored by the owner's resize (a
-    /// [`Memfd`](crate::Memfd)'s size lock); never lowered while mapped.
+    /// Protected by: an atomic, stored by the owner's resize (under a
+    /// [`Memfd`](crate::Memfd)'s size lock); a shrink lowers it before it
+    /// zaps the mappings, and faults re-read it under the PTE lock (see
+    /// [`super::mappings`]).
     end: AtomicU64,
     height: u32,
     /// The root node lives in the object (its cost is the mapping's).
@@ -268,9 +272,11 @@ impl Shmem {
     }
 
     /// Drops the object's frames of the pages from index `from` on (a
-    /// shrinking `ftruncate`). The caller excludes every other user of
-    /// those pages (a [`Memfd`](crate::Memfd) holds its size lock's write
-    /// side); frames a mapping still maps keep that mapping's reference.
+    /// shrinking `ftruncate`), after the end was lowered and the mappings
+    /// zapped ([`super::mappings`]); copies by offset are excluded by the
+    /// [`Memfd`](crate::Memfd)'s size lock, and a fault that still reads a
+    /// slot takes its reference only while the frame lives
+    /// ([`get_frame`](Self::get_frame)).
     pub(crate) fn truncate_from(&self, from: u64) {
         self.visit(
             &self.root,
