@@ -1,6 +1,7 @@
 //! Loom models of a shrinking `Memfd` (`set_len`) against a fault on the
-//! page it cuts off, through the real AddressSpace and Memfd (the
-//! protocol is in src/vma/mappings.rs). `./loom.sh` runs them at its bound.
+//! page it cuts off and against fork, through the real AddressSpace and
+//! Memfd (the protocol is in src/vma/mappings.rs). `./loom.sh` runs them
+//! at its bound.
 #![cfg(aspace_loom)]
 
 mod common;
@@ -66,4 +67,37 @@ fn store_vs_shrink_with_tables() {
 #[test]
 fn store_vs_shrink_making_tables() {
     store_vs_shrink(false);
+}
+
+/// Fork races a shrink of an object a private mapping maps, with a
+/// copy-on-write copy of page 1 (fork copies that entry to the child).
+/// Whichever comes first, once both are done neither space maps page 1:
+/// the child's VMA is filed after the parent's, so the shrink visits the
+/// parent first, and an entry fork copied before that visit is found in
+/// the child.
+///
+/// Mutation caught: the shrink visiting the mappings newest first
+/// (`idx.entries.values()` replaced by `idx.entries.values().rev()` in
+/// `Mappings::zap_from`, src/vma/mappings.rs): it then clears the child's
+/// (still empty) table, fork copies the parent's entry, and only then is
+/// the parent's cleared.
+#[test]
+fn fork_vs_shrink() {
+    model(|| {
+        let mm = Arc::new(AddressSpace::new(cfg()));
+        let m = Memfd::new_in(mm.frame_pool(), "f", 2 * PAGE_SIZE).unwrap();
+        let flags = MapFlags::PRIVATE | MapFlags::FIXED;
+        mm.mmap_fd(A, 2 * PAGE_SIZE, rw(), flags, &m, 0).unwrap();
+        mm.write(A + PAGE_SIZE, &[1]).unwrap();
+        let m2 = m.clone();
+        let t = thread::spawn(move || m2.set_len(PAGE_SIZE).unwrap());
+        let child = mm.fork().unwrap();
+        t.join().unwrap();
+        for (who, s) in [("parent", &*mm), ("child", &child)] {
+            assert!(
+                s.translate(A + PAGE_SIZE).is_none(),
+                "{who} maps past the end"
+            );
+        }
+    });
 }

@@ -732,6 +732,41 @@ fn faults_racing_shrink_and_grow() {
 }
 
 #[test]
+fn fork_racing_shrink() {
+    // A fork copies a private mapping's entries (copy-on-write copies of
+    // the object's pages included) while the object shrinks: whichever
+    // comes first, once both are done neither the parent nor the child
+    // maps a page past the end (the child's VMA is filed after the
+    // parent's, so the shrink's pass reaches a copied entry). The window
+    // is narrow on real threads: loom_memfd's `fork_vs_shrink` explores
+    // it.
+    let mm = Arc::new(AddressSpace::new(Config::default()));
+    let m = Memfd::new_in(mm.frame_pool(), "fork-race", 4 * PAGE).unwrap();
+    let a = mm
+        .mmap_fd(0, 4 * PAGE, RW, MapFlags::PRIVATE, &m, 0)
+        .unwrap();
+    for round in 0..300 {
+        m.set_len(4 * PAGE).unwrap();
+        mm.write(a + 2 * PAGE, &[round as u8]).unwrap(); // a private copy
+        mm.read(a + 3 * PAGE, &mut [0u8; 1]).unwrap(); // the object's page
+        let forker = {
+            let mm = mm.clone();
+            std::thread::spawn(move || mm.fork().unwrap())
+        };
+        m.set_len(PAGE).unwrap();
+        let child = forker.join().unwrap();
+        for (who, s) in [("parent", &*mm), ("child", &child)] {
+            for page in 1..4 {
+                assert!(
+                    s.translate(a + page * PAGE).is_none(),
+                    "round {round}: {who} maps page {page} past the end"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn shared_validate_checks_flags_like_the_kernel() {
     // Each flag bit alone with each type, on a memfd: MAP_SHARED ignores
     // what it does not know, MAP_SHARED_VALIDATE rejects every bit outside
