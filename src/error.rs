@@ -39,6 +39,9 @@ pub enum Error {
     /// `EOVERFLOW`: an offset plus a length passes the largest object
     /// size ([`AddressSpace::mmap_fd`](crate::AddressSpace::mmap_fd)).
     Overflow,
+    /// `EOPNOTSUPP`: a flag the object does not support
+    /// (`MAP_SHARED_VALIDATE` with a flag outside Linux's legacy set).
+    NotSupported,
 }
 
 impl Error {
@@ -57,6 +60,7 @@ impl Error {
             Error::Exist => 17,
             Error::Inval => 22,
             Error::Overflow => 75,
+            Error::NotSupported => 95,
         }
     }
 
@@ -73,6 +77,7 @@ impl Error {
             17 => Error::Exist,
             22 => Error::Inval,
             75 => Error::Overflow,
+            95 => Error::NotSupported,
             _ => return None,
         })
     }
@@ -92,6 +97,7 @@ impl Error {
             Error::Exist => "EEXIST",
             Error::Inval => "EINVAL",
             Error::Overflow => "EOVERFLOW",
+            Error::NotSupported => "EOPNOTSUPP",
         }
     }
 }

@@ -1,6 +1,9 @@
 //! Shared objects made on first use: [`LazyArc`], so that creating an
 //! address space allocates nothing it does not need yet (its VMA pool, its
-//! tree's node cache).
+//! tree's node cache), and [`LazyWith`], made from arguments kept until
+//! then and reached through `Deref` (its page table and TLB, which other
+//! address spaces may hold through an `Arc` to zap a shared object's
+//! pages: see [`crate::vma::Mappings`]).
 //!
 //! # Locking
 //!
@@ -81,21 +84,28 @@ impl<T: Default> LazyArc<T> {
 
     #[cold]
     fn install(&self) -> &T {
-        let new = Arc::into_raw(Arc::new(T::default())) as *mut T;
-        match self.ptr.compare_exchange(
-            core::ptr::null_mut(),
-            new,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            // SAFETY: published just now; held until drop (see `peek`).
-            Ok(_) => unsafe { &*new },
-            Err(winner) => {
-                // SAFETY: `new` was never published: its reference is ours.
-                drop(unsafe { Arc::from_raw(new) });
-                // SAFETY: the winner's, held until drop (see `peek`).
-                unsafe { &*winner }
-            }
+        publish(&self.ptr, T::default())
+    }
+}
+
+/// Installs `value` in the empty `ptr` as an `Arc`, or drops it if
+/// another thread installed one first; returns the installed value, which
+/// `ptr`'s owner holds (one reference) until it drops.
+fn publish<T>(ptr: &AtomicPtr<T>, value: T) -> &T {
+    let new = Arc::into_raw(Arc::new(value)) as *mut T;
+    match ptr.compare_exchange(
+        core::ptr::null_mut(),
+        new,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        // SAFETY: published just now; held until the owner drops.
+        Ok(_) => unsafe { &*new },
+        Err(winner) => {
+            // SAFETY: `new` was never published: its reference is ours.
+            drop(unsafe { Arc::from_raw(new) });
+            // SAFETY: the winner's, held until the owner drops.
+            unsafe { &*winner }
         }
     }
 }
@@ -113,6 +123,117 @@ impl<T> Drop for LazyArc<T> {
             // SAFETY: from `Arc::into_raw`: this handle's reference, given
             // back once.
             drop(unsafe { Arc::from_raw(p) });
+        }
+    }
+}
+
+/// An `Arc<T>` made by `init(&args)` on first dereference, so that a
+/// value every address space has (its page table, its TLB) costs no
+/// allocation until used, yet lives at a stable address that another
+/// owner can share ([`arc`](Self::arc)) while the address space itself
+/// moves.
+///
+/// Under loom the value is made at once (a plain `Arc`), so that models do
+/// not spend their branch budget on a pointer load per use.
+pub struct LazyWith<T, A> {
+    /// From `Arc::into_raw`, or null before first use.
+    ///
+    /// Protected by: installed once, as [`LazyArc`]'s pointer.
+    #[cfg(not(aspace_loom))]
+    ptr: AtomicPtr<T>,
+    /// The value (loom builds make it at once).
+    /// Protected by: immutable.
+    #[cfg(aspace_loom)]
+    value: Arc<T>,
+    /// What `init` makes the value from.
+    /// Protected by: immutable.
+    #[cfg_attr(aspace_loom, allow(dead_code))]
+    args: A,
+    /// Protected by: immutable.
+    #[cfg_attr(aspace_loom, allow(dead_code))]
+    init: fn(&A) -> T,
+}
+
+// SAFETY: a LazyWith is an `Option<Arc<T>>` that fills itself from `A`:
+// sendable and shareable when both `Arc<T>` and `A` are.
+unsafe impl<T: Send + Sync, A: Send> Send for LazyWith<T, A> {}
+// SAFETY: as for Send (`A` is only read, by whoever makes the value).
+unsafe impl<T: Send + Sync, A: Sync> Sync for LazyWith<T, A> {}
+
+impl<T, A> LazyWith<T, A> {
+    /// Nothing yet (under loom: made now): the first dereference makes
+    /// `init(&args)`.
+    pub fn new(args: A, init: fn(&A) -> T) -> Self {
+        LazyWith {
+            #[cfg(not(aspace_loom))]
+            ptr: AtomicPtr::new(core::ptr::null_mut()),
+            #[cfg(aspace_loom)]
+            value: Arc::new(init(&args)),
+            args,
+            init,
+        }
+    }
+
+    /// The value if it exists.
+    #[inline]
+    pub fn peek(&self) -> Option<&T> {
+        #[cfg(not(aspace_loom))]
+        {
+            // Acquire: pairs with the install's Release.
+            let p = self.ptr.load(Ordering::Acquire);
+            // SAFETY: a non-null pointer came from `Arc::into_raw`, and
+            // this handle holds that reference until drop.
+            (!p.is_null()).then(|| unsafe { &*p })
+        }
+        #[cfg(aspace_loom)]
+        Some(&self.value)
+    }
+
+    /// Another reference to the value, made now on first use.
+    pub fn arc(&self) -> Arc<T> {
+        let p: *const T = &**self;
+        // SAFETY: `p` is from `Arc::into_raw` (or the loom build's Arc)
+        // and this handle's reference keeps it alive; the returned Arc
+        // owns the reference added here.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Arc::from_raw(p)
+        }
+    }
+
+    #[cfg(not(aspace_loom))]
+    #[cold]
+    fn install(&self) -> &T {
+        publish(&self.ptr, (self.init)(&self.args))
+    }
+}
+
+impl<T, A> core::ops::Deref for LazyWith<T, A> {
+    type Target = T;
+
+    /// The value, made now on first use.
+    #[inline]
+    fn deref(&self) -> &T {
+        #[cfg(not(aspace_loom))]
+        match self.peek() {
+            Some(v) => v,
+            None => self.install(),
+        }
+        #[cfg(aspace_loom)]
+        &self.value
+    }
+}
+
+impl<T, A> Drop for LazyWith<T, A> {
+    fn drop(&mut self) {
+        #[cfg(not(aspace_loom))]
+        {
+            let p = self.ptr.load(Ordering::Acquire);
+            if !p.is_null() {
+                // SAFETY: from `Arc::into_raw`: this handle's reference,
+                // given back once.
+                drop(unsafe { Arc::from_raw(p) });
+            }
         }
     }
 }

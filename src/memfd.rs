@@ -25,15 +25,14 @@
 //! its write side, so a shrink never frees a page a copy is using. Pages
 //! are installed in the tree lock-free (compare-and-swap).
 //!
-//! Mappings vs truncation: [`AddressSpace::mmap_fd`](crate::AddressSpace::mmap_fd)
-//! holds the read side of `size` around its whole mmap, and every VMA
-//! mapping the object holds a reference on its page tree. A shrink holds
-//! the write side and refuses (`EBUSY`) while any reference besides the
-//! object's own exists, so no page past the new end is mapped or
-//! mappable after it returns; faults need no lock of the object (they
-//! read its end, which only grows while it is mapped). Lock order: `size`
-//! before the mmap_lock (see [`crate::mm`]); under `size`'s write side
-//! nothing else is taken except the frame allocator's own locks.
+//! Mappings vs truncation: every VMA mapping the object is filed in its
+//! mappings (`vma::mappings`, Linux's `i_mmap`); a shrink, under `size`'s
+//! write side, lowers the end, zaps the pages past it in every mapping
+//! under that index's lock and PTE locks, then frees them. Faults take
+//! no lock of the object: they re-check its end under the PTE lock (the
+//! argument is in `vma::mappings`). Lock order: `size`, then the mappings
+//! lock, then PTE locks, the frame allocator's and the TLB flush lock; no
+//! mmap_lock is taken under `size` (see [`crate::mm`]).
 
 use crate::addr::{PAGE_SHIFT, PAGE_SIZE};
 use crate::error::{Error, Result};
@@ -84,9 +83,9 @@ pub struct Memfd {
 
 struct Inner {
     /// The pages, shared with every VMA mapping the object (each holds a
-    /// reference: a count above one means the object is mapped).
+    /// reference), and the index of those VMAs.
     /// Protected by: the tree is lock-free; its end changes under `size`'s
-    /// write side.
+    /// write side; the index has its own lock.
     pages: Arc<Shmem>,
     /// The size in bytes.
     ///
@@ -156,23 +155,26 @@ impl Memfd {
 
     /// Resizes the object (`ftruncate`): growing adds zero bytes; shrinking
     /// drops the pages wholly past the new end and zeroes the tail of the
-    /// last page, so a later growth reads zeros there. `EINVAL` for a
-    /// length over [`MAX_LEN`]; `EBUSY` for a shrink while some address
-    /// space maps the object (Linux zaps the mapped pages past the new
-    /// end; this crate does not track the mappings of an object yet).
-    /// Nothing changes on an error.
+    /// last page, so a later growth reads zeros there. A shrink also
+    /// unmaps the pages past the new end from every mapping of the object,
+    /// in every address space, private copy-on-write copies included (as
+    /// Linux's `truncate_pagecache`): a later access there is SIGBUS, and
+    /// after a growth faults the new zeros in. `EINVAL` for a length over
+    /// [`MAX_LEN`]; nothing changes then.
     pub fn set_len(&self, len: u64) -> Result<()> {
         if len > MAX_LEN {
             return Err(Error::Inval);
         }
         let mut size = self.inner.size.write();
         let pages = &self.inner.pages;
+        let end = len.div_ceil(PAGE_SIZE);
         if len < *size {
-            // Mapping takes the read side of `size` (`Memfd::map_object`),
-            // so no mapping appears while we hold the write side.
-            if Arc::strong_count(pages) > 1 {
-                return Err(Error::Busy);
-            }
+            // The three steps of `vma::mappings`' truncation: the end
+            // first (new faults past it fail), then the mapped entries,
+            // then the object's frames.
+            pages.set_npages(end);
+            crate::sync::asymmetric::heavy();
+            pages.mappings.zap_from(end, &pages.frames);
             let tail = (len % PAGE_SIZE) as usize;
             if tail != 0 {
                 if let Some(pfn) = pages.resident(len >> PAGE_SHIFT) {
@@ -180,10 +182,10 @@ impl Memfd {
                     pages.frames.write(pfn, tail, &zeros[tail..]);
                 }
             }
-            pages.truncate_from(len.div_ceil(PAGE_SIZE));
+            pages.truncate_from(end);
         }
         *size = len;
-        pages.set_npages(len.div_ceil(PAGE_SIZE));
+        pages.set_npages(end);
         Ok(())
     }
 
@@ -256,12 +258,9 @@ impl Memfd {
         }
     }
 
-    /// Runs `f` with the object's pages while no shrink can run (the read
-    /// side of the size lock): a mapping is made inside `f`, so
-    /// [`set_len`](Self::set_len) sees it.
-    pub(crate) fn map_object<T>(&self, f: impl FnOnce(&Arc<Shmem>) -> T) -> T {
-        let _size = self.inner.size.read();
-        f(&self.inner.pages)
+    /// The object's pages, to map them.
+    pub(crate) fn pages(&self) -> &Arc<Shmem> {
+        &self.inner.pages
     }
 
     /// Calls `f(page index, byte range within the page, offset into the

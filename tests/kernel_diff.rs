@@ -3,7 +3,10 @@
 //! Seeded random sequences of mmap (with `MAP_LOCKED`, `MAP_STACK`,
 //! `MAP_DROPPABLE`, ...) / munmap / mprotect / mremap / madvise (every
 //! modelled advice but `MADV_FREE` and `MADV_REMOVE`, see `Gen::madvise`)
-//! / mlock, mlock2, munlock / msync / mincore / stores / loads run on the
+//! / mlock, mlock2, munlock / msync / mincore / stores / loads, and two
+//! memory objects (memfd_create: mmap shared, private or
+//! `MAP_SHARED_VALIDATE` at random offsets, ftruncate shrinking and
+//! growing them while mapped, pwrite / pread) run on the
 //! real kernel (on a region of this process, see
 //! `common/kernel.rs`) and on an `aspace::AddressSpace` at the same
 //! addresses. After every call both sides must agree on:
@@ -17,9 +20,10 @@
 //! - the VMA flags aspace models (`MODELLED_FLAGS` of
 //!   `/proc/self/smaps`: `rd wr ex sh mr mw me ms gd ac nr lo lf dc wf dd
 //!   dp hg nh sr rr sf`);
-//! - the bytes loaded: every page ever stored to (followed through mremap
-//!   moves) is loaded on both sides every few calls and at the end, and
-//!   must give the same bytes or the same EFAULT.
+//! - the bytes loaded: every page ever stored to or mapped from an object
+//!   (followed through mremap moves) is loaded on both sides every few
+//!   calls and at the end, and must give the same bytes or the same EFAULT
+//!   (SIGBUS past an object's end).
 //!
 //! One allowance, on purpose: when a store spanning several pages fails,
 //! the kernel (like a real `memcpy`) has written the pages before the
@@ -41,7 +45,7 @@
 mod common;
 
 use common::gen::Gen;
-use common::ops::{apply, Op, Outcome};
+use common::ops::{apply, ObjMapping, Op, Outcome};
 use common::*;
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -186,6 +190,11 @@ fn rebase(op: Op, delta: u64) -> Op {
             addr: mv(addr),
             len,
         },
+        Op::MmapObj(m) => Op::MmapObj(ObjMapping {
+            addr: mv(m.addr),
+            ..m
+        }),
+        Op::Truncate { .. } | Op::ObjWrite { .. } | Op::ObjRead { .. } => op,
     }
 }
 
@@ -319,6 +328,17 @@ impl Pair {
     /// Follows the pages to compare through stores and moves.
     fn track(&mut self, op: Op, res: &Outcome) {
         match (op, res) {
+            // A mapped object's pages change through the object and its
+            // other mappings: compare all of them.
+            (Op::MmapObj(m), Outcome::At(rel)) => {
+                let start = CANON + rel;
+                let end = start.saturating_add(page_align(m.len).unwrap_or(0));
+                let mut p = start;
+                while p < end && p < CANON + (PAGES + 2) * PAGE {
+                    self.pages.insert(p);
+                    p += PAGE;
+                }
+            }
             (Op::Write { addr, len, .. }, _) => {
                 let first = addr & !(PAGE - 1);
                 let mut p = first;

@@ -240,6 +240,11 @@ impl<'a> Edit<'a> {
         v.set_range(r.start, r.end, pgoff);
         v.set_flags(flags);
         self.link_in(v, anon, idx);
+        if let Some(obj) = &shmem {
+            // Filed before it is attached: a shrink then sees every VMA a
+            // fault can reach (see `vma::mappings`).
+            obj.mappings.register(v, self.mm.mapper());
+        }
         v.set_shmem(shmem);
         v.set_name(name);
         v.set_uffd(uffd);
@@ -372,6 +377,9 @@ impl<'a> Edit<'a> {
         } else {
             v.set_end(end);
         }
+        if let Some(obj) = v.shmem_arc() {
+            obj.mappings.update(v);
+        }
         if let Some(idx) = idx {
             if v.has_anon_vma() {
                 idx.rekey(v, old.start, old_pgoff);
@@ -422,6 +430,10 @@ impl<'a> Edit<'a> {
             ed.tree.store(upper, n);
             ed.state.map_count += 1;
             v.set_end(at);
+            // `n` was filed first: the two cover the range throughout.
+            if let Some(obj) = v.shmem_arc() {
+                obj.mappings.update(v);
+            }
             n
         }))
     }

@@ -16,8 +16,9 @@
 //! reference, else copies it (copy-on-write).
 //!
 //! Object-backed VMAs ([`crate::Memfd`], shared anonymous memory): a page
-//! at or past the object's end is SIGBUS; a shared mapping maps the
-//! object's page (allocated on first touch); a private one maps it
+//! at or past the object's end is SIGBUS, checked again under the PTE
+//! lock against a racing shrink (`vma::mappings`); a shared mapping maps
+//! the object's page (allocated on first touch); a private one maps it
 //! read-only and copies it into an anonymous frame on the first write,
 //! as Linux's private file mappings do.
 //!
@@ -40,7 +41,7 @@ use crate::mm::anon_vma::anon_vma_prepare;
 use crate::mm::soft_dirty;
 use crate::mm::{Access, AddressSpace, FaultLocking};
 use crate::phys::Pfn;
-use crate::pt::{Pte, PteFlags};
+use crate::pt::{CheckedInstallError, Pte, PteFlags};
 use crate::stats::Event;
 use crate::uffd::{self, Waiter};
 use crate::vma::lock::ReadLockError;
@@ -254,31 +255,41 @@ fn do_fault(
         }
         // SAFETY: `do_fault`'s caller holds `vma` (its read lock, or the
         // mmap_lock read side) until after the fault.
-        let new = if let Some(shm) = unsafe { vma.shmem() } {
+        let shm = unsafe { vma.shmem() };
+        let new = if let Some(shm) = shm {
             let idx = vma.pgoff_of(page);
             if idx >= shm.npages() {
                 return Err(Step::Fail(FaultError::Bus));
             }
-            let pfn = shm.frame(idx).ok_or(Step::Fail(FaultError::OutOfMemory))?;
+            // A reference of our own: a shrink may drop the object's.
+            let Some(pfn) = shm.get_frame(idx) else {
+                return Err(Step::Fail(if idx >= shm.npages() {
+                    FaultError::Bus
+                } else {
+                    FaultError::OutOfMemory
+                }));
+            };
             if flags.contains(VmFlags::SHARED) {
-                mm.frames.get(pfn);
                 Pte::new(pfn, soft_dirty::shared_fault_flags(flags, access))
             } else if access != Access::Write {
                 // A private mapping reads the object's page until its
                 // first write (the entry stays read-only).
-                mm.frames.get(pfn);
                 Pte::new(pfn, PteFlags::from(flags) - PteFlags::WRITE)
             } else {
-                // The first write copies the object's page (do_cow_fault).
-                // The object keeps its reference on `pfn` while mapped
-                // (a mapped object is never shrunk), so it stays readable.
-                anon_vma_prepare(mm, vma, vma_locked).map_err(Step::Retry)?;
-                let copy = mm
-                    .frames
-                    .alloc_uninit()
-                    .ok_or(Step::Fail(FaultError::OutOfMemory))?;
-                mm.frames.copy(copy, pfn);
-                Pte::new(copy, PteFlags::from(flags) | soft_dirty::WRITTEN)
+                // The first write copies the object's page (do_cow_fault),
+                // readable while we hold our reference.
+                let copy = anon_vma_prepare(mm, vma, vma_locked)
+                    .map_err(Step::Retry)
+                    .and_then(|_| {
+                        mm.frames
+                            .alloc_uninit()
+                            .ok_or(Step::Fail(FaultError::OutOfMemory))
+                    });
+                if let Ok(copy) = copy {
+                    mm.frames.copy(copy, pfn);
+                }
+                mm.frames.put(pfn);
+                Pte::new(copy?, PteFlags::from(flags) | soft_dirty::WRITTEN)
             }
         } else if access != Access::Write {
             Pte::new(Pfn::ZERO_PAGE, PteFlags::from(flags) - PteFlags::WRITE)
@@ -287,7 +298,30 @@ fn do_fault(
             let pfn = alloc_frame(mm)?;
             Pte::new(pfn, PteFlags::from(flags) | soft_dirty::WRITTEN)
         };
-        match mm.pt.install(page, new, &g) {
+        let installed = match shm {
+            // The object's end again, under the PTE lock: a shrink that
+            // lowered it zaps this table after us, or we see it (the
+            // argument is in `vma::mappings`).
+            Some(shm) => {
+                let idx = vma.pgoff_of(page);
+                let expedited = crate::sync::asymmetric::expedited();
+                let end_ok = || {
+                    crate::sync::asymmetric::light(expedited);
+                    idx < shm.npages()
+                };
+                match mm.pt.install_checked_in(page, new, &g, true, end_ok) {
+                    Ok(()) => Ok(()),
+                    Err(CheckedInstallError::Invalid) => {
+                        mm.frames.put(new.pfn());
+                        return Err(Step::Fail(FaultError::Bus));
+                    }
+                    Err(CheckedInstallError::Taken(p)) => Err(p),
+                    Err(CheckedInstallError::NoTable) => Err(Pte::NONE),
+                }
+            }
+            None => mm.pt.install(page, new, &g),
+        };
+        match installed {
             Ok(()) => return Ok(()),
             Err(existing) => {
                 // Drop our frame reference whatever happened.

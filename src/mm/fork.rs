@@ -131,7 +131,9 @@ impl AddressSpace {
             link_anon_vmas(&dups, &self.stats);
             let copies: Vec<VmaRef> = dups.iter().map(|d| d.copy).collect();
             ced.attach_all_sorted(&copies);
-            copy_page_tables(self, &child, &dups, &mut ed.gather())
+            // An idle space's page table and TLB are not made for nothing.
+            !dups.iter().any(Dup::copies_ptes)
+                || copy_page_tables(self, &child, &dups, &mut ed.gather())
         };
         drop(ed);
         if !ok {

@@ -9,7 +9,7 @@
 //! (the lock order is in [`crate::mm`]).
 
 use super::edit::{Edit, VmaSpec};
-use crate::addr::pages;
+use crate::addr::{pages, Range};
 use crate::error::Result;
 use crate::sync::Arc;
 use crate::uffd::UffdCtx;
@@ -310,6 +310,11 @@ impl Edit<'_> {
                         // unlink `v` first. Readers that still find `v` in
                         // the tree until `n` is stored see it detached and
                         // look again.
+                        // `n` is filed over `v`'s range first, so that a
+                        // shrink of their object never finds it unmapped.
+                        if let Some(obj) = n.shmem_arc() {
+                            obj.mappings.cover(n, Range::new(s, n.end()), pgoff);
+                        }
                         ed.detach_in(v, false, idx.as_deref_mut());
                         ed.set_range_in(n, s, n.end(), pgoff, idx);
                     } else {

@@ -14,6 +14,32 @@ use crate::memfd::Memfd;
 use crate::sync::Arc;
 use crate::vma::{Shmem, VmFlags, VmaRef};
 
+/// Linux's `LEGACY_MAP_MASK`: the flags `MAP_SHARED_VALIDATE` accepts on
+/// a file whose `mmap_supported_flags` add none (tmpfs, so a memfd):
+/// the type bits, `FIXED`, `ANONYMOUS`, `MAP_DENYWRITE` (0x800),
+/// `MAP_EXECUTABLE` (0x1000), `MAP_UNINITIALIZED` (0x400_0000),
+/// `GROWSDOWN`, `LOCKED`, `NORESERVE`, `POPULATE`, `NONBLOCK`, `STACK`,
+/// `HUGETLB`, `BIT32`, `MAP_ABOVE4G` (0x80, Linux 6.5+), and the bits of `MAP_HUGE_2MB` and `MAP_HUGE_1GB`
+/// (sizes 21 and 30 in [`MapFlags::HUGE_SHIFT`]).
+const LEGACY_MAP_MASK: u32 = MapFlags::SHARED.bits()
+    | MapFlags::PRIVATE.bits()
+    | MapFlags::FIXED.bits()
+    | MapFlags::ANONYMOUS.bits()
+    | 0x800
+    | 0x1000
+    | 0x400_0000
+    | MapFlags::GROWSDOWN.bits()
+    | MapFlags::LOCKED.bits()
+    | MapFlags::NORESERVE.bits()
+    | MapFlags::POPULATE.bits()
+    | MapFlags::NONBLOCK.bits()
+    | MapFlags::STACK.bits()
+    | MapFlags::HUGETLB.bits()
+    | MapFlags::BIT32.bits()
+    | 0x80
+    | 21 << MapFlags::HUGE_SHIFT
+    | 30 << MapFlags::HUGE_SHIFT;
+
 impl AddressSpace {
     /// Maps `len` bytes of anonymous memory, like `mmap(2)`.
     ///
@@ -53,15 +79,21 @@ impl AddressSpace {
     /// into a private page; `MADV_DONTNEED` drops the copies, so the
     /// object's bytes show again. A fault at or past the object's end
     /// (page index `>= ceil(len / 4096)`) is `SIGBUS`
-    /// ([`FaultError::Bus`](crate::FaultError::Bus)). Adjacent mappings of
+    /// ([`FaultError::Bus`](crate::FaultError::Bus)), also after a shrink
+    /// ([`Memfd::set_len`]) unmapped the pages past the new end, private
+    /// copies included, as Linux's truncation does. Adjacent mappings of
     /// the same object at contiguous offsets merge, as in Linux.
     ///
     /// Errors as [`mmap`](Self::mmap), with the object's first: `EINVAL`
-    /// for an offset not a multiple of the page size (before anything
-    /// else) or an object charged to another frame pool than this
+    /// for an offset not a multiple of the page size, then (unless
+    /// `ANONYMOUS`, which maps anonymous memory as [`mmap`](Self::mmap),
+    /// ignoring the object, as Linux ignores the descriptor) `EINVAL` for
+    /// `HUGETLB`, or an object charged to another frame pool than this
     /// space's; `EOVERFLOW` when `offset + len` passes the largest object
-    /// size; `EINVAL` for the `DROPPABLE` type or `GROWSDOWN`. Flags of
-    /// `SHARED_VALIDATE` are not validated (Linux's `EOPNOTSUPP`).
+    /// size; `EOPNOTSUPP` for `SHARED_VALIDATE` with a flag outside
+    /// Linux's legacy set (`SYNC`, `FIXED_NOREPLACE`, unknown bits: plain
+    /// `SHARED` ignores them);
+    /// `EINVAL` for the `DROPPABLE` type or `GROWSDOWN`.
     ///
     /// ```
     /// use aspace::{AddressSpace, Advice, Config, MapFlags, Memfd, Prot};
@@ -93,12 +125,20 @@ impl AddressSpace {
         if offset % PAGE_SIZE != 0 {
             return Err(Error::Inval);
         }
+        // With MAP_ANONYMOUS Linux ignores the descriptor.
+        if flags.contains(MapFlags::ANONYMOUS) {
+            return self.mmap(addr, len, prot, flags);
+        }
+        // MAP_HUGETLB on a file that is not hugetlbfs is EINVAL before
+        // anything else looks at the flags (ksys_mmap_pgoff).
+        if flags.contains(MapFlags::HUGETLB) {
+            return Err(Error::Inval);
+        }
         if !Arc::ptr_eq(memfd.frame_pool(), &self.frames) {
             return Err(Error::Inval);
         }
-        memfd.map_object(|obj| {
-            self.do_mmap(addr, len, prot, flags, Some((obj, offset >> PAGE_SHIFT)))
-        })
+        let obj = Some((memfd.pages(), offset >> PAGE_SHIFT));
+        self.do_mmap(addr, len, prot, flags, obj)
     }
 
     /// `mmap` of anonymous memory (`obj` is `None`) or of an object from
@@ -170,7 +210,15 @@ impl AddressSpace {
                 return Err(Error::Overflow);
             }
         }
-        // Files take MAP_SHARED_VALIDATE as shared.
+        // Files take MAP_SHARED_VALIDATE as shared, rejecting any flag
+        // outside the legacy set (a memfd supports no other: not even
+        // MAP_SYNC or MAP_FIXED_NOREPLACE).
+        if obj.is_some()
+            && ty == MapFlags::SHARED_VALIDATE.bits()
+            && flags.bits() & !LEGACY_MAP_MASK != 0
+        {
+            return Err(Error::NotSupported);
+        }
         let shared = ty == MapFlags::SHARED.bits()
             || obj.is_some() && ty == MapFlags::SHARED_VALIDATE.bits();
         let droppable = ty == MapFlags::DROPPABLE.bits();

@@ -4,9 +4,9 @@
 //!
 //! Lock order, outermost first:
 //!
-//! 0. A [`Memfd`](crate::Memfd)'s size lock: `mmap_fd` holds its read
-//!    side around the whole mmap (so a shrink, which holds its write side
-//!    and takes nothing else, never runs while a mapping appears).
+//! 0. A [`Memfd`](crate::Memfd)'s size lock: a shrink holds its write
+//!    side and takes only the object's mappings lock (after 4) and what
+//!    comes after it, never an mmap_lock or a VMA lock.
 //! 1. `mmap_lock` (`mmap_lock::MmapLock`) — writers (mmap, munmap,
 //!    mprotect, mremap, brk) take it for write; the fault fallback path,
 //!    madvise and `vmas()` take it for read.
@@ -22,6 +22,12 @@
 //!    VMA read lock) and by `rmap_walk` (under the mmap_lock read side).
 //!    Never held while waiting for a VMA lock. Not taken when only a VMA's
 //!    end moves (brk), unless `Config::brk_fast_path` is off.
+//!
+//!    Then a shared object's mappings lock (`vma::mappings`, Linux's
+//!    `i_mmap_rwsem`): taken by writers that add, remove or resize a VMA
+//!    mapping an object (inside the anon_vma lock when both are held), by
+//!    mremap while it moves such a VMA's entries, and by a shrink, which
+//!    then zaps under PTE locks and flushes. Faults never take it.
 //! 5. PTE-page locks (inside `pt`), then the frame allocator's
 //!    per-CPU locks.
 //! 6. The TLB model's flush lock (inside `tlb`), taken by each flush,
@@ -85,7 +91,7 @@ pub use name::ANON_NAME_MAX;
 pub use pagemap::PagemapEntry;
 pub use soft_dirty::ClearRefs;
 
-use crate::lazy::LazyArc;
+use crate::lazy::{LazyArc, LazyWith};
 pub use crate::phys::{Budget, FrameAllocator};
 use crate::pt::PageTable;
 use crate::reclaim::Reclaimer;
@@ -152,14 +158,17 @@ pub struct AddressSpace {
     /// Protected by: PTE-table locks for entry changes; walked lock-free
     /// under its epoch; tables freed only where no VMA covers them, under
     /// the mmap_lock write side (see [`crate::pt`]'s docs in the source).
-    pub(crate) pt: PageTable,
+    /// Made on first use, behind an `Arc` that the mappings of shared
+    /// objects share (a shrink zaps through it: `vma::Mappings`).
+    pub(crate) pt: LazyWith<PageTable, (bool, Arc<crate::phys::Budget>)>,
     /// The physical memory frames come from (shared with fork relatives
     /// and with spaces made by `with_pool`).
     /// Protected by: immutable after creation (the allocator locks inside).
     pub(crate) frames: Arc<FrameAllocator>,
     /// Which CPUs may cache translations, and the flush protocol.
-    /// Protected by: its own flush lock and per-CPU slots (`tlb`).
-    pub(crate) tlb: TlbState,
+    /// Protected by: its own flush lock and per-CPU slots (`tlb`). Made on
+    /// first use and shared like `pt`.
+    pub(crate) tlb: LazyWith<TlbState, u64>,
     /// Event counters.
     /// Protected by: per-CPU relaxed atomics (statistics, no ordering).
     pub(crate) stats: StatCounters,
@@ -286,15 +295,34 @@ impl AddressSpace {
                 start_stack: 0,
                 def_flags: crate::vma::VmFlags::empty(),
             }),
-            pt: PageTable::with_budget(reclaimer(), frames.memory().clone()),
+            pt: LazyWith::new(
+                (cfg.deferred_reclaim, frames.memory().clone()),
+                |(deferred, budget)| {
+                    let r = if *deferred {
+                        Reclaimer::deferred()
+                    } else {
+                        Reclaimer::epoch()
+                    };
+                    PageTable::with_budget(r, budget.clone())
+                },
+            ),
             frames,
-            tlb: TlbState::new(cfg.shootdown_cost_ns),
+            tlb: LazyWith::new(cfg.shootdown_cost_ns, |&ns| TlbState::new(ns)),
             stats: StatCounters::new(),
             pool: pool.map_or_else(LazyArc::new, LazyArc::from_arc),
             cfg,
             id: next_id(),
             stack_limit: AtomicU64::new(stack_limit),
             memlock_limit: AtomicU64::new(memlock_limit),
+        }
+    }
+
+    /// This space as the mappings of a shared object see it (its page
+    /// table and TLB, made now if need be).
+    pub(crate) fn mapper(&self) -> crate::vma::Mapper {
+        crate::vma::Mapper {
+            pt: self.pt.arc(),
+            tlb: self.tlb.arc(),
         }
     }
 

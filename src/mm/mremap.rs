@@ -4,7 +4,8 @@
 //!
 //! The mmap_lock write side through `Edit`; entries move under the source
 //! and destination PTE-table locks, flushed per extent or once as
-//! `Config::mremap_extent` says. Order: [`crate::mm`].
+//! `Config::mremap_extent` says, and those of a shared object's VMA under
+//! its mappings lock too (`vma::mappings`). Order: [`crate::mm`].
 
 use super::edit::{Edit, VmaSpec};
 use super::{AddressSpace, MapFlags, MremapExtent, MremapFlags};
@@ -355,6 +356,10 @@ impl AddressSpace {
         });
         let moved_len = old_len.min(new_len);
         if moved_len > 0 {
+            // A shrink of the object must not see the entries in flight
+            // between two VMAs it visits in either order.
+            let obj = vma.shmem_arc();
+            let _moving = obj.as_ref().map(|o| o.mappings.lock());
             self.move_page_tables(gather, old_addr, dst, moved_len);
             if registered {
                 crate::uffd::clear_wp_bits(self, Range::new(dst, dst + moved_len));

@@ -118,15 +118,18 @@ impl Drop for AddressSpace {
         // `&mut self`: no user access or fault of this space is in flight
         // and none can start, so no translation of it is cached anywhere
         // and each frame may be released as its entry is cleared.
-        let pg = self.pt.pin();
         let mut pages = 0;
-        for v in &all {
-            self.pt.zap_range(v.range(), &pg, |_, frame| {
-                pages += 1;
-                if let Some(pfn) = frame {
-                    self.frames.put(pfn);
-                }
-            });
+        // A space that never made its page table has no entry to clear.
+        if let Some(pt) = self.pt.peek() {
+            let pg = pt.pin();
+            for v in &all {
+                pt.zap_range(v.range(), &pg, |_, frame| {
+                    pages += 1;
+                    if let Some(pfn) = frame {
+                        self.frames.put(pfn);
+                    }
+                });
+            }
         }
         if pages > 0 {
             self.tlb.flush(&self.stats, pages);

@@ -326,6 +326,20 @@ impl FrameAllocator {
         self.refs(pfn).fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Adds a reference unless the frame is free (its count is zero):
+    /// for a holder of a frame number that may have been freed since it
+    /// was read (a shared object's page being truncated), who re-checks
+    /// where it read the number after this succeeds (Linux's
+    /// `folio_try_get`). A frame freed and handed out again passes; the
+    /// caller's re-check sees that it moved and puts the reference back.
+    pub(crate) fn try_get(&self, pfn: Pfn) -> bool {
+        self.refs(pfn)
+            .fetch_update(Ordering::Acquire, Ordering::Acquire, |r| {
+                (r & !USED_BEFORE != 0).then_some(r + 1)
+            })
+            .is_ok()
+    }
+
     /// Drops a reference; frees the frame when it was the last. Returns
     /// true if the frame was freed.
     pub(crate) fn put(&self, pfn: Pfn) -> bool {

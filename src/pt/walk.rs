@@ -169,8 +169,24 @@ impl PageTable {
         g: &Guard,
         valid: impl FnOnce() -> bool,
     ) -> Result<(), CheckedInstallError> {
+        self.install_checked_in(va, pte, g, false, valid)
+    }
+
+    /// [`install_checked`](Self::install_checked) that, with
+    /// `make_table`, makes the PTE table if none covers `va` (`NoTable`
+    /// then means no memory for one). An object fault re-checks the
+    /// object's end in `valid` (`vma::mappings`).
+    pub fn install_checked_in(
+        &self,
+        va: u64,
+        pte: Pte,
+        g: &Guard,
+        make_table: bool,
+        valid: impl FnOnce() -> bool,
+    ) -> Result<(), CheckedInstallError> {
+        let make = if make_table { Make::Charged } else { Make::No };
         let t = self
-            .pte_table(va, Make::No, g)
+            .pte_table(va, make, g)
             .ok_or(CheckedInstallError::NoTable)?;
         let e = &t.entries[index(va, 0)];
         let _l = t.lock.lock();

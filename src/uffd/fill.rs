@@ -21,7 +21,7 @@ use crate::error::Error;
 use crate::mm::anon_vma::anon_vma_prepare;
 use crate::mm::AddressSpace;
 use crate::phys::Pfn;
-use crate::pt::{Pte, PteFlags};
+use crate::pt::{CheckedInstallError, Pte, PteFlags};
 use crate::vma::{VmFlags, Vma};
 use core::fmt;
 
@@ -178,7 +178,9 @@ fn fill_page(
     wp: bool,
 ) -> Result<(), Error> {
     let flags = vma.flags();
-    let mut pte_flags = PteFlags::from(flags) | PteFlags::DIRTY | PteFlags::ACCESSED;
+    // Written as a write fault leaves it (soft-dirty too, as Linux's
+    // `pte_mkdirty` does).
+    let mut pte_flags = PteFlags::from(flags) | crate::mm::soft_dirty::WRITTEN;
     if wp {
         pte_flags = (pte_flags - PteFlags::WRITE) | PteFlags::UFFD_WP;
     }
@@ -188,8 +190,16 @@ fn fill_page(
     let pfn = match (shm, what) {
         (Some(shm), Fill::Continue) => {
             let idx = vma.pgoff_of(page);
+            // A reference of our own, taken only while the object still
+            // holds the page (a shrink may free it: `vma::mappings`).
             let pfn = shm.resident(idx).ok_or(Error::Fault)?;
-            mm.frames.get(pfn);
+            if !mm.frames.try_get(pfn) {
+                return Err(Error::Fault);
+            }
+            if shm.resident(idx) != Some(pfn) {
+                mm.frames.put(pfn);
+                return Err(Error::Fault);
+            }
             if !flags.contains(VmFlags::SHARED) {
                 // A private mapping reads the object's page until it
                 // writes (and copies) it.
@@ -220,7 +230,7 @@ fn fill_page(
             pfn
         }
         (_, Fill::Zero) => {
-            pte_flags -= PteFlags::WRITE | PteFlags::DIRTY;
+            pte_flags -= PteFlags::WRITE | PteFlags::DIRTY | PteFlags::SOFT_DIRTY;
             Pfn::ZERO_PAGE
         }
         // The anon_vma was prepared before the first page.
@@ -228,7 +238,32 @@ fn fill_page(
     };
     let new = Pte::new(pfn, pte_flags);
     let g = mm.pt.pin();
-    match mm.pt.install(page, new, &g) {
+    let installed = match shm {
+        // The object's end again under the PTE lock, as a fault checks it:
+        // a shrink that lowered it zaps this table after us, or we see it
+        // and map nothing past the end (`vma::mappings`).
+        Some(shm) => {
+            let idx = vma.pgoff_of(page);
+            let expedited = crate::sync::asymmetric::expedited();
+            let end_ok = || {
+                crate::sync::asymmetric::light(expedited);
+                idx < shm.npages()
+            };
+            match mm.pt.install_checked_in(page, new, &g, true, end_ok) {
+                Ok(()) => Ok(()),
+                Err(CheckedInstallError::Invalid) => {
+                    if !pfn.is_zero_page() {
+                        mm.frames.put(pfn);
+                    }
+                    return Err(Error::Fault);
+                }
+                Err(CheckedInstallError::Taken(p)) => Err(p),
+                Err(CheckedInstallError::NoTable) => Err(Pte::NONE),
+            }
+        }
+        None => mm.pt.install(page, new, &g),
+    };
+    match installed {
         Ok(()) => Ok(()),
         Err(existing) => {
             if !pfn.is_zero_page() {

@@ -22,6 +22,7 @@
 mod anon;
 mod flags;
 pub(crate) mod lock;
+mod mappings;
 mod pool;
 pub(crate) mod seq;
 mod shmem;
@@ -30,6 +31,7 @@ pub(crate) use anon::AnonVma;
 pub use anon::RmapHit;
 pub(crate) use anon::{for_each_family_run, link_all, unlink_all, RmapIndex};
 pub use flags::VmFlags;
+pub(crate) use mappings::{Mapper, Mappings};
 pub(crate) use pool::{VmaPool, VmaRef};
 pub(crate) use shmem::Shmem;
 
@@ -360,13 +362,16 @@ impl Vma {
         }
     }
 
-    /// Sets the backing object of a detached VMA.
+    /// Sets the backing object of a detached VMA. Releasing an object
+    /// takes the VMA out of the object's mappings (the caller registers a
+    /// new one: `Edit::new_vma`).
     pub(crate) fn set_shmem(&self, s: Option<Arc<Shmem>>) {
         let new = s.map_or(core::ptr::null_mut(), |s| Arc::into_raw(s) as *mut Shmem);
         let old = self.shmem.swap(new, Ordering::AcqRel);
         if !old.is_null() {
             // SAFETY: as in `set_anon_vma`.
-            unsafe { drop(Arc::from_raw(old)) };
+            let old = unsafe { Arc::from_raw(old) };
+            old.mappings.unregister(self.as_ref_unchecked());
         }
     }
 

@@ -19,7 +19,7 @@ use core::ptr::NonNull;
 
 /// A pointer to a VMA object in a [`VmaPool`]. Copyable and `Send`: the
 /// object is type-stable for the pool's whole life.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct VmaRef(NonNull<Vma>);
 
 // SAFETY: a VmaRef points into a pool whose objects are never freed while

@@ -12,7 +12,9 @@
 //! # Locking
 //!
 //! Lock-free: nodes and pages are installed by compare-and-swap; callers
-//! hold the VMA (its read lock or the mmap_lock). Order: [`crate::mm`].
+//! hold the VMA (its read lock or the mmap_lock). The VMAs mapping the
+//! object are indexed under their own lock ([`super::mappings`]). Order:
+//! [`crate::mm`].
 
 use crate::phys::{FrameAllocator, Pfn};
 use crate::sync::{Arc, AtomicU64, Ordering};
@@ -65,13 +67,18 @@ pub struct Shmem {
     npages: u64,
     /// Pages below the object's end (`ceil(size / 4096)`): a fault at or
     /// past it is SIGBUS.
-    /// Protected by: an atomic, stored by the owner's resize (a
-    /// [`Memfd`](crate::Memfd)'s size lock); never lowered while mapped.
+    /// Protected by: an atomic, stored by the owner's resize (under a
+    /// [`Memfd`](crate::Memfd)'s size lock); a shrink lowers it before it
+    /// zaps the mappings, and faults re-read it under the PTE lock (see
+    /// [`super::mappings`]).
     end: AtomicU64,
     height: u32,
     /// The root node lives in the object (its cost is the mapping's).
     root: Node,
     pub(crate) frames: Arc<FrameAllocator>,
+    /// Every VMA mapping the object (Linux's `i_mmap`).
+    /// Protected by: its own lock (see [`super::mappings`]).
+    pub(crate) mappings: super::Mappings,
 }
 
 impl Shmem {
@@ -96,6 +103,7 @@ impl Shmem {
             height: height_for(npages),
             root: Node::new(),
             frames,
+            mappings: super::Mappings::new(),
         }
     }
 
@@ -130,15 +138,21 @@ impl Shmem {
         Some(unsafe { &*(p as *const Node) })
     }
 
-    /// The frame of page `index`, allocated (zeroed) on first touch.
-    /// `None` when out of memory. The caller must check `index < npages`.
-    pub(crate) fn frame(&self, index: u64) -> Option<Pfn> {
+    /// The last-level slot of page `index`, making the nodes above it
+    /// (`None` when the budget has no room for one).
+    fn leaf_slot(&self, index: u64) -> Option<&AtomicU64> {
         debug_assert!(index < self.npages);
         let mut node = &self.root;
         for level in (1..self.height).rev() {
             node = self.child_or_make(&node.slots[Self::slot(index, level)])?;
         }
-        let slot = &node.slots[Self::slot(index, 0)];
+        Some(&node.slots[Self::slot(index, 0)])
+    }
+
+    /// The frame of page `index`, allocated (zeroed) on first touch.
+    /// `None` when out of memory. The caller must check `index < npages`.
+    pub(crate) fn frame(&self, index: u64) -> Option<Pfn> {
+        let slot = self.leaf_slot(index)?;
         let cur = slot.load(Ordering::Acquire);
         if cur != 0 {
             return Some(Pfn::new((cur - 1) as u32));
@@ -180,6 +194,53 @@ impl Shmem {
             )
             .map(|_| ())
             .map_err(|winner| Some(Pfn::new((winner - 1) as u32)))
+    }
+
+    /// The frame of page `index` with a reference for the caller (to map
+    /// it or copy from it), allocated (zeroed) on first touch; `None` when
+    /// out of memory or when a shrink made `index` past the end. Safe
+    /// against a shrink freeing the page meanwhile: the reference is taken
+    /// only while the frame is not free, and kept only if the slot still
+    /// holds it afterwards (else the caller would map a frame the object
+    /// dropped: it looks again). The caller checks the end again under
+    /// the PTE lock before it maps the frame (see [`super::mappings`]).
+    pub(crate) fn get_frame(&self, index: u64) -> Option<Pfn> {
+        let slot = self.leaf_slot(index)?;
+        loop {
+            let cur = slot.load(Ordering::Acquire);
+            if cur == 0 {
+                // A shrink may have emptied the slot: do not refill it
+                // past the end (a fault that races that check fills one
+                // zeroed page there, dropped by the next shrink).
+                if index >= self.npages() {
+                    return None;
+                }
+                let pfn = self.frames.alloc()?;
+                self.frames.get(pfn); // the caller's, besides the object's
+                let v = u64::from(pfn.get()) + 1;
+                match slot.compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return Some(pfn),
+                    Err(_) => {
+                        self.frames.put(pfn);
+                        self.frames.put(pfn);
+                        continue;
+                    }
+                }
+            }
+            let pfn = Pfn::new((cur - 1) as u32);
+            if self.frames.try_get(pfn) {
+                if slot.load(Ordering::Acquire) == cur {
+                    return Some(pfn);
+                }
+                self.frames.put(pfn);
+            } else {
+                // Free: a shrink emptied the slot before freeing it; wait
+                // to see that (or the frame back in the slot, in use).
+                crate::sync::wait_until(|| {
+                    slot.load(Ordering::Acquire) != cur || self.frames.refcount(pfn) != 0
+                });
+            }
+        }
     }
 
     /// Size in pages: a fault at this index or past it is SIGBUS.
@@ -235,9 +296,11 @@ impl Shmem {
     }
 
     /// Drops the object's frames of the pages from index `from` on (a
-    /// shrinking `ftruncate`). The caller excludes every other user of
-    /// those pages (a [`Memfd`](crate::Memfd) holds its size lock's write
-    /// side); frames a mapping still maps keep that mapping's reference.
+    /// shrinking `ftruncate`), after the end was lowered and the mappings
+    /// zapped ([`super::mappings`]); copies by offset are excluded by the
+    /// [`Memfd`](crate::Memfd)'s size lock, and a fault that still reads a
+    /// slot takes its reference only while the frame lives
+    /// ([`get_frame`](Self::get_frame)).
     pub(crate) fn truncate_from(&self, from: u64) {
         self.visit(
             &self.root,

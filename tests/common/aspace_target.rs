@@ -1,7 +1,7 @@
 //! aspace as a [`Target`].
 
 use super::{normalize, Region, Res, Target, Vma, GUARD_FLAGS, GUARD_PROT, PAGE};
-use aspace::{AddressSpace, Advice, Config, MapFlags, MremapFlags, Prot, VmFlags};
+use aspace::{AddressSpace, Advice, Config, MapFlags, Memfd, MremapFlags, Prot, VmFlags};
 
 /// Where aspace-only tests put their region (the kernel harness picks its
 /// own address; a paired aspace target uses the same one).
@@ -12,6 +12,8 @@ pub const DEFAULT_REGION_START: u64 = 0x2000_0000_0000;
 pub struct AspaceTarget {
     pub mm: AddressSpace,
     region: Region,
+    /// Memory objects, made on first use.
+    objs: Vec<Option<Memfd>>,
 }
 
 impl AspaceTarget {
@@ -38,7 +40,19 @@ impl AspaceTarget {
             );
             assert_eq!(got, Ok(g), "aspace guard page");
         }
-        AspaceTarget { mm, region }
+        AspaceTarget {
+            mm,
+            region,
+            objs: (0..super::OBJECTS).map(|_| None).collect(),
+        }
+    }
+
+    /// Memory object `obj`, made (empty) on first use.
+    fn obj(&mut self, obj: u32) -> &Memfd {
+        let pool = self.mm.frame_pool().clone();
+        self.objs[obj as usize].get_or_insert_with(|| {
+            Memfd::new_in(&pool, &super::obj_name(obj), 0).expect("a valid name")
+        })
     }
 }
 
@@ -166,6 +180,30 @@ impl Target for AspaceTarget {
 
     fn aspace(&self) -> Option<&AddressSpace> {
         Some(&self.mm)
+    }
+
+    fn obj_truncate(&mut self, obj: u32, len: u64) -> Res<()> {
+        errno(self.obj(obj).set_len(len))
+    }
+
+    fn mmap_obj(&mut self, m: super::ops::ObjMapping) -> Res<u64> {
+        let obj = self.obj(m.obj).clone();
+        errno(self.mm.mmap_fd(
+            m.addr,
+            m.len,
+            Prot::from_bits_retain(m.prot),
+            MapFlags::from_bits_retain(m.flags),
+            &obj,
+            m.off,
+        ))
+    }
+
+    fn obj_write(&mut self, obj: u32, off: u64, data: &[u8]) -> Res<usize> {
+        errno(self.obj(obj).write_at(off, data))
+    }
+
+    fn obj_read(&mut self, obj: u32, off: u64, buf: &mut [u8]) -> Res<usize> {
+        errno(self.obj(obj).read_at(off, buf))
     }
 
     fn vm_flags(&mut self) -> Option<Vec<(u64, u64, Vec<String>)>> {

@@ -1,9 +1,10 @@
 //! The random call generator of `kernel_diff.rs`: calls aimed at the
 //! current layout of a [`Region`] (mostly valid, some deliberately bad),
 //! covering mmap (with its flags), munmap, mprotect, madvise, the lock
-//! calls, mincore, msync, mremap and loads and stores.
+//! calls, mincore, msync, mremap and loads and stores, and two memory
+//! objects (memfds): their mappings, `ftruncate`, `pwrite` and `pread`.
 
-use super::ops::Op;
+use super::ops::{ObjMapping, Op};
 use super::*;
 
 /// Interior pages of the region (under 2 MiB: no transparent huge page
@@ -12,6 +13,9 @@ pub const PAGES: u64 = 384;
 const MAP_LOCKED: u32 = 0x2000;
 const MAP_STACK: u32 = 0x2_0000;
 const MAP_DROPPABLE: u32 = 0x08;
+const MAP_SYNC: u32 = 0x8_0000;
+/// Pages of a memory object the generator aims at (sizes, offsets).
+const OBJ_PAGES: u64 = 12;
 const MLOCK_ONFAULT: u32 = 1;
 const MADV_RANDOM: i32 = 1;
 const MADV_SEQUENTIAL: i32 = 2;
@@ -270,6 +274,77 @@ impl Gen {
         }
     }
 
+    /// An mmap of a memory object: the placement, length, protection and
+    /// flags of [`mmap`](Self::mmap), with a file's type (shared, private,
+    /// `MAP_SHARED_VALIDATE`, sometimes with a flag it rejects) and an
+    /// offset (sometimes unaligned).
+    fn mmap_obj(&mut self) -> Op {
+        let Op::Mmap {
+            addr,
+            len,
+            prot,
+            flags,
+        } = self.mmap()
+        else {
+            unreachable!("mmap() makes an mmap")
+        };
+        let ty = match self.rng.next() % 20 {
+            0..=8 => MAP_SHARED,
+            9..=16 => MAP_PRIVATE,
+            17..=18 => MAP_SHARED | MAP_PRIVATE,
+            _ => MAP_SHARED | MAP_PRIVATE | MAP_SYNC, // EOPNOTSUPP
+        };
+        let flags = (flags & !(0x0f | MAP_ANONYMOUS)) | ty;
+        let off = self.rng.range(0, OBJ_PAGES) * PAGE;
+        let off = if self.rng.pct(4) {
+            off + self.rng.range(1, PAGE - 1)
+        } else {
+            off
+        };
+        Op::MmapObj(ObjMapping {
+            addr,
+            len,
+            prot,
+            flags,
+            obj: (self.rng.next() % u64::from(OBJECTS)) as u32,
+            off,
+        })
+    }
+
+    /// A size, offset or length in a memory object: whole pages, or an
+    /// odd byte count, up to a few pages past [`OBJ_PAGES`].
+    fn obj_bytes(&mut self) -> u64 {
+        let pages = self.rng.range(0, OBJ_PAGES + 2);
+        if self.rng.pct(30) {
+            pages * PAGE + self.rng.range(1, PAGE - 1)
+        } else {
+            pages * PAGE
+        }
+    }
+
+    /// `ftruncate` (shrinking or growing, mapped or not), `pwrite` or
+    /// `pread` on a memory object.
+    fn obj_op(&mut self) -> Op {
+        let obj = (self.rng.next() % u64::from(OBJECTS)) as u32;
+        match self.rng.next() % 10 {
+            0..=4 => Op::Truncate {
+                obj,
+                len: self.obj_bytes(),
+            },
+            5..=7 => Op::ObjWrite {
+                obj,
+                off: self.obj_bytes(),
+                len: self.rng.range(1, 2 * PAGE),
+                seed: self.rng.next() % 1000,
+            },
+            _ => Op::ObjRead {
+                obj,
+                off: self.obj_bytes(),
+                len: self.rng.range(1, 2 * PAGE),
+            },
+        }
+    }
+
     fn munmap(&mut self) -> Op {
         let (addr, len) = if self.rng.pct(8) {
             self.bad_range()
@@ -502,8 +577,12 @@ impl Gen {
     }
 
     pub fn op(&mut self) -> Op {
+        if self.rng.pct(5) {
+            return self.obj_op();
+        }
         match self.rng.next() % 100 {
-            0..=17 => self.mmap(),
+            0..=3 => self.mmap_obj(),
+            4..=17 => self.mmap(),
             18..=27 => self.munmap(),
             28..=41 => self.mprotect(),
             42..=56 => self.mremap(),

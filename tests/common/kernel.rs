@@ -124,6 +124,8 @@ pub struct KernelTarget {
     /// The last mapping the kernel placed outside the region (address,
     /// length), which only [`Target::unmap_outside`] may remove.
     outside: Option<(u64, u64)>,
+    /// Memory objects' descriptors, made on first use.
+    objs: Vec<Option<libc::c_int>>,
 }
 
 impl KernelTarget {
@@ -190,6 +192,7 @@ impl KernelTarget {
             region,
             pipe: fds,
             outside: None,
+            objs: vec![None; super::OBJECTS as usize],
         };
         // Turn the interior into a hole and put the guards in place.
         // SAFETY: the interior lies in the region claimed above, where no
@@ -380,11 +383,57 @@ impl Drop for KernelTarget {
             libc::munmap(r.start as *mut libc::c_void, (r.end - r.start) as usize);
             libc::close(self.pipe[0]);
             libc::close(self.pipe[1]);
+            for fd in self.objs.iter().flatten() {
+                libc::close(*fd);
+            }
         }
     }
 }
 
 impl KernelTarget {
+    /// The descriptor of memory object `obj`, made (empty) on first use.
+    fn obj(&mut self, obj: u32) -> libc::c_int {
+        *self.objs[obj as usize].get_or_insert_with(|| {
+            let name = std::ffi::CString::new(super::obj_name(obj)).expect("no NUL");
+            // SAFETY: `name` is a valid NUL-terminated string.
+            let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+            assert!(fd >= 0, "memfd_create: errno {}", errno());
+            fd
+        })
+    }
+
+    /// `mmap` of `fd` from `off` (`-1`: anonymous memory).
+    fn mmap_fd(
+        &mut self,
+        addr: u64,
+        len: u64,
+        prot: u32,
+        flags: u32,
+        fd: i32,
+        off: u64,
+    ) -> Res<u64> {
+        let placing = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) as u32 != 0;
+        if placing {
+            // get_unmapped_area rejects a fixed range past the task size.
+            let fails_early = page_align(len).is_none_or(|l| l > TASK_SIZE || addr > TASK_SIZE - l);
+            self.assert_safe("mmap", &[(addr, len)], fails_early);
+        }
+        // SAFETY: a fixed placement lies inside the region this target
+        // reserved (checked above) where no Rust object lives; a hint never
+        // replaces anything. The kernel picks the address otherwise.
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len as usize,
+                prot as i32,
+                flags as i32,
+                fd,
+                off as i64,
+            )
+        };
+        self.note_placement(p, len)
+    }
+
     /// The result of a call that returns an address; remembers a mapping
     /// placed outside the region.
     fn note_placement(&mut self, p: *mut libc::c_void, len: u64) -> Res<u64> {
@@ -397,6 +446,11 @@ impl KernelTarget {
         }
         Ok(a)
     }
+}
+
+/// A byte count from `read`/`write`-like calls, or the errno.
+fn count(r: isize) -> Res<usize> {
+    ret(r >= 0, r as usize)
 }
 
 fn ret<T>(rc: bool, v: T) -> Res<T> {
@@ -417,26 +471,30 @@ impl Target for KernelTarget {
     }
 
     fn mmap(&mut self, addr: u64, len: u64, prot: u32, flags: u32) -> Res<u64> {
-        let placing = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) as u32 != 0;
-        if placing {
-            // get_unmapped_area rejects a fixed range past the task size.
-            let fails_early = page_align(len).is_none_or(|l| l > TASK_SIZE || addr > TASK_SIZE - l);
-            self.assert_safe("mmap", &[(addr, len)], fails_early);
-        }
-        // SAFETY: a fixed placement lies inside the region this target
-        // reserved (checked above) where no Rust object lives; a hint never
-        // replaces anything. The kernel picks the address otherwise.
-        let p = unsafe {
-            libc::mmap(
-                addr as *mut libc::c_void,
-                len as usize,
-                prot as i32,
-                flags as i32,
-                -1,
-                0,
-            )
-        };
-        self.note_placement(p, len)
+        self.mmap_fd(addr, len, prot, flags, -1, 0)
+    }
+
+    fn obj_truncate(&mut self, obj: u32, len: u64) -> Res<()> {
+        let fd = self.obj(obj);
+        // SAFETY: plain syscall on our own descriptor.
+        ret(unsafe { libc::ftruncate(fd, len as i64) } == 0, ())
+    }
+
+    fn mmap_obj(&mut self, m: super::ops::ObjMapping) -> Res<u64> {
+        let fd = self.obj(m.obj);
+        self.mmap_fd(m.addr, m.len, m.prot, m.flags, fd, m.off)
+    }
+
+    fn obj_write(&mut self, obj: u32, off: u64, data: &[u8]) -> Res<usize> {
+        let fd = self.obj(obj);
+        // SAFETY: `data` is valid for `data.len()` bytes of reads.
+        count(unsafe { libc::pwrite(fd, data.as_ptr().cast(), data.len(), off as i64) })
+    }
+
+    fn obj_read(&mut self, obj: u32, off: u64, buf: &mut [u8]) -> Res<usize> {
+        let fd = self.obj(obj);
+        // SAFETY: `buf` is valid for `buf.len()` bytes of writes.
+        count(unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), off as i64) })
     }
 
     fn munmap(&mut self, addr: u64, len: u64) -> Res<()> {

@@ -210,6 +210,23 @@ pub trait Target {
     fn resident(&mut self, addr: u64, pages: u64) -> Option<Vec<bool>>;
     /// The address space, on the aspace side.
     fn aspace(&self) -> Option<&aspace::AddressSpace>;
+    /// `ftruncate` of memory object `obj` (one of [`OBJECTS`], made empty
+    /// by `memfd_create` on first use).
+    fn obj_truncate(&mut self, obj: u32, len: u64) -> Res<()>;
+    /// `mmap` of a memory object.
+    fn mmap_obj(&mut self, m: ops::ObjMapping) -> Res<u64>;
+    /// `pwrite` to memory object `obj`: bytes written.
+    fn obj_write(&mut self, obj: u32, off: u64, data: &[u8]) -> Res<usize>;
+    /// `pread` from memory object `obj`: bytes read.
+    fn obj_read(&mut self, obj: u32, off: u64, buf: &mut [u8]) -> Res<usize>;
+}
+
+/// Memory objects (memfds) a target has: 0 and 1.
+pub const OBJECTS: u32 = 2;
+
+/// The name of memory object `obj` (`/memfd:NAME (deleted)` in maps).
+pub fn obj_name(obj: u32) -> String {
+    format!("kdiff{obj}")
 }
 
 /// A layout relative to the interior, in pages, for readable assertions:

@@ -4,6 +4,17 @@
 use super::{page_align, pattern, Target, PAGE};
 use std::fmt;
 
+/// The arguments of an `mmap` of memory object `obj` from byte `off`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ObjMapping {
+    pub addr: u64,
+    pub len: u64,
+    pub prot: u32,
+    pub flags: u32,
+    pub obj: u32,
+    pub off: u64,
+}
+
 /// One call.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Op {
@@ -64,6 +75,26 @@ pub enum Op {
         addr: u64,
         len: u64,
     },
+    /// `mmap` of a memory object.
+    MmapObj(ObjMapping),
+    /// `ftruncate` of memory object `obj`.
+    Truncate {
+        obj: u32,
+        len: u64,
+    },
+    /// `pwrite` of `pattern(seed, off, len)` to memory object `obj`.
+    ObjWrite {
+        obj: u32,
+        off: u64,
+        len: u64,
+        seed: u64,
+    },
+    /// `pread` of `len` bytes of memory object `obj`.
+    ObjRead {
+        obj: u32,
+        off: u64,
+        len: u64,
+    },
 }
 
 fn prot_str(p: u32) -> String {
@@ -96,6 +127,7 @@ fn map_flags_str(f: u32) -> String {
         (0x08, "DROPPABLE"),
         (0x2000, "LOCKED"),
         (0x2_0000, "STACK"),
+        (0x8_0000, "SYNC"),
     ];
     let mut v: Vec<String> = names
         .iter()
@@ -175,6 +207,29 @@ impl fmt::Debug for Op {
             Op::Munlock { addr, len } => write!(f, "munlock({addr:#x}, {len:#x})"),
             Op::Msync { addr, len, flags } => write!(f, "msync({addr:#x}, {len:#x}, {flags})"),
             Op::Mincore { addr, len } => write!(f, "mincore({addr:#x}, {len:#x})"),
+            Op::MmapObj(m) => write!(
+                f,
+                "mmap({:#x}, {:#x}, {}, {}, memfd{}, {:#x})",
+                m.addr,
+                m.len,
+                prot_str(m.prot),
+                map_flags_str(m.flags),
+                m.obj,
+                m.off
+            ),
+            Op::Truncate { obj, len } => write!(f, "ftruncate(memfd{obj}, {len:#x})"),
+            Op::ObjWrite {
+                obj,
+                off,
+                len,
+                seed,
+            } => write!(
+                f,
+                "pwrite(memfd{obj}, {len:#x} bytes, pattern {seed}, {off:#x})"
+            ),
+            Op::ObjRead { obj, off, len } => {
+                write!(f, "pread(memfd{obj}, {len:#x} bytes, {off:#x})")
+            }
         }
     }
 }
@@ -215,6 +270,8 @@ pub enum Outcome {
     Loaded(Bytes),
     /// Residency by page (mincore).
     Resident(Vec<bool>),
+    /// Bytes written by a `pwrite`.
+    Count(usize),
     /// The errno.
     Err(i32),
 }
@@ -287,5 +344,26 @@ pub fn apply(t: &mut dyn Target, op: Op) -> Outcome {
             Ok(v) => Outcome::Resident(v),
             Err(e) => Outcome::Err(e),
         },
+        Op::MmapObj(m) => {
+            let res = t.mmap_obj(m);
+            addr_result(t, res, m.len)
+        }
+        Op::Truncate { obj, len } => unit(t.obj_truncate(obj, len)),
+        Op::ObjWrite {
+            obj,
+            off,
+            len,
+            seed,
+        } => match t.obj_write(obj, off, &pattern(seed, off, len as usize)) {
+            Ok(n) => Outcome::Count(n),
+            Err(e) => Outcome::Err(e),
+        },
+        Op::ObjRead { obj, off, len } => {
+            let mut b = vec![0u8; len as usize];
+            match t.obj_read(obj, off, &mut b) {
+                Ok(n) => Outcome::Loaded(Bytes(b[..n].to_vec())),
+                Err(e) => Outcome::Err(e),
+            }
+        }
     }
 }

@@ -1,0 +1,103 @@
+//! Loom models of a shrinking `Memfd` (`set_len`) against a fault on the
+//! page it cuts off and against fork, through the real AddressSpace and
+//! Memfd (the protocol is in src/vma/mappings.rs). `./loom.sh` runs them
+//! at its bound.
+#![cfg(aspace_loom)]
+
+mod common;
+use common::{cfg, model, rw};
+
+use aspace::{Access, AddressSpace, Error, MapFlags, Memfd, PAGE_SIZE};
+use loom::sync::Arc;
+use loom::thread;
+
+const A: u64 = 0x4000_0000;
+
+/// A store to page 1 of a shared mapping races a shrink of the object to
+/// one page (page 1 is in the object already). Either the store lands
+/// before the shrink (which then zaps the entry and frees the page) or it
+/// fails with SIGBUS (EFAULT); after the shrink nothing maps page 1, no
+/// frame is leaked or freed twice, and growing the object again shows
+/// zeros there. With `tables`, page 0 is mapped first, so the page tables
+/// exist and the race is the fault's entry against the shrink's zap;
+/// without, the fault also makes the tables the shrink's walk looks for.
+fn store_vs_shrink(tables: bool) {
+    model(move || {
+        let mm = Arc::new(AddressSpace::new(cfg()));
+        let m = Memfd::new_in(mm.frame_pool(), "t", 2 * PAGE_SIZE).unwrap();
+        let flags = MapFlags::SHARED | MapFlags::FIXED;
+        mm.mmap_fd(A, 2 * PAGE_SIZE, rw(), flags, &m, 0).unwrap();
+        if tables {
+            mm.write(A, &[1]).unwrap();
+        }
+        m.write_at(PAGE_SIZE, &[1]).unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.write(A + PAGE_SIZE, &[2]));
+        m.set_len(PAGE_SIZE).unwrap();
+        if let Err(e) = t.join().unwrap() {
+            assert_eq!(e.errno(), Error::Fault.errno(), "{e:?}");
+        }
+        assert!(mm.translate(A + PAGE_SIZE).is_none(), "mapped past the end");
+        assert!(mm.fault(A + PAGE_SIZE, Access::Read).is_err());
+        assert_eq!(mm.frames_used(), u64::from(tables), "page 0 only");
+        m.set_len(2 * PAGE_SIZE).unwrap();
+        let mut x = [9u8; 1];
+        mm.read(A + PAGE_SIZE, &mut x).unwrap();
+        assert_eq!(x, [0], "growing again shows zeros");
+    });
+}
+
+/// Mutation caught: the fault's re-check of the object's end under the PTE
+/// lock (`idx < shm.npages()` in `do_fault`, src/mm/fault.rs, replaced by
+/// `true`): the fault then installs the page after the shrink's pass over
+/// the table, and the entry maps a page past the end (the object's frame,
+/// which the shrink dropped, stays mapped).
+#[test]
+fn store_vs_shrink_with_tables() {
+    store_vs_shrink(true);
+}
+
+/// The same race where the fault makes the page tables: the shrink's walk
+/// may find none, and the fence pair makes the fault see the new end.
+///
+/// Mutation caught: the heavy fence after the shrink lowers the end
+/// (`crate::sync::asymmetric::heavy()` in `Memfd::set_len`, src/memfd.rs)
+/// removed: the shrink's walk misses the table the fault just made while
+/// the fault still reads the old end (and the first mutation too).
+#[test]
+fn store_vs_shrink_making_tables() {
+    store_vs_shrink(false);
+}
+
+/// Fork races a shrink of an object a private mapping maps, with a
+/// copy-on-write copy of page 1 (fork copies that entry to the child).
+/// Whichever comes first, once both are done neither space maps page 1:
+/// the child's VMA is filed after the parent's, so the shrink visits the
+/// parent first, and an entry fork copied before that visit is found in
+/// the child.
+///
+/// Mutation caught: the shrink visiting the mappings newest first
+/// (`idx.entries.values()` replaced by `idx.entries.values().rev()` in
+/// `Mappings::zap_from`, src/vma/mappings.rs): it then clears the child's
+/// (still empty) table, fork copies the parent's entry, and only then is
+/// the parent's cleared.
+#[test]
+fn fork_vs_shrink() {
+    model(|| {
+        let mm = Arc::new(AddressSpace::new(cfg()));
+        let m = Memfd::new_in(mm.frame_pool(), "f", 2 * PAGE_SIZE).unwrap();
+        let flags = MapFlags::PRIVATE | MapFlags::FIXED;
+        mm.mmap_fd(A, 2 * PAGE_SIZE, rw(), flags, &m, 0).unwrap();
+        mm.write(A + PAGE_SIZE, &[1]).unwrap();
+        let m2 = m.clone();
+        let t = thread::spawn(move || m2.set_len(PAGE_SIZE).unwrap());
+        let child = mm.fork().unwrap();
+        t.join().unwrap();
+        for (who, s) in [("parent", &*mm), ("child", &child)] {
+            assert!(
+                s.translate(A + PAGE_SIZE).is_none(),
+                "{who} maps past the end"
+            );
+        }
+    });
+}
