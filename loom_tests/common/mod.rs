@@ -4,7 +4,9 @@
 //! and races more than one file runs.
 #![allow(dead_code)]
 
-use aspace::{Access, AddressSpace, Advice, Config, Error, MapFlags, Prot, PAGE_SIZE};
+use aspace::{
+    Access, AddressSpace, Advice, Config, Error, FaultLocking, MapFlags, Prot, PAGE_SIZE,
+};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -15,10 +17,18 @@ pub fn model(f: impl Fn() + Sync + Send + 'static) {
 
 /// A space with a small budget whose reclamation is deferred to its drop,
 /// so the epoch's internals stay out of the models' state space.
+///
+/// Faults take the per-VMA path (the fallback of the default speculative
+/// one): these models check the per-VMA and mmap_lock protocols. In their
+/// few-page VMAs a speculative attempt always stops at its table check
+/// (no 2 MiB span lies inside the VMA) before it writes anything, so it
+/// would add only loads to explore; `spec_fault.rs` models the
+/// speculative path itself.
 pub fn cfg() -> Config {
     Config {
         deferred_reclaim: true,
         memory_budget: 64 * PAGE_SIZE,
+        fault_locking: FaultLocking::PerVma,
         ..Config::default()
     }
 }
