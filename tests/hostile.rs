@@ -42,20 +42,25 @@
 mod common;
 
 use aspace::mm::config::DEFAULT_TASK_SIZE;
+use aspace::uffd::{FillError, PageCategories, RegisterMode, ScanArgs, ScanFlags, UffdBuilder};
 use aspace::{
-    Access, AddressSpace, Advice, Config, Error, FaultLocking, MapFlags, MremapFlags, Prot,
-    VmaInfo, PAGE_SIZE,
+    Access, AddressSpace, Advice, ClearRefs, Config, Error, FaultLocking, MapFlags, Memfd,
+    MremapFlags, Prot, VmaInfo, PAGE_SIZE,
 };
 use common::kernel::parse_maps_line;
 use common::{
-    normalize, AspaceTarget, KernelTarget, Region, Res, Target, Vma, ANON, EINVAL, MAP_FIXED,
-    MREMAP_FIXED, MREMAP_MAYMOVE, RW,
+    normalize, AspaceTarget, KernelTarget, Region, Res, Target, Vma, ANON, EEXIST, EFAULT, EINVAL,
+    ENOMEM, EPERM, MAP_FIXED, MREMAP_FIXED, MREMAP_MAYMOVE, RW,
 };
 use proptest::prelude::*;
 use std::io::Read as _;
 use std::os::fd::FromRawFd as _;
 
 const TASK: u64 = DEFAULT_TASK_SIZE;
+const ENOENT: i32 = 2;
+const EAGAIN: i32 = 11;
+const EBUSY: i32 = 16;
+const EFBIG: i32 = 27;
 /// Memory budget of every address space here (frames, page tables and
 /// metadata): calls past it fail with ENOMEM instead of growing the test
 /// process, however long the mapping.
@@ -219,6 +224,44 @@ enum Op {
         bytes: Num,
         prefault: bool,
     },
+    /// A userfault handle: register `[addr, addr + len)` with `mode` bits,
+    /// one fill or protection call (`what`) at `[at, at + n)`, unregister,
+    /// drop.
+    Uffd {
+        addr: Num,
+        len: Len,
+        mode: u64,
+        wp_async: bool,
+        what: u8,
+        at: Num,
+        n: Len,
+    },
+    /// `pagemap_scan` with arbitrary bounds, flags, masks and limits.
+    Scan {
+        start: Num,
+        end: Num,
+        flags: u64,
+        masks: [u64; 4],
+        max_pages: u64,
+        max_regions: usize,
+    },
+    /// `pagemap` and `clear_refs` with arbitrary arguments.
+    Pagemap {
+        addr: Num,
+        len: Len,
+        clear: i64,
+    },
+    /// A memfd of `size` bytes mapped with arbitrary arguments, written
+    /// through the mapping, then resized to `resize`.
+    MapFd {
+        addr: Num,
+        len: Len,
+        prot: u32,
+        flags: u32,
+        offset: Num,
+        size: Len,
+        resize: Len,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -240,6 +283,17 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Fork),
         1 => (num(), num(), any::<bool>())
             .prop_map(|(addr, bytes, prefault)| Op::Inspect { addr, bytes, prefault }),
+        2 => (num(), len(), prop_oneof![3 => 1u64..8, 1 => any::<u64>()], any::<bool>(), 0u8..7, num(), len())
+            .prop_map(|(addr, len, mode, wp_async, what, at, n)| Op::Uffd { addr, len, mode, wp_async, what, at, n }),
+        1 => (num(), num(), prop_oneof![3 => 0u64..4, 1 => any::<u64>()],
+              [prop_oneof![3 => 0u64..512, 1 => any::<u64>()], prop_oneof![3 => 0u64..512, 1 => any::<u64>()],
+               prop_oneof![3 => 0u64..512, 1 => any::<u64>()], prop_oneof![3 => 0u64..512, 1 => any::<u64>()]],
+              prop_oneof![Just(0u64), 1u64..64, any::<u64>()], prop_oneof![Just(0usize), 1usize..64, Just(usize::MAX)])
+            .prop_map(|(start, end, flags, masks, max_pages, max_regions)| Op::Scan { start, end, flags, masks, max_pages, max_regions }),
+        1 => (num(), len(), prop_oneof![3 => 0i64..7, 1 => any::<i64>()])
+            .prop_map(|(addr, len, clear)| Op::Pagemap { addr, len, clear }),
+        2 => (num(), len(), prot(), map_flags(), num(), len(), len())
+            .prop_map(|(addr, len, prot, flags, offset, size, resize)| Op::MapFd { addr, len, prot, flags, offset, size, resize }),
     ]
 }
 
@@ -279,6 +333,16 @@ struct Hostile {
 
 fn page_align(len: u64) -> Option<u64> {
     len.checked_add(PAGE_SIZE - 1).map(|l| l & !(PAGE_SIZE - 1))
+}
+
+/// Fails unless `e` is none or one of `ok`.
+fn allowed(e: Option<i32>, ok: &[i32]) -> Result<(), TestCaseError> {
+    match e {
+        Some(e) if !ok.contains(&e) => Err(TestCaseError::fail(format!(
+            "errno {e}, expected one of {ok:?}"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn errno<T>(r: &Result<T, Error>) -> Option<i32> {
@@ -603,6 +667,117 @@ impl Hostile {
                 if *prefault {
                     mm.prefault_frames(bytes);
                 }
+            }
+            Op::Uffd {
+                addr,
+                len,
+                mode,
+                wp_async,
+                what,
+                at,
+                n,
+            } => {
+                let addr = self.num(&before, addr);
+                let len = self.len(&before, len, addr);
+                let at = self.num(&before, at);
+                let n = self.len(&before, n, at);
+                let uffd = UffdBuilder::new().wp_async(*wp_async).create(mm);
+                let r = uffd.register_with_mode(addr, len, RegisterMode::from_bits_retain(*mode));
+                allowed(errno(&r), &[EINVAL, EPERM, EBUSY, ENOMEM])?;
+                let fill = |r: Result<u64, FillError>| {
+                    allowed(
+                        r.err().map(|e| e.errno()),
+                        &[EINVAL, ENOENT, EEXIST, ENOMEM, EFAULT, EAGAIN],
+                    )
+                };
+                match what {
+                    0 => {
+                        let src = pattern(7, (n as usize).min(2 * PAGE_SIZE as usize));
+                        fill(uffd.copy(&src, at, true))?;
+                    }
+                    1 => fill(uffd.zeropage(at, n, true))?,
+                    2 => fill(uffd.continue_(at, n, true))?,
+                    3 => allowed(errno(&uffd.write_protect(at, n)), &[EINVAL, ENOENT, ENOMEM])?,
+                    4 => allowed(
+                        errno(&uffd.remove_write_protection(at, n, true)),
+                        &[EINVAL, ENOENT, ENOMEM],
+                    )?,
+                    5 => allowed(errno(&uffd.wake(at, n)), &[EINVAL])?,
+                    _ => {
+                        let _ = uffd.try_read_event();
+                    }
+                }
+                allowed(errno(&uffd.unregister(addr, len)), &[EINVAL, ENOMEM])?;
+            }
+            Op::Scan {
+                start,
+                end,
+                flags,
+                masks,
+                max_pages,
+                max_regions,
+            } => {
+                let start = self.num(&before, start);
+                let end = self.num(&before, end);
+                let args = ScanArgs {
+                    flags: ScanFlags::from_bits_retain(*flags),
+                    category_inverted: PageCategories::from_bits_retain(masks[0]),
+                    category_mask: PageCategories::from_bits_retain(masks[1]),
+                    category_anyof_mask: PageCategories::from_bits_retain(masks[2]),
+                    return_mask: PageCategories::from_bits_retain(masks[3]),
+                    max_pages: *max_pages,
+                    max_regions: *max_regions,
+                };
+                match mm.pagemap_scan(start, end, &args) {
+                    Ok(found) => {
+                        // The end is rounded up to a page, as Linux does.
+                        let top = page_align(end.max(start)).unwrap_or(u64::MAX);
+                        prop_assert!(found.walk_end <= top, "walk_end {:#x}", found.walk_end);
+                        for w in found.regions.windows(2) {
+                            prop_assert!(w[0].end <= w[1].start, "regions out of order");
+                        }
+                    }
+                    Err(e) => allowed(Some(e.errno()), &[EINVAL, EFAULT, EPERM, ENOMEM])?,
+                }
+            }
+            Op::Pagemap { addr, len, clear } => {
+                let addr = self.num(&before, addr);
+                let len = self.len(&before, len, addr);
+                match mm.pagemap(addr, len) {
+                    // The entries are charged against nothing: they must
+                    // fit in the budget, whatever length was asked for.
+                    Ok(v) => prop_assert!(v.len() as u64 * 8 <= BUDGET),
+                    Err(e) => allowed(Some(e.errno()), &[EINVAL, ENOMEM])?,
+                }
+                match ClearRefs::from_raw(*clear) {
+                    Ok(c) => mm.clear_refs(c),
+                    Err(e) => prop_assert_eq!(e.errno(), EINVAL),
+                }
+            }
+            Op::MapFd {
+                addr,
+                len,
+                prot,
+                flags,
+                offset,
+                size,
+                resize,
+            } => {
+                let addr = self.num(&before, addr);
+                let len = self.len(&before, len, addr);
+                let offset = self.num(&before, offset);
+                let size = self.len(&before, size, 0);
+                let resize = self.len(&before, resize, 0);
+                let Ok(fd) = Memfd::new_in(mm.frame_pool(), "hostile", size) else {
+                    return Ok(());
+                };
+                let prot = Prot::from_bits_retain(*prot);
+                let flags = MapFlags::from_bits_retain(*flags);
+                if let Ok(a) = mm.mmap_fd(addr, len, prot, flags, &fd, offset) {
+                    let _ = mm.write(a, b"object");
+                }
+                let r = fd.set_len(resize);
+                allowed(errno(&r), &[EINVAL, EFBIG, ENOMEM])?;
             }
         }
         check_layout(&self.mm.vmas(), &cfg)?;

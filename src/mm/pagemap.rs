@@ -126,8 +126,10 @@ impl AddressSpace {
     /// for each bit.
     ///
     /// Errors: `EINVAL` for an unaligned `addr`; `ENOMEM` if the entries
-    /// do not fit in memory (see [`pagemap_into`](Self::pagemap_into) to
-    /// read into a buffer of your own).
+    /// would take more bytes than the space's memory budget (a length from
+    /// an untrusted caller must not grow the host process past it; read a
+    /// large range in pieces with [`pagemap_into`](Self::pagemap_into),
+    /// into a buffer of your own) or do not fit in memory.
     pub fn pagemap(&self, addr: u64, len: u64) -> Result<Vec<PagemapEntry>> {
         if !is_page_aligned(addr) {
             return Err(Error::Inval);
@@ -137,7 +139,12 @@ impl AddressSpace {
             .saturating_add(PAGE_SIZE - 1)
             .min(self.cfg.task_size)
             & !(PAGE_SIZE - 1);
-        let n = pages(end.saturating_sub(addr)) as usize;
+        let n = pages(end.saturating_sub(addr));
+        let bytes = n.saturating_mul(core::mem::size_of::<PagemapEntry>() as u64);
+        if bytes > self.cfg.memory_budget {
+            return Err(Error::NoMem);
+        }
+        let n = n as usize;
         let mut out = Vec::new();
         out.try_reserve_exact(n).map_err(|_| Error::NoMem)?;
         out.resize(n, PagemapEntry::default());
@@ -209,6 +216,21 @@ mod tests {
     use super::*;
     use crate::pt::Pte;
     use crate::{Config, MapFlags, Prot};
+
+    #[test]
+    fn the_entries_of_a_huge_range_are_refused_not_allocated() {
+        let mm = AddressSpace::new(Config {
+            memory_budget: 1 << 20,
+            ..Config::default()
+        });
+        // 2^35 entries (256 GiB), then 2 MiB of entries: both past the
+        // 1 MiB budget. Without the check the second is allocated, and a
+        // length of a few TiB grows the host by GiBs (the hostile suite
+        // was killed by the OOM killer that way).
+        assert_eq!(mm.pagemap(0, u64::MAX), Err(Error::NoMem));
+        assert_eq!(mm.pagemap(0, 1 << 30), Err(Error::NoMem));
+        assert_eq!(mm.pagemap(0, 1 << 29).map(|v| v.len()), Ok(1 << 17));
+    }
 
     #[test]
     fn uffd_wp_entries_and_the_zero_page() {
