@@ -844,3 +844,64 @@ fn shared_validate_checks_flags_like_the_kernel() {
         }
     }
 }
+
+#[test]
+fn private_pieces_of_one_object_share_an_anon_vma_like_the_kernel() {
+    // A private mapping of an object split by mprotect: a store in the
+    // first piece gives it an anon_vma; a store in the second reuses it
+    // (Linux's `anon_vma_compatible` compares the file, not "anonymous"),
+    // so an mprotect that makes them alike merges them again. With two
+    // anon_vmas the kernel would keep them apart, and so would we.
+    let k = KernelFd::new("anon-vma").unwrap();
+    k.truncate(4 * PAGE).unwrap();
+    let mut km = KMap::new(&k, 4 * PAGE, libc::MAP_PRIVATE, 0).unwrap();
+    let mm = AddressSpace::new(Config::default());
+    let m = Memfd::new_in(mm.frame_pool(), "anon-vma", 4 * PAGE).unwrap();
+    let a = mm
+        .mmap_fd(0, 4 * PAGE, RW, MapFlags::PRIVATE, &m, 0)
+        .unwrap();
+    let half = 2 * PAGE as usize;
+    // SAFETY: the upper half of our own mapping.
+    let r = unsafe { libc::mprotect(km.ptr.add(half).cast(), half, libc::PROT_READ) };
+    assert_eq!(r, 0);
+    mm.mprotect(a + 2 * PAGE, 2 * PAGE, Prot::READ).unwrap();
+    // The store in the first piece, then one in the second after making it
+    // writable again (a separate VMA still: mprotect back first would
+    // merge before any anon_vma exists).
+    km.bytes()[0] = 1;
+    mm.write(a, &[1]).unwrap();
+    // SAFETY: as above.
+    let r = unsafe {
+        libc::mprotect(
+            km.ptr.add(half).cast(),
+            half,
+            libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+        )
+    };
+    assert_eq!(r, 0);
+    mm.mprotect(a + 2 * PAGE, 2 * PAGE, RW | Prot::EXEC)
+        .unwrap();
+    km.bytes()[half] = 2;
+    mm.write(a + 2 * PAGE, &[2]).unwrap();
+    // Both pieces alike again: the kernel merges them; so must we.
+    // SAFETY: as above.
+    let r = unsafe {
+        libc::mprotect(
+            km.ptr.add(half).cast(),
+            half,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    assert_eq!(r, 0);
+    mm.mprotect(a + 2 * PAGE, 2 * PAGE, RW).unwrap();
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let start = format!("{:08x}-", km.ptr as u64);
+    let line = maps.lines().find(|l| l.starts_with(&start)).unwrap();
+    let end = u64::from_str_radix(line.split(['-', ' ']).nth(1).unwrap(), 16).unwrap();
+    let ours = mm.vmas().into_iter().find(|v| v.start == a).unwrap();
+    assert_eq!(
+        (ours.end - a, strip_line(&ours.maps_line())),
+        (end - km.ptr as u64, strip_line(line)),
+        "the kernel's line: {line}"
+    );
+}

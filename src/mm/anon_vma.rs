@@ -39,10 +39,12 @@ pub(crate) fn anon_vma_prepare<'v>(
         None
     };
     let g = mm.tree.pin();
+    // Linux's `anon_vma_compatible`: adjacent, the same backing (private
+    // mappings of one object share an anon_vma as those of one file do),
+    // flags equal but for access, contiguous offsets.
     let compatible = |a: &Vma, b: &Vma| {
         a.end() == b.start()
-            && a.is_anonymous()
-            && b.is_anonymous()
+            && a.same_backing(b)
             && (a.flags() ^ b.flags())
                 .difference(VmFlags::ACCESS | VmFlags::SOFTDIRTY)
                 .is_empty()

@@ -160,6 +160,14 @@ impl Vma {
         self.shmem.load(Ordering::Relaxed).is_null()
     }
 
+    /// True if `self` and `other` have the same backing: both anonymous,
+    /// or both mapping the same shared object (Linux compares `vm_file`).
+    /// Compares the object pointers only; the caller holds both VMAs still
+    /// (the mmap_lock), so neither changes meanwhile.
+    pub(crate) fn same_backing(&self, other: &Vma) -> bool {
+        self.shmem.load(Ordering::Relaxed) == other.shmem.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn set_range(&self, start: u64, end: u64, pgoff: u64) {
         self.start.store(start, Ordering::Relaxed);
         self.end.store(end, Ordering::Relaxed);
