@@ -45,7 +45,7 @@ use crate::pt::{CheckedInstallError, Pte, PteFlags};
 use crate::stats::Event;
 use crate::uffd::{self, Waiter};
 use crate::vma::lock::ReadLockError;
-use crate::vma::{VmFlags, Vma, VmaRef};
+use crate::vma::{Shmem, VmFlags, Vma, VmaRef};
 
 /// Lookups that found a detached VMA before the per-VMA path gives up.
 const MAX_REWALKS: u32 = 8;
@@ -298,50 +298,74 @@ fn do_fault(
             let pfn = alloc_frame(mm)?;
             Pte::new(pfn, PteFlags::from(flags) | soft_dirty::WRITTEN)
         };
-        let installed = match shm {
-            // The object's end again, under the PTE lock: a shrink that
-            // lowered it zaps this table after us, or we see it (the
-            // argument is in `vma::mappings`).
-            Some(shm) => {
-                let idx = vma.pgoff_of(page);
-                let expedited = crate::sync::asymmetric::expedited();
-                let end_ok = || {
-                    crate::sync::asymmetric::light(expedited);
-                    idx < shm.npages()
-                };
-                match mm.pt.install_checked_in(page, new, &g, true, end_ok) {
-                    Ok(()) => Ok(()),
-                    Err(CheckedInstallError::Invalid) => {
-                        mm.frames.put(new.pfn());
-                        return Err(Step::Fail(FaultError::Bus));
-                    }
-                    Err(CheckedInstallError::Taken(p)) => Err(p),
-                    Err(CheckedInstallError::NoTable) => Err(Pte::NONE),
-                }
-            }
-            None => mm.pt.install(page, new, &g),
-        };
-        match installed {
+        match install(mm, vma, shm, page, new, &g) {
             Ok(()) => return Ok(()),
-            Err(existing) => {
-                // Drop our frame reference whatever happened.
-                if !new.pfn().is_zero_page() {
-                    mm.frames.put(new.pfn());
-                }
-                // Inside a VMA every address translates: `Pte::NONE` means
-                // no page table could be had within the memory budget.
-                // Anything else is a racing fault that installed the page
-                // first: look again, even if a DONTNEED or a zap has
-                // emptied the entry since (that is not "no mapping": the
-                // VMA we hold still covers the page).
-                if existing == Pte::NONE {
-                    return Err(Step::Fail(FaultError::OutOfMemory));
-                }
-            }
+            Err(InstallError::PastEnd) => return Err(Step::Fail(FaultError::Bus)),
+            // Inside a VMA every address translates: no table means none
+            // could be had within the memory budget.
+            Err(InstallError::NoTable) => return Err(Step::Fail(FaultError::OutOfMemory)),
+            // A racing fault installed the page first: look again, even if
+            // a DONTNEED or a zap has emptied the entry since (that is not
+            // "no mapping": the VMA we hold still covers the page).
+            Err(InstallError::Taken) => {}
         }
     }
     mm.stats.inc(Event::fault_spurious);
     Ok(())
+}
+
+/// Why [`install`] installed nothing.
+pub(crate) enum InstallError {
+    /// The entry is taken (a racing fault or fill got there first).
+    Taken,
+    /// No page table could be had within the memory budget.
+    NoTable,
+    /// The page is at or past its object's end (a shrink raced us).
+    PastEnd,
+}
+
+/// Installs `new` at `page` of `vma`, whose object (if any) is `shm`, for
+/// a fault or a userfault fill; on failure drops the entry's frame
+/// reference. An object's page is installed only if it is still below
+/// the object's end, re-checked under the PTE lock: a shrink that lowered
+/// the end zaps this table after us, or we see it (the argument is in
+/// `vma::mappings`).
+pub(crate) fn install(
+    mm: &AddressSpace,
+    vma: &Vma,
+    shm: Option<&Shmem>,
+    page: u64,
+    new: Pte,
+    g: &crate::reclaim::Guard,
+) -> Result<(), InstallError> {
+    let r = match shm {
+        Some(shm) => {
+            let idx = vma.pgoff_of(page);
+            let expedited = crate::sync::asymmetric::expedited();
+            let end_ok = || {
+                crate::sync::asymmetric::light(expedited);
+                idx < shm.npages()
+            };
+            mm.pt
+                .install_checked_in(page, new, g, true, end_ok)
+                .map_err(|e| match e {
+                    CheckedInstallError::Invalid => InstallError::PastEnd,
+                    CheckedInstallError::Taken(_) => InstallError::Taken,
+                    CheckedInstallError::NoTable => InstallError::NoTable,
+                })
+        }
+        None => mm.pt.install(page, new, g).map_err(|existing| {
+            if existing == Pte::NONE {
+                InstallError::NoTable
+            } else {
+                InstallError::Taken
+            }
+        }),
+    };
+    if r.is_err() && !new.pfn().is_zero_page() {
+        mm.frames.put(new.pfn());
+    }
+    r
 }
 
 fn alloc_frame(mm: &AddressSpace) -> Result<Pfn, Step> {

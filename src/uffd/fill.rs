@@ -19,9 +19,10 @@ use super::{validate_range, Uffd};
 use crate::addr::{Range, PAGE_SIZE};
 use crate::error::Error;
 use crate::mm::anon_vma::anon_vma_prepare;
+use crate::mm::fault::InstallError;
 use crate::mm::AddressSpace;
 use crate::phys::Pfn;
-use crate::pt::{CheckedInstallError, Pte, PteFlags};
+use crate::pt::{Pte, PteFlags};
 use crate::vma::{VmFlags, Vma};
 use core::fmt;
 
@@ -238,43 +239,11 @@ fn fill_page(
     };
     let new = Pte::new(pfn, pte_flags);
     let g = mm.pt.pin();
-    let installed = match shm {
-        // The object's end again under the PTE lock, as a fault checks it:
-        // a shrink that lowered it zaps this table after us, or we see it
-        // and map nothing past the end (`vma::mappings`).
-        Some(shm) => {
-            let idx = vma.pgoff_of(page);
-            let expedited = crate::sync::asymmetric::expedited();
-            let end_ok = || {
-                crate::sync::asymmetric::light(expedited);
-                idx < shm.npages()
-            };
-            match mm.pt.install_checked_in(page, new, &g, true, end_ok) {
-                Ok(()) => Ok(()),
-                Err(CheckedInstallError::Invalid) => {
-                    if !pfn.is_zero_page() {
-                        mm.frames.put(pfn);
-                    }
-                    return Err(Error::Fault);
-                }
-                Err(CheckedInstallError::Taken(p)) => Err(p),
-                Err(CheckedInstallError::NoTable) => Err(Pte::NONE),
-            }
-        }
-        None => mm.pt.install(page, new, &g),
-    };
-    match installed {
+    match crate::mm::fault::install(mm, vma, shm, page, new, &g) {
         Ok(()) => Ok(()),
-        Err(existing) => {
-            if !pfn.is_zero_page() {
-                mm.frames.put(pfn);
-            }
-            Err(if existing == Pte::NONE {
-                Error::NoMem
-            } else {
-                Error::Exist
-            })
-        }
+        Err(InstallError::PastEnd) => Err(Error::Fault),
+        Err(InstallError::NoTable) => Err(Error::NoMem),
+        Err(InstallError::Taken) => Err(Error::Exist),
     }
 }
 
