@@ -289,29 +289,23 @@ fn track_and_save(mm: &AddressSpace, base: u64, pages: u64, threads: usize, snap
     let uffd = UffdBuilder::new().wp_async(true).create(mm);
     uffd.register_with_mode(base, len, RegisterMode::WRITE_PROTECT)
         .expect("register for write-protect");
-    let written = |wp: bool| ScanArgs {
-        flags: if wp {
-            ScanFlags::WP_MATCHING
-        } else {
-            ScanFlags::empty()
-        },
+    // Report the written pages and write-protect them again, in one pass.
+    let written = ScanArgs {
+        flags: ScanFlags::WP_MATCHING,
         category_mask: PageCategories::WRITTEN,
         return_mask: PageCategories::WRITTEN,
         max_regions: usize::MAX,
         ..ScanArgs::default()
     };
     // Reset: every page written so far is write-protected.
-    mm.pagemap_scan(base, base + len, &written(true))
-        .expect("reset");
+    mm.pagemap_scan(base, base + len, &written).expect("reset");
     let dirty: Vec<u64> = (0..pages).filter(|i| i % DIRTY == 3).collect();
     parallel(threads, &dirty, |_, i| {
         let mut buf = vec![0u8; PAGE];
         page_bytes(i, 2, &mut buf);
         mm.write(base + i * PAGE_SIZE, &buf).expect("dirty a page");
     });
-    let found = mm
-        .pagemap_scan(base, base + len, &written(true))
-        .expect("scan");
+    let found = mm.pagemap_scan(base, base + len, &written).expect("scan");
     let mut saved = Vec::new();
     let mut buf = vec![0u8; PAGE];
     for r in &found.regions {
