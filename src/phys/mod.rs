@@ -15,6 +15,12 @@
 //! pool in batches; when the pool is dry, other CPUs' caches are drained
 //! before giving up.
 //!
+//! Never-used frames go to a CPU a whole chunk's remainder at a time (up
+//! to 512 frames, as a range in its cache), freed frames 32 at a time: a
+//! CPU faulting in fresh memory takes the global pool's lock, a line every
+//! CPU writes, once per 512 frames rather than once per 32. Reference
+//! counts of one span are then one CPU's lines too.
+//!
 //! Frame contents are accessed with 8-byte atomic loads and stores (partial
 //! words by compare-and-swap on the containing word), so concurrent
 //! user-mode loads and stores to one page — which real programs do — are
@@ -102,7 +108,7 @@ const CHUNK_FRAMES: usize = 8;
 /// Bytes per chunk.
 const CHUNK_BYTES: usize = CHUNK_FRAMES * PAGE_SIZE as usize;
 
-/// Frames moved between a CPU cache and the global pool at once.
+/// Freed frames moved between a CPU cache and the global pool at once.
 const BATCH: usize = 32;
 /// A CPU cache spills a batch when it holds this many.
 const CACHE_MAX: usize = 4 * BATCH;
@@ -124,6 +130,27 @@ struct Pool {
     ///
     /// Protected by: `FrameAllocator::pool`.
     fresh: u64,
+}
+
+/// One CPU slot's frames.
+#[derive(Default)]
+struct CpuCache {
+    /// Frames freed here or moved here from the pool; taken newest first
+    /// (their lines may still be in this CPU's cache).
+    free: Vec<Pfn>,
+    /// Never-used frames reserved for this CPU, all in one chunk, taken in
+    /// ascending order once `free` is empty.
+    fresh: core::ops::Range<u64>,
+}
+
+impl CpuCache {
+    fn pop(&mut self) -> Option<Pfn> {
+        if let Some(p) = self.free.pop() {
+            return Some(p);
+        }
+        // Below `FrameAllocator::frames`, which is below `Pfn::ZERO_PAGE`.
+        self.fresh.next().map(|p| Pfn::new(p as u32))
+    }
 }
 
 /// Allocation and free counts of one CPU slot.
@@ -167,11 +194,11 @@ pub struct FrameAllocator {
     ///
     /// Protected by: its mutex.
     pool: Mutex<Pool>,
-    /// Each CPU slot's cache of free frames.
+    /// Each CPU slot's cache of free and never-used frames.
     ///
     /// Protected by: each cache's mutex (a slot is shared by the threads
     /// of its CPU; see [`crate::percpu`]).
-    caches: PerCpu<Mutex<Vec<Pfn>>>,
+    caches: PerCpu<Mutex<CpuCache>>,
     /// Allocation and free counts per CPU slot.
     ///
     /// Protected by: counter atomics (see `Counts`).
@@ -222,7 +249,7 @@ impl FrameAllocator {
                 free: Vec::new(),
                 fresh: 0,
             }),
-            caches: PerCpu::new(|| Mutex::new(Vec::new())),
+            caches: PerCpu::new(|| Mutex::new(CpuCache::default())),
             counts: PerCpu::new(Counts::default),
             reserved: CounterU64::new(0),
         }
@@ -299,25 +326,27 @@ impl FrameAllocator {
         None
     }
 
-    /// Moves a batch from the global pool (or never-used frames) into `c`.
-    fn refill(&self, c: &mut Vec<Pfn>) -> bool {
+    /// Moves a batch of freed frames from the global pool into `c`, or
+    /// else the never-used frames up to the end of the next chunk.
+    fn refill(&self, c: &mut CpuCache) -> bool {
         let mut pool = self.pool.lock();
         let n = pool.free.len().min(BATCH);
         if n > 0 {
             let at = pool.free.len() - n;
-            c.extend(pool.free.drain(at..));
+            c.free.extend(pool.free.drain(at..));
             return true;
         }
         let fresh = pool.fresh;
-        // Never past the end of a chunk, so one chunk backs the batch.
+        // Never past the end of a chunk, so one chunk backs the span.
         let to_chunk_end = CHUNK_FRAMES as u64 - fresh % CHUNK_FRAMES as u64;
-        let n = (self.frames - fresh).min(BATCH as u64).min(to_chunk_end);
+        let n = (self.frames - fresh).min(to_chunk_end);
         if n == 0 || self.chunk_for(Pfn::new(fresh as u32)).is_none() {
             return false;
         }
         pool.fresh += n;
         drop(pool);
-        c.extend((fresh..fresh + n).rev().map(|p| Pfn::new(p as u32)));
+        debug_assert!(c.fresh.is_empty(), "refilled before the span ran out");
+        c.fresh = fresh..fresh + n;
         true
     }
 
@@ -356,10 +385,10 @@ impl FrameAllocator {
             .fetch_add(1, counter::Ordering::Relaxed);
         self.budget.uncharge(PAGE_SIZE);
         let mut c = self.caches.local().lock();
-        c.push(pfn);
-        if c.len() >= CACHE_MAX {
-            let at = c.len() - BATCH;
-            self.pool.lock().free.extend(c.drain(at..));
+        c.free.push(pfn);
+        if c.free.len() >= CACHE_MAX {
+            let at = c.free.len() - BATCH;
+            self.pool.lock().free.extend(c.free.drain(at..));
         }
         true
     }
