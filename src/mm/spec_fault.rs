@@ -159,9 +159,11 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
         return Err(Event::spec_abort_table);
     }
     // The tree pin above covers the walk too; this nested pin only names
-    // the page table's reclaimer.
+    // the page table's reclaimer. One walk: the install goes to the table
+    // read here (see `PteSlot` for why a table unlinked meanwhile is safe).
     let g = mm.pt.pin();
-    let cur = mm.pt.lookup(page, &g);
+    let slot = mm.pt.slot(page, &g).ok_or(Event::spec_abort_table)?;
+    let cur = slot.get();
     if cur.is_present() {
         return if access != Access::Write || cur.is_writable() {
             mm.stats.inc(Event::fault_spurious);
@@ -176,7 +178,7 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
     } else {
         Pte::new(Pfn::ZERO_PAGE, PteFlags::from(flags) - PteFlags::WRITE)
     };
-    let r = mm.pt.install_checked(page, new, &g, || {
+    let r = slot.install_checked(new, || {
         // Seqlock read side: the field loads above happen before the
         // re-read (pairs with the Release fence after the writer's stamp).
         fence(Ordering::Acquire);

@@ -231,8 +231,9 @@ fn the_root_is_made_on_first_use_and_nothing_needs_it_before() {
     assert_eq!(p.lookup(va, &g), Pte::NONE);
     assert_eq!(p.update(va, &g, |_| Some(Pte::NONE)), None);
     let e = Pte::new(Pfn::new(7), PteFlags::USER);
+    assert!(p.slot(va, &g).is_none());
     assert_eq!(
-        p.install_checked(va, e, &g, || true),
+        p.install_checked_in(va, e, &g, false, || true),
         Err(CheckedInstallError::NoTable)
     );
     p.zap_range(all, &g, |_, _| panic!("nothing to zap"));

@@ -8,7 +8,8 @@ use crate::reclaim::Guard;
 use crate::sync::counter;
 use crate::sync::{AtomicU64, Ordering};
 
-/// Why [`PageTable::install_checked`] installed nothing.
+/// Why [`PteSlot::install_checked`] or [`PageTable::install_checked_in`]
+/// installed nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CheckedInstallError {
     /// No PTE table covers the address (none is created).
@@ -18,6 +19,46 @@ pub enum CheckedInstallError {
     /// The caller's check failed under the table's lock.
     Invalid,
 }
+
+/// One entry of an existing PTE table, found by [`PageTable::slot`]. The
+/// table stays readable (and its lock usable) while the guard of the walk
+/// is held, even if it is unlinked meanwhile: a caller that may race an
+/// unlink validates under the lock that its view is still current.
+pub struct PteSlot<'g> {
+    table: &'g Table,
+    entry: &'g AtomicU64,
+}
+
+impl PteSlot<'_> {
+    /// The entry now (`Acquire`: a present entry's frame is initialized).
+    pub fn get(&self) -> Pte {
+        Pte(self.entry.load(Ordering::Acquire))
+    }
+
+    /// Installs `pte` if `valid()` holds when run under the table's lock
+    /// and the entry is empty. The speculative fault validates its VMA
+    /// snapshot in `valid`: a writer that changes the VMA stamps it first
+    /// and then takes this same lock, so the check either sees the stamp
+    /// or comes before the writer's pass over the table.
+    pub fn install_checked(
+        &self,
+        pte: Pte,
+        valid: impl FnOnce() -> bool,
+    ) -> Result<(), CheckedInstallError> {
+        let _l = self.table.lock.lock();
+        if !valid() {
+            return Err(CheckedInstallError::Invalid);
+        }
+        let cur = self.entry.load(Ordering::Relaxed);
+        if cur != 0 {
+            return Err(CheckedInstallError::Taken(Pte(cur)));
+        }
+        self.entry.store(pte.0, Ordering::Release);
+        self.table.used_add_locked(1);
+        Ok(())
+    }
+}
+
 /// Whether a walk creates missing tables, and how it pays for them.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Make {
@@ -156,26 +197,21 @@ impl PageTable {
         Ok(())
     }
 
-    /// Installs `pte` for `va` if a PTE table already covers it (none is
-    /// created), `valid()` holds when run under that table's lock, and the
-    /// entry is empty. The speculative fault validates its VMA snapshot in
-    /// `valid`: a writer that changes the VMA stamps it first and then
-    /// takes this same lock, so the check either sees the stamp or comes
-    /// before the writer's pass over the table.
-    pub fn install_checked(
-        &self,
-        va: u64,
-        pte: Pte,
-        g: &Guard,
-        valid: impl FnOnce() -> bool,
-    ) -> Result<(), CheckedInstallError> {
-        self.install_checked_in(va, pte, g, false, valid)
+    /// The entry for `va` in the PTE table that covers it, if one exists
+    /// (none is created): one walk, for a caller that reads the entry and
+    /// then may install into it (the speculative fault).
+    pub fn slot<'g>(&'g self, va: u64, g: &'g Guard) -> Option<PteSlot<'g>> {
+        let table = self.pte_table(va, Make::No, g)?;
+        Some(PteSlot {
+            table,
+            entry: &table.entries[index(va, 0)],
+        })
     }
 
-    /// [`install_checked`](Self::install_checked) that, with
-    /// `make_table`, makes the PTE table if none covers `va` (`NoTable`
-    /// then means no memory for one). An object fault re-checks the
-    /// object's end in `valid` (`vma::mappings`).
+    /// Installs `pte` for `va` as [`PteSlot::install_checked`] does,
+    /// after one walk that, with `make_table`, makes the PTE table if none
+    /// covers `va` (`NoTable`: no table, or no memory for one). An object
+    /// fault re-checks the object's end in `valid` (`vma::mappings`).
     pub fn install_checked_in(
         &self,
         va: u64,
@@ -185,21 +221,14 @@ impl PageTable {
         valid: impl FnOnce() -> bool,
     ) -> Result<(), CheckedInstallError> {
         let make = if make_table { Make::Charged } else { Make::No };
-        let t = self
+        let table = self
             .pte_table(va, make, g)
             .ok_or(CheckedInstallError::NoTable)?;
-        let e = &t.entries[index(va, 0)];
-        let _l = t.lock.lock();
-        if !valid() {
-            return Err(CheckedInstallError::Invalid);
+        PteSlot {
+            table,
+            entry: &table.entries[index(va, 0)],
         }
-        let cur = e.load(Ordering::Relaxed);
-        if cur != 0 {
-            return Err(CheckedInstallError::Taken(Pte(cur)));
-        }
-        e.store(pte.0, Ordering::Release);
-        t.used_add_locked(1);
-        Ok(())
+        .install_checked(pte, valid)
     }
 
     /// Under the PTE table's lock, replaces the entry for `va` with
