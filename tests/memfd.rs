@@ -5,7 +5,8 @@
 //! read; name checks; hostile arguments never panic; a stress test of
 //! copies racing truncation; and the frames return to the pool. Then
 //! mappings (`mmap_fd`) against the kernel's mmap of a memfd: bytes,
-//! maps lines, merges, SIGBUS past the end, flags of
+//! maps lines, merges, SIGBUS past the end (a private store there still
+//! leaves an anon_vma, which decides later merges), flags of
 //! `MAP_SHARED_VALIDATE`, and a shrink zapping the pages past the new end
 //! in every mapping (two address spaces and a fork child), with faults
 //! racing shrinks and growths.
@@ -318,6 +319,44 @@ impl KMap {
             libc::close(fds[1]);
             e
         }
+    }
+    /// The kernel's errno for storing `data` at `at` (0: fine), made
+    /// through a pipe so a SIGBUS page reads as `EFAULT`.
+    fn store_errno(&self, at: usize, data: &[u8]) -> i32 {
+        let mut fds = [0i32; 2];
+        // SAFETY: a fresh pipe; the write copies from a local buffer and the
+        // read stores into our mapping, where a fault returns EFAULT
+        // instead of a signal.
+        unsafe {
+            assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+            let w = libc::write(fds[1], data.as_ptr().cast(), data.len());
+            assert_eq!(w, data.len() as isize);
+            let r = libc::read(fds[0], self.ptr.add(at).cast(), data.len());
+            let e = if r < 0 { errno() } else { 0 };
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+            e
+        }
+    }
+    /// `mprotect` of `len` bytes at `at` of this mapping.
+    fn mprotect(&self, at: usize, len: usize, prot: i32) {
+        // SAFETY: a range of our own mapping, where no Rust object lives.
+        let r = unsafe { libc::mprotect(self.ptr.add(at).cast(), len, prot) };
+        assert_eq!(r, 0, "mprotect: errno {}", errno());
+    }
+    /// The kernel's VMAs inside this mapping: the offsets of their ends
+    /// from its start, with their lines from the permissions on.
+    fn layout(&self) -> Vec<(u64, u64, String)> {
+        let (lo, hi) = (self.ptr as u64, self.ptr as u64 + self.len as u64);
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines()
+            .filter_map(|l| {
+                let mut r = l.split(['-', ' ']);
+                let s = u64::from_str_radix(r.next()?, 16).ok()?;
+                let e = u64::from_str_radix(r.next()?, 16).ok()?;
+                (lo <= s && e <= hi).then(|| (s - lo, e - lo, strip_line(l)))
+            })
+            .collect()
     }
     /// The kernel's `/proc/self/maps` line for this mapping, from the
     /// permissions on (the addresses and inode differ by construction).
@@ -904,4 +943,41 @@ fn private_pieces_of_one_object_share_an_anon_vma_like_the_kernel() {
         (end - km.ptr as u64, strip_line(line)),
         "the kernel's line: {line}"
     );
+}
+
+#[test]
+fn failed_private_stores_past_the_end_prepare_an_anon_vma_like_the_kernel() {
+    // A store past the object's end in a private mapping fails (SIGBUS),
+    // but Linux's do_cow_fault has given the VMA its anon_vma first. Two
+    // pieces so marked, apart (a piece with none between them), get two
+    // anon_vmas and never merge again, while unmarked pieces would.
+    let k = KernelFd::new("bus-anon").unwrap();
+    k.truncate(PAGE).unwrap();
+    let km = KMap::new(&k, 4 * PAGE, libc::MAP_PRIVATE, 0).unwrap();
+    let mm = AddressSpace::new(Config::default());
+    let m = Memfd::new_in(mm.frame_pool(), "bus-anon", PAGE).unwrap();
+    let a = mm
+        .mmap_fd(0, 4 * PAGE, RW, MapFlags::PRIVATE, &m, 0)
+        .unwrap();
+    let p = PAGE as usize;
+    // Pieces [0, 2) RW, [2, 3) none, [3, 4) RW.
+    km.mprotect(2 * p, p, libc::PROT_NONE);
+    mm.mprotect(a + 2 * PAGE, PAGE, Prot::NONE).unwrap();
+    // Stores past the end (page 0 is inside the object: not touched).
+    for page in [1u64, 3] {
+        let e = mm.write(a + page * PAGE + 8, &[1]).err().map(|e| e.errno());
+        assert_eq!(e, Some(km.store_errno(page as usize * p + 8, &[1])));
+        assert_eq!(e, Some(libc::EFAULT), "page {page}");
+    }
+    km.mprotect(0, 4 * p, libc::PROT_READ | libc::PROT_WRITE);
+    mm.mprotect(a, 4 * PAGE, RW).unwrap();
+    let ours: Vec<(u64, u64, String)> = mm
+        .vmas()
+        .into_iter()
+        .filter(|v| a <= v.start && v.end <= a + 4 * PAGE)
+        .map(|v| (v.start - a, v.end - a, strip_line(&v.maps_line())))
+        .collect();
+    let kernel = km.layout();
+    assert_eq!(kernel.len(), 2, "the kernel keeps two pieces: {kernel:?}");
+    assert_eq!(ours, kernel);
 }

@@ -11,7 +11,8 @@
 //!
 //! Frames: a read fault on private anonymous memory maps the shared zero
 //! page (no frame, no anon_vma, like Linux); the first write gives the VMA
-//! its anon_vma and the page a zeroed frame; a write to a read-only entry
+//! its anon_vma (first of all: a write that then fails keeps it, as in
+//! Linux) and the page a zeroed frame; a write to a read-only entry
 //! of a writable VMA reuses the frame if this entry holds its only
 //! reference, else copies it (copy-on-write).
 //!
@@ -249,6 +250,14 @@ fn do_fault(
             }
             continue;
         }
+        // A write to an empty entry of a private VMA prepares its anon_vma
+        // before anything else can fail (Linux's do_anonymous_page and
+        // do_cow_fault): a store past an object's end, or one handed to a
+        // userfault handler, still gives the VMA its anon_vma, which
+        // decides its later merges.
+        if access == Access::Write && !flags.contains(VmFlags::SHARED) {
+            anon_vma_prepare(mm, vma, vma_locked).map_err(Step::Retry)?;
+        }
         // The one test an unregistered VMA pays for userfaults here.
         if flags.intersects(VmFlags::UFFD_MISSING | VmFlags::UFFD_MINOR) {
             uffd::missing_fault(mm, vma, page, access)?;
@@ -278,23 +287,17 @@ fn do_fault(
             } else {
                 // The first write copies the object's page (do_cow_fault),
                 // readable while we hold our reference.
-                let copy = anon_vma_prepare(mm, vma, vma_locked)
-                    .map_err(Step::Retry)
-                    .and_then(|_| {
-                        mm.frames
-                            .alloc_uninit()
-                            .ok_or(Step::Fail(FaultError::OutOfMemory))
-                    });
-                if let Ok(copy) = copy {
+                let copy = mm.frames.alloc_uninit();
+                if let Some(copy) = copy {
                     mm.frames.copy(copy, pfn);
                 }
                 mm.frames.put(pfn);
-                Pte::new(copy?, PteFlags::from(flags) | soft_dirty::WRITTEN)
+                let copy = copy.ok_or(Step::Fail(FaultError::OutOfMemory))?;
+                Pte::new(copy, PteFlags::from(flags) | soft_dirty::WRITTEN)
             }
         } else if access != Access::Write {
             Pte::new(Pfn::ZERO_PAGE, PteFlags::from(flags) - PteFlags::WRITE)
         } else {
-            anon_vma_prepare(mm, vma, vma_locked).map_err(Step::Retry)?;
             let pfn = alloc_frame(mm)?;
             Pte::new(pfn, PteFlags::from(flags) | soft_dirty::WRITTEN)
         };
