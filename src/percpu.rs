@@ -1,12 +1,20 @@
 //! Per-CPU slots, so that hot paths write no shared cache line.
 //!
-//! A thread uses the slot of the CPU it runs on (`sched_getcpu`, a
-//! thread-local read where glibc has registered rseq), so threads that
+//! A thread uses the slot of the CPU it runs on, so threads that
 //! take turns on one CPU share its slot's line without bouncing it, and the
 //! slots follow the machine, not the number of threads ever started.
 //! Where the CPU is unknown (and in loom models, which must replay
 //! deterministically), a thread falls back to an id given the first time it
 //! asks, round-robin over the slots.
+//!
+//! The CPU number is read on every per-CPU access (five times per fault),
+//! so it must cost a load, not a call: on x86-64 Linux with glibc 2.35 or
+//! later, glibc registers a restartable-sequences area for every thread,
+//! at `__rseq_offset` bytes from the thread pointer, and the kernel keeps
+//! its `cpu_id` field current whenever the thread returns to user space.
+//! We read that field directly (two loads); elsewhere, or where glibc did
+//! not register the area, `sched_getcpu` (which reads the same field or
+//! asks the vDSO).
 //!
 //! A slot is therefore shared: by threads preempted on one CPU, by a thread
 //! that migrates in the middle of an operation (it may start on one slot
@@ -69,6 +77,10 @@ pub fn cpu_id() -> usize {
     // Loom models must be deterministic: they keep per-thread ids.
     #[cfg(all(target_os = "linux", not(aspace_loom)))]
     {
+        #[cfg(all(target_arch = "x86_64", target_env = "gnu"))]
+        if let Some(c) = rseq::cpu() {
+            return c & (nr_cpus() - 1);
+        }
         // SAFETY: sched_getcpu has no preconditions; it returns -1 on error.
         let c = unsafe { libc::sched_getcpu() };
         if let Ok(c) = usize::try_from(c) {
@@ -76,6 +88,73 @@ pub fn cpu_id() -> usize {
         }
     }
     thread_slot()
+}
+
+/// The CPU number from the thread's rseq area (see the module docs).
+#[cfg(all(
+    target_os = "linux",
+    target_arch = "x86_64",
+    target_env = "gnu",
+    not(aspace_loom)
+))]
+mod rseq {
+    use crate::sync::once::OnceLock;
+
+    /// Offset of the `cpu_id` field (`struct rseq`: `u32 cpu_id_start`,
+    /// then `u32 cpu_id`).
+    const CPU_ID: isize = 4;
+
+    /// Bytes from the thread pointer to `cpu_id`, if glibc registers an
+    /// rseq area for its threads (`__rseq_size` is 0 when it does not, as
+    /// when registration is turned off or another library holds it).
+    fn offset() -> Option<isize> {
+        static OFFSET: OnceLock<Option<isize>> = OnceLock::new();
+        *OFFSET.get_or_init(|| {
+            // SAFETY: dlsym with a NUL-terminated name and the
+            // RTLD_DEFAULT pseudo-handle; it returns null if not found.
+            let (off, size) = unsafe {
+                (
+                    libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_offset".as_ptr()),
+                    libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_size".as_ptr()),
+                )
+            };
+            if off.is_null() || size.is_null() {
+                return None;
+            }
+            // SAFETY: glibc defines `const ptrdiff_t __rseq_offset` and
+            // `const unsigned int __rseq_size`, set before any user code
+            // runs and never changed.
+            let (off, size) = unsafe { (*(off as *const isize), *(size as *const u32)) };
+            // The area must reach past `cpu_id`.
+            (size >= 8).then(|| off + CPU_ID)
+        })
+    }
+
+    /// The calling thread's CPU, or `None` where glibc registered no area
+    /// (or the kernel reports no CPU yet).
+    #[inline]
+    pub(super) fn cpu() -> Option<usize> {
+        let off = offset()?;
+        let tp: usize;
+        // SAFETY: on x86-64 Linux the word at fs:0 is the thread pointer
+        // (the TCB's self-pointer of the TLS ABI); reading it has no side
+        // effects.
+        unsafe {
+            core::arch::asm!(
+                "mov {}, qword ptr fs:[0]",
+                out(reg) tp,
+                options(nostack, readonly, preserves_flags)
+            )
+        };
+        let field = (tp as isize).wrapping_add(off) as *const i32;
+        // SAFETY: glibc's rseq area lives in this thread's TCB for the
+        // thread's whole life, `__rseq_offset` from the thread pointer,
+        // and `size >= 8` was checked. Only the kernel writes `cpu_id`,
+        // on this thread's return to user space, so nothing races the
+        // read; volatile keeps it from being cached across a migration.
+        let c = unsafe { core::ptr::read_volatile(field) };
+        usize::try_from(c).ok()
+    }
 }
 
 /// A per-thread id, round-robin over the slots (the fallback).
@@ -105,7 +184,7 @@ pub struct PerCpu<T> {
     /// again until drop. A slot's contents are protected by the slot type
     /// (atomics or a mutex, see the module docs).
     slots: AtomicPtr<CachePadded<T>>,
-    /// Number of slots ([`nr_cpus`] when made).
+    /// Number of slots ([`nr_cpus`] when made: a power of two).
     ///
     /// Protected by: immutable after creation.
     len: usize,
@@ -173,13 +252,14 @@ impl<T> PerCpu<T> {
     /// The calling thread's slot.
     #[inline]
     pub fn local(&self) -> &T {
-        &self.slots()[cpu_id() % self.len]
+        // `len` is a power of two (`nr_cpus`): a mask, not a division.
+        &self.slots()[cpu_id() & (self.len - 1)]
     }
 
     /// Slot `cpu` (modulo the slot count).
     #[inline]
     pub fn get(&self, cpu: usize) -> &T {
-        &self.slots()[cpu % self.len]
+        &self.slots()[cpu & (self.len - 1)]
     }
 
     /// All slots, for summing; none before first use.
@@ -249,6 +329,44 @@ mod tests {
         let other = std::thread::spawn(cpu_id).join().unwrap();
         assert!(other < nr_cpus());
         assert!(thread_slot() < nr_cpus());
+    }
+
+    /// The rseq read gives the CPU the thread is bound to, on every CPU
+    /// (a wrong offset or field would give another number, or none).
+    #[cfg(all(target_os = "linux", target_arch = "x86_64", target_env = "gnu"))]
+    #[test]
+    fn the_rseq_cpu_is_the_cpu_the_thread_runs_on() {
+        std::thread::spawn(|| {
+            // SAFETY: cpu_set_t is a plain bit array, valid when zeroed.
+            let mut allowed: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+            let size = core::mem::size_of::<libc::cpu_set_t>();
+            // SAFETY: `allowed` is a writable cpu_set_t of `size` bytes.
+            assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut allowed) }, 0);
+            let mut checked = 0;
+            for cpu in 0..libc::CPU_SETSIZE as usize {
+                // SAFETY: `cpu` is below CPU_SETSIZE.
+                if !unsafe { libc::CPU_ISSET(cpu, &allowed) } {
+                    continue;
+                }
+                // SAFETY: as for `allowed`.
+                let mut one: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+                // SAFETY: `cpu` is below CPU_SETSIZE.
+                unsafe { libc::CPU_SET(cpu, &mut one) };
+                // SAFETY: `one` is a valid set of `size` bytes; 0 is this thread.
+                assert_eq!(unsafe { libc::sched_setaffinity(0, size, &one) }, 0);
+                // The kernel moves us before sched_setaffinity returns.
+                let got = rseq::cpu();
+                if got.is_some() {
+                    assert_eq!(got, Some(cpu), "rseq cpu_id on CPU {cpu}");
+                    assert_eq!(cpu_id(), cpu & (nr_cpus() - 1));
+                    checked += 1;
+                }
+            }
+            // glibc 2.35+ registers the area unless told not to.
+            eprintln!("rseq cpu_id checked on {checked} CPUs");
+        })
+        .join()
+        .unwrap();
     }
 
     /// Slots that count their making and dropping, to check that a lost
