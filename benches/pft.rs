@@ -30,9 +30,10 @@ fn pft(c: &mut Criterion) {
                 .measurement_time(Duration::from_secs(3))
                 .warm_up_time(Duration::from_millis(500));
             for threads in thread_counts() {
-                // Persistent workers, released by a barrier inside each
-                // measured run; setup and teardown are not timed.
-                let pool = Workers::new(threads, writer);
+                // Persistent workers, each bound to a CPU, released by a
+                // barrier inside each measured run; setup and teardown are
+                // not timed.
+                let pool = Workers::new(threads, writer, true);
                 let faults = threads as u64 * (MIB_PER_THREAD << 20) / aspace::PAGE_SIZE;
                 g.throughput(Throughput::Elements(faults));
                 for locking in [

@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release --example pft -- [--full] [--threads 1,2,4] [--reps N]
 //!     [--workload single|per-thread|interleaved|all] [--writer|--no-writer]
-//!     [--mib M] [--seconds S] [--no-zero] [--csv FILE] [--plot FILE.svg]
+//!     [--mib M] [--seconds S] [--no-zero] [--no-pin] [--csv FILE] [--plot FILE.svg]
 //! ```
 //!
 //! By default (about a minute): threads 1 and the core count; both
@@ -18,6 +18,12 @@
 //! across repetitions and modes (a barrier releases them), so only the
 //! faulting phase is timed. Progress goes to stderr, on one line redrawn
 //! with `\r` when stderr is a terminal, one line per point otherwise.
+//! Faulting thread `i` is bound to the `i`-th CPU, as will-it-scale binds
+//! its tasks: a run then measures the fault path, not where the scheduler
+//! put the threads. (On the 2-core development VM, unbound faulters kept
+//! both CPUs busy for only 1.5 of their 2 CPU-seconds per second: the
+//! barrier's wakeups can stack both on one CPU for milliseconds of a 15 ms
+//! run.) `--no-pin` leaves them to the scheduler.
 
 #[path = "../benches/common/machine.rs"]
 mod machine;
@@ -44,6 +50,8 @@ struct Args {
     /// MiB each thread faults per repetition; `None` = calibrate.
     mib: Option<u64>,
     zero: bool,
+    /// Bind each faulting thread to a CPU.
+    pin: bool,
     csv: Option<String>,
     plot: Option<String>,
 }
@@ -52,7 +60,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: pft [--full] [--threads 1,2,4] [--reps N] \
          [--workload single|per-thread|interleaved|all] [--writer|--no-writer] [--mib M] \
-         [--seconds S] [--no-zero] [--csv FILE] [--plot FILE.svg]"
+         [--seconds S] [--no-zero] [--no-pin] [--csv FILE] [--plot FILE.svg]"
     );
     std::process::exit(2)
 }
@@ -68,6 +76,7 @@ fn parse() -> Args {
         writer: vec![false, true],
         mib: None,
         zero: true,
+        pin: true,
         csv: None,
         plot: None,
     };
@@ -96,6 +105,7 @@ fn parse() -> Args {
             "--no-writer" => a.writer = vec![false],
             "--mib" => a.mib = Some(parse_arg(&val(), |&n: &u64| n > 0).unwrap_or_else(|| usage())),
             "--no-zero" => a.zero = false,
+            "--no-pin" => a.pin = false,
             "--csv" => a.csv = Some(val()),
             "--plot" => a.plot = Some(val()),
             "-h" | "--help" => usage(),
@@ -145,7 +155,7 @@ struct Probe {
 /// Times one full one-thread run of `mib` MiB of a table's workload in
 /// one mode.
 fn probe(wl: Workload, writer: bool, locking: FaultLocking, zero: bool, mib: u64) -> Probe {
-    let pool = Workers::new(1, writer);
+    let pool = Workers::new(1, writer, false);
     let t0 = Instant::now();
     let s = pool.run(Params {
         threads: 1,
@@ -229,10 +239,15 @@ fn main() {
     }
     let runs = tables.len() * args.threads.len() * reps * MODES.len();
     println!(
-        "pft on {}: {} reps, zeroing {}",
+        "pft on {}: {} reps, zeroing {}{}",
         machine(),
         reps,
-        if args.zero { "on" } else { "off" }
+        if args.zero { "on" } else { "off" },
+        if args.pin {
+            ""
+        } else {
+            ", faulters not pinned"
+        }
     );
     println!(
         "plan: {} tables x threads {:?} x {} reps x {} modes = {} runs; about {:.0} s{}",
@@ -253,107 +268,115 @@ fn main() {
     let mut csv = String::from("workload,writer,locking,threads,rep,faults,wall_s,faults_per_sec,faults_per_cpu,per_vma_faults,writer_ops,speculative_faults,spec_aborts\n");
     let mut plot_series: Vec<(String, Vec<(usize, f64)>)> = Vec::new();
     for &(wl, writer, mib) in &sized {
-        {
-            let title = format!("{}{}", wl.name(), if writer { " + writer" } else { "" });
-            let mut rows: Vec<Point> = Vec::new();
-            let mut per_mode_sec: [Vec<(usize, f64)>; MODES.len()] = Default::default();
-            for &threads in &args.threads {
-                let pool = Workers::new(threads, writer);
-                let mut samples: [Vec<Sample>; MODES.len()] = Default::default();
-                for rep in 0..reps {
-                    // Alternate the modes so drift hits all alike.
-                    for (m, locking) in MODES.into_iter().enumerate() {
-                        if tty {
-                            eprint!(
-                                "\r{title}: {threads} threads, rep {}/{reps} {locking:?}        ",
-                                rep + 1,
-                            );
-                            let _ = std::io::stderr().flush();
-                        }
-                        let s = pool.run(Params {
-                            threads,
-                            workload: wl,
-                            writer,
-                            locking,
-                            bytes_per_thread: mib << 20,
-                            zero: args.zero,
-                        });
-                        let _ = writeln!(
-                            csv,
-                            "{},{},{:?},{},{},{},{:.6},{:.1},{:.1},{},{},{},{}",
-                            wl.name(),
-                            writer,
-                            locking,
-                            threads,
-                            rep,
-                            s.faults,
-                            s.wall,
-                            s.faults_per_sec(),
-                            s.faults_per_cpu(),
-                            s.per_vma,
-                            s.writer_ops,
-                            s.speculative,
-                            s.spec_aborts
+        let title = format!("{}{}", wl.name(), if writer { " + writer" } else { "" });
+        // One pool per thread count, all alive for the whole table, so
+        // that each repetition runs every thread count and every mode in
+        // turn: drift on the machine then hits the 1-thread and the
+        // N-thread points alike, and their ratio stays honest.
+        let pools: Vec<Workers> = args
+            .threads
+            .iter()
+            .map(|&t| Workers::new(t, writer, args.pin))
+            .collect();
+        // samples[thread-count index][mode]
+        let mut samples: Vec<[Vec<Sample>; MODES.len()]> =
+            args.threads.iter().map(|_| Default::default()).collect();
+        for rep in 0..reps {
+            for (ti, &threads) in args.threads.iter().enumerate() {
+                for (m, locking) in MODES.into_iter().enumerate() {
+                    if tty {
+                        eprint!(
+                            "\r{title}: rep {}/{reps}, {threads} threads {locking:?}        ",
+                            rep + 1,
                         );
-                        samples[m].push(s);
+                        let _ = std::io::stderr().flush();
                     }
-                }
-                if !tty {
-                    eprintln!(
-                        "{title}: {threads} threads done ({} runs)",
-                        reps * MODES.len()
+                    let s = pools[ti].run(Params {
+                        threads,
+                        workload: wl,
+                        writer,
+                        locking,
+                        bytes_per_thread: mib << 20,
+                        zero: args.zero,
+                    });
+                    let _ = writeln!(
+                        csv,
+                        "{},{},{:?},{},{},{},{:.6},{:.1},{:.1},{},{},{},{}",
+                        wl.name(),
+                        writer,
+                        locking,
+                        threads,
+                        rep,
+                        s.faults,
+                        s.wall,
+                        s.faults_per_sec(),
+                        s.faults_per_cpu(),
+                        s.per_vma,
+                        s.writer_ops,
+                        s.speculative,
+                        s.spec_aborts
                     );
-                }
-                let cpu = |m: usize| {
-                    samples[m]
-                        .iter()
-                        .map(Sample::faults_per_cpu)
-                        .collect::<Vec<_>>()
-                };
-                let sec = |m: usize| {
-                    samples[m]
-                        .iter()
-                        .map(Sample::faults_per_sec)
-                        .collect::<Vec<_>>()
-                };
-                rows.push(Point {
-                    label: format!("faults/cpu-{threads}"),
-                    by_mode: core::array::from_fn(cpu),
-                });
-                rows.push(Point {
-                    label: format!("faults/sec-{threads}"),
-                    by_mode: core::array::from_fn(sec),
-                });
-                for (m, series) in per_mode_sec.iter_mut().enumerate() {
-                    series.push((threads, hmean(&sec(m))));
+                    samples[ti][m].push(s);
                 }
             }
-            if tty {
-                eprint!("\r{:70}\r", "");
+            if !tty {
+                eprintln!("{title}: rep {}/{reps} done", rep + 1);
             }
-            println!("\n{title} ({mib} MiB per thread per rep)");
-            println!(
-                "{:<22} {:>22} {:>24} {:>24}",
-                "", "MmapLock", "PerVma", "Speculative"
-            );
-            for r in &rows {
-                let base = &r.by_mode[0];
-                let a = hmean(base);
-                let (alo, ahi) = range(base);
-                let mut line = format!("Hmean {:<16} {:>12.2} (  0.00%)", r.label, a);
-                for other in &r.by_mode[1..] {
-                    let b = hmean(other);
-                    let pct = (b - a) / a * 100.0;
-                    let (blo, bhi) = range(other);
-                    // Starred when the repetitions' ranges do not overlap.
-                    let star = if blo > ahi || bhi < alo { '*' } else { ' ' };
-                    let _ = write!(line, " {:>12.2} {}{:>7.2}%{}", b, star, pct, star);
+        }
+        drop(pools);
+        if tty {
+            eprint!("\r{:70}\r", "");
+        }
+        let mut rows: Vec<Point> = Vec::new();
+        let mut per_mode_sec: [Vec<(usize, f64)>; MODES.len()] = Default::default();
+        for (ti, &threads) in args.threads.iter().enumerate() {
+            let metric =
+                |m: usize, f: fn(&Sample) -> f64| samples[ti][m].iter().map(f).collect::<Vec<_>>();
+            rows.push(Point {
+                label: format!("faults/cpu-{threads}"),
+                by_mode: core::array::from_fn(|m| metric(m, Sample::faults_per_cpu)),
+            });
+            rows.push(Point {
+                label: format!("faults/sec-{threads}"),
+                by_mode: core::array::from_fn(|m| metric(m, Sample::faults_per_sec)),
+            });
+            for (m, series) in per_mode_sec.iter_mut().enumerate() {
+                series.push((threads, hmean(&metric(m, Sample::faults_per_sec))));
+            }
+        }
+        println!("\n{title} ({mib} MiB per thread per rep)");
+        println!(
+            "{:<22} {:>22} {:>24} {:>24}",
+            "", "MmapLock", "PerVma", "Speculative"
+        );
+        for r in &rows {
+            let base = &r.by_mode[0];
+            let a = hmean(base);
+            let (alo, ahi) = range(base);
+            let mut line = format!("Hmean {:<16} {:>12.2} (  0.00%)", r.label, a);
+            for other in &r.by_mode[1..] {
+                let b = hmean(other);
+                let pct = (b - a) / a * 100.0;
+                let (blo, bhi) = range(other);
+                // Starred when the repetitions' ranges do not overlap.
+                let star = if blo > ahi || bhi < alo { '*' } else { ' ' };
+                let _ = write!(line, " {:>12.2} {}{:>7.2}%{}", b, star, pct, star);
+            }
+            println!("{line}");
+        }
+        // Scaling: each thread count's faults/sec over the first's, per
+        // mode (the ratio the issues set targets on).
+        if let Some(first) = per_mode_sec[0].first().map(|p| p.0) {
+            for (i, &threads) in args.threads.iter().enumerate().skip(1) {
+                let mut line = format!("{:<22}", format!("scaling {threads}/{first}"));
+                for series in &per_mode_sec {
+                    let _ = write!(line, " {:>21.2}x  ", series[i].1 / series[0].1);
                 }
                 println!("{line}");
             }
-            for (m, series) in per_mode_sec.iter().enumerate() {
-                plot_series.push((format!("{title}, {:?}", MODES[m]), series.clone()));
-            }
+        }
+        for (m, series) in per_mode_sec.iter().enumerate() {
+            plot_series.push((format!("{title}, {:?}", MODES[m]), series.clone()));
         }
     }
     println!("\nran in {:.0} s", started.elapsed().as_secs_f64());

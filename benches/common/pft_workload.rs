@@ -8,6 +8,10 @@
 //! `writer`, one more thread keeps doing mmap/mprotect/munmap on unrelated
 //! VMAs for the whole measurement: under the old mmap_lock every one of its
 //! write sections stalls all faults; per-VMA locks let faults go on.
+//!
+//! With `pin`, faulting thread `i` is bound to the `i`-th CPU the process
+//! may run on (modulo their number), so the scheduler cannot stack two
+//! faulters on one CPU for part of a run (the writer stays unbound).
 #![allow(dead_code)]
 
 use aspace::{Access, AddressSpace, Config, FaultLocking, MapFlags, Prot, PAGE_SIZE};
@@ -158,8 +162,8 @@ pub struct Workers {
 
 impl Workers {
     /// Starts `threads` faulting threads, plus the writer thread if
-    /// `writer`.
-    pub fn new(threads: usize, writer: bool) -> Workers {
+    /// `writer`; `pin` binds each faulter to a CPU of its own.
+    pub fn new(threads: usize, writer: bool, pin: bool) -> Workers {
         let all = threads + usize::from(writer) + 1;
         let shared = Arc::new(Shared {
             start: Barrier::new(all),
@@ -175,7 +179,12 @@ impl Workers {
         let mut handles: Vec<_> = (0..threads)
             .map(|i| {
                 let sh = shared.clone();
-                std::thread::spawn(move || faulter(&sh, i))
+                std::thread::spawn(move || {
+                    if pin {
+                        pin_to_cpu(i);
+                    }
+                    faulter(&sh, i)
+                })
             })
             .collect();
         if writer {
@@ -247,6 +256,33 @@ impl Drop for Workers {
             let _ = h.join();
         }
     }
+}
+
+/// Binds the calling thread to the `i`-th CPU (modulo their number) of
+/// those the process may run on; leaves it unbound if that fails.
+fn pin_to_cpu(i: usize) {
+    // SAFETY: cpu_set_t is a plain bit array, valid when zeroed.
+    let mut allowed: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    let size = core::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `allowed` is a writable cpu_set_t of `size` bytes.
+    if unsafe { libc::sched_getaffinity(0, size, &mut allowed) } != 0 {
+        return;
+    }
+    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| {
+            // SAFETY: `c` is below CPU_SETSIZE, the set's capacity.
+            unsafe { libc::CPU_ISSET(c, &allowed) }
+        })
+        .collect();
+    let Some(&cpu) = cpus.get(i % cpus.len().max(1)) else {
+        return;
+    };
+    // SAFETY: as for `allowed`.
+    let mut one: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    // SAFETY: `cpu` came from the set, so it is below CPU_SETSIZE.
+    unsafe { libc::CPU_SET(cpu, &mut one) };
+    // SAFETY: `one` is a valid cpu_set_t of `size` bytes; 0 is this thread.
+    unsafe { libc::sched_setaffinity(0, size, &one) };
 }
 
 fn current_job(sh: &Shared) -> Arc<Job> {
