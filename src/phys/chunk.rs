@@ -71,7 +71,7 @@ pub(super) struct Chunk {
     /// non-atomically only by its exclusive owner (zeroing on allocation,
     /// `prefault` of frames never handed out, under the pool lock).
     pub(super) mem: *mut u8,
-    /// One reference count per frame, with `USED_BEFORE` while free.
+    /// One reference count per frame, 0 while free.
     ///
     /// Protected by: atomics. `get` adds `Relaxed` (the caller already
     /// holds a reference), `put` subtracts `AcqRel` (the last put sees

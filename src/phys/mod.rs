@@ -115,11 +115,6 @@ const CACHE_MAX: usize = 4 * BATCH;
 
 const WORDS: usize = PAGE_SIZE as usize / 8;
 
-/// Set in a free frame's reference word once the frame has been handed out
-/// (its bytes may be someone's); a frame never handed out reads 0 there and
-/// is known to be zero.
-const USED_BEFORE: u32 = 1 << 31;
-
 /// The global free pool, behind `FrameAllocator::pool`.
 struct Pool {
     /// Frames freed and spilled by the CPU caches.
@@ -144,26 +139,52 @@ struct CpuCache {
 }
 
 impl CpuCache {
-    fn pop(&mut self) -> Option<Pfn> {
+    /// A frame, and whether it was handed out before (a freed frame may
+    /// hold someone's bytes; a never-used one is known to be zero).
+    fn pop(&mut self) -> Option<(Pfn, bool)> {
         if let Some(p) = self.free.pop() {
-            return Some(p);
+            return Some((p, true));
         }
         // Below `FrameAllocator::frames`, which is below `Pfn::ZERO_PAGE`.
-        self.fresh.next().map(|p| Pfn::new(p as u32))
+        self.fresh.next().map(|p| (Pfn::new(p as u32), false))
     }
 }
 
-/// Allocation and free counts of one CPU slot.
-#[derive(Default)]
-struct Counts {
-    /// Frames allocated here.
+/// One CPU slot of the allocator: its cache and its counts.
+struct CpuFrames {
+    /// Free and never-used frames.
     ///
-    /// Protected by: a counter atomic (`sync::counter`), `Relaxed`.
+    /// Protected by: its mutex (a slot is shared by the threads of its CPU;
+    /// see [`crate::percpu`]).
+    cache: Mutex<CpuCache>,
+    /// Frames taken from this slot's cache.
+    ///
+    /// Protected by: written only under `cache`'s lock (a load and a
+    /// store: no locked add on the fault path), read with `Relaxed` loads
+    /// by [`FrameAllocator::used`].
     allocs: CounterU64,
-    /// Frames freed here.
+    /// Frames freed into this slot's cache.
     ///
-    /// Protected by: a counter atomic (`sync::counter`), `Relaxed`.
+    /// Protected by: as `allocs`.
     frees: CounterU64,
+}
+
+impl CpuFrames {
+    fn new() -> Self {
+        CpuFrames {
+            cache: Mutex::new(CpuCache::default()),
+            allocs: CounterU64::new(0),
+            frees: CounterU64::new(0),
+        }
+    }
+}
+
+/// Adds one to a count whose writers all hold one lock.
+fn bump_locked(count: &CounterU64) {
+    count.store(
+        count.load(counter::Ordering::Relaxed) + 1,
+        counter::Ordering::Relaxed,
+    );
 }
 
 /// The frame allocator: one physical memory, shareable by many address
@@ -194,15 +215,11 @@ pub struct FrameAllocator {
     ///
     /// Protected by: its mutex.
     pool: Mutex<Pool>,
-    /// Each CPU slot's cache of free and never-used frames.
+    /// Each CPU slot's cache of free and never-used frames, and its
+    /// allocation and free counts.
     ///
-    /// Protected by: each cache's mutex (a slot is shared by the threads
-    /// of its CPU; see [`crate::percpu`]).
-    caches: PerCpu<Mutex<CpuCache>>,
-    /// Allocation and free counts per CPU slot.
-    ///
-    /// Protected by: counter atomics (see `Counts`).
-    counts: PerCpu<Counts>,
+    /// Protected by: each slot's mutex (see `CpuFrames`).
+    cpus: PerCpu<CpuFrames>,
     /// Bytes obtained from the system.
     ///
     /// Protected by: a counter atomic (`sync::counter`), `Relaxed`,
@@ -249,8 +266,7 @@ impl FrameAllocator {
                 free: Vec::new(),
                 fresh: 0,
             }),
-            caches: PerCpu::new(|| Mutex::new(CpuCache::default())),
-            counts: PerCpu::new(Counts::default),
+            cpus: PerCpu::new(CpuFrames::new),
             reserved: CounterU64::new(0),
         }
     }
@@ -286,40 +302,49 @@ impl FrameAllocator {
         if !self.budget.try_charge(PAGE_SIZE) {
             return None;
         }
-        let Some(pfn) = self.take() else {
+        let Some((pfn, used_before)) = self.take() else {
             self.budget.uncharge(PAGE_SIZE);
             return None;
         };
         self.use_exclusive(pfn);
-        let was = self.refs(pfn).swap(1, Ordering::Relaxed);
-        self.counts
-            .local()
-            .allocs
-            .fetch_add(1, counter::Ordering::Relaxed);
-        Some((pfn, was & USED_BEFORE != 0))
+        // A plain store: a free frame's count is 0 and nobody else changes
+        // it (`try_get` adds only to a non-zero count), and unlike a swap
+        // the store does not wait for the line.
+        self.refs(pfn).store(1, Ordering::Relaxed);
+        Some((pfn, used_before))
     }
 
-    fn take(&self) -> Option<Pfn> {
-        let cache = self.caches.local();
+    /// Takes a frame from this CPU's cache (refilled from the pool), or
+    /// from any other CPU's when the pool is dry; counts it where it was
+    /// taken. Says whether it was used before.
+    fn take(&self) -> Option<(Pfn, bool)> {
+        let take_from = |slot: &CpuFrames, c: &mut CpuCache| {
+            let p = c.pop()?;
+            bump_locked(&slot.allocs);
+            Some(p)
+        };
+        let slot = self.cpus.local();
         {
-            let mut c = cache.lock();
-            if let Some(p) = c.pop() {
+            let mut c = slot.cache.lock();
+            if let Some(p) = take_from(slot, &mut c) {
                 return Some(p);
             }
             if self.refill(&mut c) {
-                return c.pop();
+                return take_from(slot, &mut c);
             }
         }
         // Dry: frames freed on other CPUs may sit in their caches.
-        for i in 0..self.caches.len() {
-            if let Some(mut c) = self.caches.get(i).try_lock() {
-                if let Some(p) = c.pop() {
+        for i in 0..self.cpus.len() {
+            let other = self.cpus.get(i);
+            if let Some(mut c) = other.cache.try_lock() {
+                if let Some(p) = take_from(other, &mut c) {
                     return Some(p);
                 }
             }
         }
-        for i in 0..self.caches.len() {
-            if let Some(p) = self.caches.get(i).lock().pop() {
+        for i in 0..self.cpus.len() {
+            let other = self.cpus.get(i);
+            if let Some(p) = take_from(other, &mut other.cache.lock()) {
                 return Some(p);
             }
         }
@@ -364,7 +389,7 @@ impl FrameAllocator {
     pub(crate) fn try_get(&self, pfn: Pfn) -> bool {
         self.refs(pfn)
             .fetch_update(Ordering::Acquire, Ordering::Acquire, |r| {
-                (r & !USED_BEFORE != 0).then_some(r + 1)
+                (r != 0).then_some(r + 1)
             })
             .is_ok()
     }
@@ -378,13 +403,10 @@ impl FrameAllocator {
         }
         self.use_exclusive(pfn);
         // Free now; whoever takes it next clears it (see `alloc`).
-        refs.store(USED_BEFORE, Ordering::Relaxed);
-        self.counts
-            .local()
-            .frees
-            .fetch_add(1, counter::Ordering::Relaxed);
         self.budget.uncharge(PAGE_SIZE);
-        let mut c = self.caches.local().lock();
+        let slot = self.cpus.local();
+        let mut c = slot.cache.lock();
+        bump_locked(&slot.frees);
         c.free.push(pfn);
         if c.free.len() >= CACHE_MAX {
             let at = c.free.len() - BATCH;
@@ -395,13 +417,13 @@ impl FrameAllocator {
 
     /// The reference count of a frame.
     pub(crate) fn refcount(&self, pfn: Pfn) -> u32 {
-        self.refs(pfn).load(Ordering::Acquire) & !USED_BEFORE
+        self.refs(pfn).load(Ordering::Acquire)
     }
 
     /// Frames allocated now.
     pub fn used(&self) -> u64 {
         let (mut a, mut f) = (0u64, 0u64);
-        for c in self.counts.iter() {
+        for c in self.cpus.iter() {
             a += c.allocs.load(counter::Ordering::Relaxed);
             f += c.frees.load(counter::Ordering::Relaxed);
         }

@@ -136,15 +136,15 @@ fn never_used_frames_reserved_by_one_cpu_are_found_by_another() {
     // frames) for this CPU; chunk 1 holds the other 88.
     let f = FrameAllocator::new(600 * PAGE_SIZE, false);
     let first = f.alloc().unwrap();
-    let here = (0..f.caches.len())
-        .find(|&i| !f.caches.get(i).lock().fresh.is_empty())
+    let here = (0..f.cpus.len())
+        .find(|&i| !f.cpus.get(i).cache.lock().fresh.is_empty())
         .expect("a slot holds the rest of chunk 0");
-    let there = (here + 1) % f.caches.len();
+    let there = (here + 1) % f.cpus.len();
     // Hand that span to another slot, as if another CPU had reserved it:
     // allocating here must find it there once the pool is dry.
-    let span = core::mem::take(&mut f.caches.get(here).lock().fresh);
+    let span = core::mem::take(&mut f.cpus.get(here).cache.lock().fresh);
     assert_eq!(span.end - span.start, CHUNK_FRAMES as u64 - 1);
-    f.caches.get(there).lock().fresh = span;
+    f.cpus.get(there).cache.lock().fresh = span;
     let mut all: Vec<Pfn> = core::iter::once(first)
         .chain(core::iter::from_fn(|| f.alloc()))
         .collect();
