@@ -103,12 +103,15 @@
 //! |-------|-------|-------------------------|
 //! | epoch pin / unpin | crossbeam's per-thread record; a global-epoch advance every 128 pins | the record is the thread's own line; the advance is amortized |
 //! | `note_cpu` | the TLB's per-CPU slot, written once then only read | per-CPU line |
-//! | frame take | the per-CPU frame cache and its mutex; the frame's refcount | per-CPU line; frames come in per-CPU batches, so refcounts of one line mostly belong to one CPU |
+//! | budget charge | the per-CPU stock; the shared count once per 256 frames | per-CPU line; the shared line is written once per 1 MiB charged |
+//! | frame take | the per-CPU cache, its mutex and counts; the frame's refcount (a plain store); the global pool's lock once per 512 never-used frames (or 32 freed ones) | per-CPU line; never-used frames come in per-CPU spans of up to 512, so refcounts of one line belong to one CPU |
 //! | frame zeroing | the frame | private until installed |
 //! | PTE lock, entry, `used` | the table's 128-byte-aligned header and its entry | shared only by threads faulting in the same 2 MiB span (the `interleaved` workload measures that case) |
 //! | stats | the per-CPU counter slot | per-CPU line |
 //!
-//! Nothing is written in the VMA, the tree or the mm sequence.
+//! Nothing is written in the VMA, the tree or the mm sequence. Finding
+//! the CPU for the per-CPU slots writes nothing: it reads the thread's
+//! rseq area ([`crate::percpu`]).
 //!
 //! # Locking
 //!
