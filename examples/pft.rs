@@ -21,9 +21,10 @@
 //! Faulting thread `i` is bound to the `i`-th CPU, as will-it-scale binds
 //! its tasks: a run then measures the fault path, not where the scheduler
 //! put the threads. (On the 2-core development VM, unbound faulters kept
-//! both CPUs busy for only 1.5 of their 2 CPU-seconds per second: the
-//! barrier's wakeups can stack both on one CPU for milliseconds of a 15 ms
-//! run.) `--no-pin` leaves them to the scheduler.
+//! both CPUs busy for only 1.35-1.6 of their 2 CPU-seconds per second,
+//! bound ones 1.8-1.95: a run starts with a barrier's wakeups, which can
+//! leave both faulters on one CPU until the scheduler moves one.)
+//! `--no-pin` leaves them to the scheduler.
 
 #[path = "../benches/common/machine.rs"]
 mod machine;
