@@ -201,7 +201,12 @@ impl PageTable {
     /// (none is created): one walk, for a caller that reads the entry and
     /// then may install into it (the speculative fault).
     pub fn slot<'g>(&'g self, va: u64, g: &'g Guard) -> Option<PteSlot<'g>> {
-        let table = self.pte_table(va, Make::No, g)?;
+        self.slot_in(va, Make::No, g)
+    }
+
+    /// The entry for `va`, creating missing tables as `create` says.
+    fn slot_in<'g>(&'g self, va: u64, create: Make, g: &'g Guard) -> Option<PteSlot<'g>> {
+        let table = self.pte_table(va, create, g)?;
         Some(PteSlot {
             table,
             entry: &table.entries[index(va, 0)],
@@ -221,14 +226,9 @@ impl PageTable {
         valid: impl FnOnce() -> bool,
     ) -> Result<(), CheckedInstallError> {
         let make = if make_table { Make::Charged } else { Make::No };
-        let table = self
-            .pte_table(va, make, g)
-            .ok_or(CheckedInstallError::NoTable)?;
-        PteSlot {
-            table,
-            entry: &table.entries[index(va, 0)],
-        }
-        .install_checked(pte, valid)
+        self.slot_in(va, make, g)
+            .ok_or(CheckedInstallError::NoTable)?
+            .install_checked(pte, valid)
     }
 
     /// Under the PTE table's lock, replaces the entry for `va` with
