@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 export RUSTFLAGS="--cfg aspace_loom --cfg crossbeam_loom ${RUSTFLAGS:-}"
 export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
-export LOOM_MAX_BRANCHES="${LOOM_MAX_BRANCHES:-20000}"
+export LOOM_MAX_BRANCHES="${LOOM_MAX_BRANCHES:-200000}"
 # Every model is explored to the end at this bound (set LOOM_MAX_DURATION
 # to stop each after that many seconds instead).
 [ -n "${LOOM_MAX_DURATION:-}" ] || unset LOOM_MAX_DURATION

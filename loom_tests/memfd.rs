@@ -101,3 +101,34 @@ fn fork_vs_shrink() {
         }
     });
 }
+
+/// MADV_REMOVE of a shared mapping's page (which zeroes the object's frame
+/// under the mmap_lock read side, without the object's size lock) races
+/// a shrink of the object to nothing, after which a second space on the
+/// same pool writes a private page (taking the frame the shrink freed, if
+/// the pool hands it out again). The second space's page keeps what it
+/// wrote: the hole punch zeroes only frames the object still holds, under
+/// a reference of its own. Catches: `zero_range`'s `try_get` (src/vma/
+/// shmem.rs) replaced by `true` with its `put` deleted (the pre-fix code:
+/// zeros written into a frame already freed and reused).
+#[test]
+fn remove_vs_shrink_and_reuse() {
+    model(|| {
+        let mm = Arc::new(AddressSpace::new(cfg()));
+        let other = AddressSpace::with_pool(cfg(), mm.frame_pool().clone());
+        let m = Memfd::new_in(mm.frame_pool(), "t", PAGE_SIZE).unwrap();
+        let flags = MapFlags::SHARED | MapFlags::FIXED;
+        mm.mmap_fd(A, PAGE_SIZE, rw(), flags, &m, 0).unwrap();
+        mm.write(A, &[1]).unwrap();
+        let private = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED;
+        other.mmap(A, PAGE_SIZE, rw(), private).unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.madvise(A, PAGE_SIZE, aspace::Advice::Remove));
+        m.set_len(0).unwrap();
+        other.write(A, &[0x55]).unwrap();
+        t.join().unwrap().unwrap();
+        let mut x = [0u8; 1];
+        other.read(A, &mut x).unwrap();
+        assert_eq!(x, [0x55], "the hole punch zeroed another space's page");
+    });
+}

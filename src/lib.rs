@@ -67,6 +67,14 @@ pub mod loom_door {
     pub fn speculative_fault(mm: &crate::AddressSpace, addr: u64, access: crate::Access) -> bool {
         crate::mm::spec_fault::handle(mm, addr, access).is_ok()
     }
+
+    /// Every present page-table entry of `mm` lies in a VMA, is writable
+    /// only where the VMA is, and a private anonymous frame only where
+    /// the VMA has an anon_vma (`Err`: the first violation). Call it with
+    /// no writer of `mm` running.
+    pub fn check_ptes(mm: &crate::AddressSpace) -> Result<(), String> {
+        mm.check_ptes()
+    }
 }
 
 /// The README's examples run as doctests.

@@ -184,9 +184,27 @@ impl<'a> Edit<'a> {
     }
 
     /// Write-locks `v`: waits for its readers, and keeps new ones out until
-    /// the mmap_lock is released.
+    /// the mmap_lock is released. The one way a writer claims a VMA before
+    /// changing its range, flags, backing or registration.
+    ///
+    /// It stamps the VMA, then sweeps the locks of the PTE tables a
+    /// speculative fault may install into for it
+    /// ([`spec_fault::tables_of`](super::spec_fault::tables_of)), empty
+    /// tables included. A lock-free install that validated the old stamp
+    /// under one of those locks has then happened before this returns
+    /// (and the caller's later passes see its entry); any later one sees
+    /// the stamp and falls back. So no writer, whatever it changes next,
+    /// can be outrun by a fault that read the VMA before it: the sweep is
+    /// not each writer's to remember.
     pub(crate) fn lock(&self, v: VmaRef) {
-        v.lock.write_lock(self.state.seq());
+        if !v.lock.write_lock(self.state.seq()) || !v.lock.is_attached() {
+            // Locked already in this section (and swept then), or a new or
+            // detached object: no fault can reach it through this tree.
+            return;
+        }
+        if let (Some(pt), Some(r)) = (self.mm.pt.peek(), super::spec_fault::tables_of(v.range())) {
+            pt.sweep(r, &pt.pin());
+        }
     }
 
     /// Runs `f` with the lock of `anon`'s family held (counted in the

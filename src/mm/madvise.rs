@@ -78,7 +78,7 @@ impl AddressSpace {
                     // SAFETY: madvise holds the mmap_lock read side.
                     if let Some(shm) = unsafe { v.shmem() } {
                         let pages = v.pgoff_of(part.start)..v.pgoff_of(part.end);
-                        shm.zero_range(pages, &self.frames);
+                        shm.zero_range(pages);
                     }
                 }
                 // Anonymous memory and our shared objects have no backing

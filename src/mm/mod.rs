@@ -63,6 +63,8 @@ pub(crate) mod mmap_lock;
 mod access;
 pub(crate) mod anon_vma;
 mod brk;
+#[cfg(any(test, aspace_loom))]
+mod check;
 pub(crate) mod edit;
 pub(crate) mod fault;
 mod fork;

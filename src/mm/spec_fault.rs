@@ -119,13 +119,23 @@
 //! read-locked nor referenced (its stamp is validated instead). Order:
 //! [`crate::mm`].
 
-use crate::addr::{page_align_down, PMD_SIZE};
+use crate::addr::{page_align_down, Range, PMD_SIZE};
 use crate::mm::{Access, AddressSpace};
 use crate::phys::Pfn;
 use crate::pt::{CheckedInstallError, Pte, PteFlags};
 use crate::stats::Event;
 use crate::sync::{fence, Ordering};
 use crate::vma::VmFlags;
+
+/// The span of the PTE tables a speculative fault may install into for a
+/// VMA over `range`: the whole 2 MiB spans inside it (see "Tables" in the
+/// module docs). The one rule both sides follow: the fault uses no other
+/// table, and `Edit::lock` sweeps these tables' locks after stamping.
+pub(crate) fn tables_of(range: Range) -> Option<Range> {
+    let start = range.start.checked_add(PMD_SIZE - 1)? & !(PMD_SIZE - 1);
+    let end = range.end & !(PMD_SIZE - 1);
+    (start < end).then(|| Range::new(start, end))
+}
 
 /// One speculative attempt. `Err(reason)`: nothing changed, run the
 /// per-VMA path.
@@ -157,8 +167,7 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
         return Err(Event::spec_abort_needs_more);
     }
     let page = page_align_down(addr);
-    let span = page & !(PMD_SIZE - 1);
-    if span < range.start || range.end - span < PMD_SIZE {
+    if !tables_of(range).is_some_and(|t| t.contains(page)) {
         return Err(Event::spec_abort_table);
     }
     // The tree pin above covers the walk too; this nested pin only names

@@ -60,11 +60,16 @@ impl PageTable {
                         continue;
                     }
                     let src = self.pte_table(va, Make::No, g).expect("not missing");
+                    // Emptiness is read under the table's lock, never
+                    // without: an install racing the copy is then either
+                    // counted here or made after the lock is dropped (and
+                    // sees the stamps fork put on the VMAs first).
+                    let src_lock = src.lock.lock();
                     let pair = if src.is_empty() {
                         None
                     } else {
                         let to = dst.pte_table(va, Make::Charged, dg).ok_or(va)?;
-                        Some(Locked::new(src, to))
+                        Some(Locked::new(src, src_lock, to))
                     };
                     cur = Some((base, pair));
                 }
@@ -91,8 +96,7 @@ struct Locked<'g> {
 }
 
 impl<'g> Locked<'g> {
-    fn new(src: &'g Table, dst: &'g Table) -> Self {
-        let _src_lock = src.lock.lock();
+    fn new(src: &'g Table, _src_lock: MutexGuard<'g, ()>, dst: &'g Table) -> Self {
         let _dst_lock = dst.lock.lock();
         Locked {
             src,

@@ -102,7 +102,10 @@ impl PageTable {
             return 0;
         };
         // `used` counts this extent's entries too, and nobody else changes
-        // them, so zero means there is nothing to move.
+        // them, so zero means there is nothing to move. Read under the
+        // lock, never without: a racing install is then counted, or made
+        // after the lock is dropped (and sees the caller's stamp).
+        let _src_lock = src.lock.lock();
         if src.is_empty() {
             return 0;
         }
@@ -111,7 +114,6 @@ impl PageTable {
         };
         // Only the mmap_lock writer takes two PTE locks at once, so the
         // order between them cannot deadlock.
-        let _src_lock = src.lock.lock();
         let _dst_lock = (!core::ptr::eq(src, dst)).then(|| dst.lock.lock());
         let mut moved = 0;
         let mut o = 0;
@@ -164,6 +166,10 @@ impl PageTable {
         let Some(table) = self.child(se, g) else {
             return Some(0);
         };
+        // Hold the table's lock over the count, the swing and the flush,
+        // as Linux holds the PMD locks (nobody else may be changing its
+        // entries; a racing install is counted or sees the caller's stamp).
+        let _l = table.lock.lock();
         let count = u64::from(table.used.load(Ordering::Acquire));
         if count == 0 {
             // Nothing to move; the empty table is freed with the old range.
@@ -171,9 +177,6 @@ impl PageTable {
         }
         let dst_pmd = self.table_at(to, 1, Make::Forced, g)?;
         let de = &dst_pmd.entries[index(to, 1)];
-        // Hold the table's lock over the swing and the flush, as Linux
-        // holds the PMD locks (nobody else may be changing its entries).
-        let _l = table.lock.lock();
         let v = se.load(Ordering::Relaxed);
         de.compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire)
             .ok()?;

@@ -84,6 +84,16 @@ impl PageTable {
         });
     }
 
+    /// Takes and releases the lock of every existing PTE table
+    /// overlapping `r`, empty ones included (the writers' sweep: see
+    /// `mm::edit::Edit::lock`). An install made under one of these locks
+    /// before the sweep reached it is visible to the caller afterwards;
+    /// one made after synchronizes with the sweep and sees everything the
+    /// caller did before it.
+    pub fn sweep(&self, r: Range, g: &Guard) {
+        self.for_each_table(r, g, |t, _| drop(t.lock.lock()));
+    }
+
     /// Calls `f(va, pte)` for every present entry in `r` (lock-free
     /// snapshot, each entry read whole).
     pub fn for_each_present(&self, r: Range, g: &Guard, mut f: impl FnMut(u64, Pte)) {

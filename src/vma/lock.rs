@@ -41,7 +41,14 @@
 //!   VMA) still sees everything earlier sections did to it.
 //! - sequences are 64 bits and never wrap, so an old stamp never matches
 //!   the current sequence again (with 32 bits, 2^31 write sections would
-//!   let `write_lock` skip draining readers of a VMA it took for locked).
+//!   let `write_lock` skip draining readers of a VMA it took for locked),
+//!   and no two address spaces' write sections share a value
+//!   ([`MmLockSeq`]), so a stamp names one section of one space: an
+//!   object recycled into another space sharing the pool never carries a
+//!   stamp its old life had.
+//! - the stamp store is `Release`, so a reader that reads a stamp also
+//!   sees what preceded it (a recycled object's detach from its old
+//!   space).
 
 use super::seq::MmLockSeq;
 use crate::sync::{fence, wait_until, AtomicU32, AtomicU64, Ordering};
@@ -146,21 +153,27 @@ impl VmaLock {
     /// Write-locks the VMA (Linux's `vma_start_write`). The caller holds
     /// the mmap_lock write side; `mm` is its sequence. Waits for readers;
     /// idempotent within one write section; works on a detached VMA too
-    /// (it only stamps it).
-    pub fn write_lock(&self, mm: &MmLockSeq) {
+    /// (it only stamps it). Returns false if the VMA was already locked in
+    /// this section (nothing was done).
+    pub fn write_lock(&self, mm: &MmLockSeq) -> bool {
         let seq = mm.current_relaxed();
         debug_assert!(
             mm.is_write_locked(),
             "write_lock without the mmap_lock write side"
         );
         if self.lock_seq.load(Ordering::Relaxed) == seq {
-            return;
+            return false;
         }
         let excluded = self.add_offset_if_attached();
         if excluded {
             wait_until(|| self.refcnt.load(Ordering::Acquire) == VMA_LOCK_OFFSET + 1);
         }
-        self.lock_seq.store(seq, Ordering::Relaxed);
+        // Release: a speculative fault whose snapshot reads this stamp
+        // (`Acquire`) sees what happened before it, above all the
+        // previous owner's detach when the object was recycled for
+        // another space: it then reads the VMA detached or owned by that
+        // space, never a stale life under a new stamp.
+        self.lock_seq.store(seq, Ordering::Release);
         // Seqlock writer fence: a speculative fault that sees any change
         // made to the VMA after this point also sees the stamp when it
         // re-reads it after its own Acquire fence (`spec_fault`).
@@ -169,6 +182,7 @@ impl VmaLock {
             // Release: readers that get in after this see the stamp.
             self.refcnt.fetch_sub(VMA_LOCK_OFFSET, Ordering::Release);
         }
+        true
     }
 
     /// Adds the writer offset unless the count is 0 (detached: only attach,

@@ -6,12 +6,40 @@
 //! sequence. The mmap_lock ([`crate::mm`]'s `mmap_lock` module) owns one
 //! and moves it at each write section's start and end.
 //!
+//! # Values never repeat among address spaces
+//!
+//! A VMA object outlives its address space's use of it: the type-stable
+//! pool hands a freed object to another space sharing the pool (a fork
+//! family), and a speculative fault that snapshotted the object's stamp in
+//! its old life compares it again later. If two spaces' sequences could
+//! take the same value, the new owner's stamp could equal the snapshot
+//! (ABA) and the fault would install into the old owner's table where no
+//! VMA is any more. So the odd values of write sections are unique in the
+//! process: each space takes them in blocks of [`BLOCK`] from one global
+//! counter (written once per `BLOCK / 2` write sections), and its sequence
+//! jumps to the next block when one runs out. A space's sequence still
+//! only grows, which is all the VMA lock's comparisons need.
+//!
 //! # Locking
 //!
 //! Only the holder of the mmap_lock's write side moves the sequence; any
 //! thread reads it. The lock order is in [`crate::mm`].
 
+use crate::sync::counter;
 use crate::sync::{AtomicU64, Ordering};
+
+/// Sequence values a space takes from the global counter at a time.
+pub(crate) const BLOCK: u64 = 1 << 12;
+
+/// The first value of a fresh block of [`BLOCK`] sequence values, unique
+/// in the process (a multiple of `BLOCK`, so even).
+fn next_block() -> u64 {
+    static NEXT: counter::AtomicU64 = counter::AtomicU64::new(BLOCK);
+    // Uniqueness is all that matters: a read-modify-write on one atomic
+    // hands out distinct values whatever the ordering. 2^64 values last
+    // 584 years at one write section per nanosecond.
+    NEXT.fetch_add(BLOCK, counter::Ordering::Relaxed)
+}
 
 /// An address space's lock sequence (`mm->mm_lock_seq`).
 ///
@@ -25,6 +53,10 @@ pub struct MmLockSeq {
     /// Protected by: the mmap_lock's write side for stores (odd while a
     /// writer holds it); read by anyone (`Acquire` pairs with `write_end`).
     seq: AtomicU64,
+    /// The end of the block of values this space owns (0: none yet).
+    /// Protected by: the mmap_lock's write side (only the writer reads or
+    /// stores it; an atomic only to be `Sync`, invisible to loom).
+    block_end: counter::AtomicU64,
 }
 
 impl Default for MmLockSeq {
@@ -38,6 +70,7 @@ impl MmLockSeq {
     pub fn new() -> Self {
         MmLockSeq {
             seq: AtomicU64::new(0),
+            block_end: counter::AtomicU64::new(0),
         }
     }
 
@@ -65,8 +98,22 @@ impl MmLockSeq {
     /// plain store would head no release sequence, and such a reader could
     /// act on stale VMA fields (the loom model
     /// `two_write_sections_vs_reader` catches it).
+    ///
+    /// The new value is the next one of this space's block, or the first
+    /// of a fresh block (see the module docs: values never repeat among
+    /// spaces).
     pub fn write_begin(&self) {
-        let prev = self.seq.fetch_add(1, Ordering::Relaxed);
+        let prev = self.seq.load(Ordering::Relaxed);
+        debug_assert!(prev & 1 == 0);
+        let mut next = prev + 1;
+        if next >= self.block_end.load(counter::Ordering::Relaxed) {
+            // Blocks are handed out in increasing order and this space's
+            // values all lie in its earlier blocks, so `next` > `prev`.
+            let b = next_block();
+            self.block_end.store(b + BLOCK, counter::Ordering::Relaxed);
+            next = b + 1;
+        }
+        let prev = self.seq.fetch_add(next - prev, Ordering::Relaxed);
         debug_assert!(prev & 1 == 0);
     }
 
@@ -85,11 +132,36 @@ impl MmLockSeq {
         debug_assert!(seq & 1 == 0);
         MmLockSeq {
             seq: AtomicU64::new(seq),
+            block_end: counter::AtomicU64::new(seq.saturating_add(BLOCK)),
         }
     }
 
     /// True inside a write section.
     pub fn is_write_locked(&self) -> bool {
         self.seq.load(Ordering::Relaxed) & 1 == 1
+    }
+}
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests {
+    use super::*;
+
+    /// Two spaces' write sections never take the same value, however
+    /// their sections interleave and across block boundaries (a fork
+    /// family's stamps were small per-space counts that coincided).
+    #[test]
+    fn sections_of_two_spaces_never_share_a_value() {
+        let (a, b) = (MmLockSeq::new(), MmLockSeq::new());
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..3 * BLOCK {
+            for s in [&a, &b].into_iter().take(if i % 3 == 0 { 2 } else { 1 }) {
+                let before = s.current();
+                s.write_begin();
+                let v = s.current();
+                assert!(v & 1 == 1 && v > before, "odd and growing");
+                assert!(seen.insert(v), "value {v} taken twice");
+                s.write_end();
+            }
+        }
     }
 }

@@ -282,7 +282,14 @@ impl Shmem {
     /// `MADV_REMOVE`'s hole punch, which every mapping of the object sees.
     /// The frames stay allocated to the object. Visits only the nodes that
     /// exist, so a huge, sparse range costs what it holds.
-    pub(crate) fn zero_range(&self, range: core::ops::Range<u64>, frames: &FrameAllocator) {
+    ///
+    /// Runs under the mmap_lock read side, without the object's size lock
+    /// (which comes before the mmap_lock), so a shrink may free a frame it
+    /// visits: each frame is zeroed only while a reference taken here
+    /// keeps it from being freed and reused, and only if the slot still
+    /// holds it once that reference is taken (else it is no longer the
+    /// object's page and is skipped).
+    pub(crate) fn zero_range(&self, range: core::ops::Range<u64>) {
         let zeros = [0u8; crate::addr::PAGE_SIZE as usize];
         let end = range.end.min(self.npages);
         self.visit(
@@ -291,7 +298,15 @@ impl Shmem {
             0,
             range.start,
             end,
-            &mut |_, pfn| frames.write(pfn, 0, &zeros),
+            &mut |slot, pfn| {
+                if !self.frames.try_get(pfn) {
+                    return; // freed by a shrink: no longer the object's
+                }
+                if slot.load(Ordering::Acquire) == u64::from(pfn.get()) + 1 {
+                    self.frames.write(pfn, 0, &zeros);
+                }
+                self.frames.put(pfn);
+            },
         );
     }
 
