@@ -79,6 +79,7 @@ mod mremap;
 mod munmap;
 mod name;
 pub mod pagemap;
+mod placement;
 mod rmap;
 pub mod soft_dirty;
 pub(crate) mod spec_fault;

@@ -39,45 +39,44 @@
 //!
 //! # Why each writer is safe
 //!
-//! The core argument (hazard 1 of the design notes): a writer that changes
-//! what the fault would install stamps the VMA and afterwards takes the
-//! lock of every existing PTE table of its range (`zap_range`,
-//! `change_range`, `move_range` take it even for tables with no entries).
-//! The two critical sections on our table are ordered by its lock. If the
-//! writer's comes first, our lock acquisition synchronizes with its release
-//! and our re-read sees the stamp: we abort. If ours comes first, the
-//! writer's pass sees our entry and treats it like any other.
+//! The core argument (hazard 1 of the design notes) is one rule that no
+//! writer can skip: `Edit::lock`, the only way a writer claims a VMA,
+//! stamps it and then takes the lock of every existing PTE table this
+//! path may use for it ([`tables_of`]), empty tables included. The two
+//! critical sections on our table are ordered by its lock. If the sweep's
+//! comes first, our lock acquisition synchronizes with its release and our
+//! re-read sees the stamp: we abort. If ours comes first, our entry is in
+//! place before the writer changes anything, and its passes treat it like
+//! any other. No pass reads a table's emptiness without its lock
+//! (`move_ptes`, `relink_pte_table`, fork's copy), so the rule holds twice
+//! over where entries move. Stamps never repeat among the spaces sharing
+//! a VMA pool ([`crate::vma::seq`]), so a stamp re-read equal to the
+//! snapshot's names the same write section of the same space.
 //!
-//! - **munmap** stamps, detaches, zaps the range under each table's lock,
-//!   then frees empty tables through the epoch (hazard 3: we hold a pin,
-//!   so a table we walked to stays readable; its lock still works, and the
-//!   stamp check then fails). An install before the zap is zapped and its
-//!   frame freed.
-//! - **mprotect** stamps (splitting if needed: the new VMA is stamped
-//!   too) and rewrites the range's entries under each table's lock: our
-//!   writable entry installed before is write-protected; after, we abort.
-//! - **mremap** stamps the source, then moves entries under both tables'
-//!   locks or relinks a whole table under its lock (hazard 4: a fault that
-//!   walked to the table through its old PMD entry takes the same lock
-//!   after the relink and sees the stamp). A table it skips because its
-//!   count read zero without the lock is zapped with the old range, under
-//!   the lock, so the argument is the munmap one.
-//! - **split / merge** stamp every VMA they resize; the page stays covered
-//!   with the same flags, but we abort anyway (a stale range is never used).
-//! - **fork** stamps the parent's VMAs, then write-protects and copies
-//!   their entries table by table under the locks (hazard 10): a writable
-//!   entry we install is either seen by that pass or we see the stamp.
-//! - **MADV_DONTNEED** zaps under the mmap_lock read side without stamping
-//!   (hazard 9). An install racing it may land after the zap: that is a
-//!   fault after the madvise, which DONTNEED allows (the page reads as
-//!   zero, as it would after a refill). The per-VMA path races it the same
-//!   way; a fault never reports an error because of it (we fall back).
-//! - **VMA reuse** (hazard 5): a recycled object is stamped before any
-//!   field changes, and it is stamped when detached, so the re-read differs
-//!   from `s`; we also compare the address space id and the range. An
-//!   object taken back for a VMA at the same address (MAP_FIXED over part
-//!   of the VMA) passes those two: the stamp alone rejects a snapshot of
-//!   its old life, and the table check one of its new life.
+//! One row per writer; each points at its cell of the loom matrix
+//! (`loom_tests/matrix.rs`, reader "speculative fault"):
+//!
+//! | writer | why the install is ordered | cell |
+//! |---|---|---|
+//! | munmap | stamp and sweep; the zap runs under each table's lock, then empty tables go through the epoch (hazard 3: a table we walked stays readable, its lock works, the stamp check fails) | `spec_fault_vs_munmap` |
+//! | mprotect, splits, merges | stamp and sweep every VMA they resize or change; entries rewritten under the locks | `spec_fault_vs_mprotect_read`, `spec_fault_vs_split` |
+//! | mremap move | stamp and sweep the source; entries move under both locks or a table is relinked under its lock (hazard 4: a fault that walked in through the old PMD entry takes the same lock) | `spec_fault_vs_mremap` |
+//! | mremap grow, shrink | stamp and sweep; a shrink zaps the tail as munmap | `spec_fault_vs_mremap_grow`, `_shrink` |
+//! | mremap DONTUNMAP | stamp and sweep before the old VMA loses its anon_vma; an emptied table is locked too | `spec_fault_vs_mremap_dontunmap_over_empty_table` |
+//! | MADV_DONTNEED, MADV_FREE | no stamp (hazard 9): an install after the zap is a fault after the madvise, which reads zero as a refill would | `spec_fault_vs_dontneed`, `spec_fault_vs_madv_free` |
+//! | MADV_REMOVE, memfd shrink | cannot meet: they touch shared objects' pages, and we bail out of any VMA with an object | matrix reason |
+//! | brk | stamp and sweep; a shrink is munmap's edit | `spec_fault_vs_brk_shrink` |
+//! | mlock, set_anon_name | stamp and sweep (flags or name, often a split) | `spec_fault_vs_mlock`, `spec_fault_vs_set_anon_name` |
+//! | uffd register | stamp and sweep: after `register` returns no earlier snapshot installs, so the handler's copy finds the page missing | `spec_fault_vs_uffd_register` |
+//! | uffd unregister | cannot meet: a MISSING-registered VMA stops us at the flag check | matrix reason |
+//! | uffd write-protect | entries rewritten under the PTE lock; we install only into empty entries | matrix reason |
+//! | fork | stamp and sweep the parent's VMAs, then write-protect and copy table by table under the locks (hazard 10) | `spec_fault_vs_fork` |
+//! | VMA reuse | a recycled object is stamped before any field changes and when detached; in another space of the fork family its stamp is that space's, never ours (hazard 5) | `spec_fault_vs_vma_reuse`, `spec_fault_vs_vma_reused_by_fork_child` |
+//!
+//! We also compare the address space id and the range: an object taken
+//! back for a VMA at the same address (MAP_FIXED over part of the VMA)
+//! passes those two, and the stamp alone rejects a snapshot of its old
+//! life, the table check one of its new life.
 //!
 //! Tables (hazard 2): we never create a table; and we use one only if its
 //! 2 MiB span lies inside the VMA's snapshot range. Then whoever created
@@ -90,12 +89,9 @@
 //! munmap of ours walked past its PMD slot, and then no lock would order
 //! the two: we fall back there.
 //!
-//! Checked by `loom_tests/spec_fault.rs` (mprotect, a split, munmap,
-//! mremap, and VMA reuse: `spec_fault_vs_vma_reuse`, where mmap(MAP_FIXED,
-//! PROT_NONE) over the VMA's first page frees the object and takes it back
-//! at once for the new VMA at the same address, under a speculative
-//! attempt that looked it up before) and `tests/stress_spec.rs` (splits,
-//! fork, DONTNEED under faults).
+//! Checked by `loom_tests/spec_fault.rs` and `loom_tests/spec_writers.rs`
+//! (the table above) and `tests/stress_spec.rs` (splits, fork, DONTNEED
+//! under faults).
 //!
 //! # Shared-memory writes left on the path
 //!

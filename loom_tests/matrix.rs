@@ -1,0 +1,218 @@
+//! The loom matrix: every lock-free or lock-light reader against every
+//! writer that can change what it reads, as one table. A cell is a loom
+//! model (file and test name), a model of the same code run by another
+//! writer (`Shares`), a one-line reason the two cannot meet (`Apart`), or
+//! a hole still to fill (`Missing`, with what it needs).
+//!
+//! This file is not a loom model: its test runs in every build
+//! (`cargo test`) and fails if a reader or writer lacks a cell, if a cell
+//! appears twice, or if a named model is not a `#[test]` in its file. A
+//! new writer gains a row here, a new reader a column.
+
+/// The readers: paths that read page-table entries or VMA fields without
+/// the mmap_lock, each safe only if every writer follows its rules.
+const READERS: [&str; 5] = [
+    "speculative fault",
+    "per-VMA fault",
+    "translator access",
+    "device slice",
+    "userfault waiter",
+];
+
+/// The writers: every change of a VMA's range, flags, backing or
+/// registration (all through `Edit::lock`, which stamps and sweeps), and
+/// the calls that change entries under the mmap_lock read side.
+const WRITERS: [&str; 17] = [
+    "munmap",
+    "mprotect",
+    "mremap move",
+    "mremap grow",
+    "mremap shrink",
+    "mremap DONTUNMAP",
+    "madvise DONTNEED",
+    "madvise REMOVE",
+    "madvise FREE",
+    "brk",
+    "mlock",
+    "set_anon_name",
+    "uffd register",
+    "uffd unregister",
+    "uffd write-protect",
+    "memfd shrink",
+    "fork",
+];
+
+enum Cell {
+    /// `(file in loom_tests/, test name)`.
+    Model(&'static str, &'static str),
+    /// The writer runs the code of another writer's model: `(file, test,
+    /// why the code is the same)`.
+    Shares(&'static str, &'static str, &'static str),
+    /// Why the two cannot meet.
+    Apart(&'static str),
+    /// Not modelled yet: what the model needs.
+    Missing(&'static str),
+}
+use Cell::*;
+
+/// Serialized: the writer write-locks the VMA (`Edit::lock`), which waits
+/// out the fault's VMA read lock and refuses new ones until its write
+/// section ends (`vma_lock.rs`: `reader_vs_writer_exclusion`).
+const LOCKED_OUT: Cell = Apart("serialized by the VMA lock: the writer drains the fault's read lock and refuses new ones until its section ends (vma_lock::reader_vs_writer_exclusion)");
+/// A writer that changes no entry and no access right of a present page.
+const NO_ENTRY_CHANGE: Cell =
+    Apart("changes no entry and no access right: a cached translation stays right");
+/// The speculative fault never installs in a VMA with an object.
+const SPEC_NO_OBJECT: Cell = Apart("acts on shared objects' pages only, and the speculative fault bails out of any VMA with an object (spec_fault.rs step 4)");
+
+#[rustfmt::skip]
+const MATRIX: &[(&str, &str, Cell)] = &[
+    // The speculative fault: stamp validated under the PTE lock.
+    ("speculative fault", "munmap", Model("spec_fault.rs", "spec_fault_vs_munmap")),
+    ("speculative fault", "mprotect", Model("spec_fault.rs", "spec_fault_vs_mprotect_read")),
+    ("speculative fault", "mremap move", Model("spec_fault.rs", "spec_fault_vs_mremap")),
+    ("speculative fault", "mremap grow", Model("spec_writers.rs", "spec_fault_vs_mremap_grow")),
+    ("speculative fault", "mremap shrink", Model("spec_writers.rs", "spec_fault_vs_mremap_shrink")),
+    ("speculative fault", "mremap DONTUNMAP", Model("spec_writers.rs", "spec_fault_vs_mremap_dontunmap_over_empty_table")),
+    ("speculative fault", "madvise DONTNEED", Model("spec_writers.rs", "spec_fault_vs_dontneed")),
+    ("speculative fault", "madvise REMOVE", SPEC_NO_OBJECT),
+    ("speculative fault", "madvise FREE", Model("spec_writers.rs", "spec_fault_vs_madv_free")),
+    ("speculative fault", "brk", Model("spec_writers.rs", "spec_fault_vs_brk_shrink")),
+    ("speculative fault", "mlock", Model("spec_writers.rs", "spec_fault_vs_mlock")),
+    ("speculative fault", "set_anon_name", Model("spec_writers.rs", "spec_fault_vs_set_anon_name")),
+    ("speculative fault", "uffd register", Model("spec_writers.rs", "spec_fault_vs_uffd_register")),
+    ("speculative fault", "uffd unregister", Apart("a speculative fault in a MISSING-registered VMA stops at its flag check (step 4) with no snapshot to carry across; WP or MINOR registrations change flags as mlock does (its model)")),
+    ("speculative fault", "uffd write-protect", Apart("write-protect rewrites present entries under the PTE lock; the speculative fault installs only into an empty entry under the same lock, so each sees the other's result")),
+    ("speculative fault", "memfd shrink", SPEC_NO_OBJECT),
+    ("speculative fault", "fork", Model("spec_writers.rs", "spec_fault_vs_fork")),
+    // The per-VMA fault: holds the VMA's read lock.
+    ("per-VMA fault", "munmap", Model("fault.rs", "fault_vs_munmap_same_page")),
+    ("per-VMA fault", "mprotect", Model("fault.rs", "write_vs_mprotect_read")),
+    ("per-VMA fault", "mremap move", LOCKED_OUT),
+    ("per-VMA fault", "mremap grow", LOCKED_OUT),
+    ("per-VMA fault", "mremap shrink", LOCKED_OUT),
+    ("per-VMA fault", "mremap DONTUNMAP", LOCKED_OUT),
+    ("per-VMA fault", "madvise DONTNEED", Model("fault.rs", "fault_vs_dontneed_same_page")),
+    ("per-VMA fault", "madvise REMOVE", Missing("a shared-object fault against REMOVE's zap and hole punch under the mmap_lock read side")),
+    ("per-VMA fault", "madvise FREE", Shares("fault.rs", "fault_vs_dontneed_same_page", "MADV_FREE runs DONTNEED's zap (one arm in madvise.rs)")),
+    ("per-VMA fault", "brk", LOCKED_OUT),
+    ("per-VMA fault", "mlock", LOCKED_OUT),
+    ("per-VMA fault", "set_anon_name", LOCKED_OUT),
+    ("per-VMA fault", "uffd register", LOCKED_OUT),
+    ("per-VMA fault", "uffd unregister", LOCKED_OUT),
+    ("per-VMA fault", "uffd write-protect", Missing("a write fault against UFFDIO_WRITEPROTECT of its present page (entries rewritten under the PTE lock, no stamp)")),
+    ("per-VMA fault", "memfd shrink", Model("memfd.rs", "store_vs_shrink_with_tables")),
+    ("per-VMA fault", "fork", Model("fault.rs", "fork_vs_write_fault")),
+    // Translator (and user-mode) accesses: soft-TLB entries, invalidated
+    // by the writers' flushes.
+    ("translator access", "munmap", Model("translator.rs", "translator_store_vs_munmap")),
+    ("translator access", "mprotect", Model("translator.rs", "translator_store_vs_mprotect_read")),
+    ("translator access", "mremap move", Missing("a translator access against the move's flush (mremap.rs models a user-mode read)")),
+    ("translator access", "mremap grow", NO_ENTRY_CHANGE),
+    ("translator access", "mremap shrink", Missing("a translator store against the zap of the cut tail")),
+    ("translator access", "mremap DONTUNMAP", Missing("a translator store against the move that leaves the old VMA empty")),
+    ("translator access", "madvise DONTNEED", Missing("a translator store against DONTNEED's zap and flush")),
+    ("translator access", "madvise REMOVE", Missing("a translator store to a shared page against the hole punch")),
+    ("translator access", "madvise FREE", Missing("as DONTNEED")),
+    ("translator access", "brk", Shares("translator.rs", "translator_store_vs_munmap", "brk shrinks through munmap's unmap edit")),
+    ("translator access", "mlock", NO_ENTRY_CHANGE),
+    ("translator access", "set_anon_name", NO_ENTRY_CHANGE),
+    ("translator access", "uffd register", NO_ENTRY_CHANGE),
+    ("translator access", "uffd unregister", NO_ENTRY_CHANGE),
+    ("translator access", "uffd write-protect", Missing("a translator store against write-protection of its page: the flush must end cached writable translations")),
+    ("translator access", "memfd shrink", Missing("a translator store against the shrink's zap in every mapping")),
+    ("translator access", "fork", Missing("a translator store against fork's write-protect and flush (fault.rs models a user-mode store)")),
+    // Device slices (vm-memory): pinned frames.
+    ("device slice", "munmap", Missing("device slices: pin protocol")),
+    ("device slice", "mprotect", Missing("device slices: pin protocol")),
+    ("device slice", "mremap move", Missing("device slices: pin protocol")),
+    ("device slice", "mremap grow", Missing("device slices: pin protocol")),
+    ("device slice", "mremap shrink", Missing("device slices: pin protocol")),
+    ("device slice", "mremap DONTUNMAP", Missing("device slices: pin protocol")),
+    ("device slice", "madvise DONTNEED", Missing("device slices: pin protocol")),
+    ("device slice", "madvise REMOVE", Missing("device slices: pin protocol")),
+    ("device slice", "madvise FREE", Missing("device slices: pin protocol")),
+    ("device slice", "brk", Missing("device slices: pin protocol")),
+    ("device slice", "mlock", Missing("device slices: pin protocol")),
+    ("device slice", "set_anon_name", Missing("device slices: pin protocol")),
+    ("device slice", "uffd register", Missing("device slices: pin protocol")),
+    ("device slice", "uffd unregister", Missing("device slices: pin protocol")),
+    ("device slice", "uffd write-protect", Missing("device slices: pin protocol")),
+    ("device slice", "memfd shrink", Missing("device slices: pin protocol")),
+    ("device slice", "fork", Missing("device slices: pin protocol")),
+    // A fault asleep waiting for a userfault handler: holds no lock and no
+    // snapshot; it retries the whole fault when woken.
+    ("userfault waiter", "munmap", Model("uffd.rs", "missing_fault_vs_munmap")),
+    ("userfault waiter", "mprotect", Apart("asleep it holds no lock or snapshot, and mprotect leaves the registration: it sleeps on until a fill or wake, then faults afresh")),
+    ("userfault waiter", "mremap move", Missing("a waiter whose page moves: it must not sleep forever on the old address")),
+    ("userfault waiter", "mremap grow", Apart("the waiter's page stays registered where it was; nothing it waits on changes")),
+    ("userfault waiter", "mremap shrink", Missing("a waiter in the cut tail: the unmap edit must wake it")),
+    ("userfault waiter", "mremap DONTUNMAP", Missing("a waiter whose page moves while the old VMA stays")),
+    ("userfault waiter", "madvise DONTNEED", Apart("the waiter's page is missing already; zapping other pages leaves it waiting for the handler, as Linux does")),
+    ("userfault waiter", "madvise REMOVE", Apart("as DONTNEED: the page it waits for is missing already")),
+    ("userfault waiter", "madvise FREE", Apart("as DONTNEED: the page it waits for is missing already")),
+    ("userfault waiter", "brk", Missing("a waiter in a heap that brk shrinks: the unmap edit must wake it")),
+    ("userfault waiter", "mlock", Apart("mlock's populate faults the registered pages as any fault would; the sleeping one holds nothing mlock waits on")),
+    ("userfault waiter", "set_anon_name", Apart("a name changes no registration: it sleeps on until a fill or wake")),
+    ("userfault waiter", "uffd register", Apart("a waiter exists only in a registered VMA; registering it again changes nothing it waits on")),
+    ("userfault waiter", "uffd unregister", Missing("a waiter woken by unregister must retry as an ordinary fault")),
+    ("userfault waiter", "uffd write-protect", Apart("write-protect acts on present entries; the waiter's page is missing")),
+    ("userfault waiter", "memfd shrink", Missing("a MINOR waiter on a page the shrink cuts off")),
+    ("userfault waiter", "fork", Missing("a waiter in the parent while fork copies the registered VMA")),
+];
+
+fn source(file: &str) -> &'static str {
+    match file {
+        "fault.rs" => include_str!("fault.rs"),
+        "memfd.rs" => include_str!("memfd.rs"),
+        "spec_fault.rs" => include_str!("spec_fault.rs"),
+        "spec_writers.rs" => include_str!("spec_writers.rs"),
+        "translator.rs" => include_str!("translator.rs"),
+        "uffd.rs" => include_str!("uffd.rs"),
+        other => panic!("loom_tests/{other} is not listed in `source`"),
+    }
+}
+
+fn is_test(file: &str, name: &str) -> bool {
+    let src = source(file);
+    let decl = format!("#[test]\nfn {name}()");
+    src.contains(&decl)
+}
+
+/// Every reader x writer pair has exactly one cell, and every model a cell
+/// names is a test in its file. Prints the holes left.
+#[test]
+fn every_reader_meets_every_writer_in_one_cell() {
+    for (r, w, _) in MATRIX {
+        assert!(READERS.contains(r), "unknown reader {r}");
+        assert!(WRITERS.contains(w), "unknown writer {w}");
+    }
+    let mut missing = 0;
+    for r in READERS {
+        for w in WRITERS {
+            let cells: Vec<&Cell> = MATRIX
+                .iter()
+                .filter(|(cr, cw, _)| *cr == r && *cw == w)
+                .map(|(_, _, c)| c)
+                .collect();
+            assert_eq!(cells.len(), 1, "({r}, {w}) has {} cells", cells.len());
+            match cells[0] {
+                Model(f, t) => assert!(is_test(f, t), "({r}, {w}): no #[test] fn {t} in {f}"),
+                Shares(f, t, why) => {
+                    assert!(is_test(f, t), "({r}, {w}): no #[test] fn {t} in {f}");
+                    assert!(!why.is_empty());
+                }
+                Apart(why) => assert!(!why.is_empty()),
+                Missing(what) => {
+                    missing += 1;
+                    println!("missing: ({r}, {w}): {what}");
+                }
+            }
+        }
+    }
+    println!(
+        "{} cells, {} missing",
+        READERS.len() * WRITERS.len(),
+        missing
+    );
+}
