@@ -65,6 +65,7 @@ pub(crate) mod anon_vma;
 mod brk;
 #[cfg(any(test, aspace_loom))]
 mod check;
+mod cow;
 pub(crate) mod edit;
 pub(crate) mod fault;
 mod fork;
