@@ -1,0 +1,283 @@
+//! What a VMA points to: its anon_vma, its shared object, its name and
+//! its userfault context, each an `Arc` held through an atomic pointer in
+//! the VMA, and the holds under which each may be read or replaced.
+
+use super::{AnonName, AnonVma, RmapIndex, Shmem, Vma, VmaRef};
+use crate::stats::StatCounters;
+use crate::sync::{Arc, Ordering};
+use crate::uffd::UffdCtx;
+
+impl Vma {
+    /// The anon_vma, if one was assigned.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the VMA while it uses the reference: its read
+    /// lock, the mmap_lock (either side), or the VMA is detached and
+    /// owned by the caller. The pointer changes from none to some under a
+    /// read lock, and back only while the VMA is write-locked or detached,
+    /// which every such hold excludes. [`has_anon_vma`](Self::has_anon_vma)
+    /// needs no hold.
+    pub(crate) unsafe fn anon_vma(&self) -> Option<&AnonVma> {
+        let p = self.anon_vma.load(Ordering::Acquire);
+        // SAFETY: a non-null pointer came from `Arc::into_raw` in
+        // `link_anon_held`/`install_anon_vma`; that strong count is
+        // released only by `unlink_anon_held`, which runs while the VMA is
+        // write-locked or detached and so not held by our caller (see the
+        // method's contract).
+        unsafe { p.as_ref() }
+    }
+
+    /// True if an anon_vma was assigned. Reads only the pointer, so it is
+    /// safe without holding the VMA (the speculative fault's snapshot).
+    #[inline]
+    pub(crate) fn has_anon_vma(&self) -> bool {
+        !self.anon_vma.load(Ordering::Relaxed).is_null()
+    }
+
+    /// True if the VMA maps a shared object. Reads only the pointer, so it
+    /// is safe without holding the VMA.
+    #[inline]
+    pub(crate) fn has_shmem(&self) -> bool {
+        !self.shmem.load(Ordering::Relaxed).is_null()
+    }
+
+    /// The anon_vma as an owned handle.
+    pub(crate) fn anon_vma_arc(&self) -> Option<Arc<AnonVma>> {
+        let p = self.anon_vma.load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: `p` came from `Arc::into_raw` and the VMA still owns that
+        // count (caller holds the VMA); bump it before making an Arc.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Some(Arc::from_raw(p))
+        }
+    }
+
+    /// Sets the anon_vma of a VMA nobody else can see (detached) or that
+    /// is write-locked, unlinking it from the old family's reverse map and
+    /// linking it into the new one (each under that family's lock, counted
+    /// in `stats` when given).
+    pub(crate) fn set_anon_vma(&self, a: Option<Arc<AnonVma>>) {
+        self.set_anon_vma_counted(a, None);
+    }
+
+    /// [`set_anon_vma`](Self::set_anon_vma), counting lock acquisitions.
+    pub(crate) fn set_anon_vma_counted(
+        &self,
+        a: Option<Arc<AnonVma>>,
+        stats: Option<&StatCounters>,
+    ) {
+        if let Some(old) = self.anon_vma_arc() {
+            let mut idx = old.root().lock(stats);
+            self.unlink_anon_held(&mut idx);
+        }
+        if let Some(a) = a {
+            let root = a.clone();
+            let mut idx = root.root().lock(stats);
+            self.link_anon_held(a, &mut idx);
+        }
+    }
+
+    /// Links a VMA that has no anon_vma to `a`; the caller holds the lock
+    /// of `a`'s family (`idx`) and has the VMA write-locked or detached.
+    pub(crate) fn link_anon_held(&self, a: Arc<AnonVma>, idx: &mut RmapIndex) {
+        let id = self.put_anon(a);
+        idx.insert(self.as_ref_unchecked(), id);
+    }
+
+    /// Stores `a` as the anon_vma of a VMA that has none, without filing
+    /// it in the reverse map (the caller does, under the family's lock, as
+    /// [`anon::link_all`] does for a batch). Returns the anon_vma's id.
+    pub(super) fn put_anon(&self, a: Arc<AnonVma>) -> u64 {
+        debug_assert!(!self.has_anon_vma());
+        let id = a.id();
+        let new = Arc::into_raw(a) as *mut AnonVma;
+        self.anon_vma.store(new, Ordering::Release);
+        id
+    }
+
+    /// Unlinks the VMA from its anon_vma (if any); the caller holds the
+    /// lock of that anon_vma's family (`idx`) and has the VMA write-locked
+    /// or detached.
+    pub(crate) fn unlink_anon_held(&self, idx: &mut RmapIndex) {
+        if let Some(old) = self.take_anon() {
+            let found = idx.remove(self.as_ref_unchecked());
+            debug_assert!(found, "VMA with an anon_vma was not in the rmap");
+            drop(old);
+        }
+    }
+
+    /// Takes the anon_vma out of the VMA, leaving the reverse-map entry to
+    /// the caller (who removes it under the family's lock, as
+    /// [`anon::unlink_all`] does for a batch). The caller has the VMA
+    /// write-locked or detached.
+    pub(super) fn take_anon(&self) -> Option<Arc<AnonVma>> {
+        let old = self.anon_vma.swap(core::ptr::null_mut(), Ordering::AcqRel);
+        // SAFETY: a non-null `old` came from `Arc::into_raw` in `put_anon`
+        // or `install_anon_vma`; the swap took it out of the VMA, so this
+        // is its only release. Readers that could still use it hold the
+        // VMA (read lock or mmap_lock), which the caller excludes.
+        (!old.is_null()).then(|| unsafe { Arc::from_raw(old) })
+    }
+
+    /// This object as a `VmaRef`.
+    pub(super) fn as_ref_unchecked(&self) -> VmaRef {
+        // SAFETY: every `Vma` lives in a `VmaPool`: `new_detached` is
+        // private to this module and only `VmaPool::alloc` calls it, and
+        // the pool keeps its objects until it is dropped, after every
+        // holder of their handles (the tree and the address space).
+        unsafe { VmaRef::from_vma(self) }
+    }
+
+    /// Fills an empty anon_vma (fault path, racing other faults of the same
+    /// VMA) and links the VMA into the family's reverse map, under the
+    /// family's lock (counted). Returns the anon_vma now installed.
+    pub(crate) fn install_anon_vma(&self, a: Arc<AnonVma>, stats: &StatCounters) -> &AnonVma {
+        let keep = a.clone();
+        let mut idx = keep.root().lock(Some(stats));
+        let id = a.id();
+        let new = Arc::into_raw(a) as *mut AnonVma;
+        match self.anon_vma.compare_exchange(
+            core::ptr::null_mut(),
+            new,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => {
+                idx.insert(self.as_ref_unchecked(), id);
+                drop(idx);
+                // SAFETY: we just published `new`; it stays alive while the
+                // VMA holds it (see `anon_vma`).
+                unsafe { &*new }
+            }
+            Err(existing) => {
+                drop(idx);
+                // SAFETY: `new` was never published; we own its count (the
+                // guard borrowed from it was dropped just above).
+                unsafe { drop(Arc::from_raw(new)) };
+                // SAFETY: `existing` is non-null and owned by the VMA.
+                unsafe { &*existing }
+            }
+        }
+    }
+
+    /// The shared backing object, if any.
+    ///
+    /// # Safety
+    ///
+    /// As for [`anon_vma`](Self::anon_vma): the caller holds the VMA while
+    /// it uses the reference (the object is set and released only while
+    /// the VMA is detached). [`has_shmem`](Self::has_shmem) needs no hold.
+    pub(crate) unsafe fn shmem(&self) -> Option<&Shmem> {
+        let p = self.shmem.load(Ordering::Acquire);
+        // SAFETY: as in `anon_vma`: set from `Arc::into_raw` while detached
+        // and released only while detached.
+        unsafe { p.as_ref() }
+    }
+
+    /// The shared backing object as an owned handle.
+    pub(crate) fn shmem_arc(&self) -> Option<Arc<Shmem>> {
+        let p = self.shmem.load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: as in `anon_vma_arc`.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Some(Arc::from_raw(p))
+        }
+    }
+
+    /// Sets the backing object of a detached VMA. Releasing an object
+    /// takes the VMA out of the object's mappings (the caller registers a
+    /// new one: `Edit::new_vma`).
+    pub(crate) fn set_shmem(&self, s: Option<Arc<Shmem>>) {
+        let new = s.map_or(core::ptr::null_mut(), |s| Arc::into_raw(s) as *mut Shmem);
+        let old = self.shmem.swap(new, Ordering::AcqRel);
+        if !old.is_null() {
+            // SAFETY: as in `set_anon_vma`.
+            let old = unsafe { Arc::from_raw(old) };
+            old.mappings.unregister(self.as_ref_unchecked());
+        }
+    }
+
+    /// The VMA's name, if any. The caller holds the mmap_lock (either
+    /// side): names change only under its write side.
+    pub(crate) fn name(&self) -> Option<&str> {
+        let p = self.name.load(Ordering::Acquire);
+        // SAFETY: a non-null pointer came from `Arc::into_raw` in
+        // `set_name`, whose count is released only by a later `set_name`,
+        // which runs under the mmap_lock write side; the caller holds the
+        // mmap_lock, so it does not run now.
+        unsafe { p.as_ref() }.map(|n| &*n.0)
+    }
+
+    /// The name as an owned handle (for a VMA made from this one).
+    pub(crate) fn name_arc(&self) -> Option<Arc<AnonName>> {
+        let p = self.name.load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: as in `name`; bump the count the VMA owns before making
+        // an Arc of it.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Some(Arc::from_raw(p))
+        }
+    }
+
+    /// Sets the name; the caller holds the mmap_lock write side and has
+    /// this VMA write-locked or detached.
+    pub(crate) fn set_name(&self, n: Option<Arc<AnonName>>) {
+        let new = n.map_or(core::ptr::null_mut(), |n| Arc::into_raw(n) as *mut AnonName);
+        let old = self.name.swap(new, Ordering::AcqRel);
+        if !old.is_null() {
+            // SAFETY: `old` came from `Arc::into_raw` here; the swap took
+            // it out of the VMA, so this is its only release, and no
+            // reader holds it (they hold the mmap_lock, which our caller
+            // holds for write).
+            unsafe { drop(Arc::from_raw(old)) };
+        }
+    }
+}
+
+impl Vma {
+    /// The userfault context, as a pointer only compared (merge rules),
+    /// never dereferenced.
+    #[inline]
+    pub(crate) fn uffd_ptr(&self) -> *const UffdCtx {
+        self.uffd.load(Ordering::Relaxed)
+    }
+
+    /// The userfault context as an owned handle. The caller holds the VMA
+    /// (its read lock or the mmap_lock).
+    pub(crate) fn uffd_arc(&self) -> Option<Arc<UffdCtx>> {
+        let p = self.uffd.load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: `p` came from `Arc::into_raw` in `set_uffd`; that count
+        // is released only by a later `set_uffd`, under the VMA write
+        // lock, which the caller's hold excludes. Bump it before making an
+        // Arc of it.
+        unsafe {
+            Arc::increment_strong_count(p);
+            Some(Arc::from_raw(p))
+        }
+    }
+
+    /// Sets the userfault context; the caller has the VMA write-locked or
+    /// detached.
+    pub(crate) fn set_uffd(&self, c: Option<Arc<UffdCtx>>) {
+        let new = c.map_or(core::ptr::null_mut(), |c| Arc::into_raw(c) as *mut UffdCtx);
+        let old = self.uffd.swap(new, Ordering::AcqRel);
+        if !old.is_null() {
+            // SAFETY: as in `set_name`: the swap took the VMA's count out,
+            // and no holder of the VMA runs now.
+            unsafe { drop(Arc::from_raw(old)) };
+        }
+    }
+}
