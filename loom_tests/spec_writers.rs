@@ -146,7 +146,7 @@ fn spec_vs(empty: bool, at: u64, writer: impl Fn(&AddressSpace) + Sync + Send + 
         writer(&mm);
         t.join().unwrap();
         loom_door::check_ptes(&mm).unwrap();
-        mm.munmap(0, 1 << 47).unwrap();
+        mm.munmap(A, 2 * PMD).unwrap();
         assert_eq!(mm.frames_used(), 0, "a frame leaked");
     });
 }
