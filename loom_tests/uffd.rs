@@ -1,7 +1,8 @@
 //! Loom models of userfault handling (`src/uffd/`): a fault waiting for a
-//! missing-page handler against munmap of its range, and against two
-//! handlers copying into its page at once. The real fault path, the wait
-//! queue and the copy run through src/sync.rs.
+//! missing-page handler against munmap of its range, against two
+//! handlers copying into its page at once, against the release of the
+//! last handle and against unregister. The real fault path, the wait
+//! queue, the copy and the registration edits run through src/sync.rs.
 //!
 //! `./loom.sh` runs them at its preemption bound (2), like every model.
 #![cfg(aspace_loom)]
@@ -90,4 +91,50 @@ fn copy_vs_copy_vs_fault() {
         assert_eq!(fault.join().unwrap(), winner);
         drop(uffd);
     });
+}
+
+/// Model 3: a read fault on a registered missing page, with no handler
+/// reading events, races the drop of the last handle. Whether the fault
+/// queues before the release (and is woken by it) or runs after it (and
+/// finds the VMA unregistered), it completes as an ordinary fault and
+/// reads zeros: never SIGBUS (`HandlerGone`), never a hang.
+///
+/// Mutation caught: `release` (src/uffd/register.rs) marking the context
+/// released before unregistering its VMAs (the line `ctx.release();`
+/// moved above `let mut ed = Edit::begin(mm);`, the order the code had):
+/// a fault that reaches the still registered VMA after the mark cannot
+/// queue and fails with `HandlerGone`.
+#[test]
+fn missing_fault_vs_release() {
+    model(|| assert_eq!(read_racing(|_| {}), Ok(0)));
+}
+
+/// Model 4: a read fault on a registered missing page races unregister of
+/// the page. The fault completes as an ordinary fault and reads zeros,
+/// whether unregister woke it or it came after.
+///
+/// Mutation caught: `Uffd::unregister` (src/uffd/register.rs) not waking
+/// the part it unregistered (`ctx.wake(Range::new(r.start, done));`
+/// deleted): the queued fault sleeps forever (loom reports a deadlock).
+#[test]
+fn missing_fault_vs_unregister() {
+    model(|| assert_eq!(read_racing(|u| u.unregister(A, PAGE_SIZE).unwrap()), Ok(0)));
+}
+
+/// A registered page at A, read by another thread through a fault while
+/// this one runs `then` on the handle and drops it: what the read got.
+fn read_racing(then: impl FnOnce(&Uffd<'_>)) -> Result<u8, FaultError> {
+    let mm = space();
+    let uffd = mm.userfaultfd();
+    uffd.register(A, PAGE_SIZE).unwrap();
+    let m2 = mm.clone();
+    let t = thread::spawn(move || {
+        m2.fault(A, Access::Read)?;
+        let mut b = [1u8; 1];
+        m2.read(A, &mut b).map_err(|_| FaultError::Bus)?;
+        Ok(b[0])
+    });
+    then(&uffd);
+    drop(uffd);
+    t.join().unwrap()
 }

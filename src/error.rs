@@ -168,12 +168,14 @@ pub enum FaultError {
     /// The memory budget has no room for a frame or a page-table page
     /// (`VM_FAULT_OOM`).
     OutOfMemory,
-    /// The fault waited for a userfault handler, and its range was
-    /// unregistered or the last [`Uffd`](crate::Uffd) handle dropped
-    /// before a handler resolved it (`SIGBUS`, as Linux's
-    /// `UFFD_FEATURE_SIGBUS` gives). Linux instead wakes the fault, which
-    /// retries and fills the page as if never registered; aspace lets the
-    /// caller see that its handler went away.
+    /// A fault in a VMA registered for userfaults found no live handler
+    /// context behind the registration (`SIGBUS`). The registration's
+    /// invariants rule this out, so no fault reports it: a fault waiting
+    /// when its range is unregistered or the last [`Uffd`](crate::Uffd)
+    /// handle is dropped wakes and runs again as an ordinary fault, as in
+    /// Linux, whose `handle_userfault` also retries (`VM_FAULT_NOPAGE`)
+    /// for a released context rather than raise `SIGBUS`. The variant
+    /// stays for code that matches it.
     HandlerGone,
 }
 
@@ -200,7 +202,7 @@ impl fmt::Display for FaultError {
             FaultError::AccessDenied => "SIGSEGV (SEGV_ACCERR): access denied by the mapping",
             FaultError::Bus => "SIGBUS: no backing object at the address",
             FaultError::OutOfMemory => "out of memory: memory budget exhausted",
-            FaultError::HandlerGone => "SIGBUS: the userfault handler went away",
+            FaultError::HandlerGone => "SIGBUS: no userfault handler behind the registration",
         })
     }
 }

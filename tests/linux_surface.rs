@@ -928,6 +928,111 @@ fn mincore_reports_resident_pages_and_holes() {
     });
 }
 
+/// mincore allocates one entry per page of whatever range it is given: a
+/// huge mapping must give an errno, not a host allocation of its size
+/// (a 64 TiB PROT_NONE mapping used to abort the process: "memory
+/// allocation of 17179869184 bytes failed").
+#[test]
+fn mincore_of_a_huge_range_is_refused_not_allocated() {
+    const TIB: u64 = 1 << 40;
+    let none = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::NORESERVE;
+    // A 1 MiB budget: 8 GiB of pages is 2 MiB of entries.
+    let small = AddressSpace::new(Config {
+        memory_budget: 1 << 20,
+        ..Config::default()
+    });
+    let a = small.mmap(0, 8 << 30, Prot::NONE, none).unwrap();
+    assert_eq!(small.mincore(a, 8 << 30), Err(aspace::Error::NoMem));
+    assert_eq!(small.mincore(a, 1 << 30).map(|v| v.len()), Ok(1 << 18));
+    // 64 TiB PROT_NONE: 16 GiB of entries, past the default 4 GiB budget.
+    let mm = AddressSpace::new(Config::default());
+    let a = mm.mmap(0, 64 * TIB, Prot::NONE, none).unwrap();
+    assert_eq!(mm.mincore(a, 64 * TIB), Err(aspace::Error::NoMem));
+    let tail = a + 64 * TIB - 4 * PAGE;
+    assert_eq!(mm.mincore(tail, 4 * PAGE), Ok(vec![false; 4]));
+    // The caller's buffer is the bound: too short is EFAULT, as for a
+    // vector the kernel cannot write, before any page is looked at.
+    let mut buf = vec![true; 1 << 20];
+    assert_eq!(
+        mm.mincore_into(a, 64 * TIB, &mut buf),
+        Err(aspace::Error::Fault)
+    );
+    assert!(buf.iter().all(|&b| b), "nothing written on EFAULT");
+    // Read in pieces of the caller's size, the last one included.
+    mm.mprotect(tail, 4 * PAGE, Prot::READ).unwrap();
+    let mut b = [0u8];
+    mm.read(tail + 2 * PAGE, &mut b).unwrap();
+    let start = a + 64 * TIB - (1 << 20) * PAGE;
+    assert_eq!(mm.mincore_into(start, (1 << 20) * PAGE, &mut buf), Ok(()));
+    let present: Vec<usize> = (0..buf.len()).filter(|&i| buf[i]).collect();
+    assert_eq!(present, vec![(1 << 20) - 2]);
+}
+
+/// A range with a hole: ENOMEM, and the entries before the hole are
+/// written (the kernel copies out each VMA's part before looking up the
+/// next), those after it left alone. A vector too short is EFAULT.
+#[test]
+fn mincore_into_stops_at_a_hole_like_the_kernel() {
+    // Per page: Some(resident) where written, None where left alone.
+    let mut want: Option<Vec<Option<bool>>> = None;
+    if let Some(mut k) = KernelTarget::new(8) {
+        let r = k.region();
+        assert_eq!(
+            k.mmap(r.page(0), 2 * PAGE, RW, ANON | MAP_FIXED),
+            Ok(r.page(0))
+        );
+        assert_eq!(k.write(r.page(1), b"x"), Ok(()));
+        let mut v = [0xaau8; 4];
+        // SAFETY: mincore reads this process's page tables and writes at
+        // most 4 bytes into `v`.
+        let rc = unsafe {
+            libc::mincore(
+                r.page(0) as *mut libc::c_void,
+                (4 * PAGE) as usize,
+                v.as_mut_ptr(),
+            )
+        };
+        let err = std::io::Error::last_os_error().raw_os_error();
+        assert_eq!((rc, err), (-1, Some(ENOMEM)), "kernel");
+        want = Some(
+            v.iter()
+                .map(|&b| (b != 0xaa).then_some(b & 1 != 0))
+                .collect(),
+        );
+        // The vector in an inaccessible page of the region: EFAULT.
+        // SAFETY: as above; the kernel checks the vector's address.
+        let rc = unsafe {
+            libc::mincore(
+                r.page(0) as *mut libc::c_void,
+                PAGE as usize,
+                r.page(4) as *mut u8,
+            )
+        };
+        let err = std::io::Error::last_os_error().raw_os_error();
+        assert_eq!((rc, err), (-1, Some(EFAULT)), "kernel");
+    }
+    let want = want.unwrap_or(vec![Some(false), Some(true), None, None]);
+    let mm = AddressSpace::new(Config::default());
+    let rw = Prot::READ | Prot::WRITE;
+    let a = mm
+        .mmap(0, 2 * PAGE, rw, MapFlags::PRIVATE | MapFlags::ANONYMOUS)
+        .unwrap();
+    mm.munmap(a + 2 * PAGE, 2 * PAGE).unwrap();
+    mm.write(a + PAGE, b"x").unwrap();
+    let run = |fill: bool| {
+        let mut v = [fill; 4];
+        assert_eq!(
+            mm.mincore_into(a, 4 * PAGE, &mut v),
+            Err(aspace::Error::NoMem)
+        );
+        v
+    };
+    let (t, f) = (run(true), run(false));
+    let got: Vec<Option<bool>> = (0..4).map(|i| (t[i] == f[i]).then_some(t[i])).collect();
+    assert_eq!(got, want);
+    assert_eq!(mm.mincore_into(a, PAGE, &mut []), Err(aspace::Error::Fault));
+}
+
 #[test]
 fn msync_argument_checks_and_holes() {
     const MS_ASYNC: u32 = 1;

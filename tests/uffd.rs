@@ -1,6 +1,7 @@
 //! Userfault handlers through the public API: many faulting threads served
 //! by many handler threads, racing copies (`EEXIST`), waiters woken by
-//! unregister, by dropping the handle and by munmap, synchronous
+//! unregister (and kept waiting where its ENOMEM leaves them registered),
+//! by dropping the handle and by munmap, synchronous
 //! write-protect events, async write-protect with `pagemap_scan` under a
 //! concurrent writer, the memory budget, VMA splits and merges, and bad
 //! input. `kernel` at the end runs the same calls on the running kernel's
@@ -180,17 +181,17 @@ fn racing_copies_one_wins() {
 }
 
 /// Runs a reader of `addr` that blocks, waits for its event, runs
-/// `then`, and returns what the reader got.
+/// `then`, and returns what the reader got: the byte, or the error.
 fn blocked_read(
     mm: &AddressSpace,
     uffd: Uffd<'_>,
     addr: u64,
     then: impl FnOnce(Uffd<'_>),
-) -> Result<(), Error> {
+) -> Result<u8, Error> {
     std::thread::scope(|s| {
         let r = s.spawn(|| {
-            let mut b = [0u8; 1];
-            mm.read(addr, &mut b)
+            let mut b = [0xffu8; 1];
+            mm.read(addr, &mut b).map(|()| b[0])
         });
         let (kind, rw, at) = fault_addr(next_event(&uffd));
         assert_eq!((kind, rw, at), (FaultKind::Missing, ReadWrite::Read, addr));
@@ -199,7 +200,7 @@ fn blocked_read(
     })
 }
 
-fn memory_kind(r: Result<(), Error>) -> FaultError {
+fn memory_kind(r: Result<u8, Error>) -> FaultError {
     match r {
         Err(Error::Memory(m)) => m.kind,
         other => panic!("expected a memory fault, got {other:?}"),
@@ -233,39 +234,90 @@ fn every_fault_path_delivers_and_retries() {
     }
 }
 
+/// A guest thread blocked on a missing page; the manager unregisters the
+/// range without resolving it. Linux wakes the fault, which retries as an
+/// ordinary fault of the now unregistered VMA: it reads zeros, and no
+/// SIGBUS reaches the guest.
 #[test]
-fn unregister_fails_waiters_then_faults_fill_normally() {
-    let mm = AddressSpace::new(Config::default());
-    let a = mm.mmap(0, 4 * P, rw(), anon()).unwrap();
-    let uffd = mm.userfaultfd();
-    uffd.register(a, 4 * P).unwrap();
-    assert_eq!(mm.map_count(), 1);
-    let u2 = uffd.clone();
-    let r = blocked_read(&mm, uffd, a + P, move |u| u.unregister(a, 4 * P).unwrap());
-    assert_eq!(memory_kind(r), FaultError::HandlerGone);
-    assert_eq!(Error::from(FaultError::HandlerGone).errno(), 14);
-    // Unregistered: a fault fills the page as usual.
-    let mut b = [1u8; 1];
-    mm.read(a + P, &mut b).unwrap();
-    assert_eq!(b, [0]);
-    assert!(u2.try_read_event().is_none());
-    assert!(mm.stats().sigbus >= 1);
+fn unregister_wakes_waiters_to_fill_normally() {
+    for locking in [FaultLocking::PerVma, FaultLocking::MmapLock] {
+        let mm = AddressSpace::new(Config {
+            fault_locking: locking,
+            ..Config::default()
+        });
+        let a = mm.mmap(0, 4 * P, rw(), anon()).unwrap();
+        let uffd = mm.userfaultfd();
+        uffd.register(a, 4 * P).unwrap();
+        assert_eq!(mm.map_count(), 1);
+        let u2 = uffd.clone();
+        let r = blocked_read(&mm, uffd, a + P, move |u| u.unregister(a, 4 * P).unwrap());
+        assert_eq!(r, Ok(0), "{locking:?}");
+        assert!(u2.try_read_event().is_none());
+        assert_eq!(mm.stats().sigbus, 0, "{locking:?}");
+        assert_eq!(mm.stats().userfaults, 1, "{locking:?}");
+    }
 }
 
+/// The manager closes its descriptor (drops the last handle) after its
+/// last copy while a guest fault still waits: Linux's release wakes the
+/// fault and it fills the page normally ("a manager can close the uffd
+/// after the last UFFDIO_COPY without SIGBUS to the guest").
 #[test]
-fn dropping_the_last_handle_fails_waiters_and_unregisters() {
+fn dropping_the_last_handle_wakes_waiters_and_unregisters() {
     let mm = AddressSpace::new(Config::default());
     let a = mm.mmap(0, 4 * P, rw(), anon()).unwrap();
     let uffd = mm.userfaultfd();
     uffd.register(a + P, P).unwrap();
     assert_eq!(mm.map_count(), 3);
     let r = blocked_read(&mm, uffd, a + P, |u| drop(u));
-    assert_eq!(memory_kind(r), FaultError::HandlerGone);
+    assert_eq!(r, Ok(0));
+    assert_eq!(mm.stats().sigbus, 0);
     assert_eq!(mm.map_count(), 1, "released ranges merge back");
     assert!(mm.vmas().iter().all(|v| !v.flags.intersects(
         aspace::VmFlags::UFFD_MISSING | aspace::VmFlags::UFFD_WP | aspace::VmFlags::UFFD_MINOR
     )));
     mm.write(a + P, &[3]).unwrap();
+}
+
+/// Unregister fails with ENOMEM part-way (a split past `max_map_count`):
+/// the fault in the part it unregistered fills normally; the fault in the
+/// VMA that stays registered keeps waiting (its event still queued) until
+/// the handler resolves it.
+#[test]
+fn unregister_enomem_keeps_waiters_of_still_registered_vmas() {
+    let mm = AddressSpace::new(Config {
+        max_map_count: 2,
+        ..Config::default()
+    });
+    // Two VMAs that cannot merge: [a, a+2P) read-write, [a+2P, a+4P)
+    // read-only.
+    let a = mm.mmap(0, 4 * P, rw(), anon()).unwrap();
+    mm.mprotect(a + 2 * P, 2 * P, Prot::READ).unwrap();
+    let uffd = mm.userfaultfd();
+    uffd.register(a, 4 * P).unwrap();
+    assert_eq!(mm.map_count(), 2);
+    std::thread::scope(|s| {
+        let read = |addr: u64| {
+            let mm = &mm;
+            s.spawn(move || {
+                let mut b = [9u8; 1];
+                mm.read(addr, &mut b).map(|()| b[0])
+            })
+        };
+        let first = read(a + P);
+        assert_eq!(fault_addr(next_event(&uffd)).2, a + P);
+        let second = read(a + 2 * P);
+        assert_eq!(fault_addr(next_event(&uffd)).2, a + 2 * P);
+        // The first VMA unregisters whole; the second must split at a+3P,
+        // a third VMA: ENOMEM, and it stays registered.
+        assert_eq!(uffd.unregister(a, 3 * P), Err(Error::NoMem));
+        assert_eq!(mm.map_count(), 2);
+        uffd.copy(&page_for(a + 2 * P), a + 2 * P, true).unwrap();
+        assert_eq!(second.join().unwrap(), Ok(page_for(a + 2 * P)[0]));
+        assert_eq!(first.join().unwrap(), Ok(0));
+    });
+    assert_eq!(mm.stats().sigbus, 0);
+    assert_eq!(mm.stats().userfaults, 2);
 }
 
 #[test]
@@ -953,6 +1005,41 @@ mod kernel {
         u.unregister(a, 4 * P).unwrap();
         assert_eq!(km.vmas_in(), 2);
         assert_eq!(mm.map_count(), 2);
+    }
+
+    /// A thread blocked in a user-mode fault on a registered missing
+    /// page; the manager unregisters the range, or closes the descriptor,
+    /// without resolving it. The kernel wakes the fault, which retries as
+    /// an ordinary fault and reads zeros (no SIGBUS, which would kill this
+    /// test process): what `unregister_wakes_waiters_to_fill_normally` and
+    /// `dropping_the_last_handle_wakes_waiters_and_unregisters` require of
+    /// aspace.
+    #[test]
+    fn a_waiting_fault_survives_unregister_and_close_like_the_kernel() {
+        for close in [false, true] {
+            let Some(k) = Kuffd::new() else { return };
+            let km = Map::new(2 * P);
+            k.register(km.0, 2 * P, 1).unwrap();
+            let addr = km.0 + P;
+            // SAFETY: a readable page of our own mapping; the load blocks
+            // in the kernel until the fault is resolved or woken.
+            let t =
+                std::thread::spawn(move || unsafe { std::ptr::read_volatile(addr as *const u8) });
+            // The fault's `struct uffd_msg`: event 0x12 (PAGEFAULT), the
+            // page's address at byte 16.
+            let mut msg = [0u8; 32];
+            // SAFETY: reads at most 32 bytes into `msg`.
+            let n = unsafe { libc::read(k.0, msg.as_mut_ptr().cast(), msg.len()) };
+            assert_eq!(n, 32);
+            assert_eq!(msg[0], 0x12);
+            assert_eq!(u64::from_ne_bytes(msg[16..24].try_into().unwrap()), addr);
+            if close {
+                drop(k);
+            } else {
+                k.unregister(km.0, 2 * P).unwrap();
+            }
+            assert_eq!(t.join().unwrap(), 0, "close: {close}");
+        }
     }
 
     fn kscan(start: u64, end: u64, a: &ScanArgs) -> Result<Vec<(u64, u64, u64)>, i32> {

@@ -9,7 +9,7 @@
 //! [`crate::mm`].
 
 use super::AddressSpace;
-use crate::addr::{is_page_aligned, PAGE_SIZE};
+use crate::addr::{is_page_aligned, Range, PAGE_SIZE};
 use crate::error::{Error, Result};
 use crate::vma::VmFlags;
 use bitflags::bitflags;
@@ -33,36 +33,76 @@ impl AddressSpace {
     /// a shared mapping's object has a frame. One entry per page.
     ///
     /// Errors: `EINVAL` for an unaligned `addr`; `ENOMEM` when the range
-    /// passes the task size or any page of it is unmapped.
+    /// passes the task size, any page of it is unmapped, or its entries
+    /// would take more bytes than the space's memory budget (a length from
+    /// an untrusted caller must not grow the host process past it: use
+    /// [`mincore_into`](Self::mincore_into) with a buffer of your own, as
+    /// Linux writes into the caller's vector).
     pub fn mincore(&self, addr: u64, len: u64) -> Result<Vec<bool>> {
-        if !is_page_aligned(addr) {
-            return Err(Error::Inval);
+        let npages = self.mincore_pages(addr, len)?;
+        if npages > self.cfg.memory_budget {
+            return Err(Error::NoMem);
         }
-        let end = addr
-            .checked_add(len)
-            .filter(|&e| e <= self.cfg.task_size)
-            .ok_or(Error::NoMem)?;
-        let npages = len.div_ceil(PAGE_SIZE);
+        let mut out = Vec::new();
+        let n = usize::try_from(npages).map_err(|_| Error::NoMem)?;
+        out.try_reserve_exact(n).map_err(|_| Error::NoMem)?;
+        out.resize(n, false);
+        self.mincore_into(addr, len, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`mincore`](Self::mincore) into `vec`, which must hold an entry for
+    /// each page of `[addr, addr + len)` (the entries past those are left
+    /// alone). As in Linux, the pages before the first unmapped one are
+    /// filled when the call fails with `ENOMEM` for it.
+    ///
+    /// Errors: `EINVAL` for an unaligned `addr`; `ENOMEM` when the range
+    /// passes the task size or any page of it is unmapped; `EFAULT` when
+    /// `vec` is shorter than the range (Linux's answer for a vector that
+    /// cannot hold the result), checked before any page is looked at.
+    pub fn mincore_into(&self, addr: u64, len: u64, vec: &mut [bool]) -> Result<()> {
+        let npages = self.mincore_pages(addr, len)?;
+        if npages > vec.len() as u64 {
+            return Err(Error::Fault);
+        }
+        // `npages` pages from `addr` end at or below the task size.
+        let r = Range::new(addr, addr + npages * PAGE_SIZE);
+        let vec = &mut vec[..npages as usize];
+        let slot = |va: u64| ((va - addr) / PAGE_SIZE) as usize;
         let _st = self.mmap_lock.read();
         let g = self.tree.pin();
         let pg = self.pt.pin();
-        let mut out = Vec::with_capacity(npages.min(1 << 20) as usize);
-        let mut a = addr;
-        while a < end {
-            let Some((_, v)) = self.tree.find(a, &g) else {
+        let mut at = r.start;
+        while at < r.end {
+            let Some((_, v)) = self.tree.find(at, &g) else {
                 return Err(Error::NoMem);
             };
-            let stop = v.end().min(end);
-            while a < stop {
-                // SAFETY: mincore holds the mmap_lock read side.
-                let shmem = unsafe { v.shmem() };
-                let present = self.pt.lookup(a, &pg).is_present()
-                    || shmem.is_some_and(|s| s.has_frame(v.pgoff_of(a)));
-                out.push(present);
-                a += PAGE_SIZE;
+            let part = Range::new(at, v.end().min(r.end));
+            vec[slot(part.start)..slot(part.end)].fill(false);
+            self.pt
+                .for_each_present(part, &pg, |va, _| vec[slot(va)] = true);
+            // SAFETY: mincore holds the mmap_lock read side.
+            if let Some(shm) = unsafe { v.shmem() } {
+                for va in (part.start..part.end).step_by(PAGE_SIZE as usize) {
+                    vec[slot(va)] |= shm.has_frame(v.pgoff_of(va));
+                }
             }
+            at = part.end;
         }
-        Ok(out)
+        Ok(())
+    }
+
+    /// The pages of a mincore of `[addr, addr + len)`, after Linux's
+    /// checks of the range: `EINVAL` unaligned, `ENOMEM` past the task
+    /// size.
+    fn mincore_pages(&self, addr: u64, len: u64) -> Result<u64> {
+        if !is_page_aligned(addr) {
+            return Err(Error::Inval);
+        }
+        addr.checked_add(len)
+            .filter(|&e| e <= self.cfg.task_size)
+            .ok_or(Error::NoMem)?;
+        Ok(len.div_ceil(PAGE_SIZE))
     }
 
     /// Checks an `msync(2)` of `[addr, addr + len)`; anonymous memory has

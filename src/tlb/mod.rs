@@ -46,9 +46,10 @@
 //!   flushing.
 //! - A flush, after changing the page table, bumps `gen` to `target`,
 //!   issues a *heavy* fence ([`crate::sync::asymmetric`]: `membarrier(2)`,
-//!   a full barrier on every running thread, which is what an IPI is),
-//!   then for each registered slot waits until `busy == 0` or
-//!   `acked >= target`.
+//!   a full barrier on every running thread, which is what an IPI is; if
+//!   membarrier starts failing, the process switches to full fences on
+//!   both sides, see there), then for each registered slot waits until
+//!   `busy == 0` or `acked >= target`.
 //!
 //! Why no stale entry survives the flush: take an access A and the flush
 //! F. The fence pair orders like two `SeqCst` fences. If A's light fence
@@ -71,6 +72,31 @@
 //! With no translators, a flush does none of this (no `gen` bump, no
 //! heavy fence). The shootdowns counted in [`crate::Stats`] are then real:
 //! each CPU in the mask that runs a translator drops its entries.
+//!
+//! # A thread stopped inside an access
+//!
+//! A flush waits for every access that may hold an old translation: a
+//! `read`/`write` counted in the bucket it drains, a translator with
+//! `busy == 1` that has not acknowledged. A thread stopped inside one
+//! (descheduled, `SIGSTOP`ped, held by a debugger) therefore stalls every
+//! flush of its address space until it runs again and leaves: a
+//! preempted thread for a scheduling delay, a stopped one until it is
+//! continued, and one never continued for ever. The flusher spins, then
+//! yields, meanwhile, holding what its caller holds: the flush lock (the
+//! space's other flushes queue behind it) and, for munmap, mprotect and
+//! the other mmap_lock writers, the write side, so the space's writers
+//! and the faults that need the mmap_lock wait too; other address spaces
+//! are not affected. It is not a deadlock: an access takes no lock and
+//! never waits (a translator's miss leaves the access before it faults),
+//! so the stopped thread waits for nothing the flusher holds. Only the
+//! access itself counts: a thread stopped between accesses, a translator
+//! left idle, or one whose thread is blocked in a fault, stalls nothing,
+//! and neither does the heavy fence, which interrupts only running CPUs
+//! (a stopped thread passed a full barrier when it was switched out).
+//! Linux differs here: a stopped thread uses no TLB entry, so its
+//! shootdowns never wait for one; in aspace the access *is* the entry in
+//! use, so stopping a thread mid-access is like stopping a CPU that holds
+//! one.
 //!
 //! # Locking
 //!

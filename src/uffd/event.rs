@@ -5,10 +5,18 @@
 //! A fault that needs the handler queues its event and a waiter slot in
 //! one critical section of the queue lock (while it still holds its VMA),
 //! then, with every other lock dropped, re-checks its page table entry and
-//! sleeps until its slot is woken. A wake (`UFFDIO_WAKE`, or a copy's)
-//! marks every slot in its range woken and takes their still unread events
-//! out of the queue, as Linux's wake removes them from
-//! `fault_pending_wqh`.
+//! sleeps until its slot is woken. A wake (`UFFDIO_WAKE`, a copy's, an
+//! unregister's or munmap's) marks every slot in its range woken and takes
+//! their still unread events out of the queue, as Linux's wake removes
+//! them from `fault_pending_wqh`. A woken fault always runs again: where
+//! the handler resolved the page it finds it, where the range was
+//! unregistered it fills the page as any fault does, where it was
+//! unmapped it gets SIGSEGV.
+//!
+//! Releasing the last handle (Linux's `userfaultfd_release`) first
+//! unregisters every VMA of the context, then marks it released and wakes
+//! every waiter: they retry as ordinary faults, so a manager may drop its
+//! handle after its last copy without a fault of the guest failing.
 //!
 //! # Locking
 //!
@@ -19,7 +27,6 @@
 //! munmap wake under the mmap_lock write side).
 
 use crate::addr::Range;
-use crate::error::FaultError;
 use crate::sync::{Condvar, Mutex};
 use std::collections::VecDeque;
 
@@ -66,19 +73,11 @@ pub enum Event {
     },
 }
 
-/// Where a sleeping fault stands.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Wait {
-    Waiting,
-    Woken,
-    /// Unregistered or released under it: the fault fails.
-    Gone,
-}
-
 struct Slot {
     ticket: u64,
     page: u64,
-    state: Wait,
+    /// A wake has covered the page: the fault retries.
+    woken: bool,
 }
 
 struct Queue {
@@ -87,7 +86,8 @@ struct Queue {
     /// Faults between queuing and waking up.
     waiters: Vec<Slot>,
     next_ticket: u64,
-    /// The last handle is gone: no fault may wait any more.
+    /// The last handle is gone (after its VMAs were unregistered): no
+    /// fault may wait any more.
     released: bool,
 }
 
@@ -122,11 +122,12 @@ impl UffdCtx {
     }
 
     /// Queues `ev` for the handlers and a waiter slot for its page;
-    /// returns the slot's ticket, or `HandlerGone` once released.
-    pub(crate) fn enqueue(&self, page: u64, ev: Event) -> Result<u64, FaultError> {
+    /// returns the slot's ticket, or `None` once released (no handler
+    /// will ever read the event).
+    pub(crate) fn enqueue(&self, page: u64, ev: Event) -> Option<u64> {
         let mut q = self.queue.lock();
         if q.released {
-            return Err(FaultError::HandlerGone);
+            return None;
         }
         let ticket = q.next_ticket;
         q.next_ticket += 1;
@@ -134,11 +135,11 @@ impl UffdCtx {
         q.waiters.push(Slot {
             ticket,
             page,
-            state: Wait::Waiting,
+            woken: false,
         });
         drop(q);
         self.events.notify_all();
-        Ok(ticket)
+        Some(ticket)
     }
 
     /// Withdraws a fault that found its page resolved before sleeping
@@ -149,10 +150,9 @@ impl UffdCtx {
         q.waiters.retain(|s| s.ticket != ticket);
     }
 
-    /// Sleeps until the fault's slot is woken: `Ok` to retry the fault,
-    /// `HandlerGone` if the range was unregistered or the context
-    /// released.
-    pub(crate) fn wait(&self, ticket: u64) -> Result<(), FaultError> {
+    /// Sleeps until the fault's slot is woken; the fault then runs
+    /// again.
+    pub(crate) fn wait(&self, ticket: u64) {
         let mut q = self.queue.lock();
         loop {
             let i = q
@@ -160,55 +160,44 @@ impl UffdCtx {
                 .iter()
                 .position(|s| s.ticket == ticket)
                 .expect("a queued fault keeps its slot until it wakes");
-            match q.waiters[i].state {
-                Wait::Waiting => q = self.wakes.wait(q),
-                st => {
-                    q.waiters.swap_remove(i);
-                    return if st == Wait::Woken {
-                        Ok(())
-                    } else {
-                        Err(FaultError::HandlerGone)
-                    };
-                }
+            if q.waiters[i].woken {
+                q.waiters.swap_remove(i);
+                return;
             }
+            q = self.wakes.wait(q);
         }
     }
 
-    /// Marks the waiting faults in `r` (all of them for `None`) `to` and
-    /// removes their unread events.
-    fn wake_as(&self, r: Option<Range>, to: Wait) {
+    /// Wakes the faults waiting in `r` (all of them for `None`) and
+    /// removes their unread events: they run again (`UFFDIO_WAKE`).
+    fn wake_in(&self, r: Option<Range>) {
         let mut q = self.queue.lock();
-        let mut any = false;
         let mut woken = Vec::new();
         for s in q.waiters.iter_mut() {
-            if s.state == Wait::Waiting && r.is_none_or(|r| r.contains(s.page)) {
-                s.state = to;
+            if !s.woken && r.is_none_or(|r| r.contains(s.page)) {
+                s.woken = true;
                 woken.push(s.ticket);
-                any = true;
             }
         }
-        if any {
+        if !woken.is_empty() {
             q.pending.retain(|(t, _)| !woken.contains(t));
             drop(q);
             self.wakes.notify_all();
         }
     }
 
-    /// Wakes the faults waiting in `r`: they retry (`UFFDIO_WAKE`).
+    /// Wakes the faults waiting in `r`: they run again (`UFFDIO_WAKE`,
+    /// and the wake of an unregister or munmap of `r`).
     pub(crate) fn wake(&self, r: Range) {
-        self.wake_as(Some(r), Wait::Woken);
+        self.wake_in(Some(r));
     }
 
-    /// Fails the faults waiting in `r` with `HandlerGone` (unregister).
-    pub(crate) fn wake_gone(&self, r: Range) {
-        self.wake_as(Some(r), Wait::Gone);
-    }
-
-    /// The last handle is gone: every waiting fault fails, and so does
-    /// every fault that would queue from now on.
+    /// The last handle is gone and no VMA is registered to the context
+    /// any more: every waiting fault runs again (and fills its page as an
+    /// ordinary fault), and no fault may queue from now on.
     pub(crate) fn release(&self) {
         self.queue.lock().released = true;
-        self.wake_as(None, Wait::Gone);
+        self.wake_in(None);
     }
 
     /// The next event: waits for one if `block`.

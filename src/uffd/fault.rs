@@ -35,8 +35,11 @@ pub(crate) struct Waiter {
 }
 
 impl Waiter {
-    /// Sleeps until a handler wakes the page; `Ok` means "run the fault
-    /// again". The caller holds no lock.
+    /// Sleeps until the page is woken (by a handler's resolution or
+    /// wake, or by an unregister, munmap or release of the range); the
+    /// fault then runs again, as an ordinary fault where the range is no
+    /// longer registered. Never fails (Linux's woken fault returns
+    /// `VM_FAULT_RETRY`). The caller holds no lock.
     ///
     /// The entry is looked at again first, after queuing: a handler that
     /// installed the page and woke the range between the fault's look and
@@ -53,16 +56,23 @@ impl Waiter {
         };
         if !needed {
             self.ctx.cancel(self.ticket);
-            return Ok(());
+        } else {
+            self.ctx.wait(self.ticket);
         }
-        self.ctx.wait(self.ticket)
+        Ok(())
     }
 }
 
 /// Queues a fault at `page` of `vma` (held) for its handler.
+///
+/// `HandlerGone` only where `vma` is registered to no live context: its
+/// flags without a context, or a released context. Neither happens: flags
+/// and context are set together under the write lock, and a release
+/// unregisters every VMA of its context (under their write locks, which
+/// wait for this hold) before it marks the context released. Failing
+/// there, rather than retrying, keeps a broken invariant from spinning.
 fn deliver(mm: &AddressSpace, vma: &Vma, page: u64, kind: FaultKind, access: Access) -> Step {
     let Some(ctx) = vma.uffd_arc() else {
-        // Flags and context are set together under the write lock.
         return Step::Fail(FaultError::HandlerGone);
     };
     let ev = Event::Pagefault {
@@ -76,7 +86,7 @@ fn deliver(mm: &AddressSpace, vma: &Vma, page: u64, kind: FaultKind, access: Acc
         thread_id: std::thread::current().id(),
     };
     match ctx.enqueue(page, ev) {
-        Ok(ticket) => {
+        Some(ticket) => {
             mm.stats.inc(Stat::userfaults);
             Step::Wait(Waiter {
                 ctx,
@@ -85,7 +95,7 @@ fn deliver(mm: &AddressSpace, vma: &Vma, page: u64, kind: FaultKind, access: Acc
                 kind,
             })
         }
-        Err(e) => Step::Fail(e),
+        None => Step::Fail(FaultError::HandlerGone),
     }
 }
 

@@ -33,10 +33,14 @@
 //! });
 //! ```
 //!
-//! Differences from Linux, each written where it applies: a fault waiting
-//! when its range is unregistered or the last handle dropped fails with
-//! [`FaultError::HandlerGone`](crate::FaultError::HandlerGone) instead of
-//! retrying; there are no PTE markers, so write-protection covers present
+//! A fault waiting when its range is unregistered, unmapped or its last
+//! handle dropped wakes and runs again, as Linux's does: where the range
+//! is no longer registered it fills the page as any fault (zero page,
+//! zeroed frame or the object's page), so a manager may drop its handle
+//! after its last copy without failing a fault of the guest.
+//!
+//! Differences from Linux, each written where it applies: there are no
+//! PTE markers, so write-protection covers present
 //! pages only (anonymous memory without `UFFD_FEATURE_WP_UNPOPULATED`),
 //! and a page first written after a scan is reported by the next one
 //! because it appears without the bit; no fork, remap, remove or unmap
@@ -47,7 +51,7 @@
 //!
 //! - Register, unregister and the release of the last handle are mmap_lock
 //!   writers (`mm/edit.rs`): they split and merge VMAs like mprotect and
-//!   wake waiters under the write side.
+//!   wake waiters under the write side, after the VMAs changed.
 //! - Copy, zeropage, continue, write-protect and `pagemap_scan` hold the
 //!   mmap_lock read side, then PTE-table locks; write-protection ends with
 //!   one TLB flush before the call returns.
@@ -126,8 +130,9 @@ impl AddressSpace {
 /// A userfault handle: `Clone`, `Send` and `Sync`; its clones share one
 /// queue, and any number of threads may read events and resolve faults
 /// at once. Dropping the last clone releases it (Linux's
-/// `userfaultfd_release`): its ranges are unregistered and waiting faults
-/// fail with [`FaultError::HandlerGone`](crate::FaultError::HandlerGone).
+/// `userfaultfd_release`): its ranges are unregistered, then the waiting
+/// faults wake and run again as ordinary faults (a missing anonymous page
+/// reads zeros), with no SIGBUS.
 #[derive(Clone)]
 pub struct Uffd<'a> {
     inner: Arc<Handle<'a>>,

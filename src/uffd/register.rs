@@ -145,12 +145,14 @@ impl Uffd<'_> {
     /// Unregisters the VMAs in `[addr, addr + len)` (`UFFDIO_UNREGISTER`):
     /// they are split and merged back as mprotect does, their pages lose
     /// write-protection (and become writable where the VMA and the page
-    /// allow), and the faults waiting in the range fail with
-    /// [`FaultError::HandlerGone`](crate::FaultError::HandlerGone) (Linux
-    /// wakes them to fill the page normally).
+    /// allow), and the faults waiting in the range wake and run again as
+    /// ordinary faults (a missing page fills with zeros, or the object's
+    /// page), as Linux's do.
     ///
     /// Errors: `EINVAL` for a bad range, no VMA in it, or a VMA registered
-    /// to another handle; `ENOMEM` if a split passes `max_map_count`.
+    /// to another handle; `ENOMEM` if a split passes `max_map_count`: the
+    /// VMAs before it are unregistered and their waiters woken, the rest
+    /// stay registered and their faults keep waiting for the handler.
     pub fn unregister(&self, addr: u64, len: u64) -> Result<()> {
         let mm = self.mm();
         let r = validate_range(mm, addr, len)?;
@@ -166,17 +168,21 @@ impl Uffd<'_> {
         {
             return Err(Error::Inval);
         }
-        let res = unregister_in(&mut ed, r, ctx);
-        ctx.wake_gone(r);
+        let (done, res) = unregister_in(&mut ed, r, ctx);
+        // The waiters of the unregistered part retry as ordinary faults;
+        // those of a VMA that a failed split left registered keep waiting.
+        ctx.wake(Range::new(r.start, done));
         res
     }
 }
 
 /// Clears `ctx`'s registrations in `r`, restoring write access to
-/// write-protected pages.
-fn unregister_in(ed: &mut Edit<'_>, r: Range, ctx: &Arc<UffdCtx>) -> Result<()> {
+/// write-protected pages. Returns how far it got: `r.end`, or on `ENOMEM`
+/// the end of the last part it unregistered (`r.start` if none).
+fn unregister_in(ed: &mut Edit<'_>, r: Range, ctx: &Arc<UffdCtx>) -> (u64, Result<()>) {
     let mm = ed.mm();
-    for_each_part(ed, r, |ed, v, s, e| {
+    let mut done = r.start;
+    let res = for_each_part(ed, r, |ed, v, s, e| {
         if v.uffd_ptr() != Arc::as_ptr(ctx) {
             return Ok(v.end());
         }
@@ -185,8 +191,10 @@ fn unregister_in(ed: &mut Edit<'_>, r: Range, ctx: &Arc<UffdCtx>) -> Result<()> 
         }
         let flags = v.flags() - UFFD_FLAGS;
         let cur = ed.modify_uffd(v, s, e, flags, v.name_arc(), None)?;
+        done = e;
         Ok(cur.end())
-    })
+    });
+    (if res.is_ok() { r.end } else { done }, res)
 }
 
 /// Runs `f(ed, vma, s, e)` for each VMA meeting `r`, with `[s, e)` its
@@ -213,12 +221,15 @@ fn for_each_part(
     Ok(())
 }
 
-/// The last handle of `ctx` is gone (Linux's `userfaultfd_release`): the
-/// waiting faults fail, later faults in its ranges find them unregistered.
+/// The last handle of `ctx` is gone (Linux's `userfaultfd_release`): its
+/// VMAs are unregistered, then the waiting faults wake and retry as
+/// ordinary faults. No fault can queue in between: it would need a VMA
+/// still registered, under a hold that the unregistering writer waited
+/// out.
 pub(super) fn release(mm: &AddressSpace, ctx: &Arc<UffdCtx>) {
-    ctx.release();
     let mut ed = Edit::begin(mm);
     // Unregistering only merges and splits at VMA boundaries, so no split
     // (and no ENOMEM) happens here.
     let _ = unregister_in(&mut ed, Range::new(0, mm.cfg.task_size), ctx);
+    ctx.release();
 }
