@@ -2109,3 +2109,102 @@ fn mprotect_populates_a_private_locked_vma_made_writable() {
         assert_eq!(resident(t, p(8), 2), [false, false]);
     });
 }
+
+/// Execute-only memory as the running kernel makes it: with protection
+/// keys (x86-64 with PKU) `PROT_EXEC` alone is unreadable, and the key
+/// goes with the protection (mprotect to `R|X` makes it readable again);
+/// a VMA with the key does not merge with an `R|X` neighbour. The kernel
+/// is probed (`kernel_exec_only`) and aspace configured to match; the
+/// layouts are compared with `/proc/self/maps` through the kernel target.
+#[test]
+fn exec_only_memory_like_the_kernel() {
+    let exec_only = common::kernel::kernel_exec_only();
+    let mm = AddressSpace::new(Config {
+        exec_only_pkey: exec_only,
+        ..Config::default()
+    });
+    let anon = MapFlags::PRIVATE | MapFlags::ANONYMOUS;
+    let a = mm
+        .mmap(0, 3 * 4096, Prot::READ | Prot::WRITE, anon)
+        .unwrap();
+    mm.write(a, &[5; 3 * 4096]).unwrap();
+    mm.mprotect(a + 4096, 4096, Prot::EXEC).unwrap();
+    let mut b = [0u8; 1];
+    let r = mm.read(a + 4096, &mut b).map_err(|e| e.errno());
+    assert_eq!(r.is_err(), exec_only, "exec-only read: {r:?}");
+    if exec_only {
+        assert_eq!(r, Err(14));
+        let mut tr = mm.translator();
+        assert!(
+            tr.load::<u8>(a + 4096).is_err(),
+            "a translator load read it"
+        );
+        assert!(tr.load::<u8>(a).is_ok());
+    }
+    // R|X on the neighbours: with the key the middle stays apart.
+    mm.mprotect(a, 4096, Prot::READ | Prot::EXEC).unwrap();
+    mm.mprotect(a + 2 * 4096, 4096, Prot::READ | Prot::EXEC)
+        .unwrap();
+    assert_eq!(mm.vmas().len(), 3);
+    mm.mprotect(a + 4096, 4096, Prot::READ | Prot::EXEC)
+        .unwrap();
+    assert_eq!(mm.vmas().len(), 1, "the key went with the protection");
+    mm.read(a + 4096, &mut b).unwrap();
+    assert_eq!(b, [5]);
+
+    // The same calls on the kernel: the read fails exactly where aspace's
+    // does, and the layouts agree.
+    let len = 3 * 4096;
+    // SAFETY: a fresh private mapping of the kernel's choice, ours alone.
+    let k = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(k, libc::MAP_FAILED);
+    let k = k as u64;
+    let kread = |addr: u64| {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for two descriptors.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: the kernel loads from `addr` with copy_from_user (EFAULT
+        // instead of a fault); then our own descriptors are closed.
+        let w = unsafe { libc::write(fds[1], addr as *const libc::c_void, 1) };
+        // SAFETY: as above.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        w == 1
+    };
+    let kprotect = |addr: u64, prot: i32| {
+        // SAFETY: inside our own mapping.
+        assert_eq!(
+            unsafe { libc::mprotect(addr as *mut libc::c_void, 4096, prot) },
+            0
+        );
+    };
+    let kvmas = || {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter_map(parse_maps_line)
+            .filter(|v| v.start < k + len as u64 && k < v.end)
+            .count()
+    };
+    kprotect(k + 4096, libc::PROT_EXEC);
+    assert_eq!(kread(k + 4096), !exec_only, "the kernel's exec-only read");
+    kprotect(k, libc::PROT_READ | libc::PROT_EXEC);
+    kprotect(k + 2 * 4096, libc::PROT_READ | libc::PROT_EXEC);
+    assert_eq!(kvmas(), 3);
+    kprotect(k + 4096, libc::PROT_READ | libc::PROT_EXEC);
+    assert_eq!(kvmas(), 1);
+    assert!(kread(k + 4096));
+    // SAFETY: our own mapping, unused from here on.
+    unsafe { libc::munmap(k as *mut libc::c_void, len) };
+}

@@ -86,6 +86,7 @@ impl AddressSpace {
                 let pte = self.pt.lookup(page, &g);
                 let f_ok = pte.is_present()
                     && pte.flags().contains(PteFlags::USER)
+                    && !pte.flags().contains(PteFlags::EXEC_ONLY)
                     && (!write || pte.flags().contains(PteFlags::WRITE));
                 if f_ok {
                     acc.model_point();

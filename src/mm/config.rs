@@ -104,6 +104,15 @@ pub struct Config {
     /// Change it at run time with
     /// [`AddressSpace::set_memlock_limit`](crate::AddressSpace::set_memlock_limit).
     pub memlock_limit: u64,
+    /// Whether `PROT_EXEC` alone makes memory execute-only: data loads of
+    /// it fault (`EFAULT` for `read`, `AccessDenied` for a fault or a
+    /// translator load), as Linux x86-64 does on CPUs with protection keys
+    /// (`pku` and `ospke` in `/proc/cpuinfo`) by giving such mappings its
+    /// execute-only key. Off (the default): any access implies read, as on
+    /// CPUs without them. The mapping's key goes with its protection:
+    /// mprotect to anything but `PROT_EXEC` removes it, and VMAs with and
+    /// without it do not merge.
+    pub exec_only_pkey: bool,
 }
 
 /// Linux x86-64 `TASK_SIZE` with 4-level paging.
@@ -129,6 +138,7 @@ impl Default for Config {
             brk_fast_path: true,
             stack_limit: 8 << 20,
             memlock_limit: 8 << 20,
+            exec_only_pkey: false,
         }
     }
 }

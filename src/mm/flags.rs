@@ -242,7 +242,7 @@ impl Access {
     pub(crate) fn allowed_by(self, flags: crate::vma::VmFlags) -> bool {
         use crate::vma::VmFlags;
         match self {
-            Access::Read => flags.accessible(),
+            Access::Read => flags.accessible() && !flags.contains(VmFlags::EXEC_ONLY),
             Access::Write => flags.contains(VmFlags::WRITE),
             Access::Exec => flags.contains(VmFlags::EXEC),
         }

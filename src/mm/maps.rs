@@ -19,6 +19,18 @@ impl VmFlags {
         VmFlags::from_bits_truncate(p.bits() & Prot::ACCESS.bits())
     }
 
+    /// The access bits of a protection in `mm`, with the execute-only key
+    /// for `PROT_EXEC` alone where the space models protection keys
+    /// ([`Config::exec_only_pkey`](crate::Config::exec_only_pkey)).
+    pub(crate) fn from_prot_in(mm: &AddressSpace, p: Prot) -> VmFlags {
+        let f = VmFlags::from_prot(p);
+        if mm.cfg.exec_only_pkey && f & VmFlags::ACCESS == VmFlags::EXEC {
+            f | VmFlags::EXEC_ONLY
+        } else {
+            f
+        }
+    }
+
     /// The protection these flags grant.
     pub fn prot(self) -> Prot {
         Prot::from_bits_truncate((self & VmFlags::ACCESS).bits())

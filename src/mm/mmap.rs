@@ -236,7 +236,7 @@ impl AddressSpace {
             return Err(Error::Inval);
         }
 
-        let mut vf = VmFlags::from_prot(prot) | VmFlags::MAY;
+        let mut vf = VmFlags::from_prot_in(self, prot) | VmFlags::MAY;
         if shared {
             vf |= VmFlags::SHARED | VmFlags::MAYSHARE;
         }

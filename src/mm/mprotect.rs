@@ -65,7 +65,7 @@ impl AddressSpace {
         if !Prot::all().contains(prot) {
             return Err(Error::Inval);
         }
-        let want = VmFlags::from_prot(prot);
+        let want = VmFlags::from_prot_in(self, prot);
         let mut ed = Edit::begin(self);
         let Some(mut vma) = ed.find_after(addr) else {
             return Err(Error::NoMem);
@@ -92,7 +92,7 @@ impl AddressSpace {
         let mut gather = ed.gather();
         loop {
             let old = vma.flags();
-            let newflags = old.difference(VmFlags::ACCESS) | want;
+            let newflags = old.difference(VmFlags::ACCESS | VmFlags::EXEC_ONLY) | want;
             // New access bits need the matching MAY bits (VM_MAY* = VM_* << 4).
             let may = VmFlags::from_bits_truncate((newflags.bits() >> 4) & VmFlags::ACCESS.bits());
             if !newflags

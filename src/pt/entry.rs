@@ -26,13 +26,18 @@ bitflags! {
         /// Written since the last soft-dirty reset (`_PAGE_SOFT_DIRTY`,
         /// x86's third software bit).
         const SOFT_DIRTY = 1 << 11;
+        /// The execute-only protection key (x86's key bits 59-62 holding
+        /// key 1): data accesses fault, as PKRU makes them on a CPU with
+        /// protection keys.
+        const EXEC_ONLY = 1 << 59;
     }
 }
 
 /// A page-table entry: frame number and flags.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Pte(
-    /// The raw entry: frame number above bit 12, flags below.
+    /// The raw entry: frame number in bits 12 to 51, flags below and
+    /// above.
     ///
     /// Protected by: nothing (a value, copied out of and into a table's
     /// entries, whose rules are in the [module docs](super#locking)).
@@ -64,9 +69,11 @@ impl Pte {
         }
     }
 
-    /// The flags.
+    /// The flags: the bits below the frame number and the high ones
+    /// above it (52 to 63, where x86 keeps the protection key).
     pub const fn flags(self) -> PteFlags {
-        PteFlags::from_bits_retain(self.0 & (PAGE_SIZE - 1))
+        const FRAME_FIELD: u64 = ((1 << 52) - 1) & !(PAGE_SIZE - 1);
+        PteFlags::from_bits_retain(self.0 & !FRAME_FIELD)
     }
 
     /// True if the entry maps a frame.

@@ -359,7 +359,11 @@ fn walk(mm: &AddressSpace, page: u64, write: bool) -> (Lookup, bool) {
     let pte = mm.pt.lookup(page, &g);
     let f = pte.flags();
     let writable = f.contains(PteFlags::WRITE);
-    if !pte.is_present() || !f.contains(PteFlags::USER) || (write && !writable) {
+    if !pte.is_present()
+        || !f.contains(PteFlags::USER)
+        || f.contains(PteFlags::EXEC_ONLY)
+        || (write && !writable)
+    {
         return (Lookup::Fault, false);
     }
     if pte.pfn().is_zero_page() {

@@ -71,6 +71,12 @@ bitflags! {
         const HUGEPAGE = 0x2000_0000;
         /// No transparent huge pages (`MADV_NOHUGEPAGE`, `MAP_STACK`).
         const NOHUGEPAGE = 0x4000_0000;
+        /// Execute-only: the mapping carries Linux's execute-only
+        /// protection key, so data loads fault
+        /// ([`Config::exec_only_pkey`](crate::Config::exec_only_pkey)).
+        /// Linux keeps the key in `VM_PKEY_BIT0` (bit 32), past these 32
+        /// bits; aspace uses the bit `VM_DENYWRITE` had.
+        const EXEC_ONLY = 0x4000;
     }
 }
 
@@ -139,6 +145,9 @@ impl From<VmFlags> for crate::pt::PteFlags {
         }
         if vf.contains(VmFlags::WRITE) {
             f |= PteFlags::WRITE;
+        }
+        if vf.contains(VmFlags::EXEC_ONLY) {
+            f |= PteFlags::EXEC_ONLY;
         }
         f
     }

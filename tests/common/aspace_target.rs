@@ -19,10 +19,12 @@ pub struct AspaceTarget {
 impl AspaceTarget {
     /// Default configuration, with this test process's locked-memory
     /// limit (unlimited when it runs with `CAP_IPC_LOCK`, as root does),
-    /// so that locks compare with the kernel side's.
+    /// so that locks compare with the kernel side's, and execute-only
+    /// memory as this kernel makes it (protection keys or not).
     pub fn new(region: Region) -> AspaceTarget {
         let cfg = Config {
             memlock_limit: super::kernel::process_memlock_limit(),
+            exec_only_pkey: super::kernel::kernel_exec_only(),
             ..Config::default()
         };
         Self::with_config(region, cfg)

@@ -94,6 +94,43 @@ pub fn process_memlock_limit() -> u64 {
     rl.rlim_cur
 }
 
+/// Whether this kernel makes `PROT_EXEC`-only memory unreadable (x86-64
+/// Linux gives it the execute-only protection key on CPUs with PKU): maps
+/// one such page and has the kernel load from it (`write` to a pipe,
+/// whose `copy_from_user` honours the key and fails with `EFAULT`).
+pub fn kernel_exec_only() -> bool {
+    static ANSWER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ANSWER.get_or_init(|| {
+        let len = 4096;
+        // SAFETY: a fresh anonymous mapping at an address of the kernel's
+        // choice; nothing else refers to it.
+        let p = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                len,
+                libc::PROT_EXEC,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "mmap(PROT_EXEC)");
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: the kernel loads from `p` with copy_from_user, which
+        // fails with EFAULT instead of faulting this process.
+        let w = unsafe { libc::write(fds[1], p, 1) };
+        // SAFETY: closing our own descriptors and unmapping our own page.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+            libc::munmap(p, len);
+        }
+        w < 0
+    })
+}
+
 /// Prints the kernel version once per test binary, straight to stderr (not
 /// through the test harness's capture, so it shows in every run).
 pub fn banner() {
