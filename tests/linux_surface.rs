@@ -2184,10 +2184,8 @@ fn exec_only_memory_like_the_kernel() {
     };
     let kprotect = |addr: u64, prot: i32| {
         // SAFETY: inside our own mapping.
-        assert_eq!(
-            unsafe { libc::mprotect(addr as *mut libc::c_void, 4096, prot) },
-            0
-        );
+        let r = unsafe { libc::mprotect(addr as *mut libc::c_void, 4096, prot) };
+        assert_eq!(r, 0);
     };
     let kvmas = || {
         std::fs::read_to_string("/proc/self/maps")
