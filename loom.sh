@@ -13,4 +13,5 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom"
 tests=$(sed -n 's/^name = "\(loom_[a-z_]*\)"$/\1/p' Cargo.toml)
 args=()
 for t in $tests; do args+=(--test "$t"); done
-exec cargo test --release "${args[@]}" -- --test-threads=2 "$@"
+# The vm-memory feature: the device-pin model needs it.
+exec cargo test --release --features vm-memory "${args[@]}" -- --test-threads=2 "$@"

@@ -45,6 +45,8 @@ pub use mm::{
 pub use mm::{ClearRefs, PagemapEntry};
 pub use phys::Pfn;
 pub use stats::Stats;
+#[cfg(feature = "vm-memory")]
+pub use translate::guest::GuestView;
 pub use translate::{Scalar, Translator};
 pub use uffd::{Uffd, UffdBuilder};
 pub use vma::{RmapHit, VmFlags};

@@ -18,6 +18,9 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
+#[path = "common/written.rs"]
+mod written;
+use written::{pages_of, written_args};
 
 const P: u64 = PAGE_SIZE;
 
@@ -394,29 +397,6 @@ fn write_protect_sync_events() {
     assert_eq!(b, [5]);
     mm.read(a, &mut b).unwrap();
     assert_eq!(b, [6]);
-}
-
-fn written_args(wp: bool) -> ScanArgs {
-    ScanArgs {
-        flags: if wp {
-            ScanFlags::WP_MATCHING | ScanFlags::CHECK_WPASYNC
-        } else {
-            ScanFlags::empty()
-        },
-        category_mask: PageCategories::WRITTEN,
-        return_mask: PageCategories::WRITTEN,
-        max_regions: usize::MAX,
-        ..ScanArgs::default()
-    }
-}
-
-fn pages_of(mm: &AddressSpace, a: u64, len: u64, wp: bool) -> BTreeSet<u64> {
-    let r = mm.pagemap_scan(a, a + len, &written_args(wp)).unwrap();
-    assert_eq!(r.walk_end, a + len);
-    r.regions
-        .iter()
-        .flat_map(|g| (g.start..g.end).step_by(P as usize))
-        .collect()
 }
 
 #[test]

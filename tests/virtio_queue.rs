@@ -1,12 +1,13 @@
 //! A real vm-memory client on an address space: a virtio split queue laid
-//! out in guest memory, consumed with the virtio-queue crate (read each
-//! request, write a reply, publish it in the used ring), including chains
-//! whose reply buffer is read-only or unmapped (an error; nothing
-//! written) and whose request is unmapped.
+//! out in guest memory, consumed with the virtio-queue crate through the
+//! space's device view (`AddressSpace::guest_memory`): read each request,
+//! write a reply, publish it in the used ring, including chains whose
+//! reply buffer is read-only or unmapped (an error; nothing written) and
+//! whose request is unmapped.
 //!
 //! `cargo test --release --features vm-memory --test virtio_queue`
 
-use aspace::{AddressSpace, Config, MapFlags, Prot, PAGE_SIZE};
+use aspace::{AddressSpace, Config, GuestView, MapFlags, Prot, PAGE_SIZE};
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
@@ -24,6 +25,9 @@ const SIZE: u16 = 16;
 const F_NEXT: u16 = 1;
 const F_WRITE: u16 = 2;
 
+/// A device's view of the space.
+type Mem<'a> = GuestView<&'a AddressSpace>;
+
 fn fixed() -> MapFlags {
     MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED
 }
@@ -39,14 +43,14 @@ fn used_ring() -> u64 {
 }
 
 /// The driver side: puts descriptor `i` in the table.
-fn put_desc(mm: &AddressSpace, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+fn put_desc(mm: &Mem, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
     let d = Descriptor::new(addr, len, flags, next);
     mm.write_obj(d, GuestAddress(desc_table() + 16 * i as u64))
         .unwrap();
 }
 
 /// The driver side: offers the chains with these heads.
-fn offer(mm: &AddressSpace, heads: &[u16]) {
+fn offer(mm: &Mem, heads: &[u16]) {
     for (slot, &h) in heads.iter().enumerate() {
         mm.write_obj(h.to_le(), GuestAddress(avail_ring() + 4 + 2 * slot as u64))
             .unwrap();
@@ -55,7 +59,7 @@ fn offer(mm: &AddressSpace, heads: &[u16]) {
         .unwrap();
 }
 
-fn queue(mm: &AddressSpace) -> Queue {
+fn queue(mm: &Mem) -> Queue {
     let mut q = Queue::new(SIZE).unwrap();
     q.set_size(SIZE);
     let split = |a: u64| (Some(a as u32), Some((a >> 32) as u32));
@@ -72,7 +76,7 @@ fn queue(mm: &AddressSpace) -> Queue {
 
 /// The device side: answers every available chain with "pong:" and the
 /// request; a reply that cannot be written is reported with length 0.
-fn serve(mm: &AddressSpace, q: &mut Queue) -> Vec<(u16, Result<Vec<u8>, String>)> {
+fn serve(mm: &Mem, q: &mut Queue) -> Vec<(u16, Result<Vec<u8>, String>)> {
     let mut out = Vec::new();
     while let Some(chain) = q.pop_descriptor_chain(mm) {
         let head = chain.head_index();
@@ -102,10 +106,11 @@ fn serve(mm: &AddressSpace, q: &mut Queue) -> Vec<(u16, Result<Vec<u8>, String>)
 
 #[test]
 fn virtio_queue_requests_and_replies() {
-    let mm = AddressSpace::new(Config::default());
-    mm.mmap(RINGS, 3 * PAGE_SIZE, RW, fixed()).unwrap();
-    mm.mmap(DATA, 2 * PAGE_SIZE, RW, fixed()).unwrap();
-    mm.mmap(RO, PAGE_SIZE, Prot::READ, fixed()).unwrap();
+    let space = AddressSpace::new(Config::default());
+    space.mmap(RINGS, 3 * PAGE_SIZE, RW, fixed()).unwrap();
+    space.mmap(DATA, 2 * PAGE_SIZE, RW, fixed()).unwrap();
+    space.mmap(RO, PAGE_SIZE, Prot::READ, fixed()).unwrap();
+    let mm = space.guest_memory();
     // Chain 0: request "ping" -> reply buffer crossing a page boundary.
     mm.write_slice(b"ping", GuestAddress(DATA)).unwrap();
     put_desc(&mm, 0, DATA, 4, F_NEXT, 1);
@@ -167,9 +172,10 @@ fn virtio_queue_requests_and_replies() {
 
 #[test]
 fn permissions_and_faulting_through_guest_memory() {
-    let mm = AddressSpace::new(Config::default());
-    mm.mmap(DATA, 2 * PAGE_SIZE, RW, fixed()).unwrap();
-    mm.mmap(RO, PAGE_SIZE, Prot::READ, fixed()).unwrap();
+    let space = AddressSpace::new(Config::default());
+    space.mmap(DATA, 2 * PAGE_SIZE, RW, fixed()).unwrap();
+    space.mmap(RO, PAGE_SIZE, Prot::READ, fixed()).unwrap();
+    let mut mm = space.guest_memory();
     assert!(mm.check_range(GuestAddress(RO), 16, Permissions::Read));
     assert!(!mm.check_range(GuestAddress(RO), 16, Permissions::Write));
     assert!(!mm.check_range(GuestAddress(RO), 16, Permissions::ReadWrite));
@@ -185,12 +191,14 @@ fn permissions_and_faulting_through_guest_memory() {
         2 * PAGE_SIZE as usize + 1,
         Permissions::Read
     ));
-    // Reads of never-written memory see zeros and allocate nothing.
-    let frames = mm.frames_used();
+    // Reads of never-written memory see zeros, from a zeroed frame of the
+    // page's own: a device never gets the shared zero page (safe code may
+    // write through any slice).
+    let frames = space.frames_used();
     let mut z = [0xffu8; 32];
     mm.read_slice(&mut z, GuestAddress(RO)).unwrap();
     assert_eq!(z, [0u8; 32]);
-    assert_eq!(mm.frames_used(), frames);
+    assert_eq!(space.frames_used(), frames + 1);
     // Atomic accesses (as virtio-queue uses for ring indices).
     mm.store(
         7u32,
@@ -207,15 +215,21 @@ fn permissions_and_faulting_through_guest_memory() {
         .store(1u8, GuestAddress(RO), std::sync::atomic::Ordering::Relaxed)
         .is_err());
     // The guest's translator sees the device's writes, and the other way.
-    let mut t = mm.translator();
+    let mut t = space.translator();
     assert_eq!(t.load::<u32>(DATA + 8).unwrap(), 7);
     t.store::<u64>(DATA + 16, 0x1234).unwrap();
     let v: u64 = mm.read_obj(GuestAddress(DATA + 16)).unwrap();
     assert_eq!(v, 0x1234);
-    // After a fork, a device write breaks copy-on-write like a CPU write.
-    let child = mm.fork().unwrap();
+    // After a fork, a device write breaks copy-on-write like a CPU write
+    // (the view pins nothing across the fork: a pinned page would be
+    // copied for the child instead, see tests/device_slices.rs).
+    mm.release_pins();
+    let child = space.fork().unwrap();
     mm.write_obj(0x5678u64, GuestAddress(DATA + 16)).unwrap();
-    let c: u64 = child.read_obj(GuestAddress(DATA + 16)).unwrap();
+    let c: u64 = child
+        .guest_memory()
+        .read_obj(GuestAddress(DATA + 16))
+        .unwrap();
     assert_eq!(c, 0x1234);
     assert_eq!(t.load::<u64>(DATA + 16).unwrap(), 0x5678);
 }

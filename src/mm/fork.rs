@@ -8,12 +8,16 @@
 //! every present page-table entry is copied: the frame gains a reference
 //! and both entries lose write access, so the first write on either side
 //! copies the frame (or reuses it if it holds the last reference, see
-//! [`crate::mm::fault`]). The parent's translations are flushed (through the
-//! TLB model, waiting out user accesses that began before) before its
+//! [`crate::mm::fault`]). The parent's translations are flushed (through
+//! the TLB model, waiting out user accesses that began before) before its
 //! mmap_lock is released. VMAs without an anon_vma map only the zero page
 //! and shared mappings have a backing object: their entries are not
 //! copied, the child faults them again (as Linux skips such VMAs in
-//! `copy_page_range`). No page data is copied by fork itself.
+//! `copy_page_range`). No page data is copied by fork itself, but for
+//! pages a device has pinned (vm-memory slices, `translate::guest`): the
+//! child gets a copy of such a page and the parent keeps its entry as it
+//! was (Linux's `copy_present_page` for `folio_needs_cow_for_dma`), so the
+//! device keeps reaching the parent's page and never the child's.
 //!
 //! Everything is done in bulk, as Linux's fork since `__mt_dup`: one pass
 //! over the parent's VMAs decides what each copy is (`Dup`); the copies
@@ -56,9 +60,9 @@ impl AddressSpace {
     /// [`frames_used`](Self::frames_used) counts the whole family.
     ///
     /// Errors: `ENOMEM` if the child's page table cannot take a copied
-    /// entry (nothing is leaked: the partial child is torn down). Fork
-    /// itself allocates no frames, so the frame budget does not make it
-    /// fail.
+    /// entry, or no frame is left for the child's copy of a page a device
+    /// has pinned (nothing is leaked: the partial child is torn down).
+    /// Fork allocates no other frames.
     ///
     /// ```
     /// use aspace::{AddressSpace, Config, Prot, MapFlags};
@@ -190,11 +194,13 @@ fn link_anon_vmas(dups: &[Dup], stats: &StatCounters) {
 
 /// Copies the page-table entries of every VMA that needs it, a PTE table
 /// at a time: both sides lose write access and the frame gains a
-/// reference. The parent's changed translations are gathered and flushed
-/// before the parent's mmap_lock is released, so no one (the child, or a
-/// parent fault) relies on an entry being read-only while a writable
-/// translation survives. False if the child's page table could not take
-/// an entry (the copy stops there).
+/// reference; a pinned page the parent owns alone is copied for the child
+/// instead (its entry in the parent stays as it is). The parent's changed
+/// translations are gathered and flushed before the parent's mmap_lock is
+/// released, so no one (the child, or a parent fault) relies on an entry
+/// being read-only while a writable translation survives. False if the child's page table could not take
+/// an entry, or no frame was left for a pinned page's copy (the copy stops
+/// there).
 fn copy_page_tables(
     mm: &AddressSpace,
     child: &AddressSpace,
@@ -211,6 +217,17 @@ fn copy_page_tables(
         .pt
         .copy_ranges(&child.pt, ranges, &pg, &cg, |va, pte| {
             let pfn: Pfn = pte.pfn();
+            // Pins are taken under this PTE lock and the mmap_lock read
+            // side, which we exclude: none appears while we look. A pinned
+            // anonymous page is its entry's own (`translate::guest` pins
+            // nothing else in a private mapping); an object page pinned
+            // through a shared mapping, which a private one reads, stays
+            // shared.
+            if frames.maybe_pinned(pfn) && frames.refcount(pfn) == 1 {
+                let copy = frames.alloc_uninit()?;
+                frames.copy(copy, pfn);
+                return Some((pte, Pte::new(copy, pte.flags() - PteFlags::UFFD_WP)));
+            }
             if !pfn.is_zero_page() {
                 frames.get(pfn);
             }
@@ -220,7 +237,7 @@ fn copy_page_tables(
             }
             // The parent keeps its write-protect bits; the child, not
             // registered, drops them (copy_present_pte).
-            (ro, Pte::new(pfn, ro.flags() - PteFlags::UFFD_WP))
+            Some((ro, Pte::new(pfn, ro.flags() - PteFlags::UFFD_WP)))
         })
         .is_ok();
     gather.flush();

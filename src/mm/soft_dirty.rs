@@ -20,6 +20,11 @@
 //!   present entry, then flushes the TLB (translators included). The next
 //!   write to any page faults, and the fault sets the bit again (reusing
 //!   the frame when it is the entry's own, so no copy is made).
+//! - a page a device has pinned (vm-memory slices, `translate::guest`)
+//!   is written without a fault: pinning sets its entry's bit, and the
+//!   reset leaves a pinned page's entry as it is, so it reads soft-dirty
+//!   until the first reset after its last pin is dropped (as VFIO reports
+//!   every pinned page dirty).
 //!
 //! Invariant: a writable present entry has `SOFT_DIRTY`, or lies in a VMA
 //! with `VM_SOFTDIRTY`. So a write that needs no fault is already
@@ -189,8 +194,13 @@ impl AddressSpace {
         }
         let mut gather = ed.gather();
         let g = self.pt.pin();
+        let frames = &self.frames;
         for v in &vmas {
             self.pt.change_range(v.range(), &g, |va, pte| {
+                // Pins are taken under the read side we exclude.
+                if frames.maybe_pinned(pte.pfn()) {
+                    return pte;
+                }
                 if pte.is_writable() {
                     gather.add_page(va);
                 }

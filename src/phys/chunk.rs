@@ -1,11 +1,28 @@
 //! Where frames live: chunks of memory obtained from the system, the
 //! two-level directory that finds a frame's chunk, and each frame's
-//! reference count.
+//! reference count and pin count.
+//!
+//! Pins (Linux's `FOLL_PIN`) are references held for devices, which reach
+//! a frame's memory without a translation: a pinned frame is never freed
+//! (a pin is a reference), and the paths that ask whether a page is
+//! exclusive ignore pins ([`FrameAllocator::refcount`] counts plain
+//! references only), so a pinned page stays the page of the one mapping
+//! that owns it: a write fault reuses it instead of copying it away from
+//! the device, and fork gives the child a copy instead of sharing it
+//! ([`FrameAllocator::maybe_pinned`]). Both counts share one 64-bit word
+//! (plain references below bit 32, pins above, as Linux's folio count
+//! adds `GUP_PIN_COUNTING_BIAS` per pin), so one load sees both.
 
 use super::{FrameAllocator, Pfn, CHUNK_BYTES, CHUNK_FRAMES};
 use crate::addr::PAGE_SIZE;
 use crate::sync::counter;
-use crate::sync::{AtomicPtr, AtomicU32, Ordering};
+#[cfg(aspace_loom)]
+use crate::sync::AtomicU32;
+use crate::sync::{AtomicPtr, AtomicU64, Ordering};
+
+/// What one pin adds to a frame's count word: pins count above bit 32,
+/// plain references below.
+const PIN: u64 = 1 << 32;
 
 /// Chunk memory from the system: anonymous mmap on unix (zero, and
 /// resident only once touched), a zeroed heap block elsewhere and under
@@ -71,14 +88,17 @@ pub(super) struct Chunk {
     /// non-atomically only by its exclusive owner (zeroing on allocation,
     /// `prefault` of frames never handed out, under the pool lock).
     pub(super) mem: *mut u8,
-    /// One reference count per frame, 0 while free.
+    /// One count word per frame, 0 while free: plain references in the
+    /// low 32 bits, pins (each also a reference) times [`PIN`] above.
     ///
-    /// Protected by: atomics. `get` adds `Relaxed` (the caller already
-    /// holds a reference), `put` subtracts `AcqRel` (the last put sees
-    /// every user's accesses), `refcount` reads `Acquire`; while the frame
-    /// is free, only the allocator writes it (`Relaxed`), handing the
-    /// frame over through the cache and pool mutexes.
-    pub(super) refs: Box<[AtomicU32]>,
+    /// Protected by: atomics. `get` and `pin` add `Relaxed` (the caller
+    /// already holds a reference), `put` subtracts `AcqRel` (the last put
+    /// sees every user's accesses; a word with a pin is never the last),
+    /// `unpin` turns its pin into a plain reference and puts that,
+    /// `refcount` reads `Acquire`; while the frame is free, only the
+    /// allocator writes it (`Relaxed`), handing the frame over through the
+    /// cache and pool mutexes.
+    pub(super) refs: Box<[AtomicU64]>,
     /// Under loom, one tracked cell per frame stands for its memory
     /// (protected by: loom's own checking, it is the model's witness):
     /// loads, stores and copies are shared accesses, while taking a frame
@@ -159,7 +179,7 @@ impl FrameAllocator {
                 }
                 let chunk = Box::new(Chunk {
                     mem,
-                    refs: (0..CHUNK_FRAMES).map(|_| AtomicU32::new(0)).collect(),
+                    refs: (0..CHUNK_FRAMES).map(|_| AtomicU64::new(0)).collect(),
                     #[cfg(aspace_loom)]
                     owner: (0..CHUNK_FRAMES)
                         .map(|_| crate::sync::UnsafeCell::new(()))
@@ -194,9 +214,36 @@ impl FrameAllocator {
         unsafe { &*p }
     }
 
+    /// The frame's count word (see `Chunk::refs`).
     #[inline]
-    pub(super) fn refs(&self, pfn: Pfn) -> &AtomicU32 {
+    pub(super) fn refs(&self, pfn: Pfn) -> &AtomicU64 {
         &self.chunk(pfn).refs[pfn.index() % CHUNK_FRAMES]
+    }
+
+    /// Pins the frame for a device: a reference that
+    /// [`refcount`](Self::refcount) does not count. The caller holds a
+    /// reference (the entry mapping the frame, under its PTE lock).
+    #[cfg(any(feature = "vm-memory", test))]
+    pub(crate) fn pin(&self, pfn: Pfn) {
+        self.refs(pfn).fetch_add(PIN, Ordering::Relaxed);
+    }
+
+    /// Drops a pin taken by [`pin`](Self::pin); frees the frame if it was
+    /// its last reference. The pin becomes a plain reference first, so
+    /// the frame never looks free (or less referenced than it is) in
+    /// between.
+    #[cfg(any(feature = "vm-memory", test))]
+    pub(crate) fn unpin(&self, pfn: Pfn) {
+        self.refs(pfn).fetch_sub(PIN - 1, Ordering::Relaxed);
+        self.put(pfn);
+    }
+
+    /// Whether a device may hold the frame (Linux's
+    /// `folio_maybe_dma_pinned`): exact while the caller excludes new pins
+    /// (holding the PTE lock of the one entry that maps an exclusive
+    /// page); a pin being dropped may still read as held.
+    pub(crate) fn maybe_pinned(&self, pfn: Pfn) -> bool {
+        !pfn.is_zero_page() && self.refs(pfn).load(Ordering::Acquire) >= PIN
     }
 
     #[inline]
@@ -250,5 +297,30 @@ impl Drop for FrameAllocator {
                 }
             }
         }
+    }
+}
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pins_hold_a_frame_without_counting_as_references() {
+        let f = FrameAllocator::new(1 << 20, true);
+        let a = f.alloc().unwrap();
+        assert!(!f.maybe_pinned(a) && !f.maybe_pinned(Pfn::ZERO_PAGE));
+        f.pin(a);
+        f.pin(a);
+        assert!(f.maybe_pinned(a));
+        assert_eq!(f.refcount(a), 1, "pins are not plain references");
+        // The mapping's reference goes: the pinned frame stays.
+        assert!(!f.put(a));
+        assert_eq!((f.refcount(a), f.used()), (0, 1));
+        assert!(f.try_get(a), "a pinned frame is not free");
+        f.put(a);
+        f.unpin(a);
+        assert_eq!(f.used(), 1);
+        f.unpin(a);
+        assert_eq!(f.used(), 0, "the last pin frees it");
     }
 }

@@ -415,9 +415,9 @@ impl FrameAllocator {
         true
     }
 
-    /// The reference count of a frame.
+    /// The plain references of a frame: pins are not counted (see `chunk`).
     pub(crate) fn refcount(&self, pfn: Pfn) -> u32 {
-        self.refs(pfn).load(Ordering::Acquire)
+        self.refs(pfn).load(Ordering::Acquire) as u32
     }
 
     /// Frames allocated now.

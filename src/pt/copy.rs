@@ -5,8 +5,9 @@
 //! whose upper-level entry is empty, finds or creates the destination's
 //! PTE table once, and copies the table's present entries under both
 //! tables' locks. Per entry it only loads, asks the caller what to store
-//! (fork write-protects private entries and takes a frame reference) and
-//! stores; it never walks from the root per page.
+//! (fork write-protects private entries and takes a frame reference, or
+//! gives the child a copy of a page a device has pinned, which may fail
+//! for want of memory) and stores; it never walks from the root per page.
 
 use super::walk::Make;
 use super::{entry_span, index, PageTable, Pte, Table};
@@ -17,12 +18,14 @@ use crate::sync::{MutexGuard, Ordering};
 impl PageTable {
     /// Copies the present entries of `ranges` (page-aligned, sorted and
     /// disjoint: fork's VMAs) into `dst`, whose entries there must be
-    /// empty. For each present entry, `f(va, pte)` returns `(source entry,
-    /// destination entry)`: the entry to leave in this table (stored only
-    /// if it differs) and the one to install in `dst`. Returns the number
-    /// of entries copied, or `Err(va)` for the first entry that could not
-    /// be copied (`dst` cannot hold `va`, or its entry there is taken); `f`
-    /// has not run for it nor for anything after it, and what was copied
+    /// empty. For each present entry, `f(va, pte)` returns `Some((source
+    /// entry, destination entry))`: the entry to leave in this table
+    /// (stored only if it differs) and the one to install in `dst`; or
+    /// `None` if the entry cannot be copied (fork: no frame for a pinned
+    /// page's copy). Returns the number of entries copied, or `Err(va)` for
+    /// the first entry that could not be copied (`dst` cannot hold `va`,
+    /// its entry there is taken, or `f` refused it); neither table changed
+    /// at `va`, `f` has not run for anything after it, and what was copied
     /// before stays.
     ///
     /// Consecutive ranges inside one PTE table (many small VMAs) share one
@@ -42,7 +45,7 @@ impl PageTable {
         ranges: impl IntoIterator<Item = Range>,
         g: &Guard,
         dg: &Guard,
-        mut f: impl FnMut(u64, Pte) -> (Pte, Pte),
+        mut f: impl FnMut(u64, Pte) -> Option<(Pte, Pte)>,
     ) -> Result<u64, u64> {
         let pmd = entry_span(1);
         let mut copied = 0;
@@ -108,11 +111,11 @@ impl<'g> Locked<'g> {
     }
 
     /// Copies the present entries of `part` (inside this pair's span).
-    /// `Err(va)` at a taken destination entry.
+    /// `Err(va)` at a taken destination entry or one `f` refuses.
     fn copy(
         &mut self,
         part: Range,
-        f: &mut impl FnMut(u64, Pte) -> (Pte, Pte),
+        f: &mut impl FnMut(u64, Pte) -> Option<(Pte, Pte)>,
     ) -> Result<u64, u64> {
         let first = index(part.start, 0);
         let last = index(part.end - PAGE_SIZE, 0);
@@ -128,7 +131,7 @@ impl<'g> Locked<'g> {
             if de.load(Ordering::Relaxed) != 0 {
                 return Err(va);
             }
-            let (keep, copy) = f(va, Pte(old));
+            let (keep, copy) = f(va, Pte(old)).ok_or(va)?;
             if keep.0 != old {
                 se.store(keep.0, Ordering::Release);
             }
@@ -175,7 +178,7 @@ mod tests {
             .copy_ranges(&b, [Range::new(0x1000, 0x5000_3000)], &ga, &gb, |va, p| {
                 seen.push(va);
                 let ro = Pte::new(p.pfn(), p.flags() - PteFlags::WRITE);
-                (ro, ro)
+                Some((ro, ro))
             })
             .unwrap();
         // The last entry lies at the range's end: not copied.
@@ -208,7 +211,7 @@ mod tests {
         let mut calls = 0;
         let res = a.copy_ranges(&b, [Range::new(0, 4 * PAGE_SIZE)], &ga, &gb, |_, p| {
             calls += 1;
-            (p, p)
+            Some((p, p))
         });
         assert_eq!(res, Err(2 * PAGE_SIZE));
         assert_eq!(calls, 2);
@@ -222,10 +225,32 @@ mod tests {
                 [Range::new(1 << 48, (1 << 48) + PAGE_SIZE)],
                 &ga,
                 &gb,
-                |_, p| (p, p)
+                |_, p| Some((p, p))
             ),
             Ok(0)
         );
+    }
+
+    #[test]
+    fn an_entry_the_caller_refuses_stops_the_copy_there_unchanged() {
+        let (a, b) = (
+            PageTable::new(Reclaimer::epoch()),
+            PageTable::new(Reclaimer::epoch()),
+        );
+        let (ga, gb) = (a.pin(), b.pin());
+        for p in 0..3u64 {
+            a.install(p * PAGE_SIZE, Pte::new(Pfn::new(p as u32 + 1), RW), &ga)
+                .unwrap();
+        }
+        let res = a.copy_ranges(&b, [Range::new(0, 3 * PAGE_SIZE)], &ga, &gb, |va, p| {
+            let ro = Pte::new(p.pfn(), PteFlags::USER);
+            (va != PAGE_SIZE).then_some((ro, ro))
+        });
+        assert_eq!(res, Err(PAGE_SIZE));
+        assert_eq!(a.lookup(0, &ga), Pte::new(Pfn::new(1), PteFlags::USER));
+        assert_eq!(a.lookup(PAGE_SIZE, &ga), Pte::new(Pfn::new(2), RW));
+        assert_eq!(b.lookup(PAGE_SIZE, &gb), Pte::NONE);
+        assert_eq!(b.lookup(2 * PAGE_SIZE, &gb), Pte::NONE);
     }
 
     #[test]
@@ -244,7 +269,9 @@ mod tests {
         let ranges = (0..8u64)
             .map(|k| Range::new(2 * k * PAGE_SIZE, (2 * k + 1) * PAGE_SIZE))
             .chain([Range::new(1 << 40, (1 << 40) + PAGE_SIZE)]);
-        let n = a.copy_ranges(&b, ranges, &ga, &gb, |_, p| (p, p)).unwrap();
+        let n = a
+            .copy_ranges(&b, ranges, &ga, &gb, |_, p| Some((p, p)))
+            .unwrap();
         assert_eq!(n, 8);
         for p in 0..16u64 {
             let want = if p % 2 == 0 {

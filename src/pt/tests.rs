@@ -243,7 +243,10 @@ fn the_root_is_made_on_first_use_and_nothing_needs_it_before() {
     assert_eq!(p.missing_span(va, &g), Some((1 << 48) - va));
     let dst = pt();
     let dg = dst.pin();
-    assert_eq!(p.copy_ranges(&dst, [all], &g, &dg, |_, e| (e, e)), Ok(0));
+    assert_eq!(
+        p.copy_ranges(&dst, [all], &g, &dg, |_, e| Some((e, e))),
+        Ok(0)
+    );
     assert_eq!(
         dst.root.load(Ordering::Relaxed),
         0,

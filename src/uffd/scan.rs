@@ -11,6 +11,14 @@
 //! or it faults after it, clears the bit and is reported by the next scan:
 //! no write falls between two scans.
 //!
+//! Devices write pinned pages without faulting (vm-memory slices,
+//! `translate::guest`), so a page whose frame is pinned is reported
+//! written and never write-protected while pinned (VFIO reports every
+//! pinned page dirty the same way), and pinning clears the bit of an
+//! async VMA's entry, as a write fault would: a pin taken after a reset
+//! and dropped before the next scan is still reported by it. Both happen
+//! under the PTE lock, so a pin and a scan of one page are ordered.
+//!
 //! Categories supported: `WPALLOWED`, `WRITTEN` (present and not
 //! write-protected; an empty entry is never written, as there are no PTE
 //! markers), `FILE` (the page of a shared object), `PRESENT` and
@@ -179,10 +187,10 @@ impl Scan<'_> {
 }
 
 /// A present entry's categories in `vma` (held), Linux's
-/// `pagemap_page_category`.
-fn page_categories(vma: &Vma, va: u64, pte: Pte) -> PageCategories {
+/// `pagemap_page_category`; `pinned`: a device may write the page.
+fn page_categories(vma: &Vma, va: u64, pte: Pte, pinned: bool) -> PageCategories {
     let mut c = PageCategories::PRESENT;
-    if !pte.flags().contains(PteFlags::UFFD_WP) {
+    if !pte.flags().contains(PteFlags::UFFD_WP) || pinned {
         c |= PageCategories::WRITTEN;
     }
     if pte.pfn().is_zero_page() {
@@ -301,11 +309,12 @@ impl AddressSpace {
                 if scan.full {
                     return pte;
                 }
-                let c = vc | page_categories(&v, va, pte);
+                let pinned = self.frames.maybe_pinned(pte.pfn());
+                let c = vc | page_categories(&v, va, pte, pinned);
                 if !scan.interesting(c) || scan.output(c, va, va + PAGE_SIZE) == va {
                     return pte;
                 }
-                if !wp || !c.contains(PageCategories::WRITTEN) {
+                if !wp || !c.contains(PageCategories::WRITTEN) || pinned {
                     return pte;
                 }
                 if pte.is_writable() {
