@@ -134,10 +134,11 @@ fn spec_fault_vs_vma_reused_by_fork_child() {
 /// at `at` races `writer`, on a space set up as `setup` leaves it (with
 /// `empty`, the PTE table has no entry). Afterwards every entry agrees
 /// with the VMAs (`check_ptes`), and once everything is unmapped no frame
-/// is left charged. Catches, in each: `mm.frames.put(new.pfn())` dropped
+/// is left charged. Catches, in each writer that stamps (mremap grow and
+/// shrink, brk, mlock, set_anon_name): `mm.frames.put(new.pfn())` dropped
 /// from the abort path of `spec_fault::handle` (an attempt that sees the
-/// writer's stamp under the PTE lock leaks its frame); each writer's own
-/// hazard is named where it has one.
+/// writer's stamp under the PTE lock leaks its frame). The madvise models
+/// name their own.
 fn spec_vs(empty: bool, at: u64, writer: impl Fn(&AddressSpace) + Sync + Send + 'static) {
     model(move || {
         let mm = space();
@@ -172,7 +173,10 @@ fn spec_fault_vs_mremap_shrink() {
 
 /// MADV_DONTNEED of the range (hazard 9: it does not stamp) over an
 /// emptied table: the page may be installed after the zap, which is a
-/// fault after the madvise, and reads zero either way.
+/// fault after the madvise, and reads zero either way. Catches: the zap
+/// dropping the frames it clears (`gather.free_frame(pfn)` deleted in
+/// `zap_range`, src/mm/edit/mod.rs): a page installed before the zap
+/// leaks.
 #[test]
 fn spec_fault_vs_dontneed() {
     spec_vs(true, A, |mm| {
@@ -184,7 +188,8 @@ fn spec_fault_vs_dontneed() {
 }
 
 /// MADV_FREE of the range: it zaps like DONTNEED (a lazily freed private
-/// page goes at once here), under the mmap_lock read side.
+/// page goes at once here), under the mmap_lock read side. Catches the
+/// same deleted `gather.free_frame(pfn)`.
 #[test]
 fn spec_fault_vs_madv_free() {
     spec_vs(false, A, |mm| {
@@ -235,7 +240,11 @@ fn spec_fault_vs_set_anon_name() {
 /// (fork saw the entry) or not at all (the fault aborted on fork's stamp,
 /// or landed after it, in the parent only). Either way a store through the
 /// parent after fork never shows in the child (hazard 10: a writable entry
-/// installed behind fork's copy pass would be shared writable).
+/// installed behind fork's copy pass would be shared writable). Catches:
+/// fork's copy leaving the parent's entry writable (`let ro =
+/// Pte::new(pfn, pte.flags() - PteFlags::WRITE)` in `copy_page_tables`,
+/// src/mm/fork.rs, keeping `WRITE`): a page the fault installed before
+/// the copy is then shared writable.
 #[test]
 fn spec_fault_vs_fork() {
     model(|| {
