@@ -2168,20 +2168,7 @@ fn exec_only_memory_like_the_kernel() {
     };
     assert_ne!(k, libc::MAP_FAILED);
     let k = k as u64;
-    let kread = |addr: u64| {
-        let mut fds = [0; 2];
-        // SAFETY: `fds` has room for two descriptors.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        // SAFETY: the kernel loads from `addr` with copy_from_user (EFAULT
-        // instead of a fault); then our own descriptors are closed.
-        let w = unsafe { libc::write(fds[1], addr as *const libc::c_void, 1) };
-        // SAFETY: as above.
-        unsafe {
-            libc::close(fds[0]);
-            libc::close(fds[1]);
-        }
-        w == 1
-    };
+    let kread = common::kernel::kernel_loads;
     let kprotect = |addr: u64, prot: i32| {
         // SAFETY: inside our own mapping.
         let r = unsafe { libc::mprotect(addr as *mut libc::c_void, 4096, prot) };

@@ -115,20 +115,28 @@ pub fn kernel_exec_only() -> bool {
             )
         };
         assert_ne!(p, libc::MAP_FAILED, "mmap(PROT_EXEC)");
-        let mut fds = [0; 2];
-        // SAFETY: `fds` has room for the two descriptors.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        // SAFETY: the kernel loads from `p` with copy_from_user, which
-        // fails with EFAULT instead of faulting this process.
-        let w = unsafe { libc::write(fds[1], p, 1) };
-        // SAFETY: closing our own descriptors and unmapping our own page.
-        unsafe {
-            libc::close(fds[0]);
-            libc::close(fds[1]);
-            libc::munmap(p, len);
-        }
-        w < 0
+        let loads = kernel_loads(p as u64);
+        // SAFETY: unmapping our own page, used no more.
+        unsafe { libc::munmap(p, len) };
+        !loads
     })
+}
+
+/// Whether the kernel can load the byte at `addr` of this process
+/// (`write` to a pipe: `copy_from_user` honours protection keys and fails
+/// with `EFAULT` instead of faulting us).
+pub fn kernel_loads(addr: u64) -> bool {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: the kernel loads from `addr` with copy_from_user.
+    let w = unsafe { libc::write(fds[1], addr as *const libc::c_void, 1) };
+    // SAFETY: closing our own descriptors.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+    w == 1
 }
 
 /// Prints the kernel version once per test binary, straight to stderr (not
