@@ -5,7 +5,7 @@
 
 use super::{FrameAllocator, Pfn, BATCH, CACHE_MAX, CHUNK_FRAMES};
 use crate::sync::counter::{self, AtomicU64 as CounterU64};
-use crate::sync::Mutex;
+use crate::sync::{Mutex, MutexGuard};
 
 /// The global free pool, behind `FrameAllocator::pool`.
 pub(super) struct Pool {
@@ -52,6 +52,7 @@ pub(super) struct CpuCache {
 impl CpuCache {
     /// A frame, and whether it may hold someone's bytes (a freed frame
     /// may; one given back to the system or never used is zero).
+    #[inline]
     fn pop(&mut self) -> Option<(Pfn, bool)> {
         if let Some(p) = self.free.pop() {
             return Some((p, true));
@@ -105,6 +106,7 @@ pub(super) enum Use {
 }
 
 /// Adds one to a count whose writers all hold one lock.
+#[inline]
 fn bump_locked(count: &CounterU64) {
     count.store(
         count.load(counter::Ordering::Relaxed) + 1,
@@ -112,50 +114,64 @@ fn bump_locked(count: &CounterU64) {
     );
 }
 
+/// A frame from `c`, the cache of `slot` (locked by the caller), counted
+/// there if it is a data frame.
+#[inline]
+fn take_from(slot: &CpuFrames, c: &mut CpuCache, u: Use) -> Option<(Pfn, bool)> {
+    let p = c.pop()?;
+    if u == Use::Data {
+        bump_locked(&slot.allocs);
+    }
+    Some(p)
+}
+
 impl FrameAllocator {
     /// Takes a frame for `u`; says whether it may hold someone's bytes.
-    /// When every list is dry, waits for the frames on their way back
-    /// ([`settle`](Self::settle)) and looks once more.
+    #[inline]
     pub(super) fn take(&self, u: Use) -> Option<(Pfn, bool)> {
-        self.take_once(u).or_else(|| {
+        self.take_local(u).or_else(|| self.take_dry(u))
+    }
+
+    /// A frame from this CPU's cache, refilled from the pool; a data frame
+    /// is counted here.
+    #[inline]
+    fn take_local(&self, u: Use) -> Option<(Pfn, bool)> {
+        let slot = self.cpus.local();
+        let mut c = slot.cache.lock();
+        if let Some(p) = take_from(slot, &mut c, u) {
+            return Some(p);
+        }
+        if self.refill(&mut c) {
+            return take_from(slot, &mut c, u);
+        }
+        None
+    }
+
+    /// [`take`](Self::take) once the pool is dry: frames freed on other
+    /// CPUs may sit in their caches. When those are empty too, waits for
+    /// the frames on their way back ([`settle`](Self::settle)) and looks
+    /// once more.
+    #[cold]
+    fn take_dry(&self, u: Use) -> Option<(Pfn, bool)> {
+        self.take_other(u).or_else(|| {
             self.settle();
-            self.take_once(u)
+            self.take_local(u).or_else(|| self.take_other(u))
         })
     }
 
-    /// Takes a frame from this CPU's cache (refilled from the pool), or
-    /// from any other CPU's when the pool is dry; counts a data frame
-    /// where it was taken.
-    fn take_once(&self, u: Use) -> Option<(Pfn, bool)> {
-        let take_from = |slot: &CpuFrames, c: &mut CpuCache| {
-            let p = c.pop()?;
-            if u == Use::Data {
-                bump_locked(&slot.allocs);
-            }
-            Some(p)
-        };
-        let slot = self.cpus.local();
-        {
-            let mut c = slot.cache.lock();
-            if let Some(p) = take_from(slot, &mut c) {
-                return Some(p);
-            }
-            if self.refill(&mut c) {
-                return take_from(slot, &mut c);
-            }
-        }
-        // Dry: frames freed on other CPUs may sit in their caches.
+    /// A frame from any CPU's cache, counted where it was taken.
+    fn take_other(&self, u: Use) -> Option<(Pfn, bool)> {
         for i in 0..self.cpus.len() {
             let other = self.cpus.get(i);
             if let Some(mut c) = other.cache.try_lock() {
-                if let Some(p) = take_from(other, &mut c) {
+                if let Some(p) = take_from(other, &mut c, u) {
                     return Some(p);
                 }
             }
         }
         for i in 0..self.cpus.len() {
             let other = self.cpus.get(i);
-            if let Some(p) = take_from(other, &mut other.cache.lock()) {
+            if let Some(p) = take_from(other, &mut other.cache.lock(), u) {
                 return Some(p);
             }
         }
@@ -194,24 +210,31 @@ impl FrameAllocator {
     }
 
     /// Puts a free frame (reference count 0, uncharged) into this CPU's
-    /// cache, spilling a batch to the pool when the cache is full; gives
-    /// memory back to the system if the pool then holds too much.
+    /// cache, spilling a batch to the pool when the cache is full.
+    #[inline]
     pub(super) fn give(&self, pfn: Pfn, u: Use) {
         let slot = self.cpus.local();
+        let mut c = slot.cache.lock();
+        if u == Use::Data {
+            bump_locked(&slot.frees);
+        }
+        c.free.push(pfn);
+        if c.free.len() >= CACHE_MAX {
+            self.spill(c);
+        }
+    }
+
+    /// Moves a batch from the full cache `c` to the pool; gives memory back
+    /// to the system if the pool then holds too much.
+    #[cold]
+    fn spill(&self, mut c: MutexGuard<'_, CpuCache>) {
+        let at = c.free.len() - BATCH;
         let over = {
-            let mut c = slot.cache.lock();
-            if u == Use::Data {
-                bump_locked(&slot.frees);
-            }
-            c.free.push(pfn);
-            if c.free.len() < CACHE_MAX {
-                return;
-            }
-            let at = c.free.len() - BATCH;
             let mut pool = self.pool.lock();
             pool.free.extend(c.free.drain(at..));
             pool.free.len() > self.release_above()
         };
+        drop(c);
         if over {
             self.release();
         }

