@@ -164,7 +164,7 @@ pub struct AddressSpace {
     /// the mmap_lock write side (see [`crate::pt`]'s docs in the source).
     /// Made on first use, behind an `Arc` that the mappings of shared
     /// objects share (a shrink zaps through it: `vma::Mappings`).
-    pub(crate) pt: LazyWith<PageTable, (bool, Arc<crate::phys::Budget>)>,
+    pub(crate) pt: LazyWith<PageTable, (bool, Arc<FrameAllocator>)>,
     /// The physical memory frames come from (shared with fork relatives
     /// and with spaces made by `with_pool`).
     /// Protected by: immutable after creation (the allocator locks inside).
@@ -300,14 +300,14 @@ impl AddressSpace {
                 def_flags: crate::vma::VmFlags::empty(),
             }),
             pt: LazyWith::new(
-                (cfg.deferred_reclaim, frames.memory().clone()),
-                |(deferred, budget)| {
+                (cfg.deferred_reclaim, frames.clone()),
+                |(deferred, frames)| {
                     let r = if *deferred {
                         Reclaimer::deferred()
                     } else {
                         Reclaimer::epoch()
                     };
-                    PageTable::with_budget(r, budget.clone())
+                    PageTable::with_frames(r, frames.clone())
                 },
             ),
             frames,

@@ -55,12 +55,6 @@ impl Budget {
         }
     }
 
-    /// A budget that never refuses (structures used on their own).
-    #[cfg(any(test, aspace_loom))]
-    pub(crate) fn unlimited() -> Self {
-        Self::new(u64::MAX)
-    }
-
     /// The limit in bytes.
     pub fn limit(&self) -> u64 {
         self.limit

@@ -1,6 +1,6 @@
 //! Where frames live: chunks of memory obtained from the system, the
 //! two-level directory that finds a frame's chunk, and each frame's
-//! reference count and pin count.
+//! reference count and pin count, and its page-table fields.
 //!
 //! Pins (Linux's `FOLL_PIN`) are references held for devices, which reach
 //! a frame's memory without a translation: a pinned frame is never freed
@@ -99,6 +99,12 @@ pub(super) struct Chunk {
     /// allocator writes it (`Relaxed`), handing the frame over through the
     /// cache and pool mutexes.
     pub(super) refs: Box<[AtomicU64]>,
+    /// The fields of each frame used as a page-table page (its lock and
+    /// count; see `table`), pointing at the frame's memory.
+    ///
+    /// Protected by: see [`super::TablePage`].
+    #[cfg(not(aspace_loom))]
+    pub(super) tables: Box<[super::TablePage]>,
     /// Under loom, one tracked cell per frame stands for its memory
     /// (protected by: loom's own checking, it is the model's witness):
     /// loads, stores and copies are shared accesses, while taking a frame
@@ -180,6 +186,8 @@ impl FrameAllocator {
                 let chunk = Box::new(Chunk {
                     mem,
                     refs: (0..CHUNK_FRAMES).map(|_| AtomicU64::new(0)).collect(),
+                    #[cfg(not(aspace_loom))]
+                    tables: super::TablePage::chunk_pages(mem, c * CHUNK_FRAMES),
                     #[cfg(aspace_loom)]
                     owner: (0..CHUNK_FRAMES)
                         .map(|_| crate::sync::UnsafeCell::new(()))
@@ -202,7 +210,7 @@ impl FrameAllocator {
     /// The chunk of an allocated frame (it exists: frames are handed out
     /// only after their chunk).
     #[inline]
-    fn chunk(&self, pfn: Pfn) -> &Chunk {
+    pub(super) fn chunk(&self, pfn: Pfn) -> &Chunk {
         let c = pfn.index() / CHUNK_FRAMES;
         let dir = self.dirs[c / DIR_CHUNKS].load(Ordering::Acquire);
         assert!(!dir.is_null(), "frame {pfn} was never allocated");

@@ -18,13 +18,16 @@ impl FrameAllocator {
         unsafe { &*(self.base(pfn) as *const [FrameWord; WORDS]) }
     }
 
-    /// Clears a frame just allocated (nobody else can reach it yet).
+    /// Clears a frame that is ours alone: just taken from the free lists
+    /// (nobody else can reach it yet), or a table page on its way back to
+    /// them (nobody can reach it any more).
     pub(super) fn zero(&self, pfn: Pfn) {
         self.use_exclusive(pfn);
-        // SAFETY: the frame was just taken from the free lists, so no page
-        // table maps it and no access through an old translation remains
+        // SAFETY: a frame just taken from the free lists is mapped by no
+        // page table and no access through an old translation remains
         // (frames are freed only after the TLB flush that removed their
-        // last translation): we are its only user. The 4096 bytes are in
+        // last translation); a table page being freed is unlinked and its
+        // walkers are gone: we are its only user. The 4096 bytes are in
         // bounds of its chunk.
         unsafe { core::ptr::write_bytes(self.base(pfn), 0, PAGE_SIZE as usize) };
     }

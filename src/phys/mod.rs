@@ -10,10 +10,12 @@
 //! Memory is obtained from the system lazily, in chunks (anonymous `mmap`
 //! on unix, so a frame costs host memory only once it is first written).
 //! Every frame has a reference count (page tables, shared objects and
-//! copy-on-write sharers each hold one). Allocation and freeing touch only
-//! the calling CPU's cache, which is refilled from (and spills to) a global
-//! pool in batches; when the pool is dry, other CPUs' caches are drained
-//! before giving up.
+//! copy-on-write sharers each hold one). Page-table pages are frames too
+//! ([`TablePage`]: the entries are the frame's words, its lock and count
+//! sit in a per-frame array beside the reference counts). Allocation and
+//! freeing touch only the calling CPU's cache, which is refilled from (and
+//! spills to) a global pool in batches; when the pool is dry, other CPUs'
+//! caches are drained before giving up.
 //!
 //! Never-used frames go to a CPU a whole chunk's remainder at a time (up
 //! to 512 frames, as a range in its cache), freed frames 32 at a time: a
@@ -29,23 +31,52 @@
 //!
 //! Isolation: a pool that zeroes frames ([`FrameAllocator::new`] with
 //! `zero_new`) clears every frame it hands out again, whoever freed it, so
-//! no address space sees another's bytes; frames never handed out are
-//! already zero and are not cleared again. A pool made without zeroing
-//! (to measure metadata paths) hands frames out with whatever bytes their
-//! last user left: share such a pool only between spaces that trust each
-//! other.
+//! no address space sees another's bytes; frames never handed out, and
+//! frames whose memory was given back to the system, are already zero and
+//! are not cleared again. A pool made without zeroing (to measure metadata
+//! paths) hands frames out with whatever bytes their last user left: share
+//! such a pool only between spaces that trust each other. Table pages are
+//! always handed out zero.
+//!
+//! # How host memory is accounted
+//!
+//! The budget charges bytes in use: data frames, page-table pages (4 KiB
+//! each, charged by their page table from creation until it unlinks
+//! them) and metadata (VMAs, shared objects' nodes, from the heap). What
+//! the host holds besides:
+//!
+//! - frames are numbered below `budget / 4096`, so all chunk memory
+//!   together never passes the budget, whatever it is used for;
+//! - freed frames cached for reuse stay resident, but only up to an eighth
+//!   of the frames in the global pool (plus at most 128 per CPU cache):
+//!   past that the oldest are given back to the system (`release`:
+//!   `MADV_DONTNEED` on each run of consecutive frames), so cached frames
+//!   cannot add to heap metadata charged in their place;
+//! - per-frame fields: a reference count and the table fields, 28 bytes
+//!   per 4 KiB frame (0.7%), for each chunk obtained;
+//! - table pages unlinked but still waiting out a walker's grace period
+//!   are uncharged already: they are frames, so they too count within the
+//!   chunks' cap; a taker that finds every list dry asks the epoch to free
+//!   them (`settle`) before it gives up.
+//!
+//! So the host holds at most the budget, an eighth of it, the per-CPU
+//! caches, the per-frame fields and what the heap keeps of freed metadata
+//! (`tests/host_rss.rs` measures it). [`FrameAllocator::prefault`] is the
+//! exception by request: it makes never-used frames resident up front.
 //!
 //! One mechanism per file: this file hands frames out and takes them back
-//! (per-CPU caches, the global pool, reference counts); `chunk` obtains
-//! the memory behind them; `contents` reads and writes it; `budget`
-//! charges it.
+//! (reference counts, charging); `cache` keeps the free frames (per-CPU
+//! caches, the global pool); `release` gives cached frames' memory back;
+//! `table` makes frames page-table pages; `chunk` obtains the memory
+//! behind them; `contents` reads and writes it; `budget` charges it.
 //!
 //! # Locking
 //!
 //! The frame allocator's locks come after the PTE locks in the crate's
-//! [lock order](crate::mm#locking) (its level 5). Among themselves: a CPU
-//! cache's mutex, then the global pool's, then the chunk directory's
-//! `grow` lock; none of them is held while calling out of this module.
+//! [lock order](crate::mm#locking) (its level 5). Among themselves: the
+//! `releasing` lock, then a CPU cache's mutex, then the global pool's, then
+//! the chunk directory's `grow` lock; none of them is held while calling
+//! out of this module (a dry taker's epoch flush runs with none held).
 //! Reference counts, budget counts and frame words are atomics. Each field
 //! says what protects it.
 
@@ -55,11 +86,16 @@ use crate::sync::counter::{self, AtomicU64 as CounterU64};
 use crate::sync::{Arc, AtomicPtr, Mutex, Ordering};
 
 mod budget;
+mod cache;
 mod chunk;
 mod contents;
+mod release;
+mod table;
 
 pub use budget::Budget;
+use cache::{CpuFrames, Pool, Use};
 use chunk::{ChunkDir, DIR_CHUNKS};
+pub(crate) use table::TablePage;
 
 /// A frame number: which 4 KiB frame of a [`FrameAllocator`].
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
@@ -115,78 +151,6 @@ const CACHE_MAX: usize = 4 * BATCH;
 
 const WORDS: usize = PAGE_SIZE as usize / 8;
 
-/// The global free pool, behind `FrameAllocator::pool`.
-struct Pool {
-    /// Frames freed and spilled by the CPU caches.
-    ///
-    /// Protected by: `FrameAllocator::pool`.
-    free: Vec<Pfn>,
-    /// Frames below this number have been handed out at least once.
-    ///
-    /// Protected by: `FrameAllocator::pool`.
-    fresh: u64,
-}
-
-/// One CPU slot's frames.
-#[derive(Default)]
-struct CpuCache {
-    /// Frames freed here or moved here from the pool; taken newest first
-    /// (their lines may still be in this CPU's cache).
-    free: Vec<Pfn>,
-    /// Never-used frames reserved for this CPU, all in one chunk, taken in
-    /// ascending order once `free` is empty.
-    fresh: core::ops::Range<u64>,
-}
-
-impl CpuCache {
-    /// A frame, and whether it was handed out before (a freed frame may
-    /// hold someone's bytes; a never-used one is known to be zero).
-    fn pop(&mut self) -> Option<(Pfn, bool)> {
-        if let Some(p) = self.free.pop() {
-            return Some((p, true));
-        }
-        // Below `FrameAllocator::frames`, which is below `Pfn::ZERO_PAGE`.
-        self.fresh.next().map(|p| (Pfn::new(p as u32), false))
-    }
-}
-
-/// One CPU slot of the allocator: its cache and its counts.
-struct CpuFrames {
-    /// Free and never-used frames.
-    ///
-    /// Protected by: its mutex (a slot is shared by the threads of its CPU;
-    /// see [`crate::percpu`]).
-    cache: Mutex<CpuCache>,
-    /// Frames taken from this slot's cache.
-    ///
-    /// Protected by: written only under `cache`'s lock (a load and a
-    /// store: no locked add on the fault path), read with `Relaxed` loads
-    /// by [`FrameAllocator::used`].
-    allocs: CounterU64,
-    /// Frames freed into this slot's cache.
-    ///
-    /// Protected by: as `allocs`.
-    frees: CounterU64,
-}
-
-impl CpuFrames {
-    fn new() -> Self {
-        CpuFrames {
-            cache: Mutex::new(CpuCache::default()),
-            allocs: CounterU64::new(0),
-            frees: CounterU64::new(0),
-        }
-    }
-}
-
-/// Adds one to a count whose writers all hold one lock.
-fn bump_locked(count: &CounterU64) {
-    count.store(
-        count.load(counter::Ordering::Relaxed) + 1,
-        counter::Ordering::Relaxed,
-    );
-}
-
 /// The frame allocator: one physical memory, shareable by many address
 /// spaces (see the module docs).
 pub struct FrameAllocator {
@@ -215,6 +179,11 @@ pub struct FrameAllocator {
     ///
     /// Protected by: its mutex.
     pool: Mutex<Pool>,
+    /// Held while free frames' memory is given back to the system (they
+    /// are then in no list; see `release`).
+    ///
+    /// Protected by: immutable after creation (it is the lock).
+    releasing: Mutex<()>,
     /// Each CPU slot's cache of free and never-used frames, and its
     /// allocation and free counts.
     ///
@@ -262,10 +231,8 @@ impl FrameAllocator {
                 .map(|_| AtomicPtr::new(core::ptr::null_mut()))
                 .collect(),
             grow: Mutex::new(()),
-            pool: Mutex::new(Pool {
-                free: Vec::new(),
-                fresh: 0,
-            }),
+            pool: Mutex::new(Pool::new()),
+            releasing: Mutex::new(()),
             cpus: PerCpu::new(CpuFrames::new),
             reserved: CounterU64::new(0),
         }
@@ -302,7 +269,7 @@ impl FrameAllocator {
         if !self.budget.try_charge(PAGE_SIZE) {
             return None;
         }
-        let Some((pfn, used_before)) = self.take() else {
+        let Some((pfn, used_before)) = self.take(Use::Data) else {
             self.budget.uncharge(PAGE_SIZE);
             return None;
         };
@@ -312,67 +279,6 @@ impl FrameAllocator {
         // the store does not wait for the line.
         self.refs(pfn).store(1, Ordering::Relaxed);
         Some((pfn, used_before))
-    }
-
-    /// Takes a frame from this CPU's cache (refilled from the pool), or
-    /// from any other CPU's when the pool is dry; counts it where it was
-    /// taken. Says whether it was used before.
-    fn take(&self) -> Option<(Pfn, bool)> {
-        let take_from = |slot: &CpuFrames, c: &mut CpuCache| {
-            let p = c.pop()?;
-            bump_locked(&slot.allocs);
-            Some(p)
-        };
-        let slot = self.cpus.local();
-        {
-            let mut c = slot.cache.lock();
-            if let Some(p) = take_from(slot, &mut c) {
-                return Some(p);
-            }
-            if self.refill(&mut c) {
-                return take_from(slot, &mut c);
-            }
-        }
-        // Dry: frames freed on other CPUs may sit in their caches.
-        for i in 0..self.cpus.len() {
-            let other = self.cpus.get(i);
-            if let Some(mut c) = other.cache.try_lock() {
-                if let Some(p) = take_from(other, &mut c) {
-                    return Some(p);
-                }
-            }
-        }
-        for i in 0..self.cpus.len() {
-            let other = self.cpus.get(i);
-            if let Some(p) = take_from(other, &mut other.cache.lock()) {
-                return Some(p);
-            }
-        }
-        None
-    }
-
-    /// Moves a batch of freed frames from the global pool into `c`, or
-    /// else the never-used frames up to the end of the next chunk.
-    fn refill(&self, c: &mut CpuCache) -> bool {
-        let mut pool = self.pool.lock();
-        let n = pool.free.len().min(BATCH);
-        if n > 0 {
-            let at = pool.free.len() - n;
-            c.free.extend(pool.free.drain(at..));
-            return true;
-        }
-        let fresh = pool.fresh;
-        // Never past the end of a chunk, so one chunk backs the span.
-        let to_chunk_end = CHUNK_FRAMES as u64 - fresh % CHUNK_FRAMES as u64;
-        let n = (self.frames - fresh).min(to_chunk_end);
-        if n == 0 || self.chunk_for(Pfn::new(fresh as u32)).is_none() {
-            return false;
-        }
-        pool.fresh += n;
-        drop(pool);
-        debug_assert!(c.fresh.is_empty(), "refilled before the span ran out");
-        c.fresh = fresh..fresh + n;
-        true
     }
 
     /// Adds a reference (another mapping shares the frame).
@@ -404,14 +310,7 @@ impl FrameAllocator {
         self.use_exclusive(pfn);
         // Free now; whoever takes it next clears it (see `alloc`).
         self.budget.uncharge(PAGE_SIZE);
-        let slot = self.cpus.local();
-        let mut c = slot.cache.lock();
-        bump_locked(&slot.frees);
-        c.free.push(pfn);
-        if c.free.len() >= CACHE_MAX {
-            let at = c.free.len() - BATCH;
-            self.pool.lock().free.extend(c.free.drain(at..));
-        }
+        self.give(pfn, Use::Data);
         true
     }
 
@@ -420,7 +319,8 @@ impl FrameAllocator {
         self.refs(pfn).load(Ordering::Acquire) as u32
     }
 
-    /// Frames allocated now.
+    /// Data frames allocated now (page-table pages are counted by their
+    /// page tables, and charged to the budget like data frames).
     pub fn used(&self) -> u64 {
         let (mut a, mut f) = (0u64, 0u64);
         for c in self.cpus.iter() {

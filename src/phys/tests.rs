@@ -158,3 +158,88 @@ fn never_used_frames_reserved_by_one_cpu_are_found_by_another() {
     assert_eq!(all.len(), 600, "no frame handed out twice");
     assert_eq!(f.used(), 600);
 }
+
+#[test]
+fn table_pages_are_zeroed_frames_of_the_pool_not_counted_as_data() {
+    let f = FrameAllocator::new(4 * PAGE_SIZE, false);
+    let a = f.alloc().unwrap();
+    f.write(a, 0, &[0xff; 4096]);
+    f.put(a);
+    let t = f.alloc_table(false).unwrap();
+    // SAFETY: just handed out, and ours until `free_table` below.
+    let page = unsafe { t.as_ref() };
+    assert_eq!(
+        page.entries.as_ptr() as *mut u8,
+        f.frame_ptr(a),
+        "the freed frame's own words"
+    );
+    assert!(page.entries.iter().all(|e| e.load(Ordering::Relaxed) == 0));
+    assert_eq!(page.used.load(Ordering::Relaxed), 0);
+    assert_eq!(f.used(), 0, "a table page is not a data frame");
+    // It holds one of the four frames: three data frames are left.
+    let v: Vec<Pfn> = std::iter::from_fn(|| f.alloc()).collect();
+    assert_eq!(v.len(), 3);
+    // With no frame free, a table is refused unless a heap page may do.
+    assert!(f.alloc_table(false).is_none());
+    let h = f.alloc_table(true).unwrap();
+    // SAFETY: as above.
+    assert!(unsafe { h.as_ref() }
+        .entries
+        .iter()
+        .all(|e| e.load(Ordering::Relaxed) == 0));
+    // SAFETY: both came from `alloc_table` and are used no more.
+    unsafe {
+        f.free_table(h);
+        f.free_table(t);
+    }
+    assert_eq!(f.alloc(), Some(a), "the table's frame is back in the pool");
+}
+
+/// Whether the host holds the memory of `pfn` now.
+#[cfg(target_os = "linux")]
+fn resident(f: &FrameAllocator, pfn: Pfn) -> bool {
+    let mut v = 0u8;
+    // SAFETY: the frame's 4096 bytes are a page of a mapping of ours;
+    // mincore only reports on it, into the one byte it needs.
+    let r = unsafe { libc::mincore(f.frame_ptr(pfn).cast(), PAGE_SIZE as usize, &mut v) };
+    assert_eq!(r, 0, "mincore");
+    v & 1 != 0
+}
+
+#[test]
+fn freed_frames_past_the_mark_are_given_back_and_read_zero() {
+    let n = 4096;
+    let f = FrameAllocator::new(n * PAGE_SIZE, false);
+    let v: Vec<Pfn> = std::iter::from_fn(|| f.alloc()).collect();
+    assert_eq!(v.len() as u64, n);
+    for &p in &v {
+        f.write(p, 0, &[0xa5; 4096]);
+    }
+    for &p in &v {
+        f.put(p);
+    }
+    // Resident now: at most the pool's mark and every CPU cache's fill.
+    let kept = f.release_above() + f.cpus.len() * CACHE_MAX;
+    assert!(kept < n as usize / 2);
+    assert!(f.pool.lock().zeroed.len() >= n as usize - kept);
+    #[cfg(target_os = "linux")]
+    {
+        let held = v.iter().filter(|&&p| resident(&f, p)).count();
+        assert!(held <= kept, "{held} free frames resident, {kept} allowed");
+    }
+    // Handed out again (this pool does not clear frames), those given back
+    // read zero and the others still hold their bytes.
+    let w: Vec<Pfn> = std::iter::from_fn(|| f.alloc()).collect();
+    assert_eq!(w.len() as u64, n);
+    let mut zero = 0;
+    for &p in &w {
+        let mut b = [0u8; 4096];
+        f.read(p, 0, &mut b);
+        if b == [0; 4096] {
+            zero += 1;
+        } else {
+            assert_eq!(b, [0xa5; 4096], "frame {p}");
+        }
+    }
+    assert!(zero >= n as usize - kept, "{zero} frames read zero");
+}

@@ -1,12 +1,34 @@
 //! Freeing table pages: the empty tables of an unmapped range (Linux's
-//! `free_pgtables`), retired through the epoch, and the whole tree when
-//! the page table is dropped.
+//! `free_pgtables`), retired through the epoch and given back to the
+//! frame pool after it, and the whole tree when the page table is dropped.
 
 use super::{entry_span, PageTable, Table, ENTRIES, LEVELS, TABLE_BIT, TABLE_BYTES};
 use crate::addr::Range;
+use crate::phys::FrameAllocator;
 use crate::reclaim::Guard;
 use crate::sync::counter;
-use crate::sync::Ordering;
+use crate::sync::{Arc, Ordering};
+use core::ptr::NonNull;
+
+/// An unlinked table page on its way back to its pool after the grace
+/// period.
+struct Retired {
+    frames: Arc<FrameAllocator>,
+    table: NonNull<Table>,
+}
+
+// SAFETY: the retired page is owned by this request alone (unlinked, and
+// handed to the reclaimer); table pages are `Send`.
+unsafe impl Send for Retired {}
+
+impl Retired {
+    fn free(self) {
+        // SAFETY: the page came from `alloc_table` of this pool, was
+        // unlinked before it was retired, and the reclaimer runs this only
+        // once the walkers that might have reached it are gone.
+        unsafe { self.frames.free_table(self.table) };
+    }
+}
 
 impl PageTable {
     /// Frees the table pages whose whole span lies inside `r` and that map
@@ -26,17 +48,31 @@ impl PageTable {
     pub fn free_tables_within(&self, r: Range, limits: Range, g: &Guard) {
         debug_assert!(limits.start <= r.start && r.end <= limits.end);
         if let Some(root) = self.child(&self.root, g) {
-            self.free_in(root, LEVELS - 1, 0, r, limits, g);
+            if self.free_in(root, LEVELS - 1, 0, r, limits, g) {
+                // Hand what was retired to the collector now: the frames
+                // come back to the pool once the epoch has moved on,
+                // rather than when this thread's deferred list fills.
+                self.reclaimer.flush(g);
+            }
         }
     }
 
     /// Frees empty child tables of `t` (at `level`, covering addresses from
     /// `base`) that meet `r` and lie inside `limits`. The caller checks
-    /// emptiness of `t` itself.
-    fn free_in(&self, t: &Table, level: u32, base: u64, r: Range, limits: Range, g: &Guard) {
+    /// emptiness of `t` itself. True if any was freed.
+    fn free_in(
+        &self,
+        t: &Table,
+        level: u32,
+        base: u64,
+        r: Range,
+        limits: Range,
+        g: &Guard,
+    ) -> bool {
         if level == 0 {
-            return;
+            return false;
         }
+        let mut freed = false;
         let span = entry_span(level);
         // Only the entries whose span meets `r`.
         let first = (r.start.saturating_sub(base) / span).min(ENTRIES as u64) as usize;
@@ -51,53 +87,57 @@ impl PageTable {
             let Some(child) = self.child(e, g) else {
                 continue;
             };
-            self.free_in(child, level - 1, lo, r, limits, g);
+            freed |= self.free_in(child, level - 1, lo, r, limits, g);
             if lo >= limits.start && hi <= limits.end && child.is_empty() {
                 let v = e.swap(0, Ordering::AcqRel);
                 t.used.fetch_sub(1, Ordering::Relaxed);
                 self.tables.local().fetch_sub(1, counter::Ordering::Relaxed);
-                let ptr = (v & !TABLE_BIT) as *mut Table;
-                // Uncharged now, freed after the grace period: the budget
-                // may run ahead of the host by what the epoch holds back.
-                self.budget.uncharge(TABLE_BYTES);
-                // SAFETY: the entry held this table; the swap unlinked it,
-                // so only walkers pinned before now can reach it, and the
+                // Uncharged now, back in the pool after the grace period:
+                // the budget may run ahead of the pool by what the epoch
+                // holds back (a taker that finds the pool dry flushes it).
+                self.frames.memory().uncharge(TABLE_BYTES);
+                let table = NonNull::new((v & !TABLE_BIT) as *mut Table).expect("a table");
+                // The entry held this table; the swap unlinked it, so only
+                // walkers pinned before now can reach it, and the
                 // reclaimer frees it after they are gone. We own it.
-                unsafe {
-                    self.reclaimer
-                        .retire_with(g, ptr, |p| drop(Box::from_raw(p)));
-                }
+                let retired = Retired {
+                    frames: self.frames.clone(),
+                    table,
+                };
+                self.reclaimer.defer(g, move || retired.free());
+                freed = true;
             }
         }
+        freed
     }
 }
 
 impl Drop for PageTable {
     fn drop(&mut self) {
-        self.budget.uncharge(TABLE_BYTES * self.table_pages());
-        fn free(t: &Table, level: u32) {
+        self.frames
+            .memory()
+            .uncharge(TABLE_BYTES * self.table_pages());
+        fn free(frames: &FrameAllocator, v: u64, level: u32) {
+            let p = NonNull::new((v & !TABLE_BIT) as *mut Table).expect("a table");
+            // SAFETY: a non-zero entry (or root) holds a table page from
+            // `alloc_table`; the page table is being dropped, so no walker
+            // can be inside it.
+            let t = unsafe { p.as_ref() };
             // An empty table has no child to free.
-            if level == 0 || t.is_empty() {
-                return;
-            }
-            for e in t.entries.iter() {
-                let v = e.load(Ordering::Relaxed);
-                if v != 0 {
-                    let p = (v & !TABLE_BIT) as *mut Table;
-                    // SAFETY: non-zero upper entries own a table from
-                    // Box::into_raw; the page table is being dropped, so no
-                    // walker can be inside it.
-                    let child = unsafe { Box::from_raw(p) };
-                    free(&child, level - 1);
+            if level > 0 && !t.is_empty() {
+                for e in t.entries.iter() {
+                    let c = e.load(Ordering::Relaxed);
+                    if c != 0 {
+                        free(frames, c, level - 1);
+                    }
                 }
             }
+            // SAFETY: as above; nothing can reach it any more.
+            unsafe { frames.free_table(p) };
         }
         let v = self.root.load(Ordering::Acquire);
         if v != 0 {
-            // SAFETY: a non-zero root entry owns a table from Box::into_raw
-            // (see `make_table`); nothing else can reach it any more.
-            let root = unsafe { Box::from_raw((v & !TABLE_BIT) as *mut Table) };
-            free(&root, LEVELS - 1);
+            free(&self.frames, v, LEVELS - 1);
         }
     }
 }

@@ -1,14 +1,17 @@
 //! A simulated x86-64 4-level page table.
 //!
-//! Tables are 512 atomic 64-bit entries. Walkers (faults, user-mode
-//! accesses) read entries lock-free with `Acquire`; missing tables are
+//! Tables are frames of the address space's frame pool, each 512 atomic
+//! 64-bit entries (a real x86-64 table page), taken from the same per-CPU
+//! caches as data frames: making a table on the fault path costs no heap
+//! allocation, and tables use the budget's own memory. Walkers (faults,
+//! user-mode accesses) read entries lock-free with `Acquire`; missing tables are
 //! installed by compare-and-swap (`Release`), so two faults racing on one
 //! region agree on one table and the loser frees its own. Each last-level
 //! (PTE) table has its own lock (Linux's split PTE locks): installs,
 //! updates, zaps and moves of entries take it; lookups never do.
 //!
-//! Every table page is charged to the page table's [`Budget`] while it
-//! exists: a fault that would need a table past the budget gets no table
+//! Every table page is charged to the pool's budget while it is linked:
+//! a fault that would need a table past the budget gets no table
 //! (`install` fails) instead of growing the host without bound.
 //!
 //! An empty page table has no table at all: the root is made by the first
@@ -18,8 +21,9 @@
 //! and see an empty table.
 //!
 //! Table pages are freed only through the [`Reclaimer`], and only where
-//! the caller guarantees no VMA covers their span, so a lock-free walker
-//! that is still inside one never touches freed memory. mremap may move a
+//! the caller guarantees no VMA covers their span: a page goes back to the
+//! pool (and may become a data frame or another table) only once the
+//! walkers that might still be inside it are gone. mremap may move a
 //! whole PTE table to another PMD entry ([`PageTable::move_range`]): a
 //! walker that reached it through the old entry keeps reading a live table.
 //!
@@ -41,10 +45,10 @@
 
 use crate::addr::{PAGE_SHIFT, PAGE_SIZE};
 use crate::percpu::PerCpu;
-use crate::phys::Budget;
+use crate::phys::FrameAllocator;
 use crate::reclaim::{Guard, Reclaimer};
 use crate::sync::counter::AtomicI64;
-use crate::sync::{Arc, AtomicU32, AtomicU64, Mutex, Ordering};
+use crate::sync::{Arc, AtomicU64, Ordering};
 
 mod copy;
 mod entry;
@@ -65,46 +69,13 @@ const VA_BITS: u32 = PAGE_SHIFT + 9 * LEVELS;
 /// Marks an upper-level entry as pointing to a table.
 const TABLE_BIT: u64 = 1;
 
-/// One table page. The lock is used only at level 0. `used` counts
-/// non-empty entries, so emptiness needs no scan.
-///
-/// The header is aligned to 128 bytes (a cache line and its prefetch
-/// pair), so two tables' headers never share a line: faults of two
-/// threads in PTE tables of their own write disjoint lines.
-#[repr(align(128))]
-struct Table {
-    /// The 512 entries ([`Pte`] values at level 0; at upper levels a child
-    /// table's address with [`TABLE_BIT`], or 0).
-    ///
-    /// Protected by: at level 0, `lock` for every change (stored with
-    /// `Release`); read lock-free with `Acquire` under an epoch guard. At
-    /// upper levels, filled once by a compare-and-swap (`AcqRel`) of any
-    /// walker; emptied (`swap`, `AcqRel`) only by the mmap_lock writer
-    /// where no VMA covers the span, or swung by mremap under the moved
-    /// table's `lock`; the child is freed through the epoch.
-    entries: Box<[AtomicU64]>,
-    /// Non-empty entries.
-    ///
-    /// Protected by: at level 0, `lock` (plain load and store, `Relaxed`;
-    /// see [`Table::used_add_locked`]); at upper levels, atomic `Relaxed`
-    /// read-modify-writes by the installing walker and the unlinking
-    /// writer. Read with `Acquire` only to compare with zero.
-    used: AtomicU32,
-    /// The split PTE lock (level 0 only; unused above).
-    ///
-    /// Protected by: immutable after creation (it is the lock).
-    lock: Mutex<()>,
-}
+// One table page: a frame from the frame pool whose 512 words are the
+// entries, with its count of non-empty entries (`used`, so emptiness needs
+// no scan) and its split PTE lock (`lock`, level 0 only) in the frame's
+// per-frame fields. What protects each is said at `phys::TablePage`.
+use crate::phys::TablePage as Table;
 
 impl Table {
-    fn new() -> Box<Table> {
-        Box::new(Table {
-            entries: (0..ENTRIES).map(|_| AtomicU64::new(0)).collect(),
-            used: AtomicU32::new(0),
-            lock: Mutex::new(()),
-        })
-    }
-
     fn is_empty(&self) -> bool {
         self.used.load(Ordering::Acquire) == 0
     }
@@ -120,9 +91,10 @@ impl Table {
     }
 }
 
-/// Bytes one table costs here: its 512 entries (a real x86-64 table page
-/// is exactly these 4 KiB) plus the header with its lock and count.
-pub const TABLE_BYTES: u64 = PAGE_SIZE + core::mem::size_of::<Table>() as u64;
+/// Bytes one table costs: its frame (a real x86-64 table page is exactly
+/// these 4 KiB of entries). Its lock and count are per-frame fields that
+/// every frame has.
+pub const TABLE_BYTES: u64 = PAGE_SIZE;
 
 /// Span of one entry at `level` (level 0: a page).
 const fn entry_span(level: u32) -> u64 {
@@ -156,11 +128,12 @@ pub struct PageTable {
     ///
     /// Protected by: statistics atomics (`sync::counter`, `Relaxed`).
     tables: PerCpu<AtomicI64>,
-    /// The memory budget table pages are charged to.
+    /// The frame pool table pages come from, and whose budget they are
+    /// charged to.
     ///
-    /// Protected by: immutable after creation (the budget is atomics, see
-    /// [`Budget`]).
-    budget: Arc<Budget>,
+    /// Protected by: immutable after creation (the pool's own rules: see
+    /// [`FrameAllocator`]).
+    frames: Arc<FrameAllocator>,
 }
 
 // SAFETY: tables are reached through atomic entries and freed only through
@@ -171,21 +144,24 @@ unsafe impl Sync for PageTable {}
 
 impl PageTable {
     /// An empty page table whose table pages are retired through
-    /// `reclaimer`, with no limit on its tables.
+    /// `reclaimer`, on a frame pool of its own (1 GiB; 1 MiB under loom,
+    /// where tables are heap pages charged to it).
     #[cfg(any(test, aspace_loom))]
     pub fn new(reclaimer: Reclaimer) -> Self {
-        Self::with_budget(reclaimer, Arc::new(Budget::unlimited()))
+        let bytes = if cfg!(aspace_loom) { 1 << 20 } else { 1 << 30 };
+        Self::with_frames(reclaimer, Arc::new(FrameAllocator::new(bytes, false)))
     }
 
     /// An empty page table whose table pages (the root included) are
-    /// charged to `budget`. Allocates nothing: the root is made, and
-    /// charged like any table, by the first walk that creates a table.
-    pub fn with_budget(reclaimer: Reclaimer, budget: Arc<Budget>) -> Self {
+    /// frames of `frames`, charged to its budget. Allocates nothing: the
+    /// root is made, and charged like any table, by the first walk that
+    /// creates a table.
+    pub fn with_frames(reclaimer: Reclaimer, frames: Arc<FrameAllocator>) -> Self {
         PageTable {
             root: AtomicU64::new(0),
             reclaimer,
             tables: PerCpu::new(|| AtomicI64::new(0)),
-            budget,
+            frames,
         }
     }
 
@@ -204,8 +180,7 @@ impl PageTable {
             .max(0) as u64
     }
 
-    /// Bytes of table pages in use (4 KiB of entries each, as on x86-64,
-    /// plus a small header).
+    /// Bytes of table pages in use (4 KiB each, as on x86-64).
     pub fn table_bytes(&self) -> u64 {
         self.table_pages() * TABLE_BYTES
     }

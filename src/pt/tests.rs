@@ -216,8 +216,9 @@ fn concurrent_installs_one_winner_per_address() {
 
 #[test]
 fn the_root_is_made_on_first_use_and_nothing_needs_it_before() {
-    let budget = Arc::new(Budget::new(1 << 30));
-    let p = PageTable::with_budget(Reclaimer::deferred(), budget.clone());
+    let frames = Arc::new(FrameAllocator::new(1 << 30, false));
+    let budget = frames.memory().clone();
+    let p = PageTable::with_frames(Reclaimer::deferred(), frames);
     assert_eq!(
         p.root.load(Ordering::Relaxed),
         0,
@@ -266,8 +267,9 @@ fn the_root_is_made_on_first_use_and_nothing_needs_it_before() {
 #[test]
 fn racing_first_installs_agree_on_one_root() {
     for _ in 0..50 {
-        let budget = Arc::new(Budget::new(1 << 30));
-        let p = PageTable::with_budget(Reclaimer::deferred(), budget.clone());
+        let frames = Arc::new(FrameAllocator::new(1 << 30, false));
+        let budget = frames.memory().clone();
+        let p = PageTable::with_frames(Reclaimer::deferred(), frames);
         let vas = [0x1000u64, 0x7f00_0000_0000];
         let start = std::sync::Barrier::new(vas.len());
         std::thread::scope(|s| {
@@ -292,5 +294,55 @@ fn racing_first_installs_agree_on_one_root() {
         drop(g);
         drop(p);
         assert_eq!(budget.used(), 0);
+    }
+}
+
+#[test]
+fn tables_are_frames_of_the_pool_and_go_back_to_it() {
+    let frames = Arc::new(FrameAllocator::new(16 * PAGE_SIZE, false));
+    let p = PageTable::with_frames(Reclaimer::deferred(), frames.clone());
+    let g = p.pin();
+    // One entry per 2 MiB: a PTE table each, under one root, PUD and PMD,
+    // until the pool's 16 frames are tables.
+    let e = Pte::new(Pfn::new(1), PteFlags::USER);
+    let mut n = 0;
+    while p.install(n * PMD_SIZE, e, &g).is_ok() {
+        n += 1;
+    }
+    assert_eq!(n, 13);
+    assert_eq!(p.table_pages(), 16);
+    assert_eq!(frames.memory().used(), 16 * TABLE_BYTES);
+    assert_eq!(frames.used(), 0, "tables are not data frames");
+    assert!(frames.alloc().is_none(), "every frame is a table");
+    // mremap's destination tables are forced past the budget: with no
+    // frame free they are heap pages (a PUD, PMD and PTE table at 1 TiB).
+    let st = p.move_range(0, 1 << 40, PAGE_SIZE, PMD_SIZE, &g, |_| {});
+    assert_eq!(st.entries, 1);
+    assert_eq!(p.lookup(1 << 40, &g).pfn(), e.pfn());
+    assert_eq!(p.table_pages(), 19);
+    assert_eq!(frames.memory().used(), 19 * TABLE_BYTES);
+    drop(g);
+    drop(p);
+    assert_eq!(frames.memory().used(), 0);
+    let back = std::iter::from_fn(|| frames.alloc()).count();
+    assert_eq!(back, 16, "every table's frame is back in the pool");
+}
+
+#[test]
+fn a_dropped_tables_entries_never_show_as_data() {
+    // A pool that does not clear frames hands out what their last user
+    // left: a table page must not leave its entries (host addresses).
+    let frames = Arc::new(FrameAllocator::new(8 * PAGE_SIZE, false));
+    let p = PageTable::with_frames(Reclaimer::deferred(), frames.clone());
+    let g = p.pin();
+    p.install(0x7f00_0000_3000, Pte::new(Pfn::new(5), PteFlags::USER), &g)
+        .unwrap();
+    assert_eq!(p.table_pages(), 4);
+    drop(g);
+    drop(p);
+    let mut page = [0u8; PAGE_SIZE as usize];
+    for pfn in std::iter::from_fn(|| frames.alloc()) {
+        frames.read(pfn, 0, &mut page);
+        assert!(page.iter().all(|&b| b == 0), "frame {pfn} holds entries");
     }
 }

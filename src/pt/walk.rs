@@ -66,8 +66,9 @@ pub(super) enum Make {
     No,
     /// Create tables within the budget; stop where it is spent.
     Charged,
-    /// Create tables even past the budget: for moves whose source tables
-    /// are freed right after (mremap), so the overshoot is transient.
+    /// Create tables even past the budget (heap pages if the pool has no
+    /// frame free): for moves whose source tables are freed right after
+    /// (mremap), so the overshoot is transient.
     Forced,
 }
 /// Error from [`PageTable::install`]: the entry already held something, or
@@ -81,10 +82,10 @@ impl PageTable {
         if v == 0 {
             return None;
         }
-        // SAFETY: a non-zero upper entry holds a pointer from Box::into_raw
-        // (low bit set) published with Release after initialization. The
-        // table is freed only through the reclaimer after being unlinked,
-        // and the guard `_g` keeps it alive.
+        // SAFETY: a non-zero upper entry holds a table page's address from
+        // `alloc_table` (low bit set), published with Release after
+        // initialization. The page is freed only through the reclaimer
+        // after being unlinked, and the guard `_g` keeps it alive.
         Some(unsafe { &*((v & !TABLE_BIT) as *const Table) })
     }
 
@@ -130,7 +131,8 @@ impl PageTable {
 
     /// Creates the table entry `e` (of `parent`, or the root slot) points
     /// to, charging it as `create` says; if another walker installed one
-    /// first, frees ours and returns theirs. `None` if the budget refuses.
+    /// first, frees ours and returns theirs. `None` if the budget refuses or
+    /// the pool has no frame (a forced table then is a heap page).
     #[cold]
     fn make_table<'g>(
         &'g self,
@@ -139,18 +141,23 @@ impl PageTable {
         create: Make,
         g: &'g Guard,
     ) -> Option<&'g Table> {
-        if create == Make::Forced {
-            self.budget.force_charge(TABLE_BYTES);
-        } else if !self.budget.try_charge(TABLE_BYTES) {
+        let budget = self.frames.memory();
+        let forced = create == Make::Forced;
+        if forced {
+            budget.force_charge(TABLE_BYTES);
+        } else if !budget.try_charge(TABLE_BYTES) {
             return None;
         }
-        let new = Box::into_raw(Table::new());
+        let Some(new) = self.frames.alloc_table(forced) else {
+            budget.uncharge(TABLE_BYTES);
+            return None;
+        };
         // Release (in AcqRel): the zeroed table is visible to any walker
         // that loads the entry with Acquire (`child`). Acquire on failure:
         // the winner's table is initialized for us too.
         match e.compare_exchange(
             0,
-            new as u64 | TABLE_BIT,
+            new.as_ptr() as u64 | TABLE_BIT,
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
@@ -160,12 +167,12 @@ impl PageTable {
                 }
                 self.tables.local().fetch_add(1, counter::Ordering::Relaxed);
                 // SAFETY: we just published `new`; see `child`.
-                Some(unsafe { &*new })
+                Some(unsafe { new.as_ref() })
             }
             Err(_) => {
-                // SAFETY: `new` was never published; we own it.
-                unsafe { drop(Box::from_raw(new)) };
-                self.budget.uncharge(TABLE_BYTES);
+                // SAFETY: `new` was never published; it is ours alone.
+                unsafe { self.frames.free_table(new) };
+                budget.uncharge(TABLE_BYTES);
                 Some(self.child(e, g).expect("the winner's table is there"))
             }
         }
