@@ -12,7 +12,7 @@ use super::edit::{Edit, VmaSpec};
 use crate::addr::{pages, Range};
 use crate::error::Result;
 use crate::sync::Arc;
-use crate::uffd::UffdCtx;
+use crate::vma::userfault::UffdCtx;
 use crate::vma::{AnonName, AnonVma, RmapIndex, Shmem, VmFlags, Vma, VmaRef};
 
 /// Flags equal for merging purposes (soft-dirty ignored).

@@ -16,7 +16,6 @@
 //! Queuing takes the wait queue's leaf lock under the VMA hold; waiting
 //! holds nothing else. Order: [`crate::mm`].
 
-use super::event::{Event, FaultKind, ReadWrite, UffdCtx};
 use crate::error::FaultError;
 use crate::mm::fault::Step;
 use crate::mm::{Access, AddressSpace};
@@ -24,6 +23,7 @@ use crate::pt::{Pte, PteFlags};
 use crate::reclaim::Guard;
 use crate::stats::Event as Stat;
 use crate::sync::Arc;
+use crate::vma::userfault::{Event, FaultKind, ReadWrite, UffdCtx};
 use crate::vma::{VmFlags, Vma};
 
 /// A fault queued for a handler, to wait on once its locks are dropped.

@@ -55,21 +55,20 @@
 //! - Copy, zeropage, continue, write-protect and `pagemap_scan` hold the
 //!   mmap_lock read side, then PTE-table locks; write-protection ends with
 //!   one TLB flush before the call returns.
-//! - The wait queue's lock (`event.rs`) is a leaf, taken under any of the
+//! - The wait queue's lock (`crate::vma::userfault`) is a leaf, taken under any of the
 //!   above or under a fault's VMA read lock; a fault sleeps on it with no
 //!   other lock held.
 //!
 //! The whole order is in [`crate::mm`].
 
-mod event;
 mod fault;
 mod fill;
 mod register;
 mod scan;
 mod wp;
 
-pub(crate) use event::UffdCtx;
-pub use event::{Event, FaultKind, ReadWrite};
+pub(crate) use crate::vma::userfault::UffdCtx;
+pub use crate::vma::userfault::{Event, FaultKind, ReadWrite};
 pub(crate) use fault::{missing_fault, wp_fault, Waiter};
 pub use fill::FillError;
 pub use register::{IoctlFlags, RegisterMode};

@@ -2,10 +2,10 @@
 //! its userfault context, each an `Arc` held through an atomic pointer in
 //! the VMA, and the holds under which each may be read or replaced.
 
+use super::userfault::UffdCtx;
 use super::{AnonName, AnonVma, RmapIndex, Shmem, Vma, VmaRef};
 use crate::stats::StatCounters;
 use crate::sync::{Arc, Ordering};
-use crate::uffd::UffdCtx;
 
 impl Vma {
     /// The anon_vma, if one was assigned.

@@ -27,6 +27,7 @@ mod mappings;
 mod pool;
 pub(crate) mod seq;
 mod shmem;
+pub(crate) mod userfault;
 
 pub(crate) use anon::AnonVma;
 pub use anon::RmapHit;
@@ -38,8 +39,8 @@ pub(crate) use shmem::Shmem;
 
 use crate::addr::{Range, PAGE_SHIFT};
 use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
-use crate::uffd::UffdCtx;
 use lock::VmaLock;
+use userfault::UffdCtx;
 
 /// Bytes of metadata charged to the budget for each VMA: the object and
 /// about its share of the tree's nodes (75 bytes in `examples/footprint`;

@@ -5,7 +5,7 @@ use super::Edit;
 use crate::addr::Range;
 use crate::stats::Event;
 use crate::sync::Arc;
-use crate::uffd::UffdCtx;
+use crate::vma::userfault::UffdCtx;
 use crate::vma::{AnonName, AnonVma, RmapIndex, Shmem, VmFlags, Vma, VmaRef, VMA_BYTES};
 
 /// A VMA to create, or a range to map: where, at which page offset, with

@@ -1,6 +1,8 @@
 //! Userfault events and the wait queue: the context a registered VMA
 //! points to ([`UffdCtx`]), the faults it has queued for handlers, and the
-//! faulting threads asleep until a handler wakes their page.
+//! faulting threads asleep until a handler wakes their page. It lives
+//! below `vma/`, like the other things a VMA points to, and needs only
+//! `sync`; `crate::uffd` (the handler API) builds on it.
 //!
 //! A fault that needs the handler queues its event and a waiter slot in
 //! one critical section of the queue lock (while it still holds its VMA),
