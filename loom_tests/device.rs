@@ -49,3 +49,42 @@ fn unshare_copy_vs_shrink() {
         assert_eq!(mm.frames_used(), 0, "a frame leaked");
     });
 }
+
+/// A device takes a slice of a written private page while another thread
+/// forks the space; the device writes through the slice after the fork.
+/// Fork gives the child its own copy of a page pinned when it copies it
+/// (the parent keeps the pinned one), and a page pinned after the fork is
+/// unshared from the child first: either way the device's write lands in
+/// the parent's page only, and the child keeps the byte it had.
+///
+/// Mutation caught: fork ignoring pins (`maybe_pinned` in
+/// `copy_page_tables`, src/mm/fork.rs, replaced by `false`): a page pinned
+/// before the copy is then shared copy-on-write, and the device's write
+/// shows in the child.
+#[test]
+fn pin_vs_fork() {
+    use vm_memory::{GuestMemory, Permissions};
+    model(|| {
+        let mm = Arc::new(AddressSpace::new(cfg()));
+        let flags = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED;
+        mm.mmap(A, PAGE_SIZE, Prot::READ | Prot::WRITE, flags)
+            .unwrap();
+        mm.write(A, &[1]).unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.fork().unwrap());
+        let mem = mm.guest_memory();
+        let s = mem
+            .get_slices(GuestAddress(A), 1, Permissions::Write)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        let child = t.join().unwrap();
+        s.write_obj(0x55u8, 0).unwrap();
+        let mut x = [0u8; 1];
+        child.read(A, &mut x).unwrap();
+        assert_eq!(x, [1], "the parent's device write reached the child");
+        mm.read(A, &mut x).unwrap();
+        assert_eq!(x, [0x55], "the device writes the parent's page");
+    });
+}

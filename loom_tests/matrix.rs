@@ -139,7 +139,7 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("device slice", "uffd unregister", Apart("changes no frame: the pinned page stays the one the slice named")),
     ("device slice", "uffd write-protect", Apart("a pinned page is reported written and left unprotected while pinned (uffd/scan.rs), so a device write is never lost to a reset")),
     ("device slice", "memfd shrink", Model("device.rs", "unshare_copy_vs_shrink")),
-    ("device slice", "fork", Missing("a loom model of a pin racing fork's copy of the pinned page (tests/device_slices.rs covers it on real threads)")),
+    ("device slice", "fork", Model("device.rs", "pin_vs_fork")),
     // A fault asleep waiting for a userfault handler: holds no lock and no
     // snapshot; it retries the whole fault when woken.
     ("userfault waiter", "munmap", Model("uffd.rs", "missing_fault_vs_munmap")),
@@ -157,7 +157,7 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("userfault waiter", "uffd register", Apart("a waiter exists only in a registered VMA; registering it again changes nothing it waits on")),
     ("userfault waiter", "uffd unregister", Model("uffd.rs", "missing_fault_vs_unregister")),
     ("userfault waiter", "uffd write-protect", Apart("write-protect acts on present entries; the waiter's page is missing")),
-    ("userfault waiter", "memfd shrink", Missing("a MINOR waiter on a page the shrink cuts off")),
+    ("userfault waiter", "memfd shrink", Apart("asleep it holds no lock or snapshot, and the shrink leaves it waiting for the handler, as Linux does; woken, it is an ordinary fault racing the shrink (memfd.rs store_vs_shrink_*: the end re-checked under the PTE lock)")),
     ("userfault waiter", "fork", Apart("fork copies the registered VMA and leaves the parent's page missing: the waiter holds nothing fork waits on, and waits on for the handler")),
 ];
 
