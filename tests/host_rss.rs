@@ -273,3 +273,22 @@ fn data_then_nodes() {
     peaks.note("object nodes after data", &mm);
     peaks.check(BUDGET);
 }
+
+/// A shared object's tree nodes fill the budget and the object is dropped
+/// (its nodes go back to the heap); then data frames take the budget in
+/// their place. The freed nodes must not stay resident beside them.
+#[test]
+fn freed_object_nodes_do_not_add_to_data() {
+    in_child("freed_object_nodes_do_not_add_to_data", nodes_then_data);
+}
+
+fn nodes_then_data() {
+    let mm = space();
+    let mut peaks = Peaks::start();
+    object_nodes(&mm);
+    peaks.note("object nodes", &mm);
+    let d = dense_data(&mm);
+    peaks.note("data after the nodes were freed", &mm);
+    mm.munmap(d, 2 * BUDGET).unwrap();
+    peaks.check(BUDGET);
+}
