@@ -22,12 +22,9 @@
 #![cfg(aspace_loom)]
 
 mod common;
-use common::{cfg, fixed, model, rw};
+use common::{fixed, model, rw};
 
-use aspace::{
-    loom_door, Access, AddressSpace, Config, Error, FaultError, FaultLocking, MremapFlags, Prot,
-    PAGE_SIZE,
-};
+use aspace::{loom_door, Access, AddressSpace, Error, FaultError, MremapFlags, Prot, PAGE_SIZE};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -37,12 +34,7 @@ const PMD: u64 = 1 << 21;
 /// A page-aligned address that is not 2 MiB-aligned, in `A`'s 1 GiB.
 const B: u64 = 0x5000_1000;
 
-fn space() -> Arc<AddressSpace> {
-    Arc::new(AddressSpace::new(Config {
-        fault_locking: FaultLocking::Speculative,
-        ..cfg()
-    }))
-}
+use common::spec_space as space;
 
 /// An address space with the VMA `[A, A + 2 MiB)`, its anon_vma and PTE
 /// table in place (page `A + PAGE_SIZE` written).

@@ -27,12 +27,7 @@ const PMD: u64 = 1 << 21;
 /// Another 2 MiB-aligned address, in another 1 GiB span.
 const C: u64 = 0x8000_0000;
 
-fn space() -> Arc<AddressSpace> {
-    Arc::new(AddressSpace::new(Config {
-        fault_locking: FaultLocking::Speculative,
-        ..common::cfg()
-    }))
-}
+use common::spec_space as space;
 
 /// `[A, A + 2 MiB)` with its anon_vma and PTE table: page `A + PAGE_SIZE`
 /// written, and with `empty` zapped again by MADV_DONTNEED (the table
@@ -85,9 +80,10 @@ fn spec_fault_vs_uffd_register() {
 /// private page may land in the old VMA only while it still has its
 /// anon_vma (and then moves to `C`); one landing after the move would
 /// sit in a VMA with no anon_vma, which fork does not copy (the parent
-/// read 7 and the child 0). Catches: both the sweep in `Edit::lock`
-/// deleted and `move_ptes`'s emptiness check moved back before the
-/// source table's lock (src/pt/moves.rs): the pre-fix code. Either one
+/// read 7 and the child 0). `C` is 2 MiB-aligned, so the emptied table
+/// is relinked whole. Catches: both the sweep in `Edit::lock` deleted and
+/// `relink_pte_table`'s count read moved back before the table's lock
+/// (src/pt/moves.rs): the pre-fix code. Either one
 /// alone keeps the install ordered, by design: the sweep is the rule, and
 /// no pass reads a table's emptiness without its lock.
 #[test]

@@ -33,6 +33,15 @@ pub fn cfg() -> Config {
     }
 }
 
+/// [`cfg`] with the speculative fault on: the space the models of that
+/// path (`spec_fault.rs`, `spec_writers.rs`) race writers in.
+pub fn spec_space() -> Arc<AddressSpace> {
+    Arc::new(AddressSpace::new(Config {
+        fault_locking: FaultLocking::Speculative,
+        ..cfg()
+    }))
+}
+
 /// Private anonymous memory at a fixed address.
 pub fn fixed() -> MapFlags {
     MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED

@@ -21,10 +21,10 @@ use crate::error::{Error, Result};
 use crate::reclaim::Guard;
 use crate::sync::Arc;
 use crate::tlb::Gather;
-
-mod life;
 use crate::tree::TreeWriter;
 use crate::vma::{AnonVma, RmapIndex, VmaRef, VMA_BYTES};
+
+mod life;
 pub(crate) use life::VmaSpec;
 
 /// An mmap_lock writer's view of the address space.
