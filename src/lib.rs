@@ -19,6 +19,7 @@
 
 pub mod addr;
 pub mod error;
+pub mod exec;
 mod lazy;
 pub mod memfd;
 pub mod mm;

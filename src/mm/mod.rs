@@ -67,6 +67,7 @@ mod brk;
 mod check;
 mod cow;
 pub(crate) mod edit;
+mod exec;
 pub(crate) mod fault;
 mod fork;
 mod inspect;
