@@ -34,7 +34,12 @@ fn cstrings(v: &[&str]) -> Vec<CString> {
 
 /// Loads `path` the way the kernel did: its auxv template, random bytes
 /// and platform string, and this machine's vDSO layout.
-fn aspace_exec(path: &Path, argv: &[&str], envp: &[&str], k: &Kernel) -> (AddressSpace, aspace::exec::ExecImage) {
+fn aspace_exec(
+    path: &Path,
+    argv: &[&str],
+    envp: &[&str],
+    k: &Kernel,
+) -> (AddressSpace, aspace::exec::ExecImage) {
     let mm = AddressSpace::new(Config::default());
     let mut args = ExecArgs::new(path, argv, envp);
     args.auxv = k.auxv.clone();
@@ -69,12 +74,19 @@ fn compare(path: &Path, argv: &[&str], envp: &[&str], finish: bool) -> Option<Op
     let (k, status) = match kernel_exec(path, &cstrings(argv), &cstrings(envp), TOP, finish) {
         Ok(r) => r,
         Err(Skip::NotPermitted(what)) => {
-            eprintln!("SKIPPED: {what} is not permitted here; exec is not compared with the kernel");
+            eprintln!(
+                "SKIPPED: {what} is not permitted here; exec is not compared with the kernel"
+            );
             return None;
         }
     };
     let (mm, img) = aspace_exec(path, argv, envp, &k);
-    let special: Vec<String> = host_vdso().0.into_iter().map(|d| d.0).chain(["vdso".into()]).collect();
+    let special: Vec<String> = host_vdso()
+        .0
+        .into_iter()
+        .map(|d| d.0)
+        .chain(["vdso".into()])
+        .collect();
     let theirs: Vec<String> = k
         .maps
         .lines()
@@ -82,7 +94,14 @@ fn compare(path: &Path, argv: &[&str], envp: &[&str], finish: bool) -> Option<Op
         .map(|l| normalize(l, &special))
         .collect();
     let ours: Vec<String> = mm.maps().lines().map(|l| normalize(l, &special)).collect();
-    assert_eq!(ours, theirs, "maps of {}:\naspace:\n{}\nkernel:\n{}", path.display(), mm.maps(), k.maps);
+    assert_eq!(
+        ours,
+        theirs,
+        "maps of {}:\naspace:\n{}\nkernel:\n{}",
+        path.display(),
+        mm.maps(),
+        k.maps
+    );
     assert_eq!((img.rsp, img.entry), (k.rsp, k.rip), "rsp and rip");
     assert_eq!(img.auxv, k.auxv, "auxiliary vector");
     let mut stack = vec![0u8; (TOP - img.rsp) as usize];
@@ -96,21 +115,29 @@ fn pie_with_interpreter_matches_the_kernel() {
     let argv = ["/bin/true", "--version-not", "x y"];
     let envp = ["A=1", "PATH=/usr/bin:/bin", "EMPTY="];
     compare(Path::new("/bin/true"), &argv, &envp, false);
+    // Strings over several pages: the stack VMA starts 128 KiB below the
+    // lowest one's page.
+    let big = format!("BIG={}", "b".repeat(9000));
+    compare(Path::new("/bin/true"), &argv, &[big.as_str(), "A=1"], false);
 }
 
 #[test]
 fn static_executable_matches_the_kernel_and_runs() {
-    let path = {
+    let exe = {
         let _one = FORKS.lock().unwrap_or_else(|e| e.into_inner());
         write_exe("static", &static_elf())
     };
-    let status = compare(&path, &["static", "one"], &["K=V"], true);
+    let path = &exe.0;
+    let status = compare(path, &["static", "one"], &["K=V"], true);
     if let Some(status) = status {
-        assert_eq!(status, Some(0), "the hand-made program exits 0 under the kernel");
+        assert_eq!(
+            status,
+            Some(0),
+            "the hand-made program exits 0 under the kernel"
+        );
     }
     // An empty argv: the kernel puts "" in it (Linux 5.18+).
-    compare(&path, &[], &[], false);
-    std::fs::remove_file(&path).ok();
+    compare(path, &[], &[], false);
 }
 
 /// A NUL-terminated string at `a`.
@@ -135,17 +162,20 @@ fn word(mm: &AddressSpace, a: u64) -> u64 {
 
 #[test]
 fn stack_layout_reads_back_through_the_space() {
-    let path = {
+    let exe = {
         let _one = FORKS.lock().unwrap_or_else(|e| e.into_inner());
         write_exe("layout", &static_elf())
     };
+    let path = &exe.0;
     let mm = AddressSpace::new(Config::default());
-    let mut args = ExecArgs::new(&path, &["prog", "arg one"], &["HOME=/", "X="]);
+    let mut args = ExecArgs::new(path, &["prog", "arg one"], &["HOME=/", "X="]);
     args.random = *b"0123456789abcdef";
     let img = load_elf(&mm, &args).unwrap();
-    std::fs::remove_file(&path).ok();
     assert_eq!(img.rsp % 16, 0);
-    assert_eq!((img.entry, img.program_entry, img.load_bias), (ENTRY, ENTRY, 0));
+    assert_eq!(
+        (img.entry, img.program_entry, img.load_bias),
+        (ENTRY, ENTRY, 0)
+    );
     assert_eq!(img.interp_base, None);
     let sp = img.rsp;
     assert_eq!(word(&mm, sp), 2, "argc");
@@ -172,14 +202,20 @@ fn stack_layout_reads_back_through_the_space() {
     }
     assert_eq!(aux[&at::PHDR], TEXT + 64);
     assert_eq!((aux[&at::PHENT], aux[&at::PHNUM]), (56, 2));
-    assert_eq!((aux[&at::PAGESZ], aux[&at::BASE], aux[&at::ENTRY]), (4096, 0, ENTRY));
+    assert_eq!(
+        (aux[&at::PAGESZ], aux[&at::BASE], aux[&at::ENTRY]),
+        (4096, 0, ENTRY)
+    );
     assert_eq!(aux[&at::EXECFN], execfn);
     assert_eq!(string_at(&mm, aux[&at::EXECFN]), name);
     assert_eq!(string_at(&mm, aux[&at::PLATFORM]), "x86_64");
     let mut rnd = [0u8; 16];
     mm.read(aux[&at::RANDOM], &mut rnd).unwrap();
     assert_eq!(&rnd, b"0123456789abcdef");
-    assert!(!aux.contains_key(&at::SYSINFO_EHDR), "no vDSO, no AT_SYSINFO_EHDR");
+    assert!(
+        !aux.contains_key(&at::SYSINFO_EHDR),
+        "no vDSO, no AT_SYSINFO_EHDR"
+    );
     // The stack: growsdown, 128 KiB below the strings' page, labelled.
     assert_eq!(img.stack.end, TOP);
     assert_eq!(img.stack.start, TOP - 4096 - (128 << 10));
@@ -189,13 +225,12 @@ fn stack_layout_reads_back_through_the_space() {
 
 #[test]
 fn segments_bss_and_heap_of_the_static_program() {
-    let path = {
+    let exe = {
         let _one = FORKS.lock().unwrap_or_else(|e| e.into_inner());
         write_exe("segments", &static_elf())
     };
     let mm = AddressSpace::new(Config::default());
-    let img = load_elf(&mm, &ExecArgs::new(&path, &["p"], &[])).unwrap();
-    std::fs::remove_file(&path).ok();
+    let img = load_elf(&mm, &ExecArgs::new(&exe.0, &["p"], &[])).unwrap();
     let mut b = [0u8; 32];
     mm.read(DATA, &mut b).unwrap();
     assert_eq!(&b, DATA_BYTES);
@@ -211,7 +246,11 @@ fn segments_bss_and_heap_of_the_static_program() {
     assert_eq!(mm.brk(0).unwrap(), 0x40_5000);
     assert_eq!(mm.brk(0x40_4000).unwrap(), 0x40_5000);
     assert_eq!(mm.brk(0x40_7000).unwrap(), 0x40_7000);
-    assert!(mm.maps().contains("00405000-00407000 rw-p 00000000 00:00 0") && mm.maps().contains("[heap]"));
+    assert!(
+        mm.maps()
+            .contains("00405000-00407000 rw-p 00000000 00:00 0")
+            && mm.maps().contains("[heap]")
+    );
     // The text is read-execute: a user store there fails.
     assert!(mm.write(ENTRY, &[0]).is_err());
 }
@@ -219,22 +258,26 @@ fn segments_bss_and_heap_of_the_static_program() {
 #[test]
 fn errors_leave_the_space_as_it_was() {
     let mm = AddressSpace::new(Config::default());
-    let a = mm.mmap(0, 4096, Prot::READ, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
+    let a = mm
+        .mmap(0, 4096, Prot::READ, MapFlags::PRIVATE | MapFlags::ANONYMOUS)
+        .unwrap();
     let before = mm.maps();
     let missing = load_elf(&mm, &ExecArgs::new("/nonexistent/prog", &["x"], &[]));
     assert_eq!(missing.unwrap_err().errno(), libc::ENOENT);
-    let path = {
+    let exe = {
         let _one = FORKS.lock().unwrap_or_else(|e| e.into_inner());
         let mut bad = static_elf();
         bad[18] = 3; // EM_386
         write_exe("notx86", &bad)
     };
-    let e = load_elf(&mm, &ExecArgs::new(&path, &["x"], &[])).unwrap_err();
-    assert!(matches!(e, ExecError::NoExec(_)) && e.errno() == libc::ENOEXEC, "{e}");
+    let e = load_elf(&mm, &ExecArgs::new(&exe.0, &["x"], &[])).unwrap_err();
+    assert!(
+        matches!(e, ExecError::NoExec(_)) && e.errno() == libc::ENOEXEC,
+        "{e}"
+    );
     let huge = "x".repeat(200 << 10);
     let e = load_elf(&mm, &ExecArgs::new("/bin/true", &[huge.as_str()], &[])).unwrap_err();
     assert_eq!(e.errno(), libc::E2BIG);
-    std::fs::remove_file(&path).ok();
     assert_eq!(mm.maps(), before);
     assert!(mm.vma_at(a).is_some());
 }
@@ -243,7 +286,9 @@ fn errors_leave_the_space_as_it_was() {
 fn exec_reset_and_start_brk() {
     let mm = AddressSpace::new(Config::default());
     let rw = Prot::READ | Prot::WRITE;
-    let a = mm.mmap(0, 1 << 20, rw, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
+    let a = mm
+        .mmap(0, 1 << 20, rw, MapFlags::PRIVATE | MapFlags::ANONYMOUS)
+        .unwrap();
     mm.write(a, b"old").unwrap();
     let start = mm.brk(0).unwrap();
     mm.brk(start + 8192).unwrap();
@@ -254,7 +299,10 @@ fn exec_reset_and_start_brk() {
     assert_eq!((mm.brk(0).unwrap(), mm.start_stack()), (start, 0));
     assert!(mm.read(a, &mut [0u8; 3]).is_err());
     assert_eq!(mm.set_start_brk(0x60_0001), Err(aspace::Error::Inval));
-    assert_eq!(mm.set_start_brk(mm.config().task_size), Err(aspace::Error::Inval));
+    assert_eq!(
+        mm.set_start_brk(mm.config().task_size),
+        Err(aspace::Error::Inval)
+    );
     mm.set_start_brk(0x60_0000).unwrap();
     assert_eq!(mm.brk(0x60_1000).unwrap(), 0x60_1000);
     assert_eq!(mm.brk(0x5f_f000).unwrap(), 0x60_1000);

@@ -86,7 +86,12 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 
 /// Reads exactly `buf.len()` bytes at `offset`, or ENOEXEC (`what` says
 /// which part was cut short; Linux returns EIO for a short read).
-fn read_exact(obj: &Object, offset: u64, buf: &mut [u8], what: &'static str) -> Result<(), ExecError> {
+fn read_exact(
+    obj: &Object,
+    offset: u64,
+    buf: &mut [u8],
+    what: &'static str,
+) -> Result<(), ExecError> {
     match obj.read_at(offset, buf) {
         Ok(n) if n == buf.len() => Ok(()),
         Ok(_) => Err(ExecError::NoExec(what)),
@@ -117,7 +122,9 @@ pub fn parse_header(b: &[u8; EHDR_SIZE]) -> Result<ElfHeader, ExecError> {
     }
     let size = u64::from(e_phnum) * PHDR_SIZE;
     if size == 0 || size > MAX_PHDRS_BYTES {
-        return Err(ExecError::NoExec("no program headers, or over 64 KiB of them"));
+        return Err(ExecError::NoExec(
+            "no program headers, or over 64 KiB of them",
+        ));
     }
     Ok(ElfHeader {
         e_type,
@@ -148,8 +155,16 @@ impl Elf {
         let hdr = parse_header(&h)?;
         // parse_header bounds the table to 64 KiB.
         let mut table = vec![0u8; usize::from(hdr.e_phnum) * PHDR_SIZE as usize];
-        read_exact(&obj, hdr.e_phoff, &mut table, "program headers past the end of the file")?;
-        let phdrs = table.chunks_exact(PHDR_SIZE as usize).map(parse_phdr).collect();
+        read_exact(
+            &obj,
+            hdr.e_phoff,
+            &mut table,
+            "program headers past the end of the file",
+        )?;
+        let phdrs = table
+            .chunks_exact(PHDR_SIZE as usize)
+            .map(parse_phdr)
+            .collect();
         Ok(Elf { obj, hdr, phdrs })
     }
 
@@ -163,7 +178,12 @@ impl Elf {
             return Err(ExecError::NoExec("interpreter path length out of range"));
         }
         let mut path = vec![0u8; p.p_filesz as usize];
-        read_exact(&self.obj, p.p_offset, &mut path, "interpreter path past the end of the file")?;
+        read_exact(
+            &self.obj,
+            p.p_offset,
+            &mut path,
+            "interpreter path past the end of the file",
+        )?;
         if path.pop() != Some(0) {
             return Err(ExecError::NoExec("interpreter path not NUL-terminated"));
         }

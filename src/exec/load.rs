@@ -205,7 +205,8 @@ pub(crate) fn load_program(
         if first {
             first = false;
             if elf.hdr.e_type == ET_DYN {
-                bias = bias.wrapping_add(at.wrapping_sub(page_align_down(bias.wrapping_add(p.p_vaddr))));
+                bias = bias
+                    .wrapping_add(at.wrapping_sub(page_align_down(bias.wrapping_add(p.p_vaddr))));
             }
         }
         if p.p_offset <= elf.hdr.e_phoff && elf.hdr.e_phoff - p.p_offset < p.p_filesz {

@@ -148,7 +148,10 @@ pub(crate) fn create_tables(s: &Strings, mut t: Tables<'_>) -> Result<Stack, Exe
     }
     let words = (t.auxv.len() as u64 + 1) * 2;
     let items = (s.argc + 1) + (s.envc + 1) + 1;
-    let rsp = tb(p.checked_sub(words * 8).and_then(|sp| sp.checked_sub(items * 8)))? & !15;
+    let rsp = tb(p
+        .checked_sub(words * 8)
+        .and_then(|sp| sp.checked_sub(items * 8)))?
+        & !15;
     let mut bytes = vec![0u8; (s.top - rsp) as usize];
     let put = |bytes: &mut Vec<u8>, at: u64, data: &[u8]| {
         let o = (at - rsp) as usize;

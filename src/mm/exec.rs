@@ -87,8 +87,7 @@ impl AddressSpace {
     /// assert!(mm.set_start_brk(0x50_0000).is_err()); // the heap is in use
     /// ```
     pub fn set_start_brk(&self, addr: u64) -> Result<()> {
-        if !is_page_aligned(addr) || addr < self.cfg.mmap_min_addr || addr >= self.cfg.task_size
-        {
+        if !is_page_aligned(addr) || addr < self.cfg.mmap_min_addr || addr >= self.cfg.task_size {
             return Err(Error::Inval);
         }
         let mut ed = Edit::begin(self);

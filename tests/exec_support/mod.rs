@@ -24,7 +24,7 @@ pub const DATA_BYTES: &[u8; 32] = b"aspace static data, 32 bytes...\0";
 pub fn static_elf() -> Vec<u8> {
     let mut f = vec![0u8; 0x1200];
     let code: Vec<u8> = [
-        &[0xc6, 0x04, 0x25][..],          // mov byte [disp32], imm8
+        &[0xc6, 0x04, 0x25][..],           // mov byte [disp32], imm8
         &0x0040_4000u32.to_le_bytes()[..], // a bss page
         &[0x01],
         &[0xb8, 60, 0, 0, 0], // mov eax, 60 (exit)
@@ -64,12 +64,21 @@ pub fn static_elf() -> Vec<u8> {
     f
 }
 
+/// An executable file in the temporary directory, removed on drop.
+pub struct TempExe(pub PathBuf);
+
+impl Drop for TempExe {
+    fn drop(&mut self) {
+        std::fs::remove_file(&self.0).ok();
+    }
+}
+
 /// Writes `bytes` to a new executable file in the temporary directory.
-pub fn write_exe(name: &str, bytes: &[u8]) -> PathBuf {
+pub fn write_exe(name: &str, bytes: &[u8]) -> TempExe {
     let p = std::env::temp_dir().join(format!("aspace-exec-{}-{name}", std::process::id()));
     std::fs::write(&p, bytes).unwrap();
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    p
+    TempExe(p)
 }
 
 /// What the kernel made of an exec, read at the first stop after it.
@@ -88,7 +97,8 @@ pub struct Kernel {
 
 /// Why the kernel side could not run.
 pub enum Skip {
-    /// `personality(ADDR_NO_RANDOMIZE)` or `PTRACE_TRACEME` refused.
+    /// `personality(ADDR_NO_RANDOMIZE)`, `PTRACE_TRACEME` or the stack
+    /// limit refused.
     NotPermitted(&'static str),
 }
 
@@ -119,6 +129,21 @@ pub fn kernel_exec(
             if libc::personality(libc::ADDR_NO_RANDOMIZE as libc::c_ulong) < 0 {
                 libc::_exit(125);
             }
+            // The layout depends on the stack limit (the mmap base, the
+            // argument limit): the default space's 8 MiB.
+            let lim = libc::rlimit {
+                rlim_cur: 8 << 20,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            let mut cur: libc::rlimit = std::mem::zeroed();
+            libc::getrlimit(libc::RLIMIT_STACK, &mut cur);
+            let lim = libc::rlimit {
+                rlim_max: cur.rlim_max,
+                ..lim
+            };
+            if libc::setrlimit(libc::RLIMIT_STACK, &lim) < 0 {
+                libc::_exit(124);
+            }
             if libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0) < 0 {
                 libc::_exit(126);
             }
@@ -131,6 +156,7 @@ pub fn kernel_exec(
     unsafe { libc::waitpid(pid, &mut st, 0) };
     if libc::WIFEXITED(st) {
         return match libc::WEXITSTATUS(st) {
+            124 => Err(Skip::NotPermitted("an 8 MiB RLIMIT_STACK")),
             125 => Err(Skip::NotPermitted("personality(ADDR_NO_RANDOMIZE)")),
             126 => Err(Skip::NotPermitted("ptrace(PTRACE_TRACEME)")),
             s => panic!("the child exited with {s} before the exec stop"),
@@ -191,13 +217,19 @@ pub fn normalize(line: &str, special: &[String]) -> String {
     let name = f.get(5..).map(|n| n.join(" ")).unwrap_or_default();
     let name = match name.strip_prefix("/memfd:") {
         Some(n) => n.strip_suffix(" (deleted)").unwrap_or(n).to_string(),
-        None => match name.strip_prefix("[anon:").and_then(|n| n.strip_suffix(']')) {
+        None => match name
+            .strip_prefix("[anon:")
+            .and_then(|n| n.strip_suffix(']'))
+        {
             Some(n) if special.iter().any(|s| s == n) => format!("[{n}]"),
             _ => name,
         },
     };
     let file = name.starts_with('/');
-    assert!(file || (f[3] == "00:00" && f[4] == "0"), "anonymous line: {line}");
+    assert!(
+        file || (f[3] == "00:00" && f[4] == "0"),
+        "anonymous line: {line}"
+    );
     format!("{} {} {} {}", f[0], f[1], f[2], name)
 }
 
@@ -208,12 +240,18 @@ pub fn host_vdso() -> (Vec<(String, u64)>, Vec<u8>) {
     let mut data = Vec::new();
     for l in maps.lines() {
         let f: Vec<&str> = l.split_whitespace().collect();
-        let Some(name) = f.get(5).and_then(|n| n.strip_prefix('[')?.strip_suffix(']')) else {
+        let Some(name) = f
+            .get(5)
+            .and_then(|n| n.strip_prefix('[')?.strip_suffix(']'))
+        else {
             data.clear();
             continue;
         };
         let (a, b) = f[0].split_once('-').unwrap();
-        let (a, b) = (u64::from_str_radix(a, 16).unwrap(), u64::from_str_radix(b, 16).unwrap());
+        let (a, b) = (
+            u64::from_str_radix(a, 16).unwrap(),
+            u64::from_str_radix(b, 16).unwrap(),
+        );
         if name == "vdso" {
             let mut img = vec![0u8; (b - a) as usize];
             let mut mem = std::fs::File::open("/proc/self/mem").unwrap();
