@@ -125,7 +125,7 @@ fn pie_with_interpreter_matches_the_kernel() {
 fn static_executable_matches_the_kernel_and_runs() {
     let exe = {
         let _one = FORKS.lock().unwrap_or_else(|e| e.into_inner());
-        write_exe("static", &static_elf())
+        write_exe("static", &static_elf(false))
     };
     let path = &exe.0;
     let status = compare(path, &["static", "one"], &["K=V"], true);
@@ -138,6 +138,57 @@ fn static_executable_matches_the_kernel_and_runs() {
     }
     // An empty argv: the kernel puts "" in it (Linux 5.18+).
     compare(path, &[], &[], false);
+}
+
+#[test]
+fn static_pie_matches_the_kernel_and_runs() {
+    let exe = {
+        let _one = FORKS.lock().unwrap_or_else(|e| e.into_inner());
+        write_exe("static-pie", &static_elf(true))
+    };
+    if let Some(status) = compare(&exe.0, &["pie"], &["K=V"], true) {
+        assert_eq!(
+            status,
+            Some(0),
+            "the hand-made PIE exits 0 under the kernel"
+        );
+    }
+    // Its heap goes to ELF_ET_DYN_BASE, out of the mmap area it lies in.
+    let mm = AddressSpace::new(Config::default());
+    let img = load_elf(&mm, &ExecArgs::new(&exe.0, &["pie"], &[])).unwrap();
+    assert_eq!(img.brk, 0x5555_5555_5000);
+    assert_eq!(img.interp_base, None);
+    assert_eq!(img.entry, img.load_bias + 0xb0);
+}
+
+/// Every byte of the headers, corrupted a few ways: each load succeeds or
+/// fails with one of exec's errnos, and never panics.
+#[test]
+fn corrupt_headers_never_panic() {
+    let good = static_elf(false);
+    let mm = AddressSpace::new(Config::default());
+    for at in 0..0xb0 {
+        for v in [0u8, 0xff, 0x80, good[at].wrapping_add(1)] {
+            let mut bad = good.clone();
+            bad[at] = v;
+            let exe = {
+                let _one = FORKS.lock().unwrap_or_else(|e| e.into_inner());
+                write_exe("corrupt", &bad)
+            };
+            if let Err(e) = load_elf(&mm, &ExecArgs::new(&exe.0, &["c"], &[])) {
+                let ok = [
+                    libc::ENOEXEC,
+                    libc::EINVAL,
+                    libc::ENOMEM,
+                    libc::EEXIST,
+                    libc::EPERM,
+                    libc::EOVERFLOW,
+                    libc::EFAULT,
+                ];
+                assert!(ok.contains(&e.errno()), "byte {at:#x} = {v:#x}: {e}");
+            }
+        }
+    }
 }
 
 /// A NUL-terminated string at `a`.
@@ -164,7 +215,7 @@ fn word(mm: &AddressSpace, a: u64) -> u64 {
 fn stack_layout_reads_back_through_the_space() {
     let exe = {
         let _one = FORKS.lock().unwrap_or_else(|e| e.into_inner());
-        write_exe("layout", &static_elf())
+        write_exe("layout", &static_elf(false))
     };
     let path = &exe.0;
     let mm = AddressSpace::new(Config::default());
@@ -227,7 +278,7 @@ fn stack_layout_reads_back_through_the_space() {
 fn segments_bss_and_heap_of_the_static_program() {
     let exe = {
         let _one = FORKS.lock().unwrap_or_else(|e| e.into_inner());
-        write_exe("segments", &static_elf())
+        write_exe("segments", &static_elf(false))
     };
     let mm = AddressSpace::new(Config::default());
     let img = load_elf(&mm, &ExecArgs::new(&exe.0, &["p"], &[])).unwrap();
@@ -266,7 +317,7 @@ fn errors_leave_the_space_as_it_was() {
     assert_eq!(missing.unwrap_err().errno(), libc::ENOENT);
     let exe = {
         let _one = FORKS.lock().unwrap_or_else(|e| e.into_inner());
-        let mut bad = static_elf();
+        let mut bad = static_elf(false);
         bad[18] = 3; // EM_386
         write_exe("notx86", &bad)
     };

@@ -6,7 +6,8 @@ use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-/// Where the hand-made static program's pieces go.
+/// Where the hand-made static program's pieces go (`ET_EXEC`; a PIE has
+/// them at the same offsets from 0).
 pub const TEXT: u64 = 0x40_0000;
 /// Entry: right after the headers.
 pub const ENTRY: u64 = TEXT + 0xb0;
@@ -18,14 +19,19 @@ pub const DATA_BYTES: &[u8; 32] = b"aspace static data, 32 bytes...\0";
 
 /// A static ELF64 x86-64 executable with two `PT_LOAD` segments: text
 /// (r-x, the headers and the code) and data (rw-, 32 file bytes, then bss
-/// over two more pages). The file goes on past the data with 0xaa bytes,
-/// which the loader must not show in the zeroed rest of the data page.
-/// The code stores 1 into the bss and exits with status 0.
-pub fn static_elf() -> Vec<u8> {
+/// over two more pages), at [`TEXT`] (`ET_EXEC`) or as a static PIE
+/// (`ET_DYN` from 0, no interpreter). The file goes on past the data with
+/// 0xaa bytes, which the loader must not show in the zeroed rest of the
+/// data page. The code stores 1 into the bss (RIP-relative, so it runs
+/// at either place) and exits with status 0.
+pub fn static_elf(pie: bool) -> Vec<u8> {
+    let base = if pie { 0 } else { TEXT };
     let mut f = vec![0u8; 0x1200];
+    // mov byte [rip + rel32], 1: the next instruction is at 0xb7.
+    let rel = 0x4000i32 - 0xb7;
     let code: Vec<u8> = [
-        &[0xc6, 0x04, 0x25][..],           // mov byte [disp32], imm8
-        &0x0040_4000u32.to_le_bytes()[..], // a bss page
+        &[0xc6, 0x05][..],
+        &rel.to_le_bytes()[..],
         &[0x01],
         &[0xb8, 60, 0, 0, 0], // mov eax, 60 (exit)
         &[0x31, 0xff],        // xor edi, edi
@@ -34,10 +40,10 @@ pub fn static_elf() -> Vec<u8> {
     .concat();
     let put = |f: &mut Vec<u8>, at: usize, b: &[u8]| f[at..at + b.len()].copy_from_slice(b);
     put(&mut f, 0, b"\x7fELF\x02\x01\x01");
-    put(&mut f, 16, &2u16.to_le_bytes()); // ET_EXEC
+    put(&mut f, 16, &(if pie { 3u16 } else { 2 }).to_le_bytes()); // ET_DYN, ET_EXEC
     put(&mut f, 18, &62u16.to_le_bytes()); // EM_X86_64
     put(&mut f, 20, &1u32.to_le_bytes());
-    put(&mut f, 24, &ENTRY.to_le_bytes());
+    put(&mut f, 24, &(base + 0xb0).to_le_bytes());
     put(&mut f, 32, &64u64.to_le_bytes()); // e_phoff
     put(&mut f, 52, &64u16.to_le_bytes()); // e_ehsize
     put(&mut f, 54, &56u16.to_le_bytes());
@@ -56,8 +62,9 @@ pub fn static_elf() -> Vec<u8> {
         ]
         .concat()
     };
-    put(&mut f, 64, &phdr(1, 5, 0, TEXT, text_len, text_len));
-    put(&mut f, 120, &phdr(1, 6, 0x1100, DATA, 0x20, 0x2000));
+    put(&mut f, 64, &phdr(1, 5, 0, base, text_len, text_len));
+    let data = base + (DATA - TEXT);
+    put(&mut f, 120, &phdr(1, 6, 0x1100, data, 0x20, 0x2000));
     put(&mut f, 0xb0, &code);
     put(&mut f, 0x1100, DATA_BYTES);
     f[0x1120..].fill(0xaa);
