@@ -138,6 +138,10 @@ fn static_executable_matches_the_kernel_and_runs() {
     }
     // An empty argv: the kernel puts "" in it (Linux 5.18+).
     compare(path, &[], &[], false);
+    // Pointers over 128 KiB: writing them grows the stack below the VMA
+    // exec made.
+    let many = vec![""; 20_000];
+    compare(path, &many, &["K=V"], false);
 }
 
 #[test]
@@ -329,8 +333,30 @@ fn errors_leave_the_space_as_it_was() {
     let huge = "x".repeat(200 << 10);
     let e = load_elf(&mm, &ExecArgs::new("/bin/true", &[huge.as_str()], &[])).unwrap_err();
     assert_eq!(e.errno(), libc::E2BIG);
+    let mut top = ExecArgs::new("/bin/true", &["x"], &[]);
+    top.stack_top = Some(u64::MAX);
+    assert_eq!(load_elf(&mm, &top).unwrap_err().errno(), libc::ENOMEM);
     assert_eq!(mm.maps(), before);
     assert!(mm.vma_at(a).is_some());
+}
+
+/// A stack top in the first page, in a space whose first page is usable:
+/// the stack VMA is clamped at 0, nothing wraps.
+#[test]
+fn stack_at_the_bottom_of_the_space() {
+    let exe = {
+        let _one = FORKS.lock().unwrap_or_else(|e| e.into_inner());
+        write_exe("low", &static_elf(false))
+    };
+    let mm = AddressSpace::new(Config {
+        mmap_min_addr: 0,
+        ..Config::default()
+    });
+    let mut args = ExecArgs::new(&exe.0, &["low"], &[]);
+    args.stack_top = Some(4096);
+    let img = load_elf(&mm, &args).unwrap();
+    assert_eq!((img.stack.start, img.stack.end), (0, 4096));
+    assert_eq!(word(&mm, img.rsp), 1);
 }
 
 #[test]

@@ -132,7 +132,9 @@ pub struct ExecArgs {
     /// The vDSO to map, if any (none by default, and then no
     /// `AT_SYSINFO_EHDR`).
     pub vdso: Option<Vdso>,
-    /// Top of the stack (default: the task size, as Linux's `STACK_TOP`).
+    /// Top of the stack (default: the task size, as Linux's `STACK_TOP`),
+    /// aligned down to 16 bytes then up to a page; ENOMEM outside
+    /// `(mmap_min_addr, task_size]`.
     pub stack_top: Option<u64>,
     /// A directory the interpreter path is looked up under (a guest
     /// root), instead of the host's `/`.
@@ -217,7 +219,11 @@ pub fn load_elf(mm: &AddressSpace, args: &ExecArgs) -> Result<ExecImage, ExecErr
         None => None,
     };
     let filename = CString::new(args.path.as_os_str().as_bytes()).map_err(|_| Error::Inval)?;
-    let top = args.stack_top.unwrap_or(mm.config().task_size);
+    // Linux aligns the top to 16 bytes, then up to a page.
+    let task = mm.config().task_size;
+    let top = crate::addr::page_align_up(args.stack_top.unwrap_or(task) & !15)
+        .filter(|&t| t <= task && t > mm.config().mmap_min_addr)
+        .ok_or(Error::NoMem)?;
     let rlim = mm.stack_limit();
     let strings = stack::copy_strings(top, rlim, &filename, &args.argv, &args.envp)?;
 

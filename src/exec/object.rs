@@ -20,6 +20,8 @@ const CHUNK: usize = 64 << 10;
 /// Opens `path` as exec's `open_exec` would: a regular file with an
 /// execute bit (else EACCES), read into an object charged to `mm`'s pool
 /// (ENOMEM past its budget; the copy goes through one 64 KiB buffer).
+/// A canonical path over 249 bytes cannot name a memfd: EINVAL, until
+/// host-file objects replace this.
 pub(crate) fn open_object(mm: &AddressSpace, path: &Path) -> Result<Object, ExecError> {
     let real = std::fs::canonicalize(path)?;
     let mut f = std::fs::File::open(&real)?;

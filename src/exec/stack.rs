@@ -103,7 +103,7 @@ pub(crate) fn stack_start(s: &Strings, rlim: u64) -> u64 {
     let vm_start = page_align_down(s.low).min(s.top - PAGE_SIZE);
     let size = s.top - vm_start;
     let expand = (rlim & !(PAGE_SIZE - 1)).min(size.saturating_add(STACK_EXPAND));
-    vm_start.min(s.top - expand)
+    vm_start.min(s.top.saturating_sub(expand))
 }
 
 /// What goes below the strings.
