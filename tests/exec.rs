@@ -371,7 +371,12 @@ fn exec_reset_and_start_brk() {
     mm.brk(start + 8192).unwrap();
     mm.set_start_stack(a);
     assert_eq!(mm.set_start_brk(0x60_0000), Err(aspace::Error::Busy));
+    let mut cpu = mm.translator();
+    assert_eq!(cpu.load::<u8>(a), Ok(b'o'));
     mm.exec_reset();
+    // The reset's shootdown reached the translator: no stale translation.
+    assert!(cpu.load::<u8>(a).is_err());
+    drop(cpu);
     assert_eq!((mm.map_count(), mm.frames_used()), (0, 0));
     assert_eq!((mm.brk(0).unwrap(), mm.start_stack()), (start, 0));
     assert!(mm.read(a, &mut [0u8; 3]).is_err());
