@@ -58,7 +58,11 @@ pub struct Config {
     pub stack_guard_gap: u64,
     /// Maximum number of VMAs (`vm.max_map_count`).
     pub max_map_count: usize,
-    /// Where the heap (brk area) starts.
+    /// Where the heap (brk area) starts, until
+    /// [`AddressSpace::set_start_brk`](crate::AddressSpace::set_start_brk)
+    /// moves it (exec does, to the page after the program's bss);
+    /// [`AddressSpace::exec_reset`](crate::AddressSpace::exec_reset)
+    /// returns to it.
     pub brk_start: u64,
     /// Bytes of memory the private pool of
     /// [`AddressSpace::new`](crate::AddressSpace::new) may use: frames in
