@@ -181,9 +181,9 @@ fn spec_fault_vs_mremap() {
 /// (`v.lock.stamp() == stamp`) replaced by `true`: the attempt installs
 /// the zero page through the old life's snapshot after the zap. (Dropping
 /// the `mm_id`/`range.contains` check, or `new_vma`'s stamp, is not
-/// caught: a snapshot of the new life has the one-page range, which the
-/// table check refuses, and the object is stamped by this section's
-/// detach already.)
+/// caught: a snapshot of the new life is PROT_NONE, which the access
+/// check refuses, and the object is stamped by this section's detach
+/// already.)
 ///
 /// The thread runs the speculative attempt alone
 /// (`loom_door::speculative_fault`): behind it, the per-VMA and mmap_lock

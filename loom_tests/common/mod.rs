@@ -19,10 +19,9 @@ pub fn model(f: impl Fn() + Sync + Send + 'static) {
 /// so the epoch's internals stay out of the models' state space.
 ///
 /// Faults take the per-VMA path (the fallback of the default speculative
-/// one): these models check the per-VMA and mmap_lock protocols. In their
-/// few-page VMAs a speculative attempt always stops at its table check
-/// (no 2 MiB span lies inside the VMA) before it writes anything, so it
-/// would add only loads to explore; `spec_fault.rs` models the
+/// one): these models check the per-VMA and mmap_lock protocols, and a
+/// speculative attempt before each fault would multiply the interleavings
+/// to explore; `spec_fault.rs` and `spec_writers.rs` model the
 /// speculative path itself.
 pub fn cfg() -> Config {
     Config {

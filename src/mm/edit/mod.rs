@@ -159,8 +159,10 @@ impl<'a> Edit<'a> {
             // detached object: no fault can reach it through this tree.
             return;
         }
-        if let (Some(pt), Some(r)) = (self.mm.pt.peek(), super::spec_fault::tables_of(v.range())) {
-            pt.sweep(r, &pt.pin());
+        // A page table made after this call is made after the stamp: a
+        // fault that walks it has seen the stamp.
+        if let Some(pt) = self.mm.pt.peek_ordered() {
+            pt.sweep(v.range(), &pt.pin());
         }
     }
 
