@@ -68,16 +68,16 @@
 //!
 //! | writer | why the install is ordered | cell |
 //! |---|---|---|
-//! | munmap | stamp and sweep; the zap runs under each table's lock, then empty tables go through the epoch (hazard 3: a table we walked stays readable, its lock works, the stamp check fails) | `spec_fault_vs_munmap` |
-//! | mprotect, splits, merges | stamp and sweep every VMA they resize or change; entries rewritten under the locks | `spec_fault_vs_mprotect_read`, `spec_fault_vs_split` |
-//! | mremap move | stamp and sweep the source; entries move under both locks or a table is relinked under its lock (hazard 4: a fault that walked in through the old PMD entry takes the same lock) | `spec_fault_vs_mremap` |
+//! | munmap | stamp and sweep; the zap runs under each table's lock, then empty tables go through the epoch, unlinked under their slot locks (hazard 3: a table we walked stays readable, its lock works, the stamp check fails); a table shared with a neighbour is not freed | `spec_fault_without_table_vs_munmap`, `spec_fault_in_shared_table_vs_neighbour_munmap`, `spec_fault_vs_munmap` |
+//! | mprotect, splits, merges | stamp and sweep every VMA they resize or change; entries rewritten under the locks | `spec_fault_in_shared_table_vs_mprotect`, `spec_fault_vs_mprotect_read`, `spec_fault_vs_split` |
+//! | mremap move | stamp and sweep the source; entries move under both locks or a table (whose span the moved range covers) is relinked under its lock and both slot locks (hazard 4: a fault that walked in through the old PMD entry takes the same lock) | `spec_fault_in_shared_table_vs_mremap`, `spec_fault_vs_mremap` |
 //! | mremap grow, shrink | stamp and sweep; a shrink zaps the tail as munmap | `spec_fault_vs_mremap_grow`, `_shrink` |
 //! | mremap DONTUNMAP | stamp and sweep before the old VMA loses its anon_vma; an emptied table is locked too | `spec_fault_vs_mremap_dontunmap_over_empty_table` |
 //! | MADV_DONTNEED, MADV_FREE | no stamp (hazard 9): an install after the zap is a fault after the madvise, which reads zero as a refill would | `spec_fault_vs_dontneed`, `spec_fault_vs_madv_free` |
 //! | MADV_REMOVE, memfd shrink | cannot meet: they touch shared objects' pages, and we bail out of any VMA with an object | matrix reason |
 //! | brk | stamp and sweep; a shrink is munmap's edit | `spec_fault_vs_brk_shrink` |
 //! | mlock, set_anon_name | stamp and sweep (flags or name, often a split) | `spec_fault_vs_mlock`, `spec_fault_vs_set_anon_name` |
-//! | uffd register | stamp and sweep: after `register` returns no earlier snapshot installs, so the handler's copy finds the page missing | `spec_fault_vs_uffd_register` |
+//! | uffd register | stamp and sweep: after `register` returns no earlier snapshot installs, so the handler's copy finds the page missing | `spec_fault_in_shared_table_vs_uffd_register`, `spec_fault_vs_uffd_register` |
 //! | uffd unregister | cannot meet: a MISSING-registered VMA stops us at the flag check | matrix reason |
 //! | uffd write-protect | entries rewritten under the PTE lock; we install only into empty entries | matrix reason |
 //! | fork | stamp and sweep the parent's VMAs, then write-protect and copy table by table under the locks (hazard 10) | `spec_fault_vs_fork` |
