@@ -21,7 +21,7 @@ pub enum CheckedInstallError {
     Invalid,
 }
 
-/// One entry of an existing PTE table, found by [`PageTable::slot`]. The
+/// One entry of a PTE table, found by [`PageTable::slot_checked`]. The
 /// table stays readable (and its lock usable) while the guard of the walk
 /// is held, even if it is unlinked meanwhile: a caller that may race an
 /// unlink validates under the lock that its view is still current.
