@@ -16,13 +16,22 @@ use pft_workload::{Params, Workers, Workload};
 use std::time::Duration;
 
 const MIB_PER_THREAD: u64 = 16;
+/// The small VMA size of the `-256k` group.
+const SMALL_VMA: u64 = 256 << 10;
 
 fn pft(c: &mut Criterion) {
-    for workload in [Workload::Single, Workload::PerThread, Workload::Interleaved] {
-        for writer in [false, true] {
+    // The per-thread workload again in VMAs of 256 KiB (an emulator's
+    // mappings, several per PTE table), without the writer.
+    let plan = [Workload::Single, Workload::PerThread, Workload::Interleaved]
+        .into_iter()
+        .flat_map(|w| [(w, false, None), (w, true, None)])
+        .chain([(Workload::PerThread, false, Some(SMALL_VMA))]);
+    for (workload, writer, vma_bytes) in plan {
+        {
             let name = format!(
-                "pft/{}{}",
+                "pft/{}{}{}",
                 workload.name(),
+                if vma_bytes.is_some() { "-256k" } else { "" },
                 if writer { "+writer" } else { "" }
             );
             let mut g = c.benchmark_group(name);
@@ -47,6 +56,7 @@ fn pft(c: &mut Criterion) {
                         writer,
                         locking,
                         bytes_per_thread: MIB_PER_THREAD << 20,
+                        vma_bytes,
                         zero: true,
                     };
                     g.bench_with_input(

@@ -4,7 +4,8 @@
 //! ```text
 //! cargo run --release --example pft -- [--full] [--threads 1,2,4] [--reps N]
 //!     [--workload single|per-thread|interleaved|all] [--writer|--no-writer]
-//!     [--mib M] [--seconds S] [--no-zero] [--no-pin] [--csv FILE] [--plot FILE.svg]
+//!     [--mib M] [--vma-kib K] [--seconds S] [--no-zero] [--no-pin] [--csv FILE]
+//!     [--plot FILE.svg]
 //! ```
 //!
 //! By default (about a minute): threads 1 and the core count; both
@@ -24,15 +25,21 @@
 //! both CPUs busy for only 1.35-1.6 of their 2 CPU-seconds per second,
 //! bound ones 1.8-1.95: a run starts with a barrier's wakeups, which can
 //! leave both faulters on one CPU until the scheduler moves one.)
-//! `--no-pin` leaves them to the scheduler.
+//! `--no-pin` leaves them to the scheduler. `--vma-kib K` cuts each
+//! region into VMAs of K KiB (an emulator's small mappings, several per
+//! PTE table); each table then also prints the share of faults the
+//! speculative mode completed speculatively.
 
 #[path = "../benches/common/machine.rs"]
 mod machine;
+#[path = "../benches/common/pft_sizing.rs"]
+mod pft_sizing;
 #[path = "../benches/common/pft_workload.rs"]
 mod pft_workload;
 
 use aspace::FaultLocking;
 use machine::{hmean, machine, parse_arg, parse_threads, thread_counts};
+use pft_sizing::{clamp_mib, probe};
 use pft_workload::{Params, Sample, Workers, Workload};
 use std::fmt::Write as _;
 use std::io::{IsTerminal as _, Write as _};
@@ -50,6 +57,8 @@ struct Args {
     writer: Vec<bool>,
     /// MiB each thread faults per repetition; `None` = calibrate.
     mib: Option<u64>,
+    /// KiB per VMA; `None`: one VMA per region.
+    vma_kib: Option<u64>,
     zero: bool,
     /// Bind each faulting thread to a CPU.
     pin: bool,
@@ -61,7 +70,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: pft [--full] [--threads 1,2,4] [--reps N] \
          [--workload single|per-thread|interleaved|all] [--writer|--no-writer] [--mib M] \
-         [--seconds S] [--no-zero] [--no-pin] [--csv FILE] [--plot FILE.svg]"
+         [--vma-kib K] [--seconds S] [--no-zero] [--no-pin] [--csv FILE] [--plot FILE.svg]"
     );
     std::process::exit(2)
 }
@@ -76,6 +85,7 @@ fn parse() -> Args {
         workloads: vec![Workload::Single, Workload::PerThread],
         writer: vec![false, true],
         mib: None,
+        vma_kib: None,
         zero: true,
         pin: true,
         csv: None,
@@ -105,6 +115,11 @@ fn parse() -> Args {
             "--writer" => a.writer = vec![true],
             "--no-writer" => a.writer = vec![false],
             "--mib" => a.mib = Some(parse_arg(&val(), |&n: &u64| n > 0).unwrap_or_else(|| usage())),
+            "--vma-kib" => {
+                a.vma_kib = Some(
+                    parse_arg(&val(), |&k: &u64| k > 0 && k % 4 == 0).unwrap_or_else(|| usage()),
+                )
+            }
             "--no-zero" => a.zero = false,
             "--no-pin" => a.pin = false,
             "--csv" => a.csv = Some(val()),
@@ -145,54 +160,11 @@ struct Point {
     by_mode: [Vec<f64>; MODES.len()],
 }
 
-/// What a probe run measured: the seconds one thread takes per MiB, for
-/// the faulting phase alone and for a whole run (setup, faults, teardown).
-#[derive(Clone, Copy)]
-struct Probe {
-    fault_s_per_mib: f64,
-    run_s_per_mib: f64,
-}
-
-/// Times one full one-thread run of `mib` MiB of a table's workload in
-/// one mode.
-fn probe(wl: Workload, writer: bool, locking: FaultLocking, zero: bool, mib: u64) -> Probe {
-    let pool = Workers::new(1, writer, false);
-    let t0 = Instant::now();
-    let s = pool.run(Params {
-        threads: 1,
-        workload: wl,
-        writer,
-        locking,
-        bytes_per_thread: mib << 20,
-        zero,
-    });
-    let run = t0.elapsed().as_secs_f64();
-    Probe {
-        fault_s_per_mib: s.wall.max(1e-6) / mib as f64,
-        run_s_per_mib: run.max(1e-6) / mib as f64,
-    }
-}
-
-/// MiB per thread, clamped to 4..=`max` and to what lets `max_threads`
-/// threads fit in half of the memory available now (frames are real
-/// memory).
-fn clamp_mib(mib: f64, max: u64, max_threads: usize) -> u64 {
-    let fit = available_mib().map_or(max, |m| m / 2 / max_threads.max(1) as u64);
-    (mib as u64).clamp(4, max).min(fit.max(4))
-}
-
-/// `MemAvailable` from /proc/meminfo, in MiB.
-fn available_mib() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024)
-}
-
 fn main() {
     let args = parse();
     let max_threads = args.threads.iter().copied().max().unwrap_or(1);
     let reps = args.reps.unwrap_or(if args.full { 5 } else { 3 });
+    let vma_bytes = args.vma_kib.map(|k| k << 10);
     // One table per (workload, writer); each gets its own size, because
     // a writer slows MmapLock faults by orders of magnitude.
     let tables: Vec<(Workload, bool)> = args
@@ -209,11 +181,15 @@ fn main() {
         FaultLocking::PerVma,
         args.zero,
         8,
+        vma_bytes,
     );
     let mut sized: Vec<(Workload, bool, u64)> = Vec::new();
     let mut estimate = 0.0;
     for &(wl, writer) in &tables {
-        let p = MODES.map(|l| probe(wl, writer, l, args.zero, if args.full { 32 } else { 8 }));
+        let p = MODES.map(|l| {
+            let mib = if args.full { 32 } else { 8 };
+            probe(wl, writer, l, args.zero, mib, vma_bytes)
+        });
         let per_mib: f64 = p.iter().map(|p| p.run_s_per_mib).sum();
         let pervma = MODES
             .iter()
@@ -298,6 +274,7 @@ fn main() {
                         writer,
                         locking,
                         bytes_per_thread: mib << 20,
+                        vma_bytes,
                         zero: args.zero,
                     });
                     let _ = writeln!(
@@ -345,7 +322,10 @@ fn main() {
                 series.push((threads, hmean(&metric(m, Sample::faults_per_sec))));
             }
         }
-        println!("\n{title} ({mib} MiB per thread per rep)");
+        let vmas = args
+            .vma_kib
+            .map_or(String::new(), |k| format!(", VMAs of {k} KiB"));
+        println!("\n{title} ({mib} MiB per thread per rep{vmas})");
         println!(
             "{:<22} {:>22} {:>24} {:>24}",
             "", "MmapLock", "PerVma", "Speculative"
@@ -375,6 +355,16 @@ fn main() {
                 }
                 println!("{line}");
             }
+        }
+        // The share of the Speculative mode's faults that completed
+        // speculatively (the rest fell back).
+        let spec = MODES.len() - 1;
+        for (ti, &threads) in args.threads.iter().enumerate() {
+            let (done, all) = samples[ti][spec]
+                .iter()
+                .fold((0, 0), |(d, a), s| (d + s.speculative, a + s.faults));
+            let share = done as f64 * 100.0 / all.max(1) as f64;
+            println!("{:<22} {share:>70.1}%", format!("speculative-{threads}"));
         }
         for (m, series) in per_mode_sec.iter().enumerate() {
             plot_series.push((format!("{title}, {:?}", MODES[m]), series.clone()));

@@ -181,9 +181,9 @@ fn spec_fault_vs_mremap() {
 /// (`v.lock.stamp() == stamp`) replaced by `true`: the attempt installs
 /// the zero page through the old life's snapshot after the zap. (Dropping
 /// the `mm_id`/`range.contains` check, or `new_vma`'s stamp, is not
-/// caught: a snapshot of the new life has the one-page range, which the
-/// table check refuses, and the object is stamped by this section's
-/// detach already.)
+/// caught: a snapshot of the new life is PROT_NONE, which the access
+/// check refuses, and the object is stamped by this section's detach
+/// already.)
 ///
 /// The thread runs the speculative attempt alone
 /// (`loom_door::speculative_fault`): behind it, the per-VMA and mmap_lock
@@ -195,8 +195,7 @@ fn spec_fault_vs_mremap() {
 fn spec_fault_vs_vma_reuse() {
     model(|| {
         let mm = setup();
-        let m2 = mm.clone();
-        let t = thread::spawn(move || loom_door::speculative_fault(&m2, A, Access::Read));
+        let t = spawn_spec(&mm, A, Access::Read);
         mm.mmap(A, PAGE_SIZE, Prot::NONE, fixed()).unwrap();
         t.join().unwrap();
         assert!(mm.stats().vma_reused >= 1, "the object was recycled");
@@ -206,5 +205,87 @@ fn spec_fault_vs_vma_reuse() {
             "a page is mapped in the PROT_NONE VMA"
         );
         assert_eq!(mm.fault(A, Access::Read), Err(FaultError::AccessDenied));
+    });
+}
+
+// Tables shared by several VMAs: the small VMAs below share the PTE table
+// of `[A, A + 2 MiB)`, and each model races one speculative attempt alone
+// (`loom_door::speculative_fault`, as the reuse model does) against the
+// real writer.
+
+use common::shared_table_space as shared_setup;
+
+fn spawn_spec(mm: &Arc<AddressSpace>, addr: u64, access: Access) -> thread::JoinHandle<bool> {
+    let m2 = mm.clone();
+    thread::spawn(move || loom_door::speculative_fault(&m2, addr, access))
+}
+
+/// munmap of the neighbour `[A + 3 pages, A + 4 pages)` races a
+/// speculative write fault at `A`, in the PTE table both VMAs share, with
+/// no entry in it. The fault's page must stay mapped if it was installed:
+/// munmap frees the empty tables of its hole only between its neighbours
+/// (the floor is the end of the VMA before), so the shared table lives
+/// on, and an attempt that walked to it installs into a linked table.
+/// Catches: `Edit::free_pgtables` (src/mm/edit/mod.rs) ignoring the VMA
+/// before the hole (`let floor = self.prev(..)..` made `let floor = 0;`):
+/// the empty shared table is freed under the attempt, whose entry then
+/// lands in an unlinked table (installed, yet `A` translates to nothing,
+/// and its frame leaks).
+#[test]
+fn spec_fault_in_shared_table_vs_neighbour_munmap() {
+    model(|| {
+        let mm = shared_setup(A);
+        let t = spawn_spec(&mm, A, Access::Write);
+        mm.munmap(A + 3 * PAGE_SIZE, PAGE_SIZE).unwrap();
+        let installed = t.join().unwrap();
+        assert_eq!(mm.translate(A).is_some(), installed, "the entry was lost");
+        loom_door::check_ptes(&mm).unwrap();
+        mm.munmap(A, 2 * PAGE_SIZE).unwrap();
+        assert_eq!(mm.frames_used(), 0, "a frame leaked");
+    });
+}
+
+/// UFFDIO_REGISTER(MISSING) of the small VMA `[A, A + 2 pages)` races a
+/// speculative write fault at `A`, in a PTE table it shares with its
+/// neighbours. Registration changes no entry and locks no table but
+/// through the sweep of `Edit::lock`, which must take the lock of a table
+/// the VMA covers only in part. Once `register` has returned, a page
+/// missing then stays missing: the handler's `UFFDIO_COPY` succeeds.
+/// Catches: the PTE lock in `PageTable::sweep_at` (src/pt/range.rs,
+/// `drop(t.lock.lock());`) deleted: the old rule, which swept only whole
+/// 2 MiB spans inside the VMA, did the same for every small VMA.
+#[test]
+fn spec_fault_in_shared_table_vs_uffd_register() {
+    model(|| common::spec_vs_uffd_register(shared_setup(A), A, 2 * PAGE_SIZE));
+}
+
+/// No PTE table yet: the small VMA `[A, A + 2 pages)` was never touched,
+/// and a VMA at `B` keeps the PMD table above (same 1 GiB). munmap of the
+/// VMA (which stamps it, sweeps, zaps nothing and frees the tables of
+/// the hole) races a speculative read fault at `A`, which must make the
+/// PTE table itself. The attempt either makes it before the sweep (which
+/// then locks it, and the install is zapped or refused) or sees the stamp
+/// when it would link one: afterwards no entry lies outside a VMA and no
+/// table is left in the hole. Catches: the lock of the empty slot in
+/// `PageTable::sweep_at` (src/pt/range.rs, `let _l =
+/// self.holder_lock(holder);`) deleted: the attempt then links a table and
+/// installs the zero page after munmap returned.
+#[test]
+fn spec_fault_without_table_vs_munmap() {
+    model(|| {
+        let mm = space();
+        mm.mmap(B, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.fault(B, Access::Read).unwrap();
+        let tables = mm.page_table_bytes();
+        mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+        let t = spawn_spec(&mm, A, Access::Read);
+        mm.munmap(A, 2 * PAGE_SIZE).unwrap();
+        t.join().unwrap();
+        loom_door::check_ptes(&mm).unwrap();
+        assert_eq!(
+            mm.page_table_bytes(),
+            tables,
+            "a table was left in the hole"
+        );
     });
 }

@@ -16,7 +16,7 @@ mod common;
 use common::{fixed, model, rw};
 
 use aspace::{
-    loom_door, Access, AddressSpace, Advice, Config, FaultLocking, MremapFlags, PAGE_SIZE,
+    loom_door, Access, AddressSpace, Advice, Config, FaultLocking, MremapFlags, Prot, PAGE_SIZE,
 };
 use loom::sync::Arc;
 use loom::thread;
@@ -60,17 +60,7 @@ fn spec_fault_vs_uffd_register() {
     model(|| {
         let mm = space();
         setup(&mm, false);
-        let uffd = mm.userfaultfd();
-        let t = spawn_spec(&mm, A);
-        uffd.register(A, PMD).unwrap();
-        let missing = mm.translate(A).is_none();
-        let copied = uffd.copy(&[7; PAGE_SIZE as usize], A, false);
-        t.join().unwrap();
-        if missing {
-            assert!(copied.is_ok(), "a page appeared after register: {copied:?}");
-        }
-        loom_door::check_ptes(&mm).unwrap();
-        drop(uffd);
+        common::spec_vs_uffd_register(mm, A, PMD);
     });
 }
 
@@ -255,5 +245,43 @@ fn spec_fault_vs_fork() {
         assert_eq!(x, [0], "the parent's store reached the child");
         loom_door::check_ptes(&mm).unwrap();
         loom_door::check_ptes(&child).unwrap();
+    });
+}
+
+/// [`spec_vs`] in small VMAs: one speculative write attempt at `A` in
+/// `[A, A + 2 pages)`, whose PTE table it shares with a neighbour
+/// (`common::shared_table_space`), races `writer` on that VMA. Afterwards
+/// every entry agrees with the VMAs and, all unmapped, no frame is left.
+/// Catches the same dropped `mm.frames.put(new.pfn())`.
+fn spec_vs_small(writer: impl Fn(&AddressSpace) + Sync + Send + 'static) {
+    model(move || {
+        let mm = common::shared_table_space(A);
+        let t = spawn_spec(&mm, A);
+        writer(&mm);
+        t.join().unwrap();
+        loom_door::check_ptes(&mm).unwrap();
+        mm.munmap(A, PMD).unwrap();
+        mm.munmap(C, PMD).unwrap();
+        assert_eq!(mm.frames_used(), 0, "a frame leaked");
+    });
+}
+
+/// mprotect(PROT_READ) of the small VMA: no writable entry may appear in
+/// it afterwards (`check_ptes`), though its table is shared.
+#[test]
+fn spec_fault_in_shared_table_vs_mprotect() {
+    spec_vs_small(|mm| {
+        mm.mprotect(A, 2 * PAGE_SIZE, Prot::READ).unwrap();
+    });
+}
+
+/// mremap moving the small VMA to `C`: its entries move one by one out of
+/// the shared table, which stays for the neighbour; no entry may be left
+/// at the old address.
+#[test]
+fn spec_fault_in_shared_table_vs_mremap() {
+    spec_vs_small(|mm| {
+        let flags = MremapFlags::MAYMOVE | MremapFlags::FIXED;
+        assert_eq!(mm.mremap(A, 2 * PAGE_SIZE, 2 * PAGE_SIZE, flags, C), Ok(C));
     });
 }

@@ -189,6 +189,33 @@ impl<T, A> LazyWith<T, A> {
         Some(&self.value)
     }
 
+    /// [`peek`](Self::peek), and if there is no value yet, a
+    /// read-modify-write of the empty pointer: whoever makes the value
+    /// later synchronizes with this call (its publishing compare-and-swap
+    /// reads what this one wrote), so everything before this call happens
+    /// before the value exists.
+    pub fn peek_ordered(&self) -> Option<&T> {
+        #[cfg(not(aspace_loom))]
+        {
+            if let Some(v) = self.peek() {
+                return Some(v);
+            }
+            let null = core::ptr::null_mut();
+            // AcqRel: Release for the later maker, Acquire for a value
+            // made meanwhile.
+            let p = match self
+                .ptr
+                .compare_exchange(null, null, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(p) | Err(p) => p,
+            };
+            // SAFETY: as in `peek`.
+            (!p.is_null()).then(|| unsafe { &*p })
+        }
+        #[cfg(aspace_loom)]
+        Some(&self.value)
+    }
+
     /// Another reference to the value, made now on first use.
     pub fn arc(&self) -> Arc<T> {
         let p: *const T = &**self;

@@ -9,6 +9,9 @@
 //! VMAs for the whole measurement: under the old mmap_lock every one of its
 //! write sections stalls all faults; per-VMA locks let faults go on.
 //!
+//! With `vma_bytes`, each region is cut into VMAs of that size (an
+//! emulator's small mappings), several sharing each PTE table.
+//!
 //! With `pin`, faulting thread `i` is bound to the `i`-th CPU the process
 //! may run on (modulo their number), so the scheduler cannot stack two
 //! faulters on one CPU for part of a run (the writer stays unbound).
@@ -54,6 +57,10 @@ pub struct Params {
     pub locking: FaultLocking,
     /// Memory each thread faults in.
     pub bytes_per_thread: u64,
+    /// Cut the memory into VMAs of this many bytes (a page multiple),
+    /// neighbours differing in `PROT_EXEC` so they never merge; `None`:
+    /// one VMA per region.
+    pub vma_bytes: Option<u64>,
     /// Clear new frames.
     pub zero: bool,
 }
@@ -400,5 +407,32 @@ fn setup(p: Params) -> (Arc<AddressSpace>, Vec<u64>, u64) {
             })
             .collect(),
     };
+    if let Some(vma) = p.vma_bytes {
+        let region = match p.workload {
+            Workload::PerThread => pages * PAGE_SIZE,
+            Workload::Single | Workload::Interleaved => total,
+        };
+        let starts = match p.workload {
+            Workload::PerThread => bases.clone(),
+            Workload::Single | Workload::Interleaved => vec![bases[0]],
+        };
+        for b in starts {
+            split_vmas(&mm, b, region, vma);
+        }
+    }
     (mm, bases, pages)
+}
+
+/// Cuts `[base, base + len)` into VMAs of `vma` bytes: every other one
+/// gains `PROT_EXEC`, so neighbours differ in flags and never merge (the
+/// workers' write faults are allowed in both).
+fn split_vmas(mm: &AddressSpace, base: u64, len: u64, vma: u64) {
+    let vma = vma.max(PAGE_SIZE) & !(PAGE_SIZE - 1);
+    let rwx = Prot::READ | Prot::WRITE | Prot::EXEC;
+    let mut a = base + vma;
+    while a < base + len {
+        let n = vma.min(base + len - a);
+        mm.mprotect(a, n, rwx).expect("split into VMAs");
+        a += 2 * vma;
+    }
 }

@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use aspace::{
-    Access, AddressSpace, Advice, Config, Error, FaultLocking, MapFlags, Prot, PAGE_SIZE,
+    loom_door, Access, AddressSpace, Advice, Config, Error, FaultLocking, MapFlags, Prot, PAGE_SIZE,
 };
 use loom::sync::Arc;
 use loom::thread;
@@ -19,10 +19,9 @@ pub fn model(f: impl Fn() + Sync + Send + 'static) {
 /// so the epoch's internals stay out of the models' state space.
 ///
 /// Faults take the per-VMA path (the fallback of the default speculative
-/// one): these models check the per-VMA and mmap_lock protocols. In their
-/// few-page VMAs a speculative attempt always stops at its table check
-/// (no 2 MiB span lies inside the VMA) before it writes anything, so it
-/// would add only loads to explore; `spec_fault.rs` models the
+/// one): these models check the per-VMA and mmap_lock protocols, and a
+/// speculative attempt before each fault would multiply the interleavings
+/// to explore; `spec_fault.rs` and `spec_writers.rs` model the
 /// speculative path itself.
 pub fn cfg() -> Config {
     Config {
@@ -80,4 +79,39 @@ pub fn emptied_with_neighbour(mm: &AddressSpace, a: u64) {
     mm.mmap(a + 2 * PAGE_SIZE, PAGE_SIZE, Prot::READ, fixed())
         .unwrap();
     mm.fault(a + 2 * PAGE_SIZE, Access::Read).unwrap();
+}
+
+/// A space where small VMAs share one PTE table: `[a, a + 2 pages)` (`a`
+/// 2 MiB-aligned), its anon_vma made and its entry emptied again (the
+/// table stays), and past a one-page hole `[a + 3 pages, a + 4 pages)`:
+/// a table with no entry, whose span holds two VMAs and holes.
+pub fn shared_table_space(a: u64) -> Arc<AddressSpace> {
+    let mm = spec_space();
+    mm.mmap(a, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+    mm.write(a + PAGE_SIZE, &[1]).unwrap();
+    mm.madvise(a + PAGE_SIZE, PAGE_SIZE, Advice::DontNeed)
+        .unwrap();
+    mm.mmap(a + 3 * PAGE_SIZE, PAGE_SIZE, rw(), fixed())
+        .unwrap();
+    mm
+}
+
+/// UFFDIO_REGISTER(MISSING) of `[a, a + len)` races one speculative write
+/// attempt at `a` (alone, `loom_door::speculative_fault`). Once
+/// `register` has returned, a page missing then stays missing for the
+/// handler: its `UFFDIO_COPY` succeeds; and every entry agrees with the
+/// VMAs.
+pub fn spec_vs_uffd_register(mm: Arc<AddressSpace>, a: u64, len: u64) {
+    let uffd = mm.userfaultfd();
+    let m2 = mm.clone();
+    let t = thread::spawn(move || loom_door::speculative_fault(&m2, a, Access::Write));
+    uffd.register(a, len).unwrap();
+    let missing = mm.translate(a).is_none();
+    let copied = uffd.copy(&[7; PAGE_SIZE as usize], a, false);
+    t.join().unwrap();
+    if missing {
+        assert!(copied.is_ok(), "a page appeared after register: {copied:?}");
+    }
+    loom_door::check_ptes(&mm).unwrap();
+    drop(uffd);
 }

@@ -29,7 +29,10 @@
 //!    mremap while it moves such a VMA's entries, and by a shrink, which
 //!    then zaps under PTE locks and flushes. Faults never take it.
 //! 5. PTE-page locks (inside `pt`), then the frame allocator's
-//!    per-CPU locks.
+//!    per-CPU locks. The slot locks of upper-level tables (and of the
+//!    root slot), under which tables are linked and unlinked, are leaves:
+//!    taken under PTE locks by mremap's relink and by walks that link a
+//!    table, never holding another lock of their own.
 //! 6. The TLB model's flush lock (inside `tlb`), taken by each flush,
 //!    under PTE locks when mremap flushes per extent. Its holder waits only
 //!    for user-mode accesses in flight, which take no lock.
@@ -50,9 +53,11 @@
 //! - `MmState` (map count, brk): inside the mmap_lock.
 //! - each VMA's fields: the `vma` module's `# Locking` section, and the
 //!   `Protected by:` line on each field of `Vma`.
-//! - page-table entries: PTE-page locks for changes; lock-free walks; table
-//!   pages are freed through the epoch and only where no VMA covers them
-//!   (so no fault is walking there).
+//! - page-table entries: PTE-page locks for changes; lock-free walks;
+//!   upper-level entries linked and unlinked under their table's slot
+//!   lock; table pages are freed through the epoch and only where no VMA
+//!   covers them (a speculative fault still walking there fails its stamp
+//!   check).
 //! - frames: freed only after the TLB flush that covers their last
 //!   translation (`tlb`).
 

@@ -24,50 +24,60 @@
 //!    private mapping of a memfd), a write to a
 //!    present read-only entry (copy-on-write: the reliability fixes live in
 //!    the per-VMA path), a VMA registered for missing-page userfaults
-//!    (only the locked paths deliver them), an access the flags refuse (the per-VMA path gives
-//!    the verdict), no PTE table, or a PTE table whose 2 MiB span is not
-//!    wholly inside the VMA (see "tables" below).
-//! 5. Allocate and zero the frame, take the PTE table's lock, issue an
+//!    (only the locked paths deliver them), or an access the flags refuse
+//!    (the per-VMA path gives the verdict).
+//! 5. Walk to the PTE table, making each missing table on the way: it is
+//!    linked under the lock of the table that holds its slot, after an
+//!    `Acquire` fence and a re-read of the stamp (else fall back; see
+//!    "Tables" below).
+//! 6. Allocate and zero the frame, take the PTE table's lock, issue an
 //!    `Acquire` fence, re-read the stamp: install only if it is still `s`
 //!    (and the entry empty); else free the frame and fall back.
 //!
 //! Every writer that changes a VMA stamps it first (`VmaLock::write_lock`
 //! stores the stamp, then a `Release` fence; `Edit::new_vma` stamps a
-//! recycled object before it rewrites any field). Steps 3 and 5 are a
-//! seqlock read: if any field we copied came from after a stamp, the fence
+//! recycled object before it rewrites any field). Steps 3, 5 and 6
+//! are a seqlock read: if any field we copied came from after a stamp, the fence
 //! pair makes the re-read see that stamp.
 //!
 //! # Why each writer is safe
 //!
 //! The core argument (hazard 1 of the design notes) is one rule that no
 //! writer can skip: `Edit::lock`, the only way a writer claims a VMA,
-//! stamps it and then takes the lock of every existing PTE table this
-//! path may use for it ([`tables_of`]), empty tables included. The two
-//! critical sections on our table are ordered by its lock. If the sweep's
-//! comes first, our lock acquisition synchronizes with its release and our
-//! re-read sees the stamp: we abort. If ours comes first, our entry is in
-//! place before the writer changes anything, and its passes treat it like
-//! any other. No pass reads a table's emptiness without its lock
-//! (`move_ptes`, `relink_pte_table`, fork's copy), so the rule holds twice
-//! over where entries move. Stamps never repeat among the spaces sharing
-//! a VMA pool ([`crate::vma::seq`]), so a stamp re-read equal to the
-//! snapshot's names the same write section of the same space.
+//! stamps it and then sweeps its range ([`PageTable::sweep`]): for every
+//! page of the range it takes the lock of the PTE table covering it
+//! (empty tables and tables shared with other VMAs included), or, where
+//! none does, the lock of the table holding the empty slot above it.
+//! Tables are linked and unlinked only under that slot lock. So for the
+//! page we install into, the sweep and our install are ordered by one
+//! lock: if the sweep locked our PTE table first, our lock acquisition
+//! synchronizes with its release and our re-read sees the stamp; if it
+//! found the slot empty, the table we walked was linked under the slot
+//! lock after it (our `Acquire` walk synchronizes with the link, and the
+//! re-read sees the stamp), or we link it ourselves and validate under
+//! that lock. If ours comes first, our entry is in place before the
+//! writer changes anything, and its passes treat it like any other. No
+//! pass reads a table's emptiness without its lock (`move_ptes`,
+//! `relink_pte_table`, fork's copy), so the rule holds twice over where
+//! entries move. Stamps never repeat among the spaces sharing a VMA pool
+//! ([`crate::vma::seq`]), so a stamp re-read equal to the snapshot's
+//! names the same write section of the same space.
 //!
 //! One row per writer; each points at its cell of the loom matrix
 //! (`loom_tests/matrix.rs`, reader "speculative fault"):
 //!
 //! | writer | why the install is ordered | cell |
 //! |---|---|---|
-//! | munmap | stamp and sweep; the zap runs under each table's lock, then empty tables go through the epoch (hazard 3: a table we walked stays readable, its lock works, the stamp check fails) | `spec_fault_vs_munmap` |
-//! | mprotect, splits, merges | stamp and sweep every VMA they resize or change; entries rewritten under the locks | `spec_fault_vs_mprotect_read`, `spec_fault_vs_split` |
-//! | mremap move | stamp and sweep the source; entries move under both locks or a table is relinked under its lock (hazard 4: a fault that walked in through the old PMD entry takes the same lock) | `spec_fault_vs_mremap` |
+//! | munmap | stamp and sweep; the zap runs under each table's lock, then empty tables go through the epoch, unlinked under their slot locks (hazard 3: a table we walked stays readable, its lock works, the stamp check fails); a table shared with a neighbour is not freed | `spec_fault_without_table_vs_munmap`, `spec_fault_in_shared_table_vs_neighbour_munmap`, `spec_fault_vs_munmap` |
+//! | mprotect, splits, merges | stamp and sweep every VMA they resize or change; entries rewritten under the locks | `spec_fault_in_shared_table_vs_mprotect`, `spec_fault_vs_mprotect_read`, `spec_fault_vs_split` |
+//! | mremap move | stamp and sweep the source; entries move under both locks or a table (whose span the moved range covers) is relinked under its lock and both slot locks (hazard 4: a fault that walked in through the old PMD entry takes the same lock) | `spec_fault_in_shared_table_vs_mremap`, `spec_fault_vs_mremap` |
 //! | mremap grow, shrink | stamp and sweep; a shrink zaps the tail as munmap | `spec_fault_vs_mremap_grow`, `_shrink` |
 //! | mremap DONTUNMAP | stamp and sweep before the old VMA loses its anon_vma; an emptied table is locked too | `spec_fault_vs_mremap_dontunmap_over_empty_table` |
 //! | MADV_DONTNEED, MADV_FREE | no stamp (hazard 9): an install after the zap is a fault after the madvise, which reads zero as a refill would | `spec_fault_vs_dontneed`, `spec_fault_vs_madv_free` |
 //! | MADV_REMOVE, memfd shrink | cannot meet: they touch shared objects' pages, and we bail out of any VMA with an object | matrix reason |
 //! | brk | stamp and sweep; a shrink is munmap's edit | `spec_fault_vs_brk_shrink` |
 //! | mlock, set_anon_name | stamp and sweep (flags or name, often a split) | `spec_fault_vs_mlock`, `spec_fault_vs_set_anon_name` |
-//! | uffd register | stamp and sweep: after `register` returns no earlier snapshot installs, so the handler's copy finds the page missing | `spec_fault_vs_uffd_register` |
+//! | uffd register | stamp and sweep: after `register` returns no earlier snapshot installs, so the handler's copy finds the page missing | `spec_fault_in_shared_table_vs_uffd_register`, `spec_fault_vs_uffd_register` |
 //! | uffd unregister | cannot meet: a MISSING-registered VMA stops us at the flag check | matrix reason |
 //! | uffd write-protect | entries rewritten under the PTE lock; we install only into empty entries | matrix reason |
 //! | fork | stamp and sweep the parent's VMAs, then write-protect and copy table by table under the locks (hazard 10) | `spec_fault_vs_fork` |
@@ -78,16 +88,22 @@
 //! passes those two, and the stamp alone rejects a snapshot of its old
 //! life, the table check one of its new life.
 //!
-//! Tables (hazard 2): we never create a table; and we use one only if its
-//! 2 MiB span lies inside the VMA's snapshot range. Then whoever created
-//! it faulted inside this VMA's range: either in this VMA, holding its read
-//! lock or the mmap_lock (so every later writer of this VMA, which drains
-//! readers or takes the mmap_lock, sees the table in its pass), or in a VMA
-//! that covered part of the range later or earlier, which needed a writer
-//! that stamped this VMA or ran entirely before it existed. A table shared
-//! with a neighbour VMA could be created by the neighbour's fault after an
-//! munmap of ours walked past its PMD slot, and then no lock would order
-//! the two: we fall back there.
+//! Tables (hazard 2): a PTE table may be shared by several VMAs (small
+//! ones, and the ends of large ones) and by holes. Only our own VMA's
+//! writers must be ordered with our install; installs of neighbours are
+//! other entries under the same lock, and every pass over a shared table
+//! touches only its own VMA's entries under that lock. A table may be
+//! missing, or be made by a neighbour's fault (holding the neighbour's
+//! VMA lock, not ours) after our VMA's writer swept: that is why the
+//! sweep locks the empty slot and links take the same lock, so a table
+//! linked after the sweep is seen only with the stamp. The tables of a
+//! hole are freed (`free_pgtables`) under the same slot locks; nothing is
+//! linked into a hole meanwhile, since every linker either holds a VMA
+//! lock or the mmap_lock (it is in a VMA, not in the hole) or validates a
+//! stamp that the writers which emptied the span changed before freeing.
+//! So a speculative fault never leaves a table behind in a hole. The page
+//! table object itself is made on first use: a writer that finds none
+//! orders itself before its making ([`crate::lazy::LazyWith::peek_ordered`]).
 //!
 //! Checked by `loom_tests/spec_fault.rs` and `loom_tests/spec_writers.rs`
 //! (the table above) and `tests/stress_spec.rs` (splits, fork, DONTNEED
@@ -111,27 +127,20 @@
 //!
 //! # Locking
 //!
-//! No lock but the PTE table's, taken once to install; the VMA is neither
+//! No lock but the PTE table's, taken once to install (and, to make a
+//! missing table, the lock of the table holding its slot); the VMA is neither
 //! read-locked nor referenced (its stamp is validated instead). Order:
 //! [`crate::mm`].
 
-use crate::addr::{page_align_down, Range, PMD_SIZE};
+use crate::addr::page_align_down;
 use crate::mm::{Access, AddressSpace};
 use crate::phys::Pfn;
+#[cfg(doc)]
+use crate::pt::PageTable;
 use crate::pt::{CheckedInstallError, Pte, PteFlags};
 use crate::stats::Event;
 use crate::sync::{fence, Ordering};
 use crate::vma::VmFlags;
-
-/// The span of the PTE tables a speculative fault may install into for a
-/// VMA over `range`: the whole 2 MiB spans inside it (see "Tables" in the
-/// module docs). The one rule both sides follow: the fault uses no other
-/// table, and `Edit::lock` sweeps these tables' locks after stamping.
-pub(crate) fn tables_of(range: Range) -> Option<Range> {
-    let start = range.start.checked_add(PMD_SIZE - 1)? & !(PMD_SIZE - 1);
-    let end = range.end & !(PMD_SIZE - 1);
-    (start < end).then(|| Range::new(start, end))
-}
 
 /// One speculative attempt. `Err(reason)`: nothing changed, run the
 /// per-VMA path.
@@ -163,14 +172,24 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
         return Err(Event::spec_abort_needs_more);
     }
     let page = page_align_down(addr);
-    if !tables_of(range).is_some_and(|t| t.contains(page)) {
-        return Err(Event::spec_abort_table);
-    }
+    // Seqlock read side, run under each lock the install goes through (a
+    // table's slot lock where a table is missing, then the PTE lock): the
+    // field loads above happen before the re-read (pairs with the Release
+    // fence after the writer's stamp).
+    let valid = || {
+        fence(Ordering::Acquire);
+        v.lock.stamp() == stamp
+    };
     // The tree pin above covers the walk too; this nested pin only names
-    // the page table's reclaimer. One walk: the install goes to the table
-    // read here (see `PteSlot` for why a table unlinked meanwhile is safe).
+    // the page table's reclaimer. One walk, making missing tables: the
+    // install goes to the table found here (see `PteSlot` for why a table
+    // unlinked meanwhile is safe).
     let g = mm.pt.pin();
-    let slot = mm.pt.slot(page, &g).ok_or(Event::spec_abort_table)?;
+    let slot = match mm.pt.slot_checked(page, &g, &valid) {
+        Ok(s) => s,
+        Err(CheckedInstallError::Invalid) => return Err(Event::spec_abort_stamp),
+        Err(_) => return Err(Event::spec_abort_table),
+    };
     let cur = slot.get();
     if cur.is_present() {
         return if access != Access::Write || cur.is_writable() {
@@ -186,12 +205,7 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
     } else {
         Pte::new(Pfn::ZERO_PAGE, PteFlags::from(flags) - PteFlags::WRITE)
     };
-    let r = slot.install_checked(new, || {
-        // Seqlock read side: the field loads above happen before the
-        // re-read (pairs with the Release fence after the writer's stamp).
-        fence(Ordering::Acquire);
-        v.lock.stamp() == stamp
-    });
+    let r = slot.install_checked(new, valid);
     if r.is_err() && !new.pfn().is_zero_page() {
         mm.frames.put(new.pfn());
     }

@@ -37,20 +37,22 @@ pub(crate) struct TablePage {
     ///
     /// Protected by: the pointer is immutable; the entries, at level 0, by
     /// `lock` for every change (stored with `Release`, read lock-free with
-    /// `Acquire` under an epoch guard); at upper levels filled once by a
-    /// compare-and-swap of any walker and emptied only by the mmap_lock
-    /// writer where no VMA covers the span (or swung by mremap under the
-    /// moved table's `lock`). A table page is zero when handed out.
+    /// `Acquire` under an epoch guard); at upper levels by `lock` too:
+    /// filled by any walker and emptied only by the mmap_lock writer where
+    /// no VMA covers the span (or swung by mremap, also under the moved
+    /// table's PTE lock), both under it. A table page is zero when handed
+    /// out.
     pub(crate) entries: Entries,
     /// Non-empty entries.
     ///
     /// Protected by: at level 0, `lock` (plain load and store); at upper
-    /// levels, atomic `Relaxed` read-modify-writes by the installing walker
-    /// and the unlinking writer. Read with `Acquire` only to compare with
+    /// levels, atomic `Relaxed` read-modify-writes by the linking walker
+    /// and the unlinking writer (under `lock` too). Read with `Acquire` only to compare with
     /// zero. Reset (`Relaxed`) by the allocator before the page is
     /// published.
     pub(crate) used: AtomicU32,
-    /// The split PTE lock (level 0 only; unused above).
+    /// The split PTE lock at level 0; above, the lock of the entry slots
+    /// (see `entries`).
     ///
     /// Protected by: immutable (it is the lock); unlocked whenever the
     /// page is free.

@@ -89,8 +89,18 @@ impl PageTable {
             };
             freed |= self.free_in(child, level - 1, lo, r, limits, g);
             if lo >= limits.start && hi <= limits.end && child.is_empty() {
-                let v = e.swap(0, Ordering::AcqRel);
-                t.used.fetch_sub(1, Ordering::Relaxed);
+                // Unlinked under the lock its link was made under: a
+                // speculative fault that finds the slot empty and links a
+                // new table there validates its snapshot under this lock
+                // after us (and sees the stamps of the writer that emptied
+                // the span). No table is linked into an empty span's
+                // tables meanwhile: every linker validates the same way,
+                // or holds a VMA lock that keeps it out of the hole.
+                let v = {
+                    let _l = t.lock.lock();
+                    t.used.fetch_sub(1, Ordering::Relaxed);
+                    e.swap(0, Ordering::AcqRel)
+                };
                 self.tables.local().fetch_sub(1, counter::Ordering::Relaxed);
                 // Uncharged now, back in the pool after the grace period:
                 // the budget may run ahead of the pool by what the epoch

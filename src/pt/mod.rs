@@ -4,11 +4,16 @@
 //! 64-bit entries (a real x86-64 table page), taken from the same per-CPU
 //! caches as data frames: making a table on the fault path costs no heap
 //! allocation, and tables use the budget's own memory. Walkers (faults,
-//! user-mode accesses) read entries lock-free with `Acquire`; missing tables are
-//! installed by compare-and-swap (`Release`), so two faults racing on one
-//! region agree on one table and the loser frees its own. Each last-level
-//! (PTE) table has its own lock (Linux's split PTE locks): installs,
-//! updates, zaps and moves of entries take it; lookups never do.
+//! user-mode accesses) read entries lock-free with `Acquire`. Each table has
+//! its own lock. At level 0 it is Linux's split PTE lock: installs,
+//! updates, zaps and moves of entries take it; lookups never do. Above,
+//! it is the lock of the table's entry slots (the root slot has
+//! `root_lock`): a missing table is linked (`Release`) and an empty one
+//! unlinked only under the lock of the table holding its entry, so two
+//! faults racing on one region agree on one table (the loser frees its
+//! own), and a writer's sweep that finds a slot empty under that lock is
+//! ordered before any table linked there later (`PageTable::sweep`, the
+//! speculative fault's rule: see `mm::spec_fault`).
 //!
 //! Every table page is charged to the pool's budget while it is linked:
 //! a fault that would need a table past the budget gets no table
@@ -48,7 +53,7 @@ use crate::percpu::PerCpu;
 use crate::phys::FrameAllocator;
 use crate::reclaim::{Guard, Reclaimer};
 use crate::sync::counter::AtomicI64;
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 
 mod copy;
 mod entry;
@@ -112,12 +117,18 @@ pub struct PageTable {
     /// table, so an idle address space allocates no table at all. Never
     /// freed before the page table.
     ///
-    /// Protected by: filled once, like any upper-level entry, by a
-    /// compare-and-swap of the first creating walker (`Release` publishes
-    /// the zeroed table; walkers load it with `Acquire`); the loser frees
-    /// its table. Never emptied until drop (its contents: see `Table`'s
-    /// fields).
+    /// Protected by: `root_lock`, under which the first creating walker
+    /// fills it once, like any upper-level entry (`Release` publishes the
+    /// zeroed table; walkers load it with `Acquire`); a walker that finds
+    /// it filled under the lock frees its own table. Never emptied until
+    /// drop (its contents: see `Table`'s fields).
     root: AtomicU64,
+    /// The lock of the root slot, as each table's lock is the lock of
+    /// its entry slots above level 0: the root is linked under it, and a
+    /// writer's sweep of a range with no root takes it.
+    ///
+    /// Protected by: immutable (it is the lock).
+    root_lock: Mutex<()>,
     /// Where unlinked table pages wait for the walkers that may still see
     /// them.
     ///
@@ -159,6 +170,7 @@ impl PageTable {
     pub fn with_frames(reclaimer: Reclaimer, frames: Arc<FrameAllocator>) -> Self {
         PageTable {
             root: AtomicU64::new(0),
+            root_lock: Mutex::new(()),
             reclaimer,
             tables: PerCpu::new(|| AtomicI64::new(0)),
             frames,

@@ -178,14 +178,23 @@ impl PageTable {
         let dst_pmd = self.table_at(to, 1, Make::Forced, g)?;
         let de = &dst_pmd.entries[index(to, 1)];
         let v = se.load(Ordering::Relaxed);
-        de.compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire)
-            .ok()?;
-        dst_pmd.used.fetch_add(1, Ordering::Relaxed);
+        // Each PMD slot changes under its PMD table's lock, as every link
+        // and unlink does (see `make_table`); the PTE lock held here is
+        // taken before them, as everywhere.
+        {
+            let _l = dst_pmd.lock.lock();
+            de.compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire)
+                .ok()?;
+            dst_pmd.used.fetch_add(1, Ordering::Relaxed);
+        }
         // A walker that read the old entry keeps using the (live) table,
         // and translates the old addresses to the same frames until the
         // caller's flush: exactly a stale TLB entry.
-        se.store(0, Ordering::Release);
-        src_pmd.used.fetch_sub(1, Ordering::Relaxed);
+        {
+            let _l = src_pmd.lock.lock();
+            se.store(0, Ordering::Release);
+            src_pmd.used.fetch_sub(1, Ordering::Relaxed);
+        }
         after_extent(Range::new(from, from + entry_span(1)));
         Some(count)
     }

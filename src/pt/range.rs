@@ -84,14 +84,67 @@ impl PageTable {
         });
     }
 
-    /// Takes and releases the lock of every existing PTE table
-    /// overlapping `r`, empty ones included (the writers' sweep: see
-    /// `mm::edit::Edit::lock`). An install made under one of these locks
-    /// before the sweep reached it is visible to the caller afterwards;
-    /// one made after synchronizes with the sweep and sees everything the
-    /// caller did before it.
+    /// The writers' sweep (see `mm::edit::Edit::lock`): for every page
+    /// of `r`, takes and releases either the lock of the PTE table that
+    /// covers it (empty tables included) or, where there is none, the lock
+    /// of the table holding the empty slot above it (the root slot's lock
+    /// if there is no root), having seen the slot empty under that lock.
+    ///
+    /// An install made under a PTE lock before the sweep reached it is
+    /// visible to the caller afterwards; one made after synchronizes with
+    /// the sweep and sees everything the caller did before it. So does
+    /// every table linked into a slot the sweep found empty, since links
+    /// are made under the same lock (`make_table`): a walker that reaches
+    /// such a table has synchronized with the sweep.
     pub fn sweep(&self, r: Range, g: &Guard) {
-        self.for_each_table(r, g, |t, _| drop(t.lock.lock()));
+        let end = r.end.min(1 << VA_BITS);
+        let mut va = r.start;
+        while va < end {
+            va = self.sweep_at(va, end, g);
+        }
+    }
+
+    /// One step of [`sweep`](Self::sweep) at `va`: returns where the next
+    /// step starts (the end of the PTE table or of the run of empty slots
+    /// it locked, at most `end`).
+    fn sweep_at(&self, va: u64, end: u64, g: &Guard) -> u64 {
+        // `e` is a slot of `holder` (the root slot when `None`) whose
+        // entries are tables of the level below `level`.
+        let (mut holder, mut e, mut level) = (None::<&Table>, &self.root, LEVELS);
+        loop {
+            let span = entry_span(level);
+            let next = (va & !(span - 1)).saturating_add(span).min(end);
+            match self.child(e, g) {
+                Some(t) if level == 1 => {
+                    drop(t.lock.lock());
+                    return next;
+                }
+                Some(t) => {
+                    level -= 1;
+                    holder = Some(t);
+                    e = &t.entries[index(va, level)];
+                }
+                None => {
+                    let _l = self.holder_lock(holder);
+                    if e.load(Ordering::Acquire) != 0 {
+                        continue; // linked meanwhile: sweep that table
+                    }
+                    // This slot and the empty ones after it in the same
+                    // table, under the one acquisition.
+                    let Some(h) = holder else {
+                        return next;
+                    };
+                    let mut stop = next;
+                    while stop < end
+                        && index(stop, level) != 0
+                        && h.entries[index(stop, level)].load(Ordering::Relaxed) == 0
+                    {
+                        stop = stop.saturating_add(span).min(end);
+                    }
+                    return stop;
+                }
+            }
+        }
     }
 
     /// Calls `f(va, pte)` for every present entry in `r` (lock-free

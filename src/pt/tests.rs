@@ -232,7 +232,12 @@ fn the_root_is_made_on_first_use_and_nothing_needs_it_before() {
     assert_eq!(p.lookup(va, &g), Pte::NONE);
     assert_eq!(p.update(va, &g, |_| Some(Pte::NONE)), None);
     let e = Pte::new(Pfn::new(7), PteFlags::USER);
-    assert!(p.slot(va, &g).is_none());
+    p.sweep(all, &g);
+    assert_eq!(
+        p.slot_checked(va, &g, &|| false).err(),
+        Some(CheckedInstallError::Invalid)
+    );
+    assert_eq!(p.table_pages(), 0, "a refused check links no table");
     assert_eq!(
         p.install_checked_in(va, e, &g, false, || true),
         Err(CheckedInstallError::NoTable)
@@ -345,4 +350,33 @@ fn a_dropped_tables_entries_never_show_as_data() {
         frames.read(pfn, 0, &mut page);
         assert!(page.iter().all(|&b| b == 0), "frame {pfn} holds entries");
     }
+}
+
+#[test]
+fn checked_walk_makes_tables_only_while_valid() {
+    let p = pt();
+    let g = p.pin();
+    let va = 0x4000_3000;
+    // The root made, then a refusal at the next slot: one table only.
+    let calls = core::cell::Cell::new(0);
+    let once = || {
+        calls.set(calls.get() + 1);
+        calls.get() == 1
+    };
+    assert_eq!(
+        p.slot_checked(va, &g, &once).err(),
+        Some(CheckedInstallError::Invalid)
+    );
+    assert_eq!(p.table_pages(), 1);
+    let Ok(s) = p.slot_checked(va, &g, &|| true) else {
+        panic!("a valid walk makes its tables")
+    };
+    assert_eq!(p.table_pages(), 4);
+    let e = Pte::new(Pfn::new(7), PteFlags::USER);
+    s.install_checked(e, || true).unwrap();
+    assert_eq!(p.lookup(va, &g), e);
+    // Existing tables need no check.
+    assert!(p.slot_checked(va + 4096, &g, &|| false).is_ok());
+    // The sweep runs over tables and empty slots alike.
+    p.sweep(Range::new(0, 1 << 47), &g);
 }

@@ -6,21 +6,22 @@ use super::{entry_span, index, PageTable, Pte, Table, LEVELS, TABLE_BIT, TABLE_B
 use crate::addr::PAGE_SIZE;
 use crate::reclaim::Guard;
 use crate::sync::counter;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, MutexGuard, Ordering};
 
 /// Why [`PteSlot::install_checked`] or [`PageTable::install_checked_in`]
 /// installed nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CheckedInstallError {
-    /// No PTE table covers the address (none is created).
+    /// No PTE table covers the address (none may be created, or the
+    /// budget has no room for one).
     NoTable,
     /// The entry already holds this value.
     Taken(Pte),
-    /// The caller's check failed under the table's lock.
+    /// The caller's check failed under a table's lock.
     Invalid,
 }
 
-/// One entry of an existing PTE table, found by [`PageTable::slot`]. The
+/// One entry of a PTE table, found by [`PageTable::slot_checked`]. The
 /// table stays readable (and its lock usable) while the guard of the walk
 /// is held, even if it is unlinked meanwhile: a caller that may race an
 /// unlink validates under the lock that its view is still current.
@@ -110,72 +111,105 @@ impl PageTable {
         create: Make,
         g: &'g Guard,
     ) -> Option<&'g Table> {
+        self.table_checked(va, level, create, &|| true, g).ok()
+    }
+
+    /// [`table_at`](Self::table_at), linking each missing table only if
+    /// `valid()` holds under the lock of the table that will hold it
+    /// (`Invalid` if not; `NoTable` if a table is missing and may not be
+    /// made).
+    fn table_checked<'g>(
+        &'g self,
+        va: u64,
+        level: u32,
+        create: Make,
+        valid: &dyn Fn() -> bool,
+        g: &'g Guard,
+    ) -> Result<&'g Table, CheckedInstallError> {
         if va >> VA_BITS != 0 {
-            return None;
+            return Err(CheckedInstallError::NoTable);
         }
         let mut t = match self.child(&self.root, g) {
             Some(root) => root,
-            None if create == Make::No => return None,
-            None => self.make_table(&self.root, None, create, g)?,
+            None if create == Make::No => return Err(CheckedInstallError::NoTable),
+            None => self.make_table(&self.root, None, create, valid, g)?,
         };
         for level in (level + 1..LEVELS).rev() {
             let e = &t.entries[index(va, level)];
             t = match self.child(e, g) {
                 Some(c) => c,
-                None if create == Make::No => return None,
-                None => self.make_table(e, Some(t), create, g)?,
+                None if create == Make::No => return Err(CheckedInstallError::NoTable),
+                None => self.make_table(e, Some(t), create, valid, g)?,
             };
         }
-        Some(t)
+        Ok(t)
+    }
+
+    /// The lock under which entry slots of `holder` (the root slot when
+    /// `None`) go from empty to a table and back.
+    pub(super) fn holder_lock<'a>(&'a self, holder: Option<&'a Table>) -> MutexGuard<'a, ()> {
+        match holder {
+            Some(t) => t.lock.lock(),
+            None => self.root_lock.lock(),
+        }
     }
 
     /// Creates the table entry `e` (of `parent`, or the root slot) points
-    /// to, charging it as `create` says; if another walker installed one
-    /// first, frees ours and returns theirs. `None` if the budget refuses or
+    /// to, charging it as `create` says, and links it under the holder's
+    /// lock if `valid()` holds there; if another walker linked one first,
+    /// frees ours and returns theirs. `NoTable` if the budget refuses or
     /// the pool has no frame (a forced table then is a heap page).
+    ///
+    /// The link is made under the lock, not by a lock-free
+    /// compare-and-swap, so that a writer's sweep that found `e` empty
+    /// under the same lock (`PageTable::sweep`) is ordered before it.
     #[cold]
     fn make_table<'g>(
         &'g self,
         e: &AtomicU64,
         parent: Option<&Table>,
         create: Make,
+        valid: &dyn Fn() -> bool,
         g: &'g Guard,
-    ) -> Option<&'g Table> {
+    ) -> Result<&'g Table, CheckedInstallError> {
         let budget = self.frames.memory();
         let forced = create == Make::Forced;
         if forced {
             budget.force_charge(TABLE_BYTES);
         } else if !budget.try_charge(TABLE_BYTES) {
-            return None;
+            return Err(CheckedInstallError::NoTable);
         }
         let Some(new) = self.frames.alloc_table(forced) else {
             budget.uncharge(TABLE_BYTES);
-            return None;
+            return Err(CheckedInstallError::NoTable);
         };
-        // Release (in AcqRel): the zeroed table is visible to any walker
-        // that loads the entry with Acquire (`child`). Acquire on failure:
-        // the winner's table is initialized for us too.
-        match e.compare_exchange(
-            0,
-            new.as_ptr() as u64 | TABLE_BIT,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => {
-                if let Some(p) = parent {
-                    p.used.fetch_add(1, Ordering::Relaxed);
-                }
-                self.tables.local().fetch_add(1, counter::Ordering::Relaxed);
-                // SAFETY: we just published `new`; see `child`.
-                Some(unsafe { new.as_ref() })
+        let l = self.holder_lock(parent);
+        let linked = if e.load(Ordering::Relaxed) != 0 {
+            Ok(false)
+        } else if !valid() {
+            Err(CheckedInstallError::Invalid)
+        } else {
+            // Release: the zeroed table is visible to any walker that
+            // loads the entry with Acquire (`child`).
+            e.store(new.as_ptr() as u64 | TABLE_BIT, Ordering::Release);
+            if let Some(p) = parent {
+                p.used.fetch_add(1, Ordering::Relaxed);
             }
-            Err(_) => {
-                // SAFETY: `new` was never published; it is ours alone.
-                unsafe { self.frames.free_table(new) };
-                budget.uncharge(TABLE_BYTES);
-                Some(self.child(e, g).expect("the winner's table is there"))
-            }
+            Ok(true)
+        };
+        drop(l);
+        if linked == Ok(true) {
+            self.tables.local().fetch_add(1, counter::Ordering::Relaxed);
+            // SAFETY: we just published `new`; see `child`.
+            return Ok(unsafe { new.as_ref() });
         }
+        // SAFETY: `new` was never published; it is ours alone.
+        unsafe { self.frames.free_table(new) };
+        budget.uncharge(TABLE_BYTES);
+        linked?;
+        // The entry was filled under the lock we held: its table is
+        // initialized for us (the lock ordered its link before our load).
+        Ok(self.child(e, g).expect("the winner's table is there"))
     }
 
     /// The entry for `va` (lock-free); `Pte::NONE` if absent or `va` is
@@ -204,11 +238,21 @@ impl PageTable {
         Ok(())
     }
 
-    /// The entry for `va` in the PTE table that covers it, if one exists
-    /// (none is created): one walk, for a caller that reads the entry and
-    /// then may install into it (the speculative fault).
-    pub fn slot<'g>(&'g self, va: u64, g: &'g Guard) -> Option<PteSlot<'g>> {
-        self.slot_in(va, Make::No, g)
+    /// The entry for `va`, making the missing tables on the way within
+    /// the budget, each linked only if `valid()` holds under the lock of
+    /// the table that will hold it (the speculative fault validates its
+    /// VMA snapshot there, as it does again under the PTE table's lock).
+    pub fn slot_checked<'g>(
+        &'g self,
+        va: u64,
+        g: &'g Guard,
+        valid: &dyn Fn() -> bool,
+    ) -> Result<PteSlot<'g>, CheckedInstallError> {
+        let table = self.table_checked(va, 0, Make::Charged, valid, g)?;
+        Ok(PteSlot {
+            table,
+            entry: &table.entries[index(va, 0)],
+        })
     }
 
     /// The entry for `va`, creating missing tables as `create` says.

@@ -144,13 +144,15 @@ impl<'a> Edit<'a> {
     /// the mmap_lock is released. The one way a writer claims a VMA before
     /// changing its range, flags, backing or registration.
     ///
-    /// It stamps the VMA, then sweeps the locks of the PTE tables a
-    /// speculative fault may install into for it
-    /// ([`spec_fault::tables_of`](super::spec_fault::tables_of)), empty
-    /// tables included. A lock-free install that validated the old stamp
-    /// under one of those locks has then happened before this returns
-    /// (and the caller's later passes see its entry); any later one sees
-    /// the stamp and falls back. So no writer, whatever it changes next,
+    /// It stamps the VMA, then sweeps its range
+    /// ([`PageTable::sweep`](crate::pt::PageTable::sweep)): the lock of
+    /// every PTE table covering part of it (empty tables and tables shared
+    /// with other VMAs included) and, where no table covers a page, the
+    /// lock of the empty slot above, under which tables are linked. A
+    /// lock-free install or link that validated the old stamp under one of
+    /// those locks has then happened before this returns (and the
+    /// caller's later passes see its entry); any later one sees the stamp
+    /// and falls back. So no writer, whatever it changes next,
     /// can be outrun by a fault that read the VMA before it: the sweep is
     /// not each writer's to remember.
     pub(crate) fn lock(&self, v: VmaRef) {
@@ -159,8 +161,10 @@ impl<'a> Edit<'a> {
             // detached object: no fault can reach it through this tree.
             return;
         }
-        if let (Some(pt), Some(r)) = (self.mm.pt.peek(), super::spec_fault::tables_of(v.range())) {
-            pt.sweep(r, &pt.pin());
+        // A page table made after this call is made after the stamp: a
+        // fault that walks it has seen the stamp.
+        if let Some(pt) = self.mm.pt.peek_ordered() {
+            pt.sweep(v.range(), &pt.pin());
         }
     }
 
