@@ -85,15 +85,15 @@ impl Translator<'_> {
     #[inline]
     pub fn load<T: Scalar>(&mut self, addr: u64) -> Result<T, MemoryFault> {
         if addr % T::SIZE as u64 == 0 {
-            self.enter();
+            let busy = self.enter();
             if let Some(base) = self.hit(addr, perm(Access::Read)) {
                 let off = (addr & !PAGE_MASK) as usize;
                 // SAFETY: `base` is a cached frame, `off` inside the page.
                 let w = unsafe { word(base, off) }.load(FrameOrdering::Acquire);
-                self.leave();
+                self.leave(busy);
                 return Ok(T::from_bits(w >> ((off % 8) * 8)));
             }
-            self.leave();
+            self.leave(busy);
         }
         self.load_slow(addr)
     }
@@ -119,16 +119,16 @@ impl Translator<'_> {
     #[inline]
     pub fn store<T: Scalar>(&mut self, addr: u64, v: T) -> Result<(), MemoryFault> {
         if addr % T::SIZE as u64 == 0 {
-            self.enter();
+            let busy = self.enter();
             if let Some(base) = self.hit(addr, perm(Access::Write)) {
                 let off = (addr & !PAGE_MASK) as usize;
                 // SAFETY: `base` is a cached frame, `off` inside the page
                 // and `T`-aligned.
                 unsafe { store::<T>(base, off, v.to_bits()) };
-                self.leave();
+                self.leave(busy);
                 return Ok(());
             }
-            self.leave();
+            self.leave(busy);
         }
         self.store_slow(addr, v)
     }

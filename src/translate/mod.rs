@@ -81,18 +81,22 @@ use crate::tlb::TranslatorRef;
 /// Entries in a translator (direct-mapped by page number).
 const ENTRIES: usize = 256;
 const PAGE_MASK: u64 = !(PAGE_SIZE - 1);
-/// Permission bits of a tag, below the page number (none: empty).
-const READ: u64 = 1;
-const WRITE: u64 = 2;
-const EXEC: u64 = 4;
+/// Permission bits of a tag, below the page number. Write implies read
+/// (an entry is writable only if it allows data access). An empty tag
+/// (0) allows nothing, so never matches, not even page 0.
+const R: u64 = 1;
+const W: u64 = 2;
+const X: u64 = 4;
 
-/// The tag bit an access needs.
+/// The tag check of an access: bits it ignores and bits it needs, so that
+/// a hit is one AND with a small immediate and one compare (the entry
+/// stays 16 bytes: the whole cache is one host page).
 #[inline(always)]
-const fn perm(access: Access) -> u64 {
+const fn perm(access: Access) -> (u64, u64) {
     match access {
-        Access::Read => READ,
-        Access::Write => WRITE,
-        Access::Exec => EXEC,
+        Access::Read => (W | X, R),
+        Access::Write => (X, R | W),
+        Access::Exec => (R | W, X),
     }
 }
 
@@ -173,9 +177,7 @@ pub struct Translator<'a> {
     slot: TranslatorRef,
     /// The generation the entries belong to.
     gen: u64,
-    /// [`asymmetric::expedited`], cached off the hot path.
-    expedited: bool,
-    entries: Box<[Entry; ENTRIES]>,
+    entries: [Entry; ENTRIES],
     /// An owned translator's space, which `mm` points into; declared last
     /// so that it is dropped after `Drop::drop` used `mm`.
     _owner: Option<std::sync::Arc<AddressSpace>>,
@@ -213,7 +215,8 @@ impl Translator<'static> {
 
 impl<'a> Translator<'a> {
     fn new(mm: &'a AddressSpace, owner: Option<std::sync::Arc<AddressSpace>>) -> Self {
-        let expedited = asymmetric::expedited();
+        // Registers for membarrier now, off the hot path.
+        asymmetric::expedited();
         mm.tlb.note_cpu();
         let slot = mm.tlb.register_translator();
         Translator {
@@ -221,29 +224,34 @@ impl<'a> Translator<'a> {
             mm_gen: mm.tlb.generation(),
             gen: slot.acked.load(Ordering::Relaxed),
             slot,
-            expedited,
-            entries: Box::new([EMPTY; ENTRIES]),
+            entries: [EMPTY; ENTRIES],
             _owner: owner,
         }
     }
 
     /// Begins an access: publishes it, then drops every entry if a flush
-    /// ran since the last one (see [`crate::tlb`]).
+    /// ran since the last one (see [`crate::tlb`]). Returns the slot's
+    /// `busy` word for [`leave`](Self::leave), so that the hit path keeps
+    /// it in a register rather than reload it after the frame access.
     #[inline(always)]
-    fn enter(&mut self) {
-        self.slot.busy.store(1, Ordering::Relaxed);
-        asymmetric::light(self.expedited);
+    fn enter(&mut self) -> Busy {
+        let busy = Busy(&self.slot.busy);
+        busy.get().store(1, Ordering::Relaxed);
+        // `true`: the light fence reads the process's fence mode itself
+        // and is a full fence unless membarrier is in use.
+        asymmetric::light(true);
         let gen = self.mm_gen.load(Ordering::Acquire);
         if gen != self.gen {
             self.drop_entries(gen);
         }
+        busy
     }
 
     /// Ends an access: everything it did happens before a flush that
     /// waits for it returns.
     #[inline(always)]
-    fn leave(&mut self) {
-        self.slot.busy.store(0, Ordering::Release);
+    fn leave(&self, busy: Busy) {
+        busy.get().store(0, Ordering::Release);
     }
 
     /// Obeys the flushes up to `gen`, which the flushers may be waiting
@@ -255,11 +263,12 @@ impl<'a> Translator<'a> {
         self.slot.acked.store(gen, Ordering::Release);
     }
 
-    /// The cached frame of `addr`'s page if it allows permission `p`.
+    /// The cached frame of `addr`'s page if it allows the access whose
+    /// [`perm`] is `p`.
     #[inline(always)]
-    fn hit(&self, addr: u64, p: u64) -> Option<*mut u8> {
+    fn hit(&self, addr: u64, p: (u64, u64)) -> Option<*mut u8> {
         let e = &self.entries[index(addr)];
-        (e.tag & (PAGE_MASK | p) == (addr & PAGE_MASK) | p).then_some(e.base)
+        (e.tag & !p.0 == (addr & PAGE_MASK) | p.1).then_some(e.base)
     }
 
     /// Inside an access: translates `page` from the cache, or walks the
@@ -270,8 +279,9 @@ impl<'a> Translator<'a> {
         }
         let (l, perms) = walk(self.mm, page, access);
         if let Lookup::Frame(base) = l {
+            let bit = |ok: bool, b: u64| if ok { b } else { 0 };
             self.entries[index(page)] = Entry {
-                tag: page | perms,
+                tag: page | bit(perms.0, R) | bit(perms.1, W) | bit(perms.2, X),
                 base,
             };
         }
@@ -307,8 +317,8 @@ impl<'a> Translator<'a> {
             return Err(fail(top.max(addr), FaultError::NoMapping));
         };
         let last = (end - 1) & PAGE_MASK;
-        let (a, b) = loop {
-            self.enter();
+        let (a, busy) = loop {
+            let busy = self.enter();
             let a = self.translate(first, access);
             let b = if last == first {
                 a
@@ -318,47 +328,67 @@ impl<'a> Translator<'a> {
             let (missing, at) = match (a, b) {
                 (Lookup::Fault, _) => (first, addr),
                 (_, Lookup::Fault) => (last, last),
-                _ => break (a, b),
+                _ => break ((a, b), busy),
             };
             // Fault outside the access: the fault may flush, or wait for
             // an mmap_lock writer that is flushing.
-            self.leave();
+            self.leave(busy);
             self.mm
                 .fault(missing, access)
                 .map_err(|kind| fail(at, kind))?;
         };
-        let r = f(a, b);
-        self.leave();
+        let r = f(a.0, a.1);
+        self.leave(busy);
         Ok(r)
     }
 }
 
+/// Whether an entry allows (read, write, exec).
+type Perms = (bool, bool, bool);
+
 /// Walks `mm`'s page table for `page`: what it maps if that allows the
-/// access, and the permissions of the entry (tag bits).
-fn walk(mm: &AddressSpace, page: u64, access: Access) -> (Lookup, u64) {
+/// access, and what the entry allows.
+fn walk(mm: &AddressSpace, page: u64, access: Access) -> (Lookup, Perms) {
     let g = mm.pt.pin();
     let pte = mm.pt.lookup(page, &g);
     let f = pte.flags();
     if !pte.is_present() || !f.contains(PteFlags::USER) {
-        return (Lookup::Fault, 0);
+        return (Lookup::Fault, (false, false, false));
     }
-    let mut perms = 0;
-    if !f.contains(PteFlags::EXEC_ONLY) {
-        perms |= READ;
-        if f.contains(PteFlags::WRITE) {
-            perms |= WRITE;
-        }
-    }
-    if !f.contains(PteFlags::NX) {
-        perms |= EXEC;
-    }
-    if perms & perm(access) == 0 {
-        return (Lookup::Fault, 0);
+    // Execute-only pages (the protection key) allow no data access.
+    let data = !f.contains(PteFlags::EXEC_ONLY);
+    let perms = (
+        data,
+        data && f.contains(PteFlags::WRITE),
+        !f.contains(PteFlags::NX),
+    );
+    let ok = match access {
+        Access::Read => perms.0,
+        Access::Write => perms.1,
+        Access::Exec => perms.2,
+    };
+    if !ok {
+        return (Lookup::Fault, perms);
     }
     if pte.pfn().is_zero_page() {
-        return (Lookup::Zero, 0);
+        return (Lookup::Zero, perms);
     }
     (Lookup::Frame(mm.frames.frame_ptr(pte.pfn())), perms)
+}
+
+/// A translator's `busy` word during an access (see
+/// [`Translator::enter`]).
+#[derive(Clone, Copy)]
+struct Busy(*const AtomicU64);
+
+impl Busy {
+    #[inline(always)]
+    fn get(&self) -> &AtomicU64 {
+        // SAFETY: made by `enter` from the translator's slot, which the
+        // translator holds (an `Arc`, never replaced) for as long as it
+        // exists; a `Busy` lives only inside one access.
+        unsafe { &*self.0 }
+    }
 }
 
 /// What `with_span` runs to fault pages in only.
