@@ -164,6 +164,14 @@ impl std::error::Error for MemoryFault {
     }
 }
 
+impl From<MemoryFault> for FaultError {
+    /// The fault's kind, for code that matches kinds only (a translator
+    /// call's `?` in a function returning `Result<_, FaultError>`).
+    fn from(m: MemoryFault) -> Self {
+        m.kind
+    }
+}
+
 impl From<MemoryFault> for Error {
     /// [`Error::Memory`].
     fn from(m: MemoryFault) -> Self {
@@ -339,5 +347,27 @@ mod tests {
             assert!(m.to_string().contains("at 0x1000 after 3 bytes"), "{m}");
             assert_eq!(std::io::Error::from(m).raw_os_error(), Some(errno));
         }
+    }
+
+    /// The siginfo of each kind, as Linux x86-64 numbers it.
+    #[test]
+    fn fault_kinds_give_signal_and_si_code() {
+        for (k, sig, code) in [
+            (FaultError::NoMapping, Some(SIGSEGV), Some(SEGV_MAPERR)),
+            (FaultError::AccessDenied, Some(SIGSEGV), Some(SEGV_ACCERR)),
+            (FaultError::Bus, Some(SIGBUS), Some(BUS_ADRERR)),
+            (FaultError::Alignment, Some(SIGBUS), Some(BUS_ADRALN)),
+            (FaultError::HandlerGone, Some(SIGBUS), Some(BUS_ADRERR)),
+            (FaultError::OutOfMemory, None, None),
+        ] {
+            let m = MemoryFault {
+                addr: 1,
+                kind: k,
+                done: 0,
+            };
+            assert_eq!((m.signal(), m.si_code()), (sig, code), "{k:?}");
+        }
+        assert_eq!((SIGSEGV, SIGBUS, SEGV_ACCERR, BUS_ADRALN), (11, 7, 2, 1));
+        assert_eq!(FaultError::Alignment.errno(), 14);
     }
 }
