@@ -1,7 +1,9 @@
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 //! The soft TLB as criterion groups: 8-byte loads over a hot 64-page
 //! working set through a translator (1 and 2 threads), `mm.read` and a
-//! plain slice (Throughput = loads); and flushes with and without busy
+//! plain slice (Throughput = loads); aligned loads and stores of every
+//! width, and a u32 load+store pair loop against a plain `Vec`
+//! (Throughput = accesses or pairs); and flushes with and without busy
 //! translators.
 //!
 //! `cargo bench --bench translate`
@@ -36,6 +38,38 @@ fn loads(c: &mut Criterion) {
             b.iter_custom(|iters| {
                 Duration::from_secs_f64(translated_threads(&mm, threads, iters * LOADS))
             })
+        });
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("translate/width");
+    g.throughput(Throughput::Elements(LOADS))
+        .measurement_time(Duration::from_secs(2));
+    let mut v = slice();
+    g.bench_function("plain_vec/load/u64", |b| b.iter(|| plain(&v, LOADS)));
+    g.bench_function("plain_vec/store/u64", |b| {
+        b.iter(|| plain_stores(&mut v, LOADS))
+    });
+    {
+        let mut t = mm.translator();
+        macro_rules! widths {
+            ($($w:ty),*) => {$(
+                let name = stringify!($w);
+                g.bench_function(format!("translator/load/{name}"), |b| {
+                    b.iter(|| loads_of::<$w>(&mut t, LOADS))
+                });
+                g.bench_function(format!("translator/store/{name}"), |b| {
+                    b.iter(|| stores_of::<$w>(&mut t, LOADS))
+                });
+            )*};
+        }
+        widths!(u8, u16, u32, u64);
+        let mut p = vec![0u32; 2 * WORDS as usize];
+        g.bench_function("plain_vec/load_store_pair/u32", |b| {
+            b.iter(|| plain_pairs(&mut p, LOADS))
+        });
+        g.bench_function("translator/load_store_pair/u32", |b| {
+            b.iter(|| pairs(&mut t, LOADS))
         });
     }
     g.finish();

@@ -11,8 +11,10 @@
 //! loop, two threads >= 1.9x one), and the cost of a flush (an mprotect
 //! to read-only and back, per flush) with no translators, with translators
 //! on two threads (the flusher's own and another, idle or loading), and
-//! with translators loading on two threads besides the flusher's. Each
-//! figure is the best of R repetitions.
+//! with translators loading on two threads besides the flusher's; then
+//! aligned loads and stores of every width against the u64 ones (target
+//! <= 1.3x) and a u32 load+store pair loop against the same loop over a
+//! plain `Vec` (target <= 4x). Each figure is the best of R repetitions.
 
 #[path = "../benches/common/machine.rs"]
 mod machine;
@@ -118,4 +120,88 @@ fn main() {
     for (what, us) in flushes {
         println!("{what:<44} {us:>10.2}");
     }
+    println!();
+    widths(&mm, loads, reps);
+}
+
+/// Aligned loads and stores of every width, and load+store pairs against
+/// a plain `Vec`.
+fn widths(mm: &aspace::AddressSpace, n: u64, reps: usize) {
+    let ns = |f: &mut dyn FnMut()| {
+        best(reps, || {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e9 / n as f64
+        })
+    };
+    let mut t = mm.translator();
+    translated(&mut t, WORDS);
+    let mut v = slice();
+    let vec_load = ns(&mut || {
+        plain(&v, n);
+    });
+    let vec_store = ns(&mut || plain_stores(&mut v, n));
+    let row = |w: &str, load: f64, store: f64| (w.to_string(), load, store);
+    let rows = [
+        row(
+            "u8",
+            ns(&mut || {
+                loads_of::<u8>(&mut t, n);
+            }),
+            ns(&mut || stores_of::<u8>(&mut t, n)),
+        ),
+        row(
+            "u16",
+            ns(&mut || {
+                loads_of::<u16>(&mut t, n);
+            }),
+            ns(&mut || stores_of::<u16>(&mut t, n)),
+        ),
+        row(
+            "u32",
+            ns(&mut || {
+                loads_of::<u32>(&mut t, n);
+            }),
+            ns(&mut || stores_of::<u32>(&mut t, n)),
+        ),
+        row(
+            "u64",
+            ns(&mut || {
+                loads_of::<u64>(&mut t, n);
+            }),
+            ns(&mut || stores_of::<u64>(&mut t, n)),
+        ),
+    ];
+    let (l64, s64) = (rows[3].1, rows[3].2);
+    println!("aligned accesses by width (ns each; x: vs the u64 one, target <= 1.3x)");
+    println!(
+        "{:<20} {:>8} {:>7} {:>8} {:>7}",
+        "", "load", "x", "store", "x"
+    );
+    println!(
+        "{:<20} {:>8.2} {:>7} {:>8.2} {:>7}",
+        "plain Vec<u64>", vec_load, "", vec_store, ""
+    );
+    for (w, l, s) in &rows {
+        println!(
+            "{:<20} {:>8.2} {:>6.2}x {:>8.2} {:>6.2}x",
+            format!("translator {w}"),
+            l,
+            l / l64,
+            s,
+            s / s64
+        );
+    }
+    let mut p = vec![0u32; 2 * WORDS as usize];
+    let vec_pair = ns(&mut || plain_pairs(&mut p, n));
+    let tr_pair = ns(&mut || pairs(&mut t, n));
+    println!("{:<44} {:>10}", "u32 load+store pair (ns per pair)", "ns");
+    println!("{:<44} {:>10.2}", "plain Vec<u32>", vec_pair);
+    println!("{:<44} {:>10.2}", "translator", tr_pair);
+    println!(
+        "{:<44} {:>9.2}x {:>7}",
+        "translator vs plain Vec (time)",
+        tr_pair / vec_pair,
+        "<= 4x"
+    );
 }

@@ -12,10 +12,11 @@
 
 /// The readers: paths that read page-table entries or VMA fields without
 /// the mmap_lock, each safe only if every writer follows its rules.
-const READERS: [&str; 5] = [
+const READERS: [&str; 6] = [
     "speculative fault",
     "per-VMA fault",
     "translator access",
+    "instruction fetch",
     "device slice",
     "userfault waiter",
 ];
@@ -61,6 +62,8 @@ const LOCKED_OUT: Cell = Apart("serialized by the VMA lock: the writer drains th
 /// A writer that changes no entry and no access right of a present page.
 const NO_ENTRY_CHANGE: Cell =
     Apart("changes no entry and no access right: a cached translation stays right");
+/// Why an instruction fetch shares a translator access's model.
+const FETCH: &str = "a fetch is a translator access (the same enter, tag check, walk and leave, with the exec bit): the writer's flush drops its entries alike";
 /// The speculative fault never installs in a VMA with an object.
 const SPEC_NO_OBJECT: Cell = Apart("acts on shared objects' pages only, and the speculative fault bails out of any VMA with an object (spec_fault.rs step 4)");
 
@@ -123,6 +126,24 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("translator access", "uffd write-protect", Model("uffd_wp.rs", "translator_store_vs_write_protect")),
     ("translator access", "memfd shrink", Model("translator_writers.rs", "translator_store_vs_memfd_shrink")),
     ("translator access", "fork", Model("translator_writers.rs", "translator_store_vs_fork")),
+    // Instruction fetches: translator accesses with the exec bit.
+    ("instruction fetch", "munmap", Shares("translator.rs", "translator_store_vs_munmap", FETCH)),
+    ("instruction fetch", "mprotect", Model("translator.rs", "translator_fetch_vs_mprotect_noexec")),
+    ("instruction fetch", "mremap move", Shares("translator_writers.rs", "translator_store_vs_mremap_move", FETCH)),
+    ("instruction fetch", "mremap grow", NO_ENTRY_CHANGE),
+    ("instruction fetch", "mremap shrink", Shares("translator_writers.rs", "translator_store_vs_mremap_shrink", FETCH)),
+    ("instruction fetch", "mremap DONTUNMAP", Shares("translator_writers.rs", "translator_store_vs_mremap_dontunmap", FETCH)),
+    ("instruction fetch", "madvise DONTNEED", Shares("translator_writers.rs", "translator_store_vs_dontneed", FETCH)),
+    ("instruction fetch", "madvise REMOVE", Apart("the hole punch keeps the object's frames: a fetch through the old translation reads the very page a fresh one would")),
+    ("instruction fetch", "madvise FREE", Shares("translator_writers.rs", "translator_store_vs_madv_free", FETCH)),
+    ("instruction fetch", "brk", Shares("translator.rs", "translator_store_vs_munmap", "brk shrinks through munmap's unmap edit; a fetch is a translator access")),
+    ("instruction fetch", "mlock", NO_ENTRY_CHANGE),
+    ("instruction fetch", "set_anon_name", NO_ENTRY_CHANGE),
+    ("instruction fetch", "uffd register", NO_ENTRY_CHANGE),
+    ("instruction fetch", "uffd unregister", NO_ENTRY_CHANGE),
+    ("instruction fetch", "uffd write-protect", Apart("write-protect removes write permission only (NX kept with the entry's other bits); a fetch needs exec, which it leaves")),
+    ("instruction fetch", "memfd shrink", Shares("translator_writers.rs", "translator_store_vs_memfd_shrink", FETCH)),
+    ("instruction fetch", "fork", Shares("translator_writers.rs", "translator_store_vs_fork", "fork write-protects the parent's entries and flushes; a fetch is a translator access dropped alike, and needs no write")),
     // Device slices (vm-memory): pinned frames.
     ("device slice", "munmap", Apart("the slice's frame holds a pin taken under its PTE lock, and no writer frees a pinned frame (phys/chunk.rs): the slice reaches the page it named, orphaned, never another (tests/device_slices.rs)")),
     ("device slice", "mprotect", Apart("changes no frame: the pinned page stays the one the slice named")),

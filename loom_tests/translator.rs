@@ -41,7 +41,7 @@ fn store_vs_flush<S: 'static>(
             let flushed = d2.load(Ordering::SeqCst);
             let r = tr.store::<u8>(A, 7);
             if flushed {
-                assert_eq!(r, Err(denied), "a stale entry was used");
+                assert_eq!(r.map_err(|e| e.kind), Err(denied), "a stale entry was used");
             }
         });
         flush(&mm);
@@ -103,4 +103,41 @@ fn translator_store_vs_mprotect_read() {
             assert_eq!(before, after, "a store landed after mprotect returned");
         },
     );
+}
+
+/// An instruction fetch (a translator access with the exec bit) against
+/// mprotect(PROT_READ) of an r-x page: a fetch that starts after mprotect
+/// returned faults with `AccessDenied` (NX), whether its entry was cached
+/// before or walked after.
+///
+/// Catches: deleting `f |= PteFlags::NX` in `From<VmFlags> for PteFlags`
+/// (vma/flags.rs): mprotect's new entry lacks NX and the fetch after it
+/// succeeds. Also catches replacing `gen.fetch_add` in
+/// `TlbState::shoot_translators` by a load (the cached exec entry is
+/// used after the flush), as the store models do.
+#[test]
+fn translator_fetch_vs_mprotect_noexec() {
+    loom::model(|| {
+        let mm = Arc::new(AddressSpace::new(cfg()));
+        mm.mmap(A, PAGE_SIZE, Prot::READ | Prot::EXEC, fixed())
+            .unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let (m2, d2) = (mm.clone(), done.clone());
+        let t = thread::spawn(move || {
+            let mut tr = m2.translator();
+            let _ = tr.fetch::<u8>(A); // fills the entry (unless flushed)
+            let flushed = d2.load(Ordering::SeqCst);
+            let r = tr.fetch::<u8>(A);
+            if flushed {
+                assert_eq!(
+                    r.map_err(|e| e.kind),
+                    Err(FaultError::AccessDenied),
+                    "fetched NX"
+                );
+            }
+        });
+        mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
+        done.store(true, Ordering::SeqCst);
+        t.join().unwrap();
+    });
 }

@@ -130,7 +130,10 @@ impl From<Error> for std::io::Error {
 }
 
 /// Where and why a [`read`](crate::AddressSpace::read) or
-/// [`write`](crate::AddressSpace::write) stopped.
+/// [`write`](crate::AddressSpace::write), or any access of a
+/// [`Translator`](crate::Translator), stopped: what an emulator puts in
+/// the `siginfo` it delivers ([`signal`](Self::signal),
+/// [`si_code`](Self::si_code), `si_addr` = [`addr`](Self::addr)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MemoryFault {
     /// The first address that could not be accessed.
@@ -141,6 +144,39 @@ pub struct MemoryFault {
     /// Bytes copied before it (the pages before `addr` were accessed, as
     /// by a real `memcpy` that faults part-way).
     pub done: usize,
+}
+
+impl MemoryFault {
+    /// The signal a user-mode access would get ([`FaultError::signal`]).
+    pub const fn signal(&self) -> Option<i32> {
+        self.kind.signal()
+    }
+
+    /// The signal's `si_code` ([`FaultError::si_code`]).
+    pub const fn si_code(&self) -> Option<i32> {
+        self.kind.si_code()
+    }
+}
+
+impl std::error::Error for MemoryFault {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.kind)
+    }
+}
+
+impl From<MemoryFault> for FaultError {
+    /// The fault's kind, for code that matches kinds only (a translator
+    /// call's `?` in a function returning `Result<_, FaultError>`).
+    fn from(m: MemoryFault) -> Self {
+        m.kind
+    }
+}
+
+impl From<MemoryFault> for Error {
+    /// [`Error::Memory`].
+    fn from(m: MemoryFault) -> Self {
+        Error::Memory(m)
+    }
 }
 
 impl fmt::Display for MemoryFault {
@@ -163,8 +199,12 @@ pub enum FaultError {
     /// A VMA covers it but forbids this access (`SIGSEGV`, `SEGV_ACCERR`).
     AccessDenied,
     /// The mapping has no backing at this offset, e.g. the part of a shared
-    /// mapping grown past its object with mremap (`SIGBUS`).
+    /// mapping grown past its object with mremap (`SIGBUS`, `BUS_ADRERR`).
     Bus,
+    /// A locked (atomic) operation whose operand splits a cache line or a
+    /// page, refused as by Linux's `split_lock_detect=fatal` (`SIGBUS`,
+    /// `BUS_ADRALN`): see [`SplitLock`](crate::SplitLock).
+    Alignment,
     /// The memory budget has no room for a frame or a page-table page
     /// (`VM_FAULT_OOM`).
     OutOfMemory,
@@ -193,14 +233,53 @@ impl FaultError {
     pub const fn errno(self) -> i32 {
         self.as_error().errno()
     }
+
+    /// The signal a user-mode access would get: `SIGSEGV` (11) or
+    /// `SIGBUS` (7); `None` for [`OutOfMemory`](Self::OutOfMemory), which
+    /// Linux resolves with the OOM killer rather than a signal to the
+    /// faulting task.
+    pub const fn signal(self) -> Option<i32> {
+        match self {
+            FaultError::NoMapping | FaultError::AccessDenied => Some(SIGSEGV),
+            FaultError::Bus | FaultError::Alignment | FaultError::HandlerGone => Some(SIGBUS),
+            FaultError::OutOfMemory => None,
+        }
+    }
+
+    /// The `si_code` of that signal: `SEGV_MAPERR` (1), `SEGV_ACCERR`
+    /// (2), `BUS_ADRALN` (1) or `BUS_ADRERR` (2); `None` with no signal.
+    pub const fn si_code(self) -> Option<i32> {
+        match self {
+            FaultError::NoMapping => Some(SEGV_MAPERR),
+            FaultError::AccessDenied => Some(SEGV_ACCERR),
+            FaultError::Alignment => Some(BUS_ADRALN),
+            FaultError::Bus | FaultError::HandlerGone => Some(BUS_ADRERR),
+            FaultError::OutOfMemory => None,
+        }
+    }
 }
+
+/// `SIGBUS`'s number on Linux x86-64.
+pub const SIGBUS: i32 = 7;
+/// `SIGSEGV`'s number on Linux x86-64.
+pub const SIGSEGV: i32 = 11;
+/// `si_code` of a `SIGSEGV` for an address no mapping covers.
+pub const SEGV_MAPERR: i32 = 1;
+/// `si_code` of a `SIGSEGV` for an access the mapping forbids.
+pub const SEGV_ACCERR: i32 = 2;
+/// `si_code` of a `SIGBUS` for a misaligned (split-lock) access.
+pub const BUS_ADRALN: i32 = 1;
+/// `si_code` of a `SIGBUS` for an address with no backing (past the end
+/// of an object).
+pub const BUS_ADRERR: i32 = 2;
 
 impl fmt::Display for FaultError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             FaultError::NoMapping => "SIGSEGV (SEGV_MAPERR): no mapping at the address",
             FaultError::AccessDenied => "SIGSEGV (SEGV_ACCERR): access denied by the mapping",
-            FaultError::Bus => "SIGBUS: no backing object at the address",
+            FaultError::Bus => "SIGBUS (BUS_ADRERR): no backing object at the address",
+            FaultError::Alignment => "SIGBUS (BUS_ADRALN): split-lock atomic operation",
             FaultError::OutOfMemory => "out of memory: memory budget exhausted",
             FaultError::HandlerGone => "SIGBUS: no userfault handler behind the registration",
         })
@@ -268,5 +347,27 @@ mod tests {
             assert!(m.to_string().contains("at 0x1000 after 3 bytes"), "{m}");
             assert_eq!(std::io::Error::from(m).raw_os_error(), Some(errno));
         }
+    }
+
+    /// The siginfo of each kind, as Linux x86-64 numbers it.
+    #[test]
+    fn fault_kinds_give_signal_and_si_code() {
+        for (k, sig, code) in [
+            (FaultError::NoMapping, Some(SIGSEGV), Some(SEGV_MAPERR)),
+            (FaultError::AccessDenied, Some(SIGSEGV), Some(SEGV_ACCERR)),
+            (FaultError::Bus, Some(SIGBUS), Some(BUS_ADRERR)),
+            (FaultError::Alignment, Some(SIGBUS), Some(BUS_ADRALN)),
+            (FaultError::HandlerGone, Some(SIGBUS), Some(BUS_ADRERR)),
+            (FaultError::OutOfMemory, None, None),
+        ] {
+            let m = MemoryFault {
+                addr: 1,
+                kind: k,
+                done: 0,
+            };
+            assert_eq!((m.signal(), m.si_code()), (sig, code), "{k:?}");
+        }
+        assert_eq!((SIGSEGV, SIGBUS, SEGV_ACCERR, BUS_ADRALN), (11, 7, 2, 1));
+        assert_eq!(FaultError::Alignment.errno(), 14);
     }
 }

@@ -48,7 +48,7 @@ pub use phys::Pfn;
 pub use stats::Stats;
 #[cfg(feature = "vm-memory")]
 pub use translate::guest::GuestView;
-pub use translate::{Scalar, Translator};
+pub use translate::{Scalar, SplitLock, Translator};
 pub use uffd::{Uffd, UffdBuilder};
 pub use vma::{RmapHit, VmFlags};
 

@@ -2,11 +2,13 @@
 //! `examples/translate.rs`: 8-byte loads over a hot working set of 64
 //! pages, each load on the next page (stride 4104 bytes), through a
 //! translator, through `mm.read`, and as a plain loop over a `&[u64]` of
-//! the same size (the physical limit); and the cost of a flush with busy
-//! translators on two threads against one with none.
+//! the same size (the physical limit); loads and stores of every width,
+//! and a load+store pair loop against the same loop over a plain `Vec`;
+//! and the cost of a flush with busy translators on two threads against
+//! one with none.
 #![allow(dead_code)]
 
-use aspace::{AddressSpace, Config, MapFlags, Prot, Translator, PAGE_SIZE};
+use aspace::{AddressSpace, Config, MapFlags, Prot, Scalar, Translator, PAGE_SIZE};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
@@ -64,6 +66,55 @@ pub fn translated(t: &mut Translator<'_>, n: u64) -> u64 {
         sum = sum.wrapping_add(t.load::<u64>(BASE + word(i) * 8).unwrap());
     }
     black_box(sum)
+}
+
+/// `n` aligned loads of a `T` through a translator (each on the next
+/// page, as [`translated`]).
+#[inline(never)]
+pub fn loads_of<T: Scalar>(t: &mut Translator<'_>, n: u64) -> u64 {
+    let mut sum = 0u64;
+    for i in 0..n {
+        sum = sum.wrapping_add(t.load::<T>(BASE + word(i) * 8).unwrap().to_bits());
+    }
+    black_box(sum)
+}
+
+/// `n` aligned stores of a `T` through a translator.
+#[inline(never)]
+pub fn stores_of<T: Scalar>(t: &mut Translator<'_>, n: u64) {
+    for i in 0..n {
+        t.store::<T>(BASE + word(i) * 8, T::from_bits(i)).unwrap();
+    }
+}
+
+/// `n` stores to the slice (the baseline of [`stores_of`]).
+#[inline(never)]
+pub fn plain_stores(s: &mut [u64], n: u64) {
+    for i in 0..n {
+        s[word(i) as usize] = i;
+    }
+    black_box(s);
+}
+
+/// `n` load+store pairs (an increment of a `u32` guest word, each on the
+/// next page) through a translator.
+#[inline(never)]
+pub fn pairs(t: &mut Translator<'_>, n: u64) {
+    for i in 0..n {
+        let a = BASE + word(i) * 8;
+        let v = t.load::<u32>(a).unwrap();
+        t.store::<u32>(a, v.wrapping_add(1)).unwrap();
+    }
+}
+
+/// The same pairs over a plain `Vec<u32>` of the working set's size.
+#[inline(never)]
+pub fn plain_pairs(s: &mut [u32], n: u64) {
+    for i in 0..n {
+        let a = word(i) as usize * 2;
+        s[a] = s[a].wrapping_add(1);
+    }
+    black_box(s);
 }
 
 /// `n` 8-byte `mm.read`s.

@@ -117,6 +117,11 @@ pub struct Config {
     /// mprotect to anything but `PROT_EXEC` removes it, and VMAs with and
     /// without it do not merge.
     pub exec_only_pkey: bool,
+    /// What a translator's atomic operation whose operand splits a 64-byte
+    /// cache line or a page does: succeed ([`SplitLock::Warn`](crate::SplitLock::Warn), the
+    /// default) or fail with `SIGBUS`/`BUS_ADRALN` ([`SplitLock::Fatal`](crate::SplitLock::Fatal)),
+    /// as Linux's `split_lock_detect` boot parameter chooses.
+    pub split_lock: crate::translate::SplitLock,
 }
 
 /// Linux x86-64 `TASK_SIZE` with 4-level paging.
@@ -143,6 +148,7 @@ impl Default for Config {
             stack_limit: 8 << 20,
             memlock_limit: 8 << 20,
             exec_only_pkey: false,
+            split_lock: crate::translate::SplitLock::Warn,
         }
     }
 }

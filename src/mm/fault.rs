@@ -75,7 +75,7 @@ fn count_failure(mm: &AddressSpace, e: FaultError) -> FaultError {
     mm.stats.inc(match e {
         FaultError::NoMapping => Event::segv_maperr,
         FaultError::AccessDenied => Event::segv_accerr,
-        FaultError::Bus | FaultError::HandlerGone => Event::sigbus,
+        FaultError::Bus | FaultError::Alignment | FaultError::HandlerGone => Event::sigbus,
         FaultError::OutOfMemory => Event::fault_oom,
     });
     e

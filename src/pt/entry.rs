@@ -30,6 +30,9 @@ bitflags! {
         /// key 1): data accesses fault, as PKRU makes them on a CPU with
         /// protection keys.
         const EXEC_ONLY = 1 << 59;
+        /// No instruction fetch (x86-64's `_PAGE_NX`, bit 63): set for
+        /// pages of VMAs without `VM_EXEC`, checked by translator fetches.
+        const NX = 1 << 63;
     }
 }
 

@@ -67,7 +67,12 @@
 //! `busy == 0`: F reads it once and goes on. F is not starved by a
 //! translator that keeps accessing: its next access acknowledges the
 //! bump. Translators registered after F took `flush_lock` see F's
-//! page-table change through the lock.
+//! page-table change through the lock. Nothing here depends on the
+//! thread: a translator moved to another thread between accesses (they
+//! are `Send`) is handed over with a happens-before edge, so its next
+//! `busy = 1` follows its last `busy = 0` and `acked`, and its light
+//! fence on the new thread pairs with heavy fences like any other
+//! (membarrier interrupts every running thread of the process).
 //!
 //! With no translators, a flush does none of this (no `gen` bump, no
 //! heavy fence). The shootdowns counted in [`crate::Stats`] are then real:
@@ -129,7 +134,9 @@ pub(crate) struct TranslatorSlot {
     /// The generation whose flush the translator has obeyed (dropped its
     /// entries for, at the start of an access).
     pub(crate) acked: AtomicU64,
-    /// The owning thread ([`thread_token`]), for the shootdown count.
+    /// The thread that made the translator ([`thread_token`]), for the
+    /// shootdown count only: a translator moved to another thread
+    /// (translators are `Send`) still counts as its maker's.
     owner: usize,
 }
 

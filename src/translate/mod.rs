@@ -1,60 +1,107 @@
 //! Soft TLBs: guest memory at host speed.
 //!
-//! A [`Translator`] is one thread's TLB for an address space: a
-//! direct-mapped cache of page → (frame memory, writable), filled by a
-//! page-table walk and, on a miss or a write to a read-only entry, by
-//! [`AddressSpace::fault`] exactly as a CPU would. A hit is a few
-//! instructions and writes only the translator's own cache line.
+//! A [`Translator`] is one CPU's TLB for an address space: a
+//! direct-mapped cache of page → (frame memory, read/write/exec
+//! permission), filled by a page-table walk and, on a miss or an access
+//! its cached permission does not allow, by [`AddressSpace::fault`]
+//! exactly as a CPU would. Instruction fetches ([`Translator::fetch`])
+//! check execute permission: entries of VMAs without `PROT_EXEC` carry
+//! x86-64's NX bit.
+//!
+//! A hit is a few instructions and writes one shared line: the
+//! translator's own slot (`busy` set and cleared around the access), which
+//! no other thread writes. It reads the space's flush generation (a line
+//! no one writes in steady state), the fence mode, and the frame.
 //!
 //! Flushes (munmap, mprotect, mremap, madvise, copy-on-write breaks, fork)
 //! invalidate every translator before they return: see `tlb` for
 //! the protocol and its argument.
 //!
 //! Frame memory is shared with other threads and other translators, so it
-//! is only ever touched through 8-byte atomics (as `phys` does):
-//! narrower stores and read-modify-writes are compare-and-swap loops on the
-//! containing word. Concurrent guest stores to one page are a data race in
-//! the guest, never undefined behaviour here. Loads are Acquire and stores
-//! Release (plain moves on x86-64, whose order guests expect); the atomic
-//! operations are `SeqCst`, like `lock`-prefixed instructions.
+//! is only ever touched atomically: as 8-byte atomic words (as `phys`
+//! does), and on x86-64 by narrower stores that are single aligned `mov`
+//! instructions (see `word`). Concurrent guest stores to one page are a
+//! data race in the guest, never undefined behaviour here. Loads are
+//! Acquire and stores Release (plain moves on x86-64, whose order guests
+//! expect); the atomic operations are `SeqCst`, like `lock`-prefixed
+//! instructions, at any alignment inside a cache line (see `atomic` for
+//! what a misaligned one guarantees, and [`SplitLock`] for operands
+//! across lines and pages).
 //!
 //! The shared zero page is never cached: a read of a never-written page
 //! walks the page table each time, so the write fault that replaces the
 //! zero page (which, unlike a copy-on-write break, flushes nothing) never
 //! leaves a translator reading stale zeros.
 //!
+//! Every failing access returns a [`MemoryFault`]: the first byte that
+//! could not be accessed (`si_addr`), why (the `si_code`), and the bytes
+//! done before it.
+//!
+//! # Moving between threads
+//!
+//! A translator is `Send`; [`Translator::new_owned`] makes one that owns
+//! its space (`'static`). The flush protocol is per access, and an access
+//! runs on one thread from `busy = 1` to `busy = 0`: moving the translator
+//! between accesses is a hand-over that happens-before its next access on
+//! the new thread (a channel, a spawn or a join synchronizes), so the
+//! argument in `tlb` holds unchanged: the new thread's `busy = 1` follows
+//! the old thread's `busy = 0` and `acked` in the slot's modification
+//! order, and its light fence, like any, pairs with every flush's heavy
+//! fence (`membarrier` reaches every running thread of the process, and
+//! a thread switched in or out passed a full barrier). Only the
+//! `translator_shootdowns` statistic still counts the translator as its
+//! maker thread's.
+//!
 //! # Locking
 //!
 //! A translator takes no lock on a hit; a miss walks the page table
 //! lock-free and faults through `AddressSpace::fault`. Registration of its
-//! slot takes the TLB flush lock (see [`crate::mm`] for the order).
+//! slot takes the TLB flush lock (see [`crate::mm`] for the order). A
+//! split-lock atomic takes a stripe spin lock (`atomic`), inside the
+//! access, around a few word operations only.
 
+mod access;
 mod atomic;
 #[cfg(feature = "vm-memory")]
 pub mod guest;
+mod split;
 mod word;
 
+pub use split::SplitLock;
 pub use word::Scalar;
-use word::{copy_in, copy_out, mask, word};
 
 use crate::addr::PAGE_SIZE;
-use crate::error::FaultError;
+use crate::error::{FaultError, MemoryFault};
 use crate::mm::{Access, AddressSpace};
 use crate::pt::PteFlags;
 use crate::sync::asymmetric;
-use crate::sync::frame::Ordering as FrameOrdering;
 use crate::sync::{AtomicU64, Ordering};
 use crate::tlb::TranslatorRef;
 
 /// Entries in a translator (direct-mapped by page number).
 const ENTRIES: usize = 256;
 const PAGE_MASK: u64 = !(PAGE_SIZE - 1);
-/// Tag bits below the page number.
-const VALID: u64 = 1;
-const WRITABLE: u64 = 2;
+/// Permission bits of a tag, below the page number. Write implies read
+/// (an entry is writable only if it allows data access). An empty tag
+/// (0) allows nothing, so never matches, not even page 0.
+const R: u64 = 1;
+const W: u64 = 2;
+const X: u64 = 4;
 
-/// One cached translation: `tag` is the page address | `VALID` (|
-/// `WRITABLE`); `base` the frame's first byte.
+/// The tag check of an access: bits it ignores and bits it needs, so that
+/// a hit is one AND with a small immediate and one compare (the entry
+/// stays 16 bytes: the whole cache is one host page).
+#[inline(always)]
+const fn perm(access: Access) -> (u64, u64) {
+    match access {
+        Access::Read => (W | X, R),
+        Access::Write => (X, R | W),
+        Access::Exec => (R | W, X),
+    }
+}
+
+/// One cached translation: `tag` is the page address | the permissions
+/// the entry allows; `base` the frame's first byte.
 #[derive(Clone, Copy)]
 struct Entry {
     tag: u64,
@@ -76,22 +123,27 @@ fn index(addr: u64) -> usize {
 enum Lookup {
     /// A frame (its first byte).
     Frame(*mut u8),
-    /// The shared zero page (reads only; never cached).
+    /// The shared zero page (reads and fetches only; never cached).
     Zero,
     /// No translation allows the access: fault.
     Fault,
 }
 
-/// One thread's soft TLB for an address space (see the [module
-/// docs](self)). Made by [`AddressSpace::translator`]; not `Send`: it is
-/// one CPU's state.
+/// One CPU's soft TLB for an address space (see the [module
+/// docs](self)). Made by [`AddressSpace::translator`] (borrowing the
+/// space) or [`Translator::new_owned`] (holding an `Arc` of it, for a
+/// `struct Cpu` of an emulator); `Send`, so it may move to another thread
+/// between accesses.
 ///
-/// Every access returns a [`FaultError`] where a CPU would raise a signal:
-/// `NoMapping`/`AccessDenied` (SIGSEGV) from the fault path, `Bus`
-/// (SIGBUS) for a misaligned atomic operation.
+/// Every access returns a [`MemoryFault`] where a CPU would raise a
+/// signal: its [`kind`](MemoryFault::kind) is `NoMapping`/`AccessDenied`
+/// (SIGSEGV) from the fault path, `Bus` (SIGBUS, `BUS_ADRERR`) for a page
+/// with no backing, `Alignment` (SIGBUS, `BUS_ADRALN`) for a split lock
+/// under [`SplitLock::Fatal`]; its [`addr`](MemoryFault::addr) is the
+/// first byte that could not be accessed.
 ///
 /// ```
-/// use aspace::{AddressSpace, Config, MapFlags, Prot};
+/// use aspace::{AddressSpace, Config, FaultError, MapFlags, Prot};
 /// let mm = AddressSpace::new(Config::default());
 /// let a = mm.mmap(0, 8192, Prot::READ | Prot::WRITE,
 ///                 MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
@@ -101,14 +153,22 @@ enum Lookup {
 /// assert_eq!(t.load::<u64>(a).unwrap(), 8);
 /// t.write(a + 4094, b"hi!!").unwrap();           // crosses a page
 /// assert_eq!(t.load::<u32>(a + 4094).unwrap(), u32::from_le_bytes(*b"hi!!"));
+/// let e = t.store::<u64>(a + 8188, 1).unwrap_err(); // into the hole
+/// assert_eq!((e.addr, e.kind, e.done), (a + 8192, FaultError::NoMapping, 0));
 /// ```
 ///
-/// A translator stays on its thread:
+/// An owned translator moves into a thread:
 ///
-/// ```compile_fail
-/// fn send<T: Send>(_: T) {}
-/// let mm = aspace::AddressSpace::new(aspace::Config::default());
-/// send(mm.translator());
+/// ```
+/// use aspace::{AddressSpace, Config, MapFlags, Prot, Translator};
+/// use std::sync::Arc;
+/// let mm = Arc::new(AddressSpace::new(Config::default()));
+/// let a = mm.mmap(0, 4096, Prot::READ | Prot::WRITE,
+///                 MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
+/// struct Cpu { tlb: Translator<'static> }
+/// let mut cpu = Cpu { tlb: Translator::new_owned(mm.clone()) };
+/// std::thread::spawn(move || cpu.tlb.store::<u32>(a, 5).unwrap()).join().unwrap();
+/// assert_eq!(mm.translator().load::<u32>(a).unwrap(), 5);
 /// ```
 pub struct Translator<'a> {
     mm: &'a AddressSpace,
@@ -117,23 +177,46 @@ pub struct Translator<'a> {
     slot: TranslatorRef,
     /// The generation the entries belong to.
     gen: u64,
-    /// [`asymmetric::expedited`], cached off the hot path.
-    expedited: bool,
-    entries: Box<[Entry; ENTRIES]>,
+    entries: [Entry; ENTRIES],
+    /// An owned translator's space, which `mm` points into; declared last
+    /// so that it is dropped after `Drop::drop` used `mm`.
+    _owner: Option<std::sync::Arc<AddressSpace>>,
 }
 
+// SAFETY: the raw pointers are frame addresses of `mm`'s allocator, valid
+// while `mm` lives (which the borrow or `_owner` guarantees, whatever the
+// thread) and only ever accessed atomically; the flush protocol holds
+// across a move between accesses (module docs, "Moving between threads").
+unsafe impl Send for Translator<'_> {}
+
 impl AddressSpace {
-    /// A soft TLB for the calling thread: loads, stores and atomics at
-    /// cached translations, faulting like a CPU on a miss (see
-    /// [`crate::translate`]).
+    /// A soft TLB for the calling thread, borrowing the space: loads,
+    /// stores and atomics at cached translations, faulting like a CPU on a
+    /// miss (see [`crate::translate`]). See [`Translator::new_owned`] for
+    /// one that owns an `Arc` of the space.
     pub fn translator(&self) -> Translator<'_> {
-        Translator::new(self)
+        Translator::new(self, None)
+    }
+}
+
+impl Translator<'static> {
+    /// A translator that holds `mm` (a `'static`, `Send` handle, for a
+    /// CPU struct that also holds the space, or a thread of its own).
+    pub fn new_owned(mm: std::sync::Arc<AddressSpace>) -> Self {
+        let ptr: *const AddressSpace = &*mm;
+        // SAFETY: `ptr` points into the Arc's allocation, which the
+        // translator keeps alive in `_owner` for as long as it exists and
+        // drops only after its last use of `mm` (field order); the space
+        // is only ever reached through shared references.
+        let space: &'static AddressSpace = unsafe { &*ptr };
+        Translator::new(space, Some(mm))
     }
 }
 
 impl<'a> Translator<'a> {
-    pub(crate) fn new(mm: &'a AddressSpace) -> Self {
-        let expedited = asymmetric::expedited();
+    fn new(mm: &'a AddressSpace, owner: Option<std::sync::Arc<AddressSpace>>) -> Self {
+        // Registers for membarrier now, off the hot path.
+        asymmetric::expedited();
         mm.tlb.note_cpu();
         let slot = mm.tlb.register_translator();
         Translator {
@@ -141,28 +224,34 @@ impl<'a> Translator<'a> {
             mm_gen: mm.tlb.generation(),
             gen: slot.acked.load(Ordering::Relaxed),
             slot,
-            expedited,
-            entries: Box::new([EMPTY; ENTRIES]),
+            entries: [EMPTY; ENTRIES],
+            _owner: owner,
         }
     }
 
     /// Begins an access: publishes it, then drops every entry if a flush
-    /// ran since the last one (see [`crate::tlb`]).
+    /// ran since the last one (see [`crate::tlb`]). Returns the slot's
+    /// `busy` word for [`leave`](Self::leave), so that the hit path keeps
+    /// it in a register rather than reload it after the frame access.
     #[inline(always)]
-    fn enter(&mut self) {
-        self.slot.busy.store(1, Ordering::Relaxed);
-        asymmetric::light(self.expedited);
+    fn enter(&mut self) -> Busy {
+        let busy = Busy(&self.slot.busy);
+        busy.get().store(1, Ordering::Relaxed);
+        // `true`: the light fence reads the process's fence mode itself
+        // and is a full fence unless membarrier is in use.
+        asymmetric::light(true);
         let gen = self.mm_gen.load(Ordering::Acquire);
         if gen != self.gen {
             self.drop_entries(gen);
         }
+        busy
     }
 
     /// Ends an access: everything it did happens before a flush that
     /// waits for it returns.
     #[inline(always)]
-    fn leave(&mut self) {
-        self.slot.busy.store(0, Ordering::Release);
+    fn leave(&self, busy: Busy) {
+        busy.get().store(0, Ordering::Release);
     }
 
     /// Obeys the flushes up to `gen`, which the flushers may be waiting
@@ -174,29 +263,25 @@ impl<'a> Translator<'a> {
         self.slot.acked.store(gen, Ordering::Release);
     }
 
-    /// The cached frame of `addr`'s page if it allows the access.
+    /// The cached frame of `addr`'s page if it allows the access whose
+    /// [`perm`] is `p`.
     #[inline(always)]
-    fn hit(&self, addr: u64, write: bool) -> Option<*mut u8> {
-        let e = self.entries[index(addr)];
-        let want = (addr & PAGE_MASK) | VALID;
-        let ok = if write {
-            e.tag == want | WRITABLE
-        } else {
-            e.tag & !WRITABLE == want
-        };
-        ok.then_some(e.base)
+    fn hit(&self, addr: u64, p: (u64, u64)) -> Option<*mut u8> {
+        let e = &self.entries[index(addr)];
+        (e.tag & !p.0 == (addr & PAGE_MASK) | p.1).then_some(e.base)
     }
 
     /// Inside an access: translates `page` from the cache, or walks the
     /// page table and caches what it finds.
-    fn translate(&mut self, page: u64, write: bool) -> Lookup {
-        if let Some(base) = self.hit(page, write) {
+    fn translate(&mut self, page: u64, access: Access) -> Lookup {
+        if let Some(base) = self.hit(page, perm(access)) {
             return Lookup::Frame(base);
         }
-        let (l, writable) = walk(self.mm, page, write);
+        let (l, perms) = walk(self.mm, page, access);
         if let Lookup::Frame(base) = l {
+            let bit = |ok: bool, b: u64| if ok { b } else { 0 };
             self.entries[index(page)] = Entry {
-                tag: page | VALID | if writable { WRITABLE } else { 0 },
+                tag: page | bit(perms.0, R) | bit(perms.1, W) | bit(perms.2, X),
                 base,
             };
         }
@@ -206,171 +291,108 @@ impl<'a> Translator<'a> {
     /// Runs `f` on the translations of the (at most two) pages of
     /// `[addr, addr + len)`, `0 < len <= PAGE_SIZE`, inside one access,
     /// faulting pages in first as needed: `f` runs only once every page
-    /// allows the access, so a store that fails has written nothing.
+    /// allows the access, so a store that fails has written nothing. The
+    /// error's `done` is 0.
     fn with_span<R>(
         &mut self,
         addr: u64,
         len: usize,
-        write: bool,
+        access: Access,
         f: impl FnOnce(Lookup, Lookup) -> R,
-    ) -> Result<R, FaultError> {
-        let end = addr
-            .checked_add(len as u64)
-            .filter(|&e| e <= self.mm.cfg.task_size)
-            .ok_or(FaultError::NoMapping)?;
+    ) -> Result<R, MemoryFault> {
+        let fail = |addr, kind| MemoryFault {
+            addr,
+            kind,
+            done: 0,
+        };
         let first = addr & PAGE_MASK;
+        let end = addr.checked_add(len as u64);
+        let top = self.mm.cfg.task_size;
+        let Some(end) = end.filter(|&e| e <= top) else {
+            // Past user space: the part below it faults first, as on a
+            // CPU; else the first byte past it is the faulting one.
+            if addr < top {
+                self.with_span(addr, (top - addr) as usize, access, nothing)?;
+            }
+            return Err(fail(top.max(addr), FaultError::NoMapping));
+        };
         let last = (end - 1) & PAGE_MASK;
-        let access = if write { Access::Write } else { Access::Read };
-        let (a, b) = loop {
-            self.enter();
-            let a = self.translate(first, write);
+        let (a, busy) = loop {
+            let busy = self.enter();
+            let a = self.translate(first, access);
             let b = if last == first {
                 a
             } else {
-                self.translate(last, write)
+                self.translate(last, access)
             };
-            let missing = match (a, b) {
-                (Lookup::Fault, _) => first,
-                (_, Lookup::Fault) => last,
-                _ => break (a, b),
+            let (missing, at) = match (a, b) {
+                (Lookup::Fault, _) => (first, addr),
+                (_, Lookup::Fault) => (last, last),
+                _ => break ((a, b), busy),
             };
             // Fault outside the access: the fault may flush, or wait for
             // an mmap_lock writer that is flushing.
-            self.leave();
-            self.mm.fault(missing, access)?;
+            self.leave(busy);
+            self.mm
+                .fault(missing, access)
+                .map_err(|kind| fail(at, kind))?;
         };
-        let r = f(a, b);
-        self.leave();
+        let r = f(a.0, a.1);
+        self.leave(busy);
         Ok(r)
-    }
-
-    /// Reads `buf.len()` bytes at `addr` (any alignment; crossing pages
-    /// that each fault in as needed). On an error, the bytes of the pages
-    /// before the failing one are already in `buf`.
-    pub fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), FaultError> {
-        let mut done = 0;
-        while done < buf.len() {
-            let a = addr.checked_add(done as u64).ok_or(FaultError::NoMapping)?;
-            let off = (a & !PAGE_MASK) as usize;
-            let n = (PAGE_SIZE as usize - off).min(buf.len() - done);
-            let chunk = &mut buf[done..done + n];
-            self.with_span(a, n, false, |l, _| {
-                copy_out(frame_of(l), off, chunk);
-            })?;
-            done += n;
-        }
-        Ok(())
-    }
-
-    /// Writes `data` at `addr` (any alignment; crossing pages that each
-    /// fault in as needed, copy-on-write pages being copied). On an error,
-    /// the pages before the failing one are written, as by a real
-    /// `memcpy`.
-    pub fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), FaultError> {
-        let mut done = 0;
-        while done < data.len() {
-            let a = addr.checked_add(done as u64).ok_or(FaultError::NoMapping)?;
-            let off = (a & !PAGE_MASK) as usize;
-            let n = (PAGE_SIZE as usize - off).min(data.len() - done);
-            let chunk = &data[done..done + n];
-            self.with_span(a, n, true, |l, _| {
-                if let Lookup::Frame(base) = l {
-                    copy_in(base, off, chunk);
-                }
-            })?;
-            done += n;
-        }
-        Ok(())
-    }
-
-    /// Loads a `T` at `addr`. Naturally aligned loads are single atomic
-    /// loads; others (which may cross a page: both pages must be readable)
-    /// are assembled from bytes and may tear, as a split load may on
-    /// hardware.
-    #[inline]
-    pub fn load<T: Scalar>(&mut self, addr: u64) -> Result<T, FaultError> {
-        if addr % T::SIZE as u64 == 0 {
-            self.enter();
-            if let Some(base) = self.hit(addr, false) {
-                let off = (addr & !PAGE_MASK) as usize;
-                // SAFETY: `base` is a cached frame, `off` inside the page.
-                let w = unsafe { word(base, off) }.load(FrameOrdering::Acquire);
-                self.leave();
-                return Ok(T::from_bits(w >> ((off % 8) * 8)));
-            }
-            self.leave();
-        }
-        self.load_slow(addr)
-    }
-
-    #[inline(never)]
-    fn load_slow<T: Scalar>(&mut self, addr: u64) -> Result<T, FaultError> {
-        let mut b = [0u8; 8];
-        let off = (addr & !PAGE_MASK) as usize;
-        let split = (PAGE_SIZE as usize - off).min(T::SIZE);
-        let buf = &mut b[..T::SIZE];
-        self.with_span(addr, T::SIZE, false, |x, y| {
-            let (lo, hi) = buf.split_at_mut(split);
-            copy_out(frame_of(x), off, lo);
-            copy_out(frame_of(y), 0, hi);
-        })?;
-        Ok(T::from_bits(u64::from_le_bytes(b)))
-    }
-
-    /// Stores `v` at `addr`. A store to a write-protected copy-on-write
-    /// page faults and copies first. Naturally aligned stores are atomic;
-    /// others (which may cross a page: both pages must be writable, or
-    /// nothing is written) may tear.
-    #[inline]
-    pub fn store<T: Scalar>(&mut self, addr: u64, v: T) -> Result<(), FaultError> {
-        if T::SIZE == 8 && addr % 8 == 0 {
-            self.enter();
-            if let Some(base) = self.hit(addr, true) {
-                let off = (addr & !PAGE_MASK) as usize;
-                // SAFETY: `base` is a cached frame, `off` inside the page.
-                unsafe { word(base, off) }.store(v.to_bits(), FrameOrdering::Release);
-                self.leave();
-                return Ok(());
-            }
-            self.leave();
-        }
-        self.store_slow(addr, v)
-    }
-
-    #[inline(never)]
-    fn store_slow<T: Scalar>(&mut self, addr: u64, v: T) -> Result<(), FaultError> {
-        let b = v.to_bits().to_le_bytes();
-        let off = (addr & !PAGE_MASK) as usize;
-        let split = (PAGE_SIZE as usize - off).min(T::SIZE);
-        let (lo, hi) = b[..T::SIZE].split_at(split);
-        self.with_span(addr, T::SIZE, true, |x, y| {
-            if let (Lookup::Frame(a), Lookup::Frame(b)) = (x, y) {
-                copy_in(a, off, lo);
-                copy_in(b, 0, hi);
-            }
-        })
     }
 }
 
+/// Whether an entry allows (read, write, exec).
+type Perms = (bool, bool, bool);
+
 /// Walks `mm`'s page table for `page`: what it maps if that allows the
-/// access, and whether the entry is writable.
-fn walk(mm: &AddressSpace, page: u64, write: bool) -> (Lookup, bool) {
+/// access, and what the entry allows.
+fn walk(mm: &AddressSpace, page: u64, access: Access) -> (Lookup, Perms) {
     let g = mm.pt.pin();
     let pte = mm.pt.lookup(page, &g);
     let f = pte.flags();
-    let writable = f.contains(PteFlags::WRITE);
-    if !pte.is_present()
-        || !f.contains(PteFlags::USER)
-        || f.contains(PteFlags::EXEC_ONLY)
-        || (write && !writable)
-    {
-        return (Lookup::Fault, false);
+    if !pte.is_present() || !f.contains(PteFlags::USER) {
+        return (Lookup::Fault, (false, false, false));
+    }
+    // Execute-only pages (the protection key) allow no data access.
+    let data = !f.contains(PteFlags::EXEC_ONLY);
+    let perms = (
+        data,
+        data && f.contains(PteFlags::WRITE),
+        !f.contains(PteFlags::NX),
+    );
+    let ok = match access {
+        Access::Read => perms.0,
+        Access::Write => perms.1,
+        Access::Exec => perms.2,
+    };
+    if !ok {
+        return (Lookup::Fault, perms);
     }
     if pte.pfn().is_zero_page() {
-        return (Lookup::Zero, false);
+        return (Lookup::Zero, perms);
     }
-    (Lookup::Frame(mm.frames.frame_ptr(pte.pfn())), writable)
+    (Lookup::Frame(mm.frames.frame_ptr(pte.pfn())), perms)
 }
+
+/// A translator's `busy` word during an access (see
+/// [`Translator::enter`]).
+#[derive(Clone, Copy)]
+struct Busy(*const AtomicU64);
+
+impl Busy {
+    #[inline(always)]
+    fn get(&self) -> &AtomicU64 {
+        // SAFETY: made by `enter` from the translator's slot, which the
+        // translator holds (an `Arc`, never replaced) for as long as it
+        // exists; a `Busy` lives only inside one access.
+        unsafe { &*self.0 }
+    }
+}
+
+/// What `with_span` runs to fault pages in only.
+fn nothing(_: Lookup, _: Lookup) {}
 
 /// The frame a read copies from (`None`: zeros).
 fn frame_of(l: Lookup) -> Option<*mut u8> {
@@ -388,10 +410,11 @@ impl Drop for Translator<'_> {
 
 impl core::fmt::Debug for Translator<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        let cached = self.entries.iter().filter(|e| e.tag & VALID != 0).count();
+        let cached = self.entries.iter().filter(|e| e.tag != 0).count();
         f.debug_struct("Translator")
             .field("cached", &cached)
             .field("gen", &self.gen)
+            .field("owned", &self._owner.is_some())
             .finish()
     }
 }

@@ -1,10 +1,28 @@
 //! Guest words in frame memory: the [`Scalar`] types a translator loads
-//! and stores, and byte copies done as 8-byte atomic words.
+//! and stores, stores of every width, and byte copies done as 8-byte
+//! atomic words.
 //!
-//! Frame memory is shared with other threads and translators, so every
-//! access is atomic on the containing 8-byte word: narrower stores are
-//! compare-and-swap loops, so a guest's racing stores are a data race in
-//! the guest, never undefined behaviour here.
+//! Frame memory is shared with other threads and translators, and other
+//! code (`phys`, `mm.read`) reads it as `AtomicU64` words, so every access
+//! must be atomic, and Rust's memory model has no mixed-size atomics: a
+//! `u32` store cannot be an `AtomicU32` store on memory others access as
+//! `AtomicU64`. So:
+//!
+//! - loads of every width are 8-byte atomic loads of the containing word,
+//!   shifted (as fast as a narrow load: one `mov` and a shift);
+//! - on x86-64, aligned stores of 1, 2 and 4 bytes are one `mov` of that
+//!   width in inline assembly ([`store`]). Assembly is outside Rust's
+//!   memory model: its effect is the instruction's, and x86-64 makes an
+//!   aligned `mov` of 1, 2, 4 or 8 bytes single-copy atomic (Intel SDM
+//!   vol. 3A, 9.1.1), with release order under TSO. Every other access to
+//!   frame memory is an atomic instruction too (`mov`, `lock cmpxchg`),
+//!   so no access to it is a non-atomic race on the hardware, which is
+//!   the only semantics left to the bytes once assembly writes them;
+//! - elsewhere, narrower stores are compare-and-swap loops on the
+//!   containing word.
+//!
+//! A guest's racing stores are thus a data race in the guest, never
+//! undefined behaviour here.
 //!
 //! # Locking
 //!
@@ -68,6 +86,47 @@ pub(super) unsafe fn word<'f>(base: *mut u8, off: usize) -> &'f FrameWord {
     // bytes, which are 4096-aligned, so it is 8-aligned; frames live as
     // long as the allocator and every shared access to them is atomic.
     unsafe { &*(base.add(off & !7) as *const FrameWord) }
+}
+
+/// Stores the low `T::SIZE` bytes of `bits` at frame byte `off`, which
+/// is `T`-aligned, atomically (Release).
+///
+/// # Safety
+/// As for [`word`]; `off % T::SIZE == 0`.
+#[inline(always)]
+pub(super) unsafe fn store<T: Scalar>(base: *mut u8, off: usize, bits: u64) {
+    if T::SIZE == 8 {
+        // SAFETY: the caller's contract is `word`'s.
+        unsafe { word(base, off) }.store(bits, FrameOrdering::Release);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `base + off` is inside a live frame (the caller's contract)
+    // and `T`-aligned, so the `mov` is one single-copy-atomic store of
+    // those bytes (see the module docs for why assembly may store into
+    // memory others read as `AtomicU64`). No `nomem`: the compiler keeps
+    // earlier memory accesses before it (Release, with TSO).
+    unsafe {
+        let p = base.add(off);
+        match T::SIZE {
+            1 => core::arch::asm!("mov byte ptr [{p}], {v}", p = in(reg) p,
+                v = in(reg_byte) bits as u8, options(nostack, preserves_flags)),
+            2 => core::arch::asm!("mov word ptr [{p}], {v:x}", p = in(reg) p,
+                v = in(reg) bits, options(nostack, preserves_flags)),
+            _ => core::arch::asm!("mov dword ptr [{p}], {v:e}", p = in(reg) p,
+                v = in(reg) bits, options(nostack, preserves_flags)),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let shift = (off % 8) * 8;
+        let m = mask::<T>() << shift;
+        // SAFETY: the caller's contract is `word`'s.
+        let w = unsafe { word(base, off) };
+        let _ = w.fetch_update(FrameOrdering::Release, FrameOrdering::Relaxed, |old| {
+            Some((old & !m) | ((bits << shift) & m))
+        });
+    }
 }
 
 /// Copies frame bytes `[off, off + buf.len())` into `buf` (`None`: the

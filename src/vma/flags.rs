@@ -135,7 +135,9 @@ impl VmFlags {
 }
 
 /// The page-table flags for pages of a VMA with these flags (x86-64: any
-/// access implies read, so READ and EXEC both give USER).
+/// access implies read, so READ and EXEC both give USER; no EXEC gives
+/// NX). Every entry is made from these or from an entry made so (fork,
+/// copy-on-write and mremap keep the bits), so NX follows the VMA.
 impl From<VmFlags> for crate::pt::PteFlags {
     fn from(vf: VmFlags) -> Self {
         use crate::pt::PteFlags;
@@ -148,6 +150,9 @@ impl From<VmFlags> for crate::pt::PteFlags {
         }
         if vf.contains(VmFlags::EXEC_ONLY) {
             f |= PteFlags::EXEC_ONLY;
+        }
+        if !vf.contains(VmFlags::EXEC) {
+            f |= PteFlags::NX;
         }
         f
     }

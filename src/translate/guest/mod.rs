@@ -264,7 +264,7 @@ fn check(mm: &AddressSpace, addr: GuestAddress, count: usize, access: Permission
     let write = access.has_write();
     let mut page = start & !(PAGE_SIZE - 1);
     while page < end {
-        while let Lookup::Fault = walk(mm, page, write).0 {
+        while let Lookup::Fault = walk(mm, page, access_of(write)).0 {
             if mm.fault(page, access_of(write)).is_err() {
                 return false;
             }
