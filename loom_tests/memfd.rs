@@ -30,7 +30,7 @@ fn store_vs_shrink(tables: bool) {
         if tables {
             mm.write(A, &[1]).unwrap();
         }
-        m.write_at(PAGE_SIZE, &[1]).unwrap();
+        m.write_at(&[1], PAGE_SIZE).unwrap();
         let m2 = mm.clone();
         let t = thread::spawn(move || m2.write(A + PAGE_SIZE, &[2]));
         m.set_len(PAGE_SIZE).unwrap();

@@ -271,14 +271,17 @@ fn do_fault(
             if idx >= shm.npages() {
                 return Err(Step::Fail(FaultError::Bus));
             }
-            // A reference of our own: a shrink may drop the object's.
-            let Some(pfn) = shm.get_frame(idx) else {
-                return Err(Step::Fail(if idx >= shm.npages() {
+            // A reference of our own: a shrink may drop the object's. A
+            // shared mapping that may store to the page dirties it for a
+            // file object's writeback.
+            let writer = flags.contains(VmFlags::SHARED | VmFlags::MAYWRITE);
+            let pfn = shm.get_frame(idx, writer).map_err(|e| {
+                Step::Fail(if idx >= shm.npages() {
                     FaultError::Bus
                 } else {
-                    FaultError::OutOfMemory
-                }));
-            };
+                    e
+                })
+            })?;
             if flags.contains(VmFlags::SHARED) {
                 Pte::new(pfn, soft_dirty::shared_fault_flags(flags, access))
             } else if access != Access::Write {

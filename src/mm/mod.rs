@@ -217,21 +217,29 @@ impl std::panic::RefUnwindSafe for AddressSpace {}
 impl std::panic::UnwindSafe for AddressSpace {}
 
 impl AddressSpace {
-    /// An empty address space with a physical memory of its own:
-    /// `cfg.memory_budget` bytes, zeroing frames if `cfg.zero_pages`. The
-    /// configuration is used as given; see [`try_new`](Self::try_new) to
-    /// have it checked first.
+    /// An empty address space with a budget of its own of
+    /// `cfg.memory_budget` bytes over the process's shared physical memory
+    /// ([`FrameAllocator::shared`]), so that any memory object made with
+    /// [`Memfd::new`](crate::Memfd::new) maps into it and many spaces
+    /// share one copy of an object's pages; with `cfg.zero_pages` off, a
+    /// physical memory of its own that does not clear frames
+    /// ([`FrameAllocator::new`]). The configuration is used as given; see
+    /// [`try_new`](Self::try_new) to have it checked first.
     ///
-    /// Creation allocates only that physical memory (three allocations:
-    /// the allocator, its budget and its chunk directory; the frames come
-    /// on first use). Everything else waits for its first use: per-CPU
+    /// Creation allocates only its allocator (three allocations: the
+    /// allocator, its account and its budget; the frames come on first
+    /// use). Everything else waits for its first use: per-CPU
     /// arrays, the root page table, the VMA pool and the tree's node cache
     /// (see `tests/creation.rs`).
     pub fn new(cfg: Config) -> AddressSpace {
-        // The space owns its physical memory, so it is made here: it is
-        // what `frame_pool` returns and what forks share, and making it
-        // lazily would put a check on every frame access.
-        let frames = Arc::new(FrameAllocator::new(cfg.memory_budget, cfg.zero_pages));
+        // The space owns its allocator, so it is made here: it is what
+        // `frame_pool` returns and what forks share, and making it lazily
+        // would put a check on every frame access.
+        let frames = Arc::new(if cfg.zero_pages {
+            FrameAllocator::shared(cfg.memory_budget)
+        } else {
+            FrameAllocator::new(cfg.memory_budget, false)
+        });
         Self::with_parts(cfg, frames, None)
     }
 

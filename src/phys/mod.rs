@@ -85,6 +85,7 @@ use crate::percpu::PerCpu;
 use crate::sync::counter::{self, AtomicU64 as CounterU64};
 use crate::sync::{Arc, AtomicPtr, Mutex, Ordering};
 
+mod account;
 mod budget;
 mod cache;
 mod chunk;
@@ -92,6 +93,7 @@ mod contents;
 mod release;
 mod table;
 
+use account::{Account, Registry};
 pub use budget::Budget;
 use cache::{CpuFrames, Pool, Use};
 use chunk::{ChunkDir, DIR_CHUNKS};
@@ -151,9 +153,30 @@ const CACHE_MAX: usize = 4 * BATCH;
 
 const WORDS: usize = PAGE_SIZE as usize / 8;
 
-/// The frame allocator: one physical memory, shareable by many address
-/// spaces (see the module docs).
+/// The frame allocator: an account (a budget and the data frames charged
+/// to it) over a physical memory, which several allocators and address
+/// spaces may share (see the module docs and `account`).
 pub struct FrameAllocator {
+    /// The physical memory: frames, caches, reference counts.
+    ///
+    /// Protected by: immutable after creation (`Phys` says what protects
+    /// each of its fields).
+    phys: Arc<Phys>,
+    /// This allocator's budget and frame count.
+    ///
+    /// Protected by: immutable after creation (atomics inside).
+    account: Arc<Account>,
+    /// The account's number in `phys`'s registry, recorded in each data
+    /// frame it charges.
+    ///
+    /// Protected by: immutable after creation.
+    id: u32,
+}
+
+/// A physical memory: the frames, their chunks, caches and reference
+/// counts, shared by every [`FrameAllocator`] made over it. Reached only
+/// through an allocator (it is its `Deref` target).
+pub struct Phys {
     /// Frame numbers available (the budget in frames).
     ///
     /// Protected by: immutable after creation.
@@ -162,10 +185,6 @@ pub struct FrameAllocator {
     ///
     /// Protected by: immutable after creation.
     zero_new: bool,
-    /// The budget frames, page tables and metadata are charged to.
-    ///
-    /// Protected by: immutable after creation (the budget is atomics).
-    budget: Arc<Budget>,
     /// Two-level chunk directory, filled on first use.
     ///
     /// Protected by: each slot written once (null to a directory page,
@@ -194,39 +213,61 @@ pub struct FrameAllocator {
     /// Protected by: a counter atomic (`sync::counter`), `Relaxed`,
     /// added to under `grow`.
     reserved: CounterU64,
+    /// The accounts over this memory, by the number each data frame
+    /// records.
+    ///
+    /// Protected by: its own mutex (see `account`).
+    accounts: Registry,
+}
+
+impl core::ops::Deref for FrameAllocator {
+    type Target = Phys;
+
+    #[inline]
+    fn deref(&self) -> &Phys {
+        &self.phys
+    }
+}
+
+impl Drop for FrameAllocator {
+    fn drop(&mut self) {
+        self.phys.accounts.retire(self.id);
+        // The caches may keep less resident now: give back what is over.
+        self.release();
+    }
 }
 
 // SAFETY: chunk memory is only reached through atomic word accesses or by
 // the exclusive owner of a frame (zeroing a frame just allocated); the raw
 // pointers inside `Chunk` are owned by the allocator.
-unsafe impl Send for FrameAllocator {}
+unsafe impl Send for Phys {}
 // SAFETY: as for Send: all shared state is atomics or behind mutexes.
-unsafe impl Sync for FrameAllocator {}
+unsafe impl Sync for Phys {}
 
 impl core::fmt::Debug for FrameAllocator {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("FrameAllocator")
             .field("frames", &self.frames)
             .field("used", &self.used())
-            .field("budget", &self.budget)
+            .field("budget", &self.account.budget)
             .finish()
     }
 }
 
-impl FrameAllocator {
-    /// A physical memory of at most `budget_bytes`, shared by its frames,
-    /// the page tables and the metadata of the address spaces that use it.
-    /// `zero_new` clears every frame handed out again (frames never used
-    /// are zero already); it is what keeps address spaces sharing the pool from seeing each other's
-    /// bytes.
-    pub fn new(budget_bytes: u64, zero_new: bool) -> Self {
+/// Frame numbers of the process's shared physical memory (1 TiB of
+/// frames: chunk memory is obtained only as frames are used, and the
+/// directory costs a pointer per GiB).
+#[cfg(not(aspace_loom))]
+const SHARED_PHYS_BYTES: u64 = 1 << 40;
+
+impl Phys {
+    fn new(bytes: u64, zero_new: bool) -> Arc<Phys> {
         // Numbers from the zero page's up are never handed out.
-        let frames = (budget_bytes / PAGE_SIZE).min(u64::from(Pfn::ZERO_PAGE.get()) - 1);
+        let frames = (bytes / PAGE_SIZE).min(u64::from(Pfn::ZERO_PAGE.get()) - 1);
         let nchunks = (frames as usize).div_ceil(CHUNK_FRAMES);
-        FrameAllocator {
+        Arc::new(Phys {
             frames,
             zero_new,
-            budget: Arc::new(Budget::new(budget_bytes)),
             dirs: (0..nchunks.div_ceil(DIR_CHUNKS))
                 .map(|_| AtomicPtr::new(core::ptr::null_mut()))
                 .collect(),
@@ -235,12 +276,77 @@ impl FrameAllocator {
             releasing: Mutex::new(()),
             cpus: PerCpu::new(CpuFrames::new),
             reserved: CounterU64::new(0),
+            accounts: Registry::new(),
+        })
+    }
+
+    /// The process's shared physical memory (zeroing frames), made on
+    /// first use and kept for the life of the process: its chunks'
+    /// memory is given back to the system as frames are freed (`release`),
+    /// so an idle one holds only its caches.
+    #[cfg(not(aspace_loom))]
+    fn shared() -> Arc<Phys> {
+        static SHARED: crate::sync::once::OnceLock<Arc<Phys>> = crate::sync::once::OnceLock::new();
+        SHARED
+            .get_or_init(|| Phys::new(SHARED_PHYS_BYTES, true))
+            .clone()
+    }
+}
+
+impl FrameAllocator {
+    /// A physical memory of its own of at most `budget_bytes`, shared by
+    /// its frames, the page tables and the metadata of the address spaces
+    /// that use it, with one budget of `budget_bytes`. `zero_new` clears
+    /// every frame handed out again (frames never used are zero already);
+    /// it is what keeps address spaces sharing the pool from seeing each
+    /// other's bytes. Objects and spaces on another physical memory cannot
+    /// map its frames ([`AddressSpace::mmap_fd`](crate::AddressSpace::mmap_fd)
+    /// fails with `EXDEV`); [`shared`](Self::shared) avoids that.
+    pub fn new(budget_bytes: u64, zero_new: bool) -> Self {
+        Self::over(Phys::new(budget_bytes, zero_new), budget_bytes)
+    }
+
+    /// An allocator with a budget of its own of `budget_bytes` over the
+    /// process's shared physical memory (zeroing frames), which every
+    /// allocator made this way shares: what [`AddressSpace::new`]
+    /// (crate::AddressSpace::new) and [`Memfd::new`](crate::Memfd::new)
+    /// use, so that any object maps into any such space. Charges are
+    /// per allocator: each data frame stays charged to the allocator that
+    /// allocated it until it is freed, whoever maps it meanwhile (see
+    /// [`crate::memfd`]'s `# Charging`). Budgets over 1 TiB get a
+    /// physical memory of their own, as [`new`](Self::new).
+    pub fn shared(budget_bytes: u64) -> Self {
+        #[cfg(not(aspace_loom))]
+        if budget_bytes <= SHARED_PHYS_BYTES {
+            return Self::over(Phys::shared(), budget_bytes);
         }
+        Self::new(budget_bytes, true)
+    }
+
+    /// A new account of `budget_bytes` over `phys`.
+    fn over(phys: Arc<Phys>, budget_bytes: u64) -> Self {
+        let account = Arc::new(Account::new(budget_bytes));
+        let id = phys.accounts.register(account.clone());
+        FrameAllocator { phys, account, id }
+    }
+
+    /// Another allocator over this one's physical memory, with a budget of
+    /// its own of `budget_bytes`: objects charged to either map into
+    /// spaces on the other (see [`crate::memfd`]'s `# Charging`).
+    pub fn sibling(&self, budget_bytes: u64) -> FrameAllocator {
+        Self::over(self.phys.clone(), budget_bytes)
+    }
+
+    /// True if this allocator's frames and `other`'s live in one physical
+    /// memory, so that either's frames may be mapped by spaces on the
+    /// other.
+    pub fn shares_memory_with(&self, other: &FrameAllocator) -> bool {
+        Arc::ptr_eq(&self.phys, &other.phys)
     }
 
     /// The budget frames, page tables and metadata are charged to.
     pub fn memory(&self) -> &Arc<Budget> {
-        &self.budget
+        &self.account.budget
     }
 
     /// True if this pool clears frames it hands out again.
@@ -266,14 +372,18 @@ impl FrameAllocator {
 
     /// Charges and takes a frame; says whether it was used before.
     fn take_charged(&self) -> Option<(Pfn, bool)> {
-        if !self.budget.try_charge(PAGE_SIZE) {
+        let budget = &self.account.budget;
+        if !budget.try_charge(PAGE_SIZE) {
             return None;
         }
         let Some((pfn, used_before)) = self.take(Use::Data) else {
-            self.budget.uncharge(PAGE_SIZE);
+            budget.uncharge(PAGE_SIZE);
             return None;
         };
         self.use_exclusive(pfn);
+        self.account.count_alloc();
+        // Published to the last `put` by the reference count's release.
+        self.owner(pfn).store(self.id, counter::Ordering::Relaxed);
         // A plain store: a free frame's count is 0 and nobody else changes
         // it (`try_get` adds only to a non-zero count), and unlike a swap
         // the store does not wait for the line.
@@ -308,8 +418,14 @@ impl FrameAllocator {
             return false;
         }
         self.use_exclusive(pfn);
-        // Free now; whoever takes it next clears it (see `alloc`).
-        self.budget.uncharge(PAGE_SIZE);
+        // Free now; whoever takes it next clears it (see `alloc`). The
+        // charge goes back to the account that took it.
+        let owner = self.owner(pfn).load(counter::Ordering::Relaxed);
+        if owner == self.id {
+            self.account.uncharge_frame();
+        } else {
+            self.accounts.uncharge_foreign(owner);
+        }
         self.give(pfn, Use::Data);
         true
     }
@@ -319,9 +435,16 @@ impl FrameAllocator {
         self.refs(pfn).load(Ordering::Acquire) as u32
     }
 
-    /// Data frames allocated now (page-table pages are counted by their
-    /// page tables, and charged to the budget like data frames).
+    /// Data frames charged to this allocator now, wherever they are
+    /// mapped (page-table pages are counted by their page tables, and
+    /// charged to the budget like data frames).
     pub fn used(&self) -> u64 {
+        self.account.frames()
+    }
+
+    /// Data frames in use in the whole physical memory, whichever
+    /// allocator they are charged to.
+    pub fn used_in_memory(&self) -> u64 {
         let (mut a, mut f) = (0u64, 0u64);
         for c in self.cpus.iter() {
             a += c.allocs.load(counter::Ordering::Relaxed);
@@ -332,10 +455,11 @@ impl FrameAllocator {
 
     /// Frames the budget allows (were nothing else charged to it).
     pub fn budget(&self) -> u64 {
-        self.frames
+        (self.account.budget.limit() / PAGE_SIZE).min(self.frames)
     }
 
-    /// Bytes of memory obtained from the system so far.
+    /// Bytes of memory obtained from the system so far by the physical
+    /// memory (shared with every allocator over it).
     pub fn reserved_bytes(&self) -> u64 {
         self.reserved.load(counter::Ordering::Relaxed)
     }
