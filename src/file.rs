@@ -28,15 +28,25 @@
 //!
 //! # Locking
 //!
-//! `dirty` is a leaf mutex, held only to update or take the set (never
-//! across host I/O). Host reads run with no lock of the object: the page
-//! is published into the object's tree by compare-and-swap after it is
-//! filled, so every user sees a whole page.
+//! `io` orders writeback against changes of the object's size: a
+//! writeback holds it from taking the dirty pages and the size to its
+//! last `pwrite`; a shrink holds it (under the object's size lock) from
+//! resizing the host file until the pages past the new end are freed,
+//! and an extending write while it copies and sets the size. So a
+//! writeback never writes a page a shrink dropped back into the file,
+//! nor clips a page to a size an extending write is about to raise. In
+//! the crate's [lock order](crate::mm#locking) it comes after the size
+//! lock and the mmap_lock (munmap writes back under its write side) and
+//! before a shared object's mappings lock. `dirty` is a leaf mutex, held
+//! only to update or take the set (never across host I/O). Host reads run
+//! with no lock of the object: the page is published into the object's
+//! tree by compare-and-swap after it is filled, so every user sees a
+//! whole page.
 
 use crate::addr::{PAGE_SHIFT, PAGE_SIZE};
 use crate::error::{Error, Result};
 use crate::sync::counter::{AtomicU64 as CounterU64, Ordering as CounterOrdering};
-use crate::sync::Mutex;
+use crate::sync::{Mutex, MutexGuard};
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -66,6 +76,11 @@ pub(crate) struct HostFile {
     ///
     /// Protected by: immutable after creation; positional I/O only.
     fd: OwnedFd,
+    /// Held by writeback and by size changes (see the module's
+    /// `# Locking`).
+    ///
+    /// Protected by: immutable after creation (it is the lock).
+    io: Mutex<()>,
     /// Pages written since their last writeback, by page index.
     ///
     /// Protected by: its mutex (a leaf).
@@ -86,11 +101,18 @@ impl HostFile {
     pub(crate) fn new(fd: OwnedFd, size: u64) -> Self {
         HostFile {
             fd,
+            io: Mutex::new(()),
             size: CounterU64::new(size),
             dirty: Mutex::new(BTreeMap::new()),
             reads: CounterU64::new(0),
             writes: CounterU64::new(0),
         }
+    }
+
+    /// Excludes writeback while the object's size changes (see the
+    /// module's `# Locking`).
+    pub(crate) fn io_lock(&self) -> MutexGuard<'_, ()> {
+        self.io.lock()
     }
 
     /// The host file's size in bytes.
@@ -200,6 +222,7 @@ impl HostFile {
         end: u64,
         mut page: impl FnMut(u64, &mut [u8]) -> bool,
     ) -> Result<()> {
+        let _io = self.io.lock();
         let size = self.size.load(CounterOrdering::Relaxed);
         if first >= end {
             return Ok(());

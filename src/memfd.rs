@@ -242,6 +242,9 @@ impl Memfd {
         }
         let mut size = self.inner.size.write();
         let pages = &self.inner.pages;
+        // A file object's writeback waits until the host file and the
+        // pages agree on the new size (`crate::file`'s `# Locking`).
+        let _io = pages.host.as_ref().map(|host| host.io_lock());
         if let Some(host) = &pages.host {
             host.set_host_len(len)?;
             host.forget_from(len.div_ceil(PAGE_SIZE));
@@ -351,6 +354,7 @@ impl Memfd {
             Some(r) => r,
             None => {
                 let mut size = self.inner.size.write();
+                let _io = pages.host.as_ref().map(|host| host.io_lock());
                 let r = copy();
                 // The object grows to the end of what was written.
                 *size = (*size).max(offset + done as u64);

@@ -5,8 +5,9 @@
 //! Lock order, outermost first:
 //!
 //! 0. A [`Memfd`](crate::Memfd)'s size lock: a shrink holds its write
-//!    side and takes only the object's mappings lock (after 4) and what
-//!    comes after it, never an mmap_lock or a VMA lock.
+//!    side and takes only a file object's writeback lock and the object's
+//!    mappings lock (after 4) and what comes after them, never an
+//!    mmap_lock or a VMA lock.
 //! 1. `mmap_lock` (`mmap_lock::MmapLock`) — writers (mmap, munmap,
 //!    mprotect, mremap, brk) take it for write; the fault fallback path,
 //!    madvise and `vmas()` take it for read.
@@ -22,6 +23,12 @@
 //!    VMA read lock) and by `rmap_walk` (under the mmap_lock read side).
 //!    Never held while waiting for a VMA lock. Not taken when only a VMA's
 //!    end moves (brk), unless `Config::brk_fast_path` is off.
+//!
+//!    Then a file object's writeback lock (`file`, `HostFile::io`):
+//!    taken by writeback (msync after the mmap_lock is dropped, munmap
+//!    under its write side as a shared mapping of the object goes, the
+//!    object's drop) and by a size change under the size lock (0); under
+//!    it only the object's dirty-page mutex (a leaf) and frame references.
 //!
 //!    Then a shared object's mappings lock (`vma::mappings`, Linux's
 //!    `i_mmap_rwsem`): taken by writers that add, remove or resize a VMA

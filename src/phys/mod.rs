@@ -1,11 +1,17 @@
 //! Frames: real 4 KiB pages of memory, with per-CPU caches, and the
 //! memory budget they share with page tables and VMA metadata.
 //!
-//! One [`FrameAllocator`] is one physical memory: several address spaces
-//! may share it (`Arc`), as every process of a kernel shares its page
-//! allocator. Its [`Budget`] counts frames in use, page-table pages and
-//! metadata (VMAs, shared objects' page trees) together; an allocation
-//! that would pass it fails instead of growing the host process.
+//! A [`FrameAllocator`] is an account over a physical memory (`Phys`,
+//! `memory`): several address spaces may share an allocator (`Arc`), as
+//! every process of a kernel shares its page allocator, and several
+//! allocators may share a physical memory, each with its own budget (as
+//! memcgs share one machine; see `account`): the allocators of
+//! [`AddressSpace::new`](crate::AddressSpace::new) spaces and of memory
+//! objects all share the process's ([`FrameAllocator::shared`]), so that
+//! any object maps into any space. An allocator's [`Budget`] counts the
+//! frames charged to it, page-table pages and metadata (VMAs, shared
+//! objects' page trees) together; an allocation that would pass it fails
+//! instead of growing the host process.
 //!
 //! Memory is obtained from the system lazily, in chunks (anonymous `mmap`
 //! on unix, so a frame costs host memory only once it is first written).
@@ -45,27 +51,35 @@
 //! them) and metadata (VMAs, shared objects' nodes, from the heap). What
 //! the host holds besides:
 //!
-//! - frames are numbered below `budget / 4096`, so all chunk memory
-//!   together never passes the budget, whatever it is used for;
+//! - a physical memory of its own ([`FrameAllocator::new`]) numbers its
+//!   frames below `budget / 4096`, so all its chunk memory together never
+//!   passes the budget, whatever it is used for; the shared one numbers
+//!   up to 1 TiB of frames, but hands out never-used frames only when no
+//!   freed one is cached, so its chunk memory stays within what its
+//!   allocators have in use at once plus the caches below;
 //! - freed frames cached for reuse stay resident, but only up to an eighth
-//!   of the frames in the global pool (plus at most 128 per CPU cache):
+//!   of the frames the live allocators' budgets allow, summed (plus at
+//!   most 128 per CPU cache):
 //!   past that the oldest are given back to the system (`release`:
 //!   `MADV_DONTNEED` on each run of consecutive frames), so cached frames
 //!   cannot add to heap metadata charged in their place;
-//! - per-frame fields: a reference count and the table fields, 28 bytes
-//!   per 4 KiB frame (0.7%), for each chunk obtained;
+//! - per-frame fields: a reference count, the account number and the
+//!   table fields, 32 bytes per 4 KiB frame (0.8%), for each chunk
+//!   obtained;
 //! - table pages unlinked but still waiting out a walker's grace period
 //!   are uncharged already: they are frames, so they too count within the
 //!   chunks' cap; a taker that finds every list dry asks the epoch to free
 //!   them (`settle`) before it gives up.
 //!
-//! So the host holds at most the budget, an eighth of it, the per-CPU
+//! So the host holds at most the budgets in use, an eighth of them, the per-CPU
 //! caches, the per-frame fields and what the heap keeps of freed metadata
 //! (`tests/host_rss.rs` measures it). [`FrameAllocator::prefault`] is the
 //! exception by request: it makes never-used frames resident up front.
 //!
 //! One mechanism per file: this file hands frames out and takes them back
-//! (reference counts, charging); `cache` keeps the free frames (per-CPU
+//! (reference counts, charging); `account` keeps the budgets over one
+//! memory and which frame is whose; `memory` is the physical memory;
+//! `cache` keeps the free frames (per-CPU
 //! caches, the global pool); `release` gives cached frames' memory back;
 //! `table` makes frames page-table pages; `chunk` obtains the memory
 //! behind them; `contents` reads and writes it; `budget` charges it.
@@ -81,22 +95,24 @@
 //! says what protects it.
 
 use crate::addr::PAGE_SIZE;
-use crate::percpu::PerCpu;
-use crate::sync::counter::{self, AtomicU64 as CounterU64};
-use crate::sync::{Arc, AtomicPtr, Mutex, Ordering};
+use crate::sync::counter;
+use crate::sync::{Arc, Ordering};
 
 mod account;
 mod budget;
 mod cache;
 mod chunk;
 mod contents;
+mod memory;
 mod release;
 mod table;
 
-use account::{Account, Registry};
+use account::Account;
 pub use budget::Budget;
-use cache::{CpuFrames, Pool, Use};
-use chunk::{ChunkDir, DIR_CHUNKS};
+use cache::Use;
+pub use memory::Phys;
+#[cfg(not(aspace_loom))]
+use memory::SHARED_PHYS_BYTES;
 pub(crate) use table::TablePage;
 
 /// A frame number: which 4 KiB frame of a [`FrameAllocator`].
@@ -173,53 +189,6 @@ pub struct FrameAllocator {
     id: u32,
 }
 
-/// A physical memory: the frames, their chunks, caches and reference
-/// counts, shared by every [`FrameAllocator`] made over it. Reached only
-/// through an allocator (it is its `Deref` target).
-pub struct Phys {
-    /// Frame numbers available (the budget in frames).
-    ///
-    /// Protected by: immutable after creation.
-    frames: u64,
-    /// Whether frames handed out again are cleared.
-    ///
-    /// Protected by: immutable after creation.
-    zero_new: bool,
-    /// Two-level chunk directory, filled on first use.
-    ///
-    /// Protected by: each slot written once (null to a directory page,
-    /// `Release`) under `grow`; read lock-free with `Acquire`.
-    dirs: Box<[AtomicPtr<ChunkDir>]>,
-    /// Serializes obtaining chunks and directory pages from the system.
-    ///
-    /// Protected by: immutable after creation (it is the lock).
-    grow: Mutex<()>,
-    /// The global pool of free and never-used frames.
-    ///
-    /// Protected by: its mutex.
-    pool: Mutex<Pool>,
-    /// Held while free frames' memory is given back to the system (they
-    /// are then in no list; see `release`).
-    ///
-    /// Protected by: immutable after creation (it is the lock).
-    releasing: Mutex<()>,
-    /// Each CPU slot's cache of free and never-used frames, and its
-    /// allocation and free counts.
-    ///
-    /// Protected by: each slot's mutex (see `CpuFrames`).
-    cpus: PerCpu<CpuFrames>,
-    /// Bytes obtained from the system.
-    ///
-    /// Protected by: a counter atomic (`sync::counter`), `Relaxed`,
-    /// added to under `grow`.
-    reserved: CounterU64,
-    /// The accounts over this memory, by the number each data frame
-    /// records.
-    ///
-    /// Protected by: its own mutex (see `account`).
-    accounts: Registry,
-}
-
 impl core::ops::Deref for FrameAllocator {
     type Target = Phys;
 
@@ -232,17 +201,13 @@ impl core::ops::Deref for FrameAllocator {
 impl Drop for FrameAllocator {
     fn drop(&mut self) {
         self.phys.accounts.retire(self.id);
-        // The caches may keep less resident now: give back what is over.
-        self.release();
+        // The caches of a shared memory may keep less resident now: give
+        // back what is over (a memory of its own goes whole right after).
+        if Arc::strong_count(&self.phys) > 1 {
+            self.release();
+        }
     }
 }
-
-// SAFETY: chunk memory is only reached through atomic word accesses or by
-// the exclusive owner of a frame (zeroing a frame just allocated); the raw
-// pointers inside `Chunk` are owned by the allocator.
-unsafe impl Send for Phys {}
-// SAFETY: as for Send: all shared state is atomics or behind mutexes.
-unsafe impl Sync for Phys {}
 
 impl core::fmt::Debug for FrameAllocator {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -251,45 +216,6 @@ impl core::fmt::Debug for FrameAllocator {
             .field("used", &self.used())
             .field("budget", &self.account.budget)
             .finish()
-    }
-}
-
-/// Frame numbers of the process's shared physical memory (1 TiB of
-/// frames: chunk memory is obtained only as frames are used, and the
-/// directory costs a pointer per GiB).
-#[cfg(not(aspace_loom))]
-const SHARED_PHYS_BYTES: u64 = 1 << 40;
-
-impl Phys {
-    fn new(bytes: u64, zero_new: bool) -> Arc<Phys> {
-        // Numbers from the zero page's up are never handed out.
-        let frames = (bytes / PAGE_SIZE).min(u64::from(Pfn::ZERO_PAGE.get()) - 1);
-        let nchunks = (frames as usize).div_ceil(CHUNK_FRAMES);
-        Arc::new(Phys {
-            frames,
-            zero_new,
-            dirs: (0..nchunks.div_ceil(DIR_CHUNKS))
-                .map(|_| AtomicPtr::new(core::ptr::null_mut()))
-                .collect(),
-            grow: Mutex::new(()),
-            pool: Mutex::new(Pool::new()),
-            releasing: Mutex::new(()),
-            cpus: PerCpu::new(CpuFrames::new),
-            reserved: CounterU64::new(0),
-            accounts: Registry::new(),
-        })
-    }
-
-    /// The process's shared physical memory (zeroing frames), made on
-    /// first use and kept for the life of the process: its chunks'
-    /// memory is given back to the system as frames are freed (`release`),
-    /// so an idle one holds only its caches.
-    #[cfg(not(aspace_loom))]
-    fn shared() -> Arc<Phys> {
-        static SHARED: crate::sync::once::OnceLock<Arc<Phys>> = crate::sync::once::OnceLock::new();
-        SHARED
-            .get_or_init(|| Phys::new(SHARED_PHYS_BYTES, true))
-            .clone()
     }
 }
 
