@@ -234,8 +234,9 @@ impl FrameAllocator {
 
     /// An allocator with a budget of its own of `budget_bytes` over the
     /// process's shared physical memory (zeroing frames), which every
-    /// allocator made this way shares: what [`AddressSpace::new`]
-    /// (crate::AddressSpace::new) and [`Memfd::new`](crate::Memfd::new)
+    /// allocator made this way shares: what
+    /// [`AddressSpace::new`](crate::AddressSpace::new) and
+    /// [`Memfd::new`](crate::Memfd::new)
     /// use, so that any object maps into any such space. Charges are
     /// per allocator: each data frame stays charged to the allocator that
     /// allocated it until it is freed, whoever maps it meanwhile (see
