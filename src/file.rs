@@ -70,12 +70,29 @@ pub struct FileStats {
     pub pages_written: u64,
 }
 
+/// The host file a mapping maps, as `/proc/pid/maps` names it
+/// ([`VmaInfo::file`](crate::VmaInfo::file)).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MappedFile {
+    /// The name given to [`Memfd::from_file`](crate::Memfd::from_file)
+    /// (its path, for maps to match the kernel's).
+    pub path: String,
+    /// The device holding the file (`st_dev`'s major and minor numbers).
+    pub dev: (u32, u32),
+    /// The file's inode number (`st_ino`).
+    pub inode: u64,
+}
+
 /// A host file as the backing store of an object's pages.
 pub(crate) struct HostFile {
     /// The host descriptor (a duplicate the object owns).
     ///
     /// Protected by: immutable after creation; positional I/O only.
     fd: OwnedFd,
+    /// The file's device and inode numbers, from `fstat` at open.
+    ///
+    /// Protected by: immutable after creation.
+    id: (u64, u64),
     /// Held by writeback and by size changes (see the module's
     /// `# Locking`).
     ///
@@ -98,9 +115,18 @@ pub(crate) struct HostFile {
 }
 
 impl HostFile {
-    pub(crate) fn new(fd: OwnedFd, size: u64) -> Self {
+    /// The backing of the file open at `fd`, and the file's size.
+    pub(crate) fn open(fd: OwnedFd) -> Result<(HostFile, u64)> {
+        let st = fstat(&fd)?;
+        let size = u64::try_from(st.st_size).map_err(|_| Error::Overflow)?;
+        let id = (st.st_dev, st.st_ino);
+        Ok((Self::new(fd, id, size), size))
+    }
+
+    fn new(fd: OwnedFd, id: (u64, u64), size: u64) -> Self {
         HostFile {
             fd,
+            id,
             io: Mutex::new(()),
             size: CounterU64::new(size),
             dirty: Mutex::new(BTreeMap::new()),
@@ -115,16 +141,13 @@ impl HostFile {
         self.io.lock()
     }
 
-    /// The host file's size in bytes.
-    pub(crate) fn host_len(&self) -> Result<u64> {
-        // SAFETY: an all-zero `stat` is a valid value of the plain C
-        // struct, and fstat writes it whole on success.
-        let mut st: libc::stat = unsafe { core::mem::zeroed() };
-        // SAFETY: `fd` is an open descriptor we own; `st` is writable.
-        if unsafe { libc::fstat(self.fd.as_raw_fd(), &mut st) } != 0 {
-            return Err(last_error());
+    /// The file as maps names it, with `path` as its name.
+    pub(crate) fn mapped_file(&self, path: &str) -> MappedFile {
+        MappedFile {
+            path: path.to_string(),
+            dev: (libc::major(self.id.0), libc::minor(self.id.0)),
+            inode: self.id.1,
         }
-        u64::try_from(st.st_size).map_err(|_| Error::Overflow)
     }
 
     /// Sets the host file's size (`ftruncate`) and the object's.
@@ -272,6 +295,18 @@ impl HostFile {
             pages_written: self.writes.load(CounterOrdering::Relaxed),
         }
     }
+}
+
+/// `fstat` of `fd`.
+fn fstat(fd: &OwnedFd) -> Result<libc::stat> {
+    // SAFETY: an all-zero `stat` is a valid value of the plain C struct,
+    // and fstat writes it whole on success.
+    let mut st: libc::stat = unsafe { core::mem::zeroed() };
+    // SAFETY: `fd` is an open descriptor; `st` is writable.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(last_error());
+    }
+    Ok(st)
 }
 
 /// The calling thread's errno.

@@ -38,7 +38,7 @@ pub mod vmap;
 
 pub use addr::{Range, PAGE_SIZE};
 pub use error::{Error, FaultError, MemoryFault, Result};
-pub use file::FileStats;
+pub use file::{FileStats, MappedFile};
 pub use memfd::{Memfd, MemfdFlags};
 pub use mm::{
     Access, AddressSpace, Advice, Budget, Config, ConfigError, FaultLocking, FrameAllocator,

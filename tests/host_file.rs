@@ -5,7 +5,9 @@
 //! share one copy; `MAP_SHARED` writes reach the host file after
 //! `msync(MS_SYNC)`, munmap and drop; the handle's access mode (EACCES,
 //! EBADF) and SIGBUS past the end of the file compared with the running
-//! kernel on a real descriptor; `memfd_create` and `Read`/`Write`/`Seek`.
+//! kernel on a real descriptor; maps lines of file mappings (device,
+//! inode, path) against the kernel's; `memfd_create` and
+//! `Read`/`Write`/`Seek`.
 
 use aspace::{
     Access, AddressSpace, Config, Error, FaultError, FrameAllocator, MapFlags, Memfd, MemfdFlags,
@@ -370,4 +372,68 @@ fn memfd_create_and_streams() {
     // Charged to the space that made it.
     assert!(Arc::ptr_eq(m.frame_pool(), mm.frame_pool()));
     assert_eq!(mm.frames_used(), 1);
+}
+
+/// The kernel's `/proc/self/maps` line for `addr` (the one starting there).
+fn kernel_maps_line(addr: u64) -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let start = format!("{addr:x}-");
+    maps.lines()
+        .find(|l| l.starts_with(&start))
+        .unwrap_or_else(|| panic!("no maps line at {addr:#x}"))
+        .to_string()
+}
+
+#[test]
+fn maps_lines_of_file_mappings_match_the_kernel() {
+    let f = TempFile::new("maps", &pattern(3 * PAGE as usize));
+    let file = f.open(false);
+    let path = f.0.to_string_lossy().into_owned();
+    let obj = Memfd::from_file(&file, &path).unwrap();
+    let mm = AddressSpace::new(Config::default());
+    for (prot, kprot, flags, kflags) in [
+        (
+            Prot::READ,
+            libc::PROT_READ,
+            MapFlags::PRIVATE,
+            libc::MAP_PRIVATE,
+        ),
+        (
+            Prot::READ,
+            libc::PROT_READ,
+            MapFlags::SHARED,
+            libc::MAP_SHARED,
+        ),
+        (
+            RW,
+            libc::PROT_READ | libc::PROT_WRITE,
+            MapFlags::PRIVATE,
+            libc::MAP_PRIVATE,
+        ),
+    ] {
+        // SAFETY: a new mapping at an address of the kernel's choice.
+        let k = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                2 * PAGE as usize,
+                kprot,
+                kflags,
+                file.as_raw_fd(),
+                PAGE as i64,
+            )
+        };
+        assert_ne!(k, libc::MAP_FAILED);
+        let a = mm.mmap_fd(0, 2 * PAGE, prot, flags, &obj, PAGE).unwrap();
+        let ours = mm.vmas().into_iter().find(|v| v.start == a).unwrap();
+        let theirs = kernel_maps_line(k as u64);
+        kernel_munmap(k, 2 * PAGE);
+        let fields = |l: &str| {
+            l.split_whitespace()
+                .skip(1)
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(fields(&ours.maps_line()), fields(&theirs), "{theirs}");
+        mm.munmap(a, 2 * PAGE).unwrap();
+    }
 }

@@ -76,7 +76,9 @@ impl Memfd {
     /// descriptor is duplicated: the object keeps the file open, and
     /// takes its access mode from it (`O_RDONLY`, `O_WRONLY`, `O_RDWR`),
     /// which [`AddressSpace::mmap_fd`] honours as Linux does. The size is
-    /// the file's now; its name (shown by `maps`) is `name`.
+    /// the file's now. `name` is the path `maps` shows for its mappings,
+    /// with the file's device and inode numbers
+    /// ([`VmaInfo::file`](crate::VmaInfo::file)), as the kernel shows them.
     ///
     /// Errors: the host's for a descriptor it cannot duplicate or `fstat`
     /// (`EBADF`), `EINVAL` for a file larger than [`MAX_LEN`] or a name
@@ -114,12 +116,10 @@ impl Memfd {
                 write: true,
             },
         };
-        let host = HostFile::new(fd, 0);
-        let len = host.host_len()?;
+        let (host, len) = HostFile::open(fd)?;
         if len > MAX_LEN {
             return Err(Error::Inval);
         }
-        host.set_size(len);
         Ok(Self::make(frames, name, len, Some(host), mode))
     }
 }
