@@ -19,7 +19,10 @@
 //! Object-backed VMAs ([`crate::Memfd`], shared anonymous memory): a page
 //! at or past the object's end is SIGBUS, checked again under the PTE
 //! lock against a racing shrink (`vma::mappings`); a shared mapping maps
-//! the object's page (allocated on first touch); a private one maps it
+//! the object's page (allocated on first touch, and for a file object
+//! read from the host file then, a read error being SIGBUS; a shared
+//! mapping that may write it marks it dirty for writeback, see
+//! [`crate::file`]); a private one maps it
 //! read-only and copies it into an anonymous frame on the first write,
 //! as Linux's private file mappings do.
 //!
