@@ -93,16 +93,35 @@ impl AddressSpace {
     /// copies included, as Linux's truncation does. Adjacent mappings of
     /// the same object at contiguous offsets merge, as in Linux.
     ///
+    /// A file object ([`Memfd::from_file`]) is mapped the same way: its
+    /// pages are read from the host file on first touch, shared by every
+    /// mapping in every space; shared stores are written back by
+    /// [`msync`](Self::msync) with `MS_SYNC`, by the munmap of the
+    /// mapping and when the object drops ([`crate::file`]). The handle's
+    /// access mode is honoured as Linux's `do_mmap` does: a shared mapping
+    /// of a read-only handle has neither `VM_MAYWRITE` nor `VM_SHARED`
+    /// (maps still shows `s`), so `mprotect(PROT_WRITE)` fails with
+    /// `EACCES`; a private one may be written (copy-on-write).
+    ///
+    /// Any object maps into any space on the same physical memory: every
+    /// [`AddressSpace::new`](Self::new) space and every object made
+    /// without an allocator share the process's (see [`crate::memfd`]'s
+    /// `# Charging` for who pays for which page).
+    ///
     /// Errors as [`mmap`](Self::mmap), with the object's first: `EINVAL`
     /// for an offset not a multiple of the page size, then (unless
     /// `ANONYMOUS`, which maps anonymous memory as [`mmap`](Self::mmap),
     /// ignoring the object, as Linux ignores the descriptor) `EINVAL` for
-    /// `HUGETLB`, or an object charged to another frame pool than this
-    /// space's; `EOVERFLOW` when `offset + len` passes the largest object
-    /// size; `EOPNOTSUPP` for `SHARED_VALIDATE` with a flag outside
-    /// Linux's legacy set (`SYNC`, `FIXED_NOREPLACE`, unknown bits: plain
-    /// `SHARED` ignores them);
-    /// `EINVAL` for the `DROPPABLE` type or `GROWSDOWN`.
+    /// `HUGETLB`, then `EXDEV` ([`Error::CrossDevice`]) for an object
+    /// whose frames live in another physical memory than this space's
+    /// (either made on a [`FrameAllocator::new`](crate::FrameAllocator::new)
+    /// pool of its own); `EOVERFLOW` when `offset + len` passes the
+    /// largest object size; `EOPNOTSUPP` for `SHARED_VALIDATE` with a flag
+    /// outside Linux's legacy set (`SYNC`, `FIXED_NOREPLACE`, unknown
+    /// bits: plain `SHARED` ignores them); `EINVAL` for the `DROPPABLE`
+    /// type or `GROWSDOWN`; `EACCES` for a shared mapping with
+    /// `PROT_WRITE` of a handle not opened for writing, or any mapping of
+    /// a handle not opened for reading.
     ///
     /// ```
     /// use aspace::{AddressSpace, Advice, Config, MapFlags, Memfd, Prot};
