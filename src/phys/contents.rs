@@ -32,15 +32,18 @@ impl FrameAllocator {
         unsafe { core::ptr::write_bytes(self.base(pfn), 0, PAGE_SIZE as usize) };
     }
 
-    /// Obtains and touches the memory for the first `bytes` of the budget
-    /// now, so that later allocations do not pay the host kernel's page
-    /// faults (benchmarks call this before measuring). Only frames never
-    /// handed out are touched.
+    /// Obtains and touches the memory of the next `bytes` (at most the
+    /// budget's) of never-used frames now, so that later allocations do
+    /// not pay the host kernel's page faults (benchmarks call this before
+    /// measuring). Only frames never handed out are touched, so repeated
+    /// calls touch the same ones, and a shared physical memory holds no
+    /// more than the largest budget prefaulted.
     pub(crate) fn prefault(&self, bytes: u64) {
-        let frames = (bytes / PAGE_SIZE).min(self.frames);
+        let n = bytes.min(self.memory().limit()) / PAGE_SIZE;
         // Holding the pool lock keeps `fresh` still: no frame at or above
         // it can be handed out meanwhile.
         let pool = self.pool.lock();
+        let frames = pool.fresh.saturating_add(n).min(self.frames);
         let mut pfn = pool.fresh;
         while pfn < frames {
             let Some(c) = self.chunk_for(Pfn::new(pfn as u32)) else {
