@@ -156,7 +156,7 @@ fn take_snapshot(mm: &AddressSpace, base: u64, pages: u64) -> Memfd {
     for r in &found.regions {
         for a in (r.start..r.end).step_by(PAGE) {
             mm.read(a, &mut buf).expect("read the image");
-            snap.write_at(a - base, &buf).expect("save a page");
+            snap.write_at(&buf, a - base).expect("save a page");
         }
     }
     snap
@@ -179,7 +179,7 @@ fn restore_eager(o: &Opts, snap: &Memfd, pages: u64, hot: &[u64]) -> (AddressSpa
     let all: Vec<u64> = (0..pages).collect();
     parallel(o.threads, &all, |_, i| {
         let mut buf = vec![0u8; PAGE];
-        snap.read_at(i * PAGE_SIZE, &mut buf)
+        snap.read_at(&mut buf, i * PAGE_SIZE)
             .expect("read the snapshot");
         mm.write(base + i * PAGE_SIZE, &buf)
             .expect("restore a page");
@@ -199,7 +199,7 @@ fn restore_eager(o: &Opts, snap: &Memfd, pages: u64, hot: &[u64]) -> (AddressSpa
 /// this call placed.
 fn place(uffd: &Uffd<'_>, snap: &Memfd, base: u64, first: u64, n: u64, buf: &mut [u8]) -> u64 {
     let buf = &mut buf[..(n * PAGE_SIZE) as usize];
-    snap.read_at(first * PAGE_SIZE, buf)
+    snap.read_at(buf, first * PAGE_SIZE)
         .expect("read the snapshot");
     let (mut done, mut placed) = (0, 0);
     while done < n {
@@ -311,7 +311,7 @@ fn track_and_save(mm: &AddressSpace, base: u64, pages: u64, threads: usize, snap
     for r in &found.regions {
         for a in (r.start..r.end).step_by(PAGE) {
             mm.read(a, &mut buf).expect("read a dirty page");
-            snap.write_at(a - base, &buf).expect("save a dirty page");
+            snap.write_at(&buf, a - base).expect("save a dirty page");
             saved.push((a - base) / PAGE_SIZE);
         }
     }

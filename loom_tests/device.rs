@@ -32,7 +32,7 @@ fn unshare_copy_vs_shrink() {
     model(|| {
         let mm = Arc::new(AddressSpace::new(cfg()));
         let m = Arc::new(Memfd::new_in(mm.frame_pool(), "t", PAGE_SIZE).unwrap());
-        m.write_at(0, &[7]).unwrap();
+        m.write_at(&[7], 0).unwrap();
         let flags = MapFlags::PRIVATE | MapFlags::FIXED;
         mm.mmap_fd(A, PAGE_SIZE, Prot::READ, flags, &m, 0).unwrap();
         mm.read(A, &mut [0]).unwrap();

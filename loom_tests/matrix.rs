@@ -11,14 +11,17 @@
 //! new writer gains a row here, a new reader a column.
 
 /// The readers: paths that read page-table entries or VMA fields without
-/// the mmap_lock, each safe only if every writer follows its rules.
-const READERS: [&str; 6] = [
+/// the mmap_lock, each safe only if every writer follows its rules, and a
+/// file object's writeback, which reads the object's pages without its
+/// size lock.
+const READERS: [&str; 7] = [
     "speculative fault",
     "per-VMA fault",
     "translator access",
     "instruction fetch",
     "device slice",
     "userfault waiter",
+    "file writeback",
 ];
 
 /// The writers: every change of a VMA's range, flags, backing or
@@ -66,6 +69,9 @@ const NO_ENTRY_CHANGE: Cell =
 const FETCH: &str = "a fetch is a translator access (the same enter, tag check, walk and leave, with the exec bit): the writer's flush drops its entries alike";
 /// The speculative fault never installs in a VMA with an object.
 const SPEC_NO_OBJECT: Cell = Apart("acts on shared objects' pages only, and the speculative fault bails out of any VMA with an object (spec_fault.rs step 4)");
+
+/// File writeback reads the object's own pages, never entries or VMA fields.
+const WB_OWN_PAGES: Cell = Apart("writeback holds the object (its Arc) and reads the object's pages through its tree, each under a frame reference taken while the frame lives; this writer changes entries or VMAs, never the object's slots");
 
 #[rustfmt::skip]
 const MATRIX: &[(&str, &str, Cell)] = &[
@@ -181,6 +187,25 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("userfault waiter", "uffd write-protect", Apart("write-protect acts on present entries; the waiter's page is missing")),
     ("userfault waiter", "memfd shrink", Apart("asleep it holds no lock or snapshot, and the shrink leaves it waiting for the handler, as Linux does; woken, it is an ordinary fault racing the shrink (memfd.rs store_vs_shrink_*: the end re-checked under the PTE lock)")),
     ("userfault waiter", "fork", Apart("fork copies the registered VMA and leaves the parent's page missing: the waiter holds nothing fork waits on, and waits on for the handler")),
+    // A file object's writeback (msync, munmap, sync_all, drop): reads
+    // the object's pages without its size lock, under the io lock.
+    ("file writeback", "munmap", Apart("munmap's own writeback runs in the writer, after it unregistered the VMA; a concurrent msync holds the object and reads its pages, not the entries munmap zaps (and a private copy is never written back)")),
+    ("file writeback", "mprotect", WB_OWN_PAGES),
+    ("file writeback", "mremap move", WB_OWN_PAGES),
+    ("file writeback", "mremap grow", WB_OWN_PAGES),
+    ("file writeback", "mremap shrink", WB_OWN_PAGES),
+    ("file writeback", "mremap DONTUNMAP", WB_OWN_PAGES),
+    ("file writeback", "madvise DONTNEED", WB_OWN_PAGES),
+    ("file writeback", "madvise REMOVE", Apart("the hole punch zeroes the object's frames in place and frees none: writeback copies a page under a reference as it would copy one a store is writing, and the page stays dirty for the next sync")),
+    ("file writeback", "madvise FREE", WB_OWN_PAGES),
+    ("file writeback", "brk", WB_OWN_PAGES),
+    ("file writeback", "mlock", WB_OWN_PAGES),
+    ("file writeback", "set_anon_name", WB_OWN_PAGES),
+    ("file writeback", "uffd register", WB_OWN_PAGES),
+    ("file writeback", "uffd unregister", WB_OWN_PAGES),
+    ("file writeback", "uffd write-protect", WB_OWN_PAGES),
+    ("file writeback", "memfd shrink", Model("memfd.rs", "writeback_vs_shrink")),
+    ("file writeback", "fork", WB_OWN_PAGES),
 ];
 
 fn source(file: &str) -> &'static str {

@@ -1,7 +1,8 @@
 //! Loom models of a shrinking `Memfd` (`set_len`) against a fault on the
-//! page it cuts off and against fork, through the real AddressSpace and
-//! Memfd (the protocol is in src/vma/mappings.rs). `./loom.sh` runs them
-//! at its bound.
+//! page it cuts off, against fork, and against a file object's writeback,
+//! through the real AddressSpace and Memfd (the protocols are in
+//! src/vma/mappings.rs and src/file.rs). `./loom.sh` runs them at its
+//! bound.
 #![cfg(aspace_loom)]
 
 mod common;
@@ -30,7 +31,7 @@ fn store_vs_shrink(tables: bool) {
         if tables {
             mm.write(A, &[1]).unwrap();
         }
-        m.write_at(PAGE_SIZE, &[1]).unwrap();
+        m.write_at(&[1], PAGE_SIZE).unwrap();
         let m2 = mm.clone();
         let t = thread::spawn(move || m2.write(A + PAGE_SIZE, &[2]));
         m.set_len(PAGE_SIZE).unwrap();
@@ -131,4 +132,39 @@ fn remove_vs_shrink_and_reuse() {
         other.read(A, &mut x).unwrap();
         assert_eq!(x, [0x55], "the hole punch zeroed another space's page");
     });
+}
+
+/// A writeback of a file object (`sync_all`, as msync and munmap write
+/// back) races a shrink of the object from two pages to one, page 1
+/// dirty. Whichever comes first, the host file ends one page long: a
+/// writeback never writes a page the shrink dropped back into the file
+/// (Linux: truncation waits for the page's writeback), and the frame it
+/// copies is held by a reference taken while it lives.
+///
+/// Mutation caught: the shrink's writeback lock (`let _io = ...io_lock()`
+/// in `Memfd::set_len`, src/memfd.rs) removed: the writeback takes page 1
+/// and the old size, the shrink cuts the host file, the writeback copies
+/// the page (not freed yet) and its `pwrite` grows the file back to two
+/// pages.
+#[test]
+fn writeback_vs_shrink() {
+    let path = std::env::temp_dir().join(format!("aspace-loom-wb-{}", std::process::id()));
+    let p = path.clone();
+    model(move || {
+        std::fs::write(&p, vec![7u8; 2 * PAGE_SIZE as usize]).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        let frames = Arc::new(aspace::FrameAllocator::new(16 * PAGE_SIZE, true));
+        let m = Memfd::from_file_in(&frames, &file, "wb").unwrap();
+        m.write_at(&[1], PAGE_SIZE).unwrap();
+        let m2 = m.clone();
+        let t = thread::spawn(move || m2.set_len(PAGE_SIZE));
+        m.sync_all().unwrap();
+        t.join().unwrap().unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), PAGE_SIZE);
+    });
+    let _ = std::fs::remove_file(&path);
 }

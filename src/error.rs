@@ -42,6 +42,19 @@ pub enum Error {
     /// `EOPNOTSUPP`: a flag the object does not support
     /// (`MAP_SHARED_VALIDATE` with a flag outside Linux's legacy set).
     NotSupported,
+    /// `EIO`: reading or writing back a host file failed (a file object,
+    /// [`crate::file`]).
+    Io,
+    /// `EBADF`: the handle was not opened for this (a read of a
+    /// write-only file object, a write of a read-only one).
+    BadFd,
+    /// `EXDEV`: the object's frames live in another physical memory than
+    /// the address space's (both made on pools of their own,
+    /// [`FrameAllocator::new`](crate::FrameAllocator::new)); objects and
+    /// spaces made on the shared memory
+    /// ([`FrameAllocator::shared`](crate::FrameAllocator::shared), the
+    /// default) always map each other.
+    CrossDevice,
 }
 
 impl Error {
@@ -61,6 +74,9 @@ impl Error {
             Error::Inval => 22,
             Error::Overflow => 75,
             Error::NotSupported => 95,
+            Error::Io => 5,
+            Error::BadFd => 9,
+            Error::CrossDevice => 18,
         }
     }
 
@@ -78,6 +94,9 @@ impl Error {
             22 => Error::Inval,
             75 => Error::Overflow,
             95 => Error::NotSupported,
+            5 => Error::Io,
+            9 => Error::BadFd,
+            18 => Error::CrossDevice,
             _ => return None,
         })
     }
@@ -98,6 +117,9 @@ impl Error {
             Error::Inval => "EINVAL",
             Error::Overflow => "EOVERFLOW",
             Error::NotSupported => "EOPNOTSUPP",
+            Error::Io => "EIO",
+            Error::BadFd => "EBADF",
+            Error::CrossDevice => "EXDEV",
         }
     }
 }

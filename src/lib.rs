@@ -20,6 +20,7 @@
 pub mod addr;
 pub mod error;
 pub mod exec;
+pub mod file;
 mod lazy;
 pub mod memfd;
 pub mod mm;
@@ -38,7 +39,8 @@ pub mod vmap;
 
 pub use addr::{Range, PAGE_SIZE};
 pub use error::{Error, FaultError, MemoryFault, Result};
-pub use memfd::Memfd;
+pub use file::{FileStats, MappedFile};
+pub use memfd::{Memfd, MemfdFlags};
 pub use mm::{
     Access, AddressSpace, Advice, Budget, Config, ConfigError, FaultLocking, FrameAllocator,
     MapFlags, MlockAllFlags, MlockFlags, MremapExtent, MremapFlags, MsyncFlags, Prot, VmaInfo,

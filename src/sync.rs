@@ -304,7 +304,7 @@ pub use imp::*;
 /// bookkeeping, and a `static` counter (which loom's atomics cannot be)
 /// works in every build. Nothing may be ordered by these.
 pub mod counter {
-    pub use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+    pub use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
     /// A fresh id for an address space, an anon_vma or a memory object:
     /// unique in the process, never reused (an id only names; no protocol

@@ -86,7 +86,7 @@ fn a_write_through_a_read_slice_of_an_untouched_page_stays_in_that_page() {
 fn a_read_slice_of_a_private_object_mapping_never_reaches_the_object() {
     let mm = AddressSpace::new(Config::default());
     let image = Memfd::new_in(mm.frame_pool(), "image", P).unwrap();
-    image.write_at(0, b"original").unwrap();
+    image.write_at(b"original", 0).unwrap();
     let private = mm
         .mmap_fd(0, P, Prot::READ, MapFlags::PRIVATE, &image, 0)
         .unwrap();
@@ -99,7 +99,7 @@ fn a_read_slice_of_a_private_object_mapping_never_reaches_the_object() {
             .write_slice(b"DEVICE!!", 0)
             .unwrap();
     }
-    image.read_at(0, &mut buf).unwrap();
+    image.read_at(&mut buf, 0).unwrap();
     assert_eq!(&buf, b"original", "the object is untouched");
     mm.read(shared, &mut buf).unwrap();
     assert_eq!(&buf, b"original", "so is its shared mapping");
@@ -110,7 +110,7 @@ fn a_read_slice_of_a_private_object_mapping_never_reaches_the_object() {
             .write_slice(b"shared!!", 0)
             .unwrap();
     }
-    image.read_at(0, &mut buf).unwrap();
+    image.read_at(&mut buf, 0).unwrap();
     assert_eq!(&buf, b"shared!!");
 }
 
@@ -192,7 +192,7 @@ fn a_held_slice_survives_dontneed_and_a_memfd_shrink_without_touching_reuse() {
         mm.write(fresh + i * P, b"fresh!").unwrap();
     }
     mm.write(a, b"refault").unwrap();
-    fd.write_at(0, b"regrown").unwrap();
+    fd.write_at(b"regrown", 0).unwrap();
     anon_slice.write_slice(b"DEVICE", 0).unwrap();
     obj_slice.write_slice(b"DEVICE", 0).unwrap();
     let mut buf = [0u8; 6];
@@ -202,7 +202,7 @@ fn a_held_slice_survives_dontneed_and_a_memfd_shrink_without_touching_reuse() {
     }
     mm.read(a, &mut buf).unwrap();
     assert_eq!(&buf, b"refaul");
-    fd.read_at(0, &mut buf).unwrap();
+    fd.read_at(&mut buf, 0).unwrap();
     assert_eq!(&buf, b"regrow");
 }
 

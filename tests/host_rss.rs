@@ -97,7 +97,7 @@ fn object_nodes(mm: &AddressSpace) {
     let m = Memfd::new_in(mm.frame_pool(), "nodes", aspace::memfd::MAX_LEN).unwrap();
     let mut off = 0u64;
     loop {
-        match m.write_at(off, b"x") {
+        match m.write_at(b"x", off) {
             Ok(1) => {}
             Err(Error::NoMem) => break,
             r => panic!("write at {off:#x}: {r:?}"),

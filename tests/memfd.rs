@@ -145,7 +145,7 @@ fn random_calls_match_the_kernel() {
                     let n = rng.below(3 * PAGE) as usize;
                     let data: Vec<u8> = (0..n).map(|_| rng.next() as u8 | 1).collect();
                     assert_eq!(
-                        ours(m.write_at(off, &data)),
+                        ours(m.write_at(&data, off)),
                         k.pwrite(off, &data),
                         "{what}: write_at {off:#x} {n}"
                     );
@@ -154,7 +154,7 @@ fn random_calls_match_the_kernel() {
                     let off = rng.offset();
                     let n = rng.below(3 * PAGE) as usize;
                     let (mut a, mut b) = (vec![0xeeu8; n], vec![0xeeu8; n]);
-                    let r = ours(m.read_at(off, &mut a));
+                    let r = ours(m.read_at(&mut a, off));
                     assert_eq!(r, k.pread(off, &mut b), "{what}: read_at {off:#x} {n}");
                     assert!(a == b, "{what}: bytes read at {off:#x}");
                 }
@@ -169,9 +169,9 @@ fn clones_share_and_frames_return() {
     let pool = Arc::new(FrameAllocator::new(64 * PAGE, true));
     let m = Memfd::new_in(&pool, "shared", 8 * PAGE).unwrap();
     let c = m.clone();
-    assert_eq!(m.write_at(PAGE - 2, b"abcd").unwrap(), 4);
+    assert_eq!(m.write_at(b"abcd", PAGE - 2).unwrap(), 4);
     let mut buf = [0u8; 4];
-    assert_eq!(c.read_at(PAGE - 2, &mut buf).unwrap(), 4);
+    assert_eq!(c.read_at(&mut buf, PAGE - 2).unwrap(), 4);
     assert_eq!(&buf, b"abcd");
     assert_eq!(pool.used(), 2);
     c.set_len(PAGE - 1).unwrap();
@@ -189,10 +189,10 @@ fn out_of_budget_is_enomem_or_short() {
     let pool = Arc::new(FrameAllocator::new(4 * PAGE, true));
     let m = Memfd::new_in(&pool, "small", 0).unwrap();
     let data = vec![7u8; (64 * PAGE) as usize];
-    let n = m.write_at(0, &data).unwrap();
+    let n = m.write_at(&data, 0).unwrap();
     assert!(n > 0 && n < data.len(), "short write of {n}");
     assert_eq!(m.len(), n as u64, "grows only by what was written");
-    let far = m.write_at(1 << 40, b"x");
+    let far = m.write_at(b"x", 1 << 40);
     assert!(matches!(far, Err(aspace::Error::NoMem)), "{far:?}");
 }
 
@@ -212,8 +212,8 @@ fn hostile_arguments_never_panic() {
     ];
     let mut buf = [0u8; 16];
     for &v in &vals {
-        let _ = m.read_at(v, &mut buf);
-        let _ = m.write_at(v, &buf[..1]);
+        let _ = m.read_at(&mut buf, v);
+        let _ = m.write_at(&buf[..1], v);
         let _ = m.set_len(v);
         assert!(m.len() <= i64::MAX as u64);
     }
@@ -235,9 +235,9 @@ fn copies_racing_truncation() {
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let off = (i * 7 + t) % 14 * PAGE;
                     if t == 0 {
-                        let _ = m.write_at(off, &[0x5a; 100]);
+                        let _ = m.write_at(&[0x5a; 100], off);
                     } else {
-                        let n = m.read_at(off, &mut buf).unwrap();
+                        let n = m.read_at(&mut buf, off).unwrap();
                         assert!(n <= buf.len());
                     }
                     i += 1;
@@ -256,7 +256,7 @@ fn copies_racing_truncation() {
     m.set_len(0).unwrap();
     m.set_len(16 * PAGE).unwrap();
     let mut buf = vec![1u8; (16 * PAGE) as usize];
-    assert_eq!(m.read_at(0, &mut buf).unwrap(), buf.len());
+    assert_eq!(m.read_at(&mut buf, 0).unwrap(), buf.len());
     assert!(
         buf.iter().all(|&b| b == 0),
         "a shrink to zero drops every byte"
@@ -432,7 +432,7 @@ fn shared_and_private_mappings_match_the_kernel() {
                 2 => {
                     let at = rng.below(size - n as u64);
                     k.pwrite(at, &vec![byte; n]).unwrap();
-                    m.write_at(at, &vec![byte; n]).unwrap();
+                    m.write_at(&vec![byte; n], at).unwrap();
                 }
                 3 => {
                     kp.dontneed();
@@ -446,7 +446,7 @@ fn shared_and_private_mappings_match_the_kernel() {
                     mm.read(s, &mut ours).unwrap();
                     assert!(ours == ks.bytes(), "{what}: shared bytes");
                     let (mut a, mut b) = (vec![0u8; size as usize], vec![0u8; size as usize]);
-                    m.read_at(0, &mut a).unwrap();
+                    m.read_at(&mut a, 0).unwrap();
                     k.pread(0, &mut b).unwrap();
                     assert!(a == b, "{what}: object bytes");
                 }
@@ -570,18 +570,21 @@ fn bad_offsets_and_lengths_match_the_kernel() {
             .map_err(|e| e.errno());
         assert_eq!(ours, kr, "len {len:#x} offset {off:#x}");
     }
-    // An object of another pool cannot be mapped.
-    let other = Memfd::new("other", PAGE).unwrap();
+    // An object on another physical memory cannot be mapped: EXDEV, after
+    // the offset's alignment (EINVAL) is checked.
+    let pool = std::sync::Arc::new(aspace::FrameAllocator::new(1 << 20, true));
+    let other = Memfd::new_in(&pool, "other", PAGE).unwrap();
     let r = mm.mmap_fd(0, PAGE, RW, MapFlags::SHARED, &other, 0);
+    assert_eq!(r.map_err(|e| e.errno()), Err(libc::EXDEV));
+    let r = mm.mmap_fd(0, PAGE, RW, MapFlags::SHARED, &other, u64::MAX);
     assert_eq!(r.map_err(|e| e.errno()), Err(libc::EINVAL));
-    let _ = mm.mmap_fd(0, PAGE, RW, MapFlags::SHARED, &other, u64::MAX);
 }
 
 #[test]
 fn fork_shares_shared_and_copies_private() {
     let mm = AddressSpace::new(Config::default());
     let m = Memfd::new_in(mm.frame_pool(), "fork", 2 * PAGE).unwrap();
-    m.write_at(0, b"object").unwrap();
+    m.write_at(b"object", 0).unwrap();
     let s = mm
         .mmap_fd(0, 2 * PAGE, RW, MapFlags::SHARED, &m, 0)
         .unwrap();
@@ -646,7 +649,7 @@ fn shrink_zaps_every_mapping_like_the_kernel() {
     for page in 0..PAGES {
         let at = page * PAGE;
         k.pwrite(at + 20, &[0x10 + page as u8]).unwrap();
-        m.write_at(at + 20, &[0x10 + page as u8]).unwrap();
+        m.write_at(&[0x10 + page as u8], at + 20).unwrap();
         for (i, km) in kmaps.iter_mut().enumerate() {
             let private = i % 2 == 1;
             if private && ![1, 2, 4].contains(&page) {
@@ -715,7 +718,7 @@ fn faults_racing_shrink_and_grow() {
     // after being freed would be counted twice or leak).
     let pool = Arc::new(FrameAllocator::new(64 << 20, true));
     let m = Memfd::new_in(&pool, "race", 4 * PAGE).unwrap();
-    m.write_at(0, b"keep").unwrap();
+    m.write_at(b"keep", 0).unwrap();
     let spaces: Vec<Arc<AddressSpace>> = (0..2)
         .map(|_| Arc::new(AddressSpace::with_pool(Config::default(), pool.clone())))
         .collect();
@@ -763,7 +766,7 @@ fn faults_racing_shrink_and_grow() {
         println!("{ok} writes, {bus} SIGBUS");
     }
     let mut keep = [0u8; 4];
-    m.read_at(0, &mut keep).unwrap();
+    m.read_at(&mut keep, 0).unwrap();
     assert_eq!(&keep, b"keep");
     drop(spaces);
     m.set_len(0).unwrap();

@@ -497,7 +497,7 @@ fn write_protect_flushes_translators() {
 fn minor_faults_continue_into_the_object() {
     let mm = AddressSpace::new(Config::default());
     let fd = Memfd::new_in(mm.frame_pool(), "img", 4 * P).unwrap();
-    fd.write_at(P, b"object").unwrap();
+    fd.write_at(b"object", P).unwrap();
     let a = mm
         .mmap_fd(0, 4 * P, rw(), MapFlags::SHARED, &fd, 0)
         .unwrap();
@@ -528,7 +528,7 @@ fn minor_faults_continue_into_the_object() {
         assert_eq!(r.join().unwrap(), [4]);
     });
     let mut b = [0u8; 1];
-    fd.read_at(2 * P, &mut b).unwrap();
+    fd.read_at(&mut b, 2 * P).unwrap();
     assert_eq!(b, [4], "the copy went into the object");
     assert_eq!(
         errno(uffd.continue_(a + 3 * P, P, true)),

@@ -92,7 +92,7 @@ fn read_exact(
     buf: &mut [u8],
     what: &'static str,
 ) -> Result<(), ExecError> {
-    match obj.read_at(offset, buf) {
+    match obj.read_at(buf, offset) {
         Ok(n) if n == buf.len() => Ok(()),
         Ok(_) => Err(ExecError::NoExec(what)),
         Err(e) => Err(ExecError::Mm(e)),

@@ -64,18 +64,26 @@ pub struct Config {
     /// [`AddressSpace::exec_reset`](crate::AddressSpace::exec_reset)
     /// returns to it.
     pub brk_start: u64,
-    /// Bytes of memory the private pool of
-    /// [`AddressSpace::new`](crate::AddressSpace::new) may use: frames in
-    /// use, page-table pages and VMA/object metadata together. A call that
-    /// would pass it fails with ENOMEM, a fault with `OutOfMemory`.
+    /// The budget of the allocator
+    /// [`AddressSpace::new`](crate::AddressSpace::new) makes (over the
+    /// process's shared physical memory, see
+    /// [`FrameAllocator::shared`](crate::FrameAllocator::shared)): frames
+    /// charged to the space (its private pages and copy-on-write copies,
+    /// not the pages of objects it maps, which their own allocators pay
+    /// for), page-table pages and VMA/object metadata together. A call
+    /// that would pass it fails with ENOMEM, a fault with `OutOfMemory`.
     /// Spaces made with
     /// [`AddressSpace::with_pool`](crate::AddressSpace::with_pool) use
     /// their pool's budget instead.
     pub memory_budget: u64,
-    /// Clear frames handed out again by the private pool of
-    /// [`AddressSpace::new`](crate::AddressSpace::new) (turn off only to
-    /// measure metadata paths; fresh frames are zero anyway). A shared pool
-    /// has its own switch ([`FrameAllocator::new`](crate::FrameAllocator::new)),
+    /// Clear frames handed out again (turn off only to measure metadata
+    /// paths; fresh frames are zero anyway). On, the default,
+    /// [`AddressSpace::new`](crate::AddressSpace::new) uses the process's
+    /// shared physical memory, which always clears them; off, it makes a
+    /// physical memory of its own that does not (objects on the shared
+    /// one then cannot be mapped into the space: `EXDEV`). A pool given to
+    /// [`AddressSpace::with_pool`](crate::AddressSpace::with_pool) has its
+    /// own switch ([`FrameAllocator::new`](crate::FrameAllocator::new)),
     /// which is what keeps the spaces on it from seeing each other's bytes.
     pub zero_pages: bool,
     /// How faults lock.

@@ -19,7 +19,10 @@
 //! Object-backed VMAs ([`crate::Memfd`], shared anonymous memory): a page
 //! at or past the object's end is SIGBUS, checked again under the PTE
 //! lock against a racing shrink (`vma::mappings`); a shared mapping maps
-//! the object's page (allocated on first touch); a private one maps it
+//! the object's page (allocated on first touch, and for a file object
+//! read from the host file then, a read error being SIGBUS; a shared
+//! mapping that may write it marks it dirty for writeback, see
+//! [`crate::file`]); a private one maps it
 //! read-only and copies it into an anonymous frame on the first write,
 //! as Linux's private file mappings do.
 //!
@@ -271,14 +274,17 @@ fn do_fault(
             if idx >= shm.npages() {
                 return Err(Step::Fail(FaultError::Bus));
             }
-            // A reference of our own: a shrink may drop the object's.
-            let Some(pfn) = shm.get_frame(idx) else {
-                return Err(Step::Fail(if idx >= shm.npages() {
+            // A reference of our own: a shrink may drop the object's. A
+            // shared mapping that may store to the page dirties it for a
+            // file object's writeback.
+            let writer = flags.contains(VmFlags::SHARED | VmFlags::MAYWRITE);
+            let pfn = shm.get_frame(idx, writer).map_err(|e| {
+                Step::Fail(if idx >= shm.npages() {
                     FaultError::Bus
                 } else {
-                    FaultError::OutOfMemory
-                }));
-            };
+                    e
+                })
+            })?;
             if flags.contains(VmFlags::SHARED) {
                 Pte::new(pfn, soft_dirty::shared_fault_flags(flags, access))
             } else if access != Access::Write {

@@ -11,7 +11,8 @@
 use super::AddressSpace;
 use crate::addr::{is_page_aligned, Range, PAGE_SIZE};
 use crate::error::{Error, Result};
-use crate::vma::VmFlags;
+use crate::sync::Arc;
+use crate::vma::{Shmem, VmFlags};
 use bitflags::bitflags;
 
 bitflags! {
@@ -105,11 +106,18 @@ impl AddressSpace {
         Ok(len.div_ceil(PAGE_SIZE))
     }
 
-    /// Checks an `msync(2)` of `[addr, addr + len)`; anonymous memory has
-    /// nothing to write back, so only the errors remain, in Linux's order:
-    /// `EINVAL` for unknown flags, an unaligned `addr`, or `ASYNC` with
-    /// `SYNC`; `ENOMEM` when the range wraps or has an unmapped part;
-    /// `EBUSY` for `INVALIDATE` on locked memory.
+    /// `msync(2)` of `[addr, addr + len)`. With `SYNC`, the pages of file
+    /// objects ([`Memfd::from_file`](crate::Memfd::from_file)) mapped
+    /// shared in the range that are dirty are written back to their host
+    /// files (`pwrite`), with no lock of the space held meanwhile, as
+    /// Linux's `vfs_fsync_range`; anonymous memory and memory objects
+    /// have nothing to write back, and `ASYNC` starts nothing (Linux since
+    /// 2.6.19: the pages are already in the page cache). Errors in
+    /// Linux's order: `EINVAL` for unknown flags, an unaligned `addr`, or
+    /// `ASYNC` with `SYNC`; `ENOMEM` when the range wraps or has an
+    /// unmapped part (after syncing the mapped ones); `EBUSY` for
+    /// `INVALIDATE` on locked memory; the host's error (`EIO`) when a
+    /// writeback fails.
     pub fn msync(&self, addr: u64, len: u64, flags: MsyncFlags) -> Result<()> {
         if !MsyncFlags::all().contains(flags)
             || !is_page_aligned(addr)
@@ -122,6 +130,24 @@ impl AddressSpace {
         if end == addr {
             return Ok(());
         }
+        let mut sync = Vec::new();
+        let r = self.msync_walk(addr, end, flags, &mut sync);
+        for (obj, first, last) in sync {
+            obj.writeback(first, last)?;
+        }
+        r
+    }
+
+    /// msync's walk of the VMAs of `[addr, end)` under the mmap_lock read
+    /// side: its checks, and the object pages `SYNC` must write back,
+    /// pushed on `sync` as (object, first page, end page).
+    fn msync_walk(
+        &self,
+        addr: u64,
+        end: u64,
+        flags: MsyncFlags,
+        sync: &mut Vec<(Arc<Shmem>, u64, u64)>,
+    ) -> Result<()> {
         let _st = self.mmap_lock.read();
         let g = self.tree.pin();
         let mut start = addr;
@@ -142,6 +168,12 @@ impl AddressSpace {
             }
             if flags.contains(MsyncFlags::INVALIDATE) && v.flags().contains(VmFlags::LOCKED) {
                 return Err(Error::Busy);
+            }
+            let stop = v.end().min(end);
+            if flags.contains(MsyncFlags::SYNC) && v.flags().contains(VmFlags::SHARED) {
+                if let Some(obj) = v.shmem_arc().filter(|o| o.host.is_some()) {
+                    sync.push((obj, v.pgoff_of(start), v.pgoff_of(stop - PAGE_SIZE) + 1));
+                }
             }
             start = v.end();
             if start >= end {

@@ -60,6 +60,10 @@ pub struct VmaInfo {
     pub shmem_id: Option<u64>,
     /// The name of the [`Memfd`](crate::Memfd) mapped, if the object is one.
     pub memfd_name: Option<String>,
+    /// The host file mapped, if the object is a file object
+    /// ([`Memfd::from_file`](crate::Memfd::from_file)): maps shows its
+    /// device, inode and path instead of a memfd's.
+    pub file: Option<crate::file::MappedFile>,
     /// This is the brk heap.
     pub heap: bool,
     /// This VMA contains the initial stack pointer
@@ -99,6 +103,19 @@ impl VmaInfo {
             if self.shared { 's' } else { 'p' }
         );
         let head = match self.shmem_id {
+            Some(_) if self.file.is_some() => {
+                let f = self.file.as_ref().expect("checked");
+                format!(
+                    "{:08x}-{:08x} {} {:08x} {:02x}:{:02x} {}",
+                    self.start,
+                    self.end,
+                    perms,
+                    self.pgoff << PAGE_SHIFT,
+                    f.dev.0,
+                    f.dev.1,
+                    f.inode
+                )
+            }
             Some(ino) => format!(
                 "{:08x}-{:08x} {} {:08x} 00:01 {}",
                 self.start,
@@ -115,6 +132,9 @@ impl VmaInfo {
         // show_map_vma: a shared mapping's object first, then the heap,
         // the stack, then an anonymous VMA's name.
         let path = match (&self.name, self.shmem_id.is_some()) {
+            _ if self.file.is_some() => {
+                self.file.as_ref().map_or(String::new(), |f| f.path.clone())
+            }
             _ if self.memfd_name.is_some() => {
                 format!(
                     "/memfd:{} (deleted)",
@@ -155,6 +175,11 @@ pub(crate) fn snapshot(st: &MmState, v: &Vma) -> VmaInfo {
         shmem_id: unsafe { v.shmem() }.map(|s| s.id),
         // SAFETY: as above.
         memfd_name: unsafe { v.shmem() }.and_then(|s| s.name.as_deref().map(str::to_string)),
+        // SAFETY: as above.
+        file: unsafe { v.shmem() }.and_then(|s| {
+            let host = s.host.as_ref()?;
+            Some(host.mapped_file(s.name.as_deref().unwrap_or("")))
+        }),
         heap: is_heap(st, r),
         stack: is_stack(st, r),
         name: v.name().map(str::to_string),

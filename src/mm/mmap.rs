@@ -14,6 +14,15 @@ use crate::memfd::Memfd;
 use crate::sync::Arc;
 use crate::vma::{Shmem, VmFlags};
 
+/// The object of a file mapping: its pages, the page offset mapped from,
+/// and the handle's access mode.
+#[derive(Clone, Copy)]
+struct Object<'a> {
+    pages: &'a Arc<Shmem>,
+    pgoff: u64,
+    mode: crate::memfd::Mode,
+}
+
 /// Linux's `LEGACY_MAP_MASK`: the flags `MAP_SHARED_VALIDATE` accepts on
 /// a file whose `mmap_supported_flags` add none (tmpfs, so a memfd):
 /// the type bits, `FIXED`, `ANONYMOUS`, `MAP_DENYWRITE` (0x800),
@@ -84,16 +93,35 @@ impl AddressSpace {
     /// copies included, as Linux's truncation does. Adjacent mappings of
     /// the same object at contiguous offsets merge, as in Linux.
     ///
+    /// A file object ([`Memfd::from_file`]) is mapped the same way: its
+    /// pages are read from the host file on first touch, shared by every
+    /// mapping in every space; shared stores are written back by
+    /// [`msync`](Self::msync) with `MS_SYNC`, by the munmap of the
+    /// mapping and when the object drops ([`crate::file`]). The handle's
+    /// access mode is honoured as Linux's `do_mmap` does: a shared mapping
+    /// of a read-only handle has neither `VM_MAYWRITE` nor `VM_SHARED`
+    /// (maps still shows `s`), so `mprotect(PROT_WRITE)` fails with
+    /// `EACCES`; a private one may be written (copy-on-write).
+    ///
+    /// Any object maps into any space on the same physical memory: every
+    /// [`AddressSpace::new`](Self::new) space and every object made
+    /// without an allocator share the process's (see [`crate::memfd`]'s
+    /// `# Charging` for who pays for which page).
+    ///
     /// Errors as [`mmap`](Self::mmap), with the object's first: `EINVAL`
     /// for an offset not a multiple of the page size, then (unless
     /// `ANONYMOUS`, which maps anonymous memory as [`mmap`](Self::mmap),
     /// ignoring the object, as Linux ignores the descriptor) `EINVAL` for
-    /// `HUGETLB`, or an object charged to another frame pool than this
-    /// space's; `EOVERFLOW` when `offset + len` passes the largest object
-    /// size; `EOPNOTSUPP` for `SHARED_VALIDATE` with a flag outside
-    /// Linux's legacy set (`SYNC`, `FIXED_NOREPLACE`, unknown bits: plain
-    /// `SHARED` ignores them);
-    /// `EINVAL` for the `DROPPABLE` type or `GROWSDOWN`.
+    /// `HUGETLB`, then `EXDEV` ([`Error::CrossDevice`]) for an object
+    /// whose frames live in another physical memory than this space's
+    /// (either made on a [`FrameAllocator::new`](crate::FrameAllocator::new)
+    /// pool of its own); `EOVERFLOW` when `offset + len` passes the
+    /// largest object size; `EOPNOTSUPP` for `SHARED_VALIDATE` with a flag
+    /// outside Linux's legacy set (`SYNC`, `FIXED_NOREPLACE`, unknown
+    /// bits: plain `SHARED` ignores them); `EINVAL` for the `DROPPABLE`
+    /// type or `GROWSDOWN`; `EACCES` for a shared mapping with
+    /// `PROT_WRITE` of a handle not opened for writing, or any mapping of
+    /// a handle not opened for reading.
     ///
     /// ```
     /// use aspace::{AddressSpace, Advice, Config, MapFlags, Memfd, Prot};
@@ -101,7 +129,7 @@ impl AddressSpace {
     /// // Wasmtime-style instance reset: a private mapping of an image.
     /// let mm = AddressSpace::new(Config::default());
     /// let image = Memfd::new_in(mm.frame_pool(), "image", 8192)?;
-    /// image.write_at(0, b"initial")?;
+    /// image.write_at(b"initial", 0)?;
     /// let rw = Prot::READ | Prot::WRITE;
     /// let a = mm.mmap_fd(0, 8192, rw, MapFlags::PRIVATE, &image, 0)?;
     /// mm.write(a, b"dirty!!")?;
@@ -134,22 +162,25 @@ impl AddressSpace {
         if flags.contains(MapFlags::HUGETLB) {
             return Err(Error::Inval);
         }
-        if !Arc::ptr_eq(memfd.frame_pool(), &self.frames) {
-            return Err(Error::Inval);
+        if !memfd.frame_pool().shares_memory_with(&self.frames) {
+            return Err(Error::CrossDevice);
         }
-        let obj = Some((memfd.pages(), offset >> PAGE_SHIFT));
+        let obj = Some(Object {
+            pages: memfd.pages(),
+            pgoff: offset >> PAGE_SHIFT,
+            mode: memfd.mode(),
+        });
         self.do_mmap(addr, len, prot, flags, obj)
     }
 
-    /// `mmap` of anonymous memory (`obj` is `None`) or of an object from
-    /// page `obj.1` on.
+    /// `mmap` of anonymous memory (`obj` is `None`) or of an object.
     fn do_mmap(
         &self,
         addr: u64,
         len: u64,
         prot: Prot,
         flags: MapFlags,
-        obj: Option<(&Arc<Shmem>, u64)>,
+        obj: Option<Object<'_>>,
     ) -> Result<u64> {
         // Unknown bits are ignored, as Linux's mmap ignores them (only
         // MAP_SHARED_VALIDATE rejects them, and anonymous memory rejects
@@ -203,7 +234,7 @@ impl AddressSpace {
         // field (Linux's MAP_SHARED_VALIDATE is for files only; other
         // values are unknown types).
         let ty = flags.bits() & MapFlags::TYPE;
-        if let Some((_, pgoff)) = obj {
+        if let Some(Object { pgoff, .. }) = obj {
             // file_mmap_ok: the mapping must end within the largest size.
             let max_pages = (crate::memfd::MAX_LEN - len.min(crate::memfd::MAX_LEN)) >> PAGE_SHIFT;
             if len > crate::memfd::MAX_LEN || pgoff > max_pages {
@@ -231,6 +262,23 @@ impl AddressSpace {
         if (shared || droppable || obj.is_some()) && flags.contains(MapFlags::GROWSDOWN) {
             return Err(Error::Inval);
         }
+        // The handle's access mode, as Linux's do_mmap honours it: a
+        // shared writable mapping needs a writable handle, a shared one of
+        // a read-only handle loses VM_MAYWRITE (so mprotect cannot add
+        // PROT_WRITE) and VM_SHARED (keeping VM_MAYSHARE), and every
+        // mapping needs a readable handle.
+        let mut read_only_shared = false;
+        if let Some(o) = obj {
+            if shared && !o.mode.write {
+                if prot.contains(Prot::WRITE) {
+                    return Err(Error::AccessDenied);
+                }
+                read_only_shared = true;
+            }
+            if !o.mode.read {
+                return Err(Error::AccessDenied);
+            }
+        }
         // Droppable pages cannot be locked (HUGETLB failed above).
         if droppable && flags.contains(MapFlags::LOCKED) {
             return Err(Error::Inval);
@@ -239,6 +287,9 @@ impl AddressSpace {
         let mut vf = VmFlags::from_prot_in(self, prot) | VmFlags::MAY;
         if shared {
             vf |= VmFlags::SHARED | VmFlags::MAYSHARE;
+        }
+        if read_only_shared {
+            vf -= VmFlags::MAYWRITE | VmFlags::SHARED;
         }
         if flags.contains(MapFlags::GROWSDOWN) {
             vf |= VmFlags::GROWSDOWN;
@@ -288,7 +339,10 @@ impl AddressSpace {
         // and so does every page of a VMA it merges into (Linux's
         // __mmap_complete; see `soft_dirty` for the precision this loses).
         vf |= VmFlags::SOFTDIRTY;
-        let v = if let Some((obj, pgoff)) = obj {
+        let v = if let Some(Object {
+            pages: obj, pgoff, ..
+        }) = obj
+        {
             // Merges with a neighbour mapping the same object at the
             // contiguous offset, with the same flags.
             ed.map_new(VmaSpec {

@@ -5,8 +5,9 @@
 //! Lock order, outermost first:
 //!
 //! 0. A [`Memfd`](crate::Memfd)'s size lock: a shrink holds its write
-//!    side and takes only the object's mappings lock (after 4) and what
-//!    comes after it, never an mmap_lock or a VMA lock.
+//!    side and takes only a file object's writeback lock and the object's
+//!    mappings lock (after 4) and what comes after them, never an
+//!    mmap_lock or a VMA lock.
 //! 1. `mmap_lock` (`mmap_lock::MmapLock`) — writers (mmap, munmap,
 //!    mprotect, mremap, brk) take it for write; the fault fallback path,
 //!    madvise and `vmas()` take it for read.
@@ -22,6 +23,12 @@
 //!    VMA read lock) and by `rmap_walk` (under the mmap_lock read side).
 //!    Never held while waiting for a VMA lock. Not taken when only a VMA's
 //!    end moves (brk), unless `Config::brk_fast_path` is off.
+//!
+//!    Then a file object's writeback lock (`file`, `HostFile::io`):
+//!    taken by writeback (msync after the mmap_lock is dropped, munmap
+//!    under its write side as a shared mapping of the object goes, the
+//!    object's drop) and by a size change under the size lock (0); under
+//!    it only the object's dirty-page mutex (a leaf) and frame references.
 //!
 //!    Then a shared object's mappings lock (`vma::mappings`, Linux's
 //!    `i_mmap_rwsem`): taken by writers that add, remove or resize a VMA
@@ -223,21 +230,29 @@ impl std::panic::RefUnwindSafe for AddressSpace {}
 impl std::panic::UnwindSafe for AddressSpace {}
 
 impl AddressSpace {
-    /// An empty address space with a physical memory of its own:
-    /// `cfg.memory_budget` bytes, zeroing frames if `cfg.zero_pages`. The
-    /// configuration is used as given; see [`try_new`](Self::try_new) to
-    /// have it checked first.
+    /// An empty address space with a budget of its own of
+    /// `cfg.memory_budget` bytes over the process's shared physical memory
+    /// ([`FrameAllocator::shared`]), so that any memory object made with
+    /// [`Memfd::new`](crate::Memfd::new) maps into it and many spaces
+    /// share one copy of an object's pages; with `cfg.zero_pages` off, a
+    /// physical memory of its own that does not clear frames
+    /// ([`FrameAllocator::new`]). The configuration is used as given; see
+    /// [`try_new`](Self::try_new) to have it checked first.
     ///
-    /// Creation allocates only that physical memory (three allocations:
-    /// the allocator, its budget and its chunk directory; the frames come
-    /// on first use). Everything else waits for its first use: per-CPU
+    /// Creation allocates only its allocator (three allocations: the
+    /// allocator, its account and its budget; the frames come on first
+    /// use). Everything else waits for its first use: per-CPU
     /// arrays, the root page table, the VMA pool and the tree's node cache
     /// (see `tests/creation.rs`).
     pub fn new(cfg: Config) -> AddressSpace {
-        // The space owns its physical memory, so it is made here: it is
-        // what `frame_pool` returns and what forks share, and making it
-        // lazily would put a check on every frame access.
-        let frames = Arc::new(FrameAllocator::new(cfg.memory_budget, cfg.zero_pages));
+        // The space owns its allocator, so it is made here: it is what
+        // `frame_pool` returns and what forks share, and making it lazily
+        // would put a check on every frame access.
+        let frames = Arc::new(if cfg.zero_pages {
+            FrameAllocator::shared(cfg.memory_budget)
+        } else {
+            FrameAllocator::new(cfg.memory_budget, false)
+        });
         Self::with_parts(cfg, frames, None)
     }
 

@@ -99,6 +99,13 @@ pub(super) struct Chunk {
     /// allocator writes it (`Relaxed`), handing the frame over through the
     /// cache and pool mutexes.
     pub(super) refs: Box<[AtomicU64]>,
+    /// Each data frame's account: the number, in the physical memory's
+    /// registry, of the allocator it is charged to (see `account`).
+    ///
+    /// Protected by: a counter atomic (`sync::counter`), `Relaxed`:
+    /// stored by the allocation, which owns the frame, and read by the
+    /// last `put`, which the count word's `AcqRel` orders after it.
+    pub(super) account: Box<[counter::AtomicU32]>,
     /// The fields of each frame used as a page-table page (its lock and
     /// count; see `table`), pointing at the frame's memory.
     ///
@@ -186,6 +193,9 @@ impl FrameAllocator {
                 let chunk = Box::new(Chunk {
                     mem,
                     refs: (0..CHUNK_FRAMES).map(|_| AtomicU64::new(0)).collect(),
+                    account: (0..CHUNK_FRAMES)
+                        .map(|_| counter::AtomicU32::new(0))
+                        .collect(),
                     #[cfg(not(aspace_loom))]
                     tables: super::TablePage::chunk_pages(mem, c * CHUNK_FRAMES),
                     #[cfg(aspace_loom)]
@@ -226,6 +236,12 @@ impl FrameAllocator {
     #[inline]
     pub(super) fn refs(&self, pfn: Pfn) -> &AtomicU64 {
         &self.chunk(pfn).refs[pfn.index() % CHUNK_FRAMES]
+    }
+
+    /// The frame's account number (see `Chunk::account`).
+    #[inline]
+    pub(super) fn owner(&self, pfn: Pfn) -> &counter::AtomicU32 {
+        &self.chunk(pfn).account[pfn.index() % CHUNK_FRAMES]
     }
 
     /// Pins the frame for a device: a reference that
@@ -287,7 +303,7 @@ impl FrameAllocator {
     }
 }
 
-impl Drop for FrameAllocator {
+impl Drop for super::Phys {
     fn drop(&mut self) {
         for d in self.dirs.iter() {
             let d = d.load(Ordering::Relaxed);

@@ -32,15 +32,45 @@ impl FrameAllocator {
         unsafe { core::ptr::write_bytes(self.base(pfn), 0, PAGE_SIZE as usize) };
     }
 
-    /// Obtains and touches the memory for the first `bytes` of the budget
-    /// now, so that later allocations do not pay the host kernel's page
-    /// faults (benchmarks call this before measuring). Only frames never
-    /// handed out are touched.
+    /// Obtains and touches the memory of the next `bytes` (at most the
+    /// budget's) of frames the pool will hand out, so that later
+    /// allocations do not pay the host kernel's page faults (benchmarks
+    /// call this before measuring): freed frames (taken before never-used
+    /// ones: on a shared physical memory they are what a new space gets
+    /// first), cleared now if they hold bytes, then never-used frames. Frames are touched only while free and in the pool, so
+    /// repeated calls touch the same ones, and a physical memory holds no
+    /// more than the largest budget prefaulted.
     pub(crate) fn prefault(&self, bytes: u64) {
-        let frames = (bytes / PAGE_SIZE).min(self.frames);
-        // Holding the pool lock keeps `fresh` still: no frame at or above
-        // it can be handed out meanwhile.
-        let pool = self.pool.lock();
+        let mut n = bytes.min(self.memory().limit()) / PAGE_SIZE;
+        // Holding the pool lock keeps its lists and `fresh` still: no
+        // frame in them can be handed out meanwhile.
+        let mut pool = self.pool.lock();
+        // Freed frames still holding bytes are taken first: cleared now
+        // and filed as zero, so the allocations that get them do not
+        // clear them.
+        let k = pool
+            .free
+            .len()
+            .min(usize::try_from(n).unwrap_or(usize::MAX));
+        let at = pool.free.len() - k;
+        let dirty: Vec<Pfn> = pool.free.drain(at..).collect();
+        for &pfn in &dirty {
+            // Free and out of every list while we hold the pool lock.
+            self.zero(pfn);
+        }
+        pool.zeroed.extend(dirty);
+        // `refill` takes the zeroed list from its end.
+        for &pfn in pool.zeroed.iter().rev() {
+            if n == 0 {
+                return;
+            }
+            // SAFETY: the frame is free and in the pool's list, which we
+            // hold locked: nobody else accesses it. Writing a zero keeps
+            // the list's promise that it reads as zero.
+            unsafe { core::ptr::write_volatile(self.base(pfn), 0u8) };
+            n -= 1;
+        }
+        let frames = pool.fresh.saturating_add(n).min(self.frames);
         let mut pfn = pool.fresh;
         while pfn < frames {
             let Some(c) = self.chunk_for(Pfn::new(pfn as u32)) else {

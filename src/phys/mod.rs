@@ -1,11 +1,17 @@
 //! Frames: real 4 KiB pages of memory, with per-CPU caches, and the
 //! memory budget they share with page tables and VMA metadata.
 //!
-//! One [`FrameAllocator`] is one physical memory: several address spaces
-//! may share it (`Arc`), as every process of a kernel shares its page
-//! allocator. Its [`Budget`] counts frames in use, page-table pages and
-//! metadata (VMAs, shared objects' page trees) together; an allocation
-//! that would pass it fails instead of growing the host process.
+//! A [`FrameAllocator`] is an account over a physical memory (`Phys`,
+//! `memory`): several address spaces may share an allocator (`Arc`), as
+//! every process of a kernel shares its page allocator, and several
+//! allocators may share a physical memory, each with its own budget (as
+//! memcgs share one machine; see `account`): the allocators of
+//! [`AddressSpace::new`](crate::AddressSpace::new) spaces and of memory
+//! objects all share the process's ([`FrameAllocator::shared`]), so that
+//! any object maps into any space. An allocator's [`Budget`] counts the
+//! frames charged to it, page-table pages and metadata (VMAs, shared
+//! objects' page trees) together; an allocation that would pass it fails
+//! instead of growing the host process.
 //!
 //! Memory is obtained from the system lazily, in chunks (anonymous `mmap`
 //! on unix, so a frame costs host memory only once it is first written).
@@ -45,27 +51,35 @@
 //! them) and metadata (VMAs, shared objects' nodes, from the heap). What
 //! the host holds besides:
 //!
-//! - frames are numbered below `budget / 4096`, so all chunk memory
-//!   together never passes the budget, whatever it is used for;
+//! - a physical memory of its own ([`FrameAllocator::new`]) numbers its
+//!   frames below `budget / 4096`, so all its chunk memory together never
+//!   passes the budget, whatever it is used for; the shared one numbers
+//!   up to 1 TiB of frames, but hands out never-used frames only when no
+//!   freed one is cached, so its chunk memory stays within what its
+//!   allocators have in use at once plus the caches below;
 //! - freed frames cached for reuse stay resident, but only up to an eighth
-//!   of the frames in the global pool (plus at most 128 per CPU cache):
+//!   of the frames the live allocators' budgets allow, summed (plus at
+//!   most 128 per CPU cache):
 //!   past that the oldest are given back to the system (`release`:
 //!   `MADV_DONTNEED` on each run of consecutive frames), so cached frames
 //!   cannot add to heap metadata charged in their place;
-//! - per-frame fields: a reference count and the table fields, 28 bytes
-//!   per 4 KiB frame (0.7%), for each chunk obtained;
+//! - per-frame fields: a reference count, the account number and the
+//!   table fields, 32 bytes per 4 KiB frame (0.8%), for each chunk
+//!   obtained;
 //! - table pages unlinked but still waiting out a walker's grace period
 //!   are uncharged already: they are frames, so they too count within the
 //!   chunks' cap; a taker that finds every list dry asks the epoch to free
 //!   them (`settle`) before it gives up.
 //!
-//! So the host holds at most the budget, an eighth of it, the per-CPU
+//! So the host holds at most the budgets in use, an eighth of them, the per-CPU
 //! caches, the per-frame fields and what the heap keeps of freed metadata
 //! (`tests/host_rss.rs` measures it). [`FrameAllocator::prefault`] is the
 //! exception by request: it makes never-used frames resident up front.
 //!
 //! One mechanism per file: this file hands frames out and takes them back
-//! (reference counts, charging); `cache` keeps the free frames (per-CPU
+//! (reference counts, charging); `account` keeps the budgets over one
+//! memory and which frame is whose; `memory` is the physical memory;
+//! `cache` keeps the free frames (per-CPU
 //! caches, the global pool); `release` gives cached frames' memory back;
 //! `table` makes frames page-table pages; `chunk` obtains the memory
 //! behind them; `contents` reads and writes it; `budget` charges it.
@@ -81,20 +95,24 @@
 //! says what protects it.
 
 use crate::addr::PAGE_SIZE;
-use crate::percpu::PerCpu;
-use crate::sync::counter::{self, AtomicU64 as CounterU64};
-use crate::sync::{Arc, AtomicPtr, Mutex, Ordering};
+use crate::sync::counter;
+use crate::sync::{Arc, Ordering};
 
+mod account;
 mod budget;
 mod cache;
 mod chunk;
 mod contents;
+mod memory;
 mod release;
 mod table;
 
+use account::Account;
 pub use budget::Budget;
-use cache::{CpuFrames, Pool, Use};
-use chunk::{ChunkDir, DIR_CHUNKS};
+use cache::Use;
+pub use memory::Phys;
+#[cfg(not(aspace_loom))]
+use memory::SHARED_PHYS_BYTES;
 pub(crate) use table::TablePage;
 
 /// A frame number: which 4 KiB frame of a [`FrameAllocator`].
@@ -151,96 +169,111 @@ const CACHE_MAX: usize = 4 * BATCH;
 
 const WORDS: usize = PAGE_SIZE as usize / 8;
 
-/// The frame allocator: one physical memory, shareable by many address
-/// spaces (see the module docs).
+/// The frame allocator: an account (a budget and the data frames charged
+/// to it) over a physical memory, which several allocators and address
+/// spaces may share (see the module docs and `account`).
 pub struct FrameAllocator {
-    /// Frame numbers available (the budget in frames).
+    /// The physical memory: frames, caches, reference counts.
+    ///
+    /// Protected by: immutable after creation (`Phys` says what protects
+    /// each of its fields).
+    phys: Arc<Phys>,
+    /// This allocator's budget and frame count.
+    ///
+    /// Protected by: immutable after creation (atomics inside).
+    account: Arc<Account>,
+    /// The account's number in `phys`'s registry, recorded in each data
+    /// frame it charges.
     ///
     /// Protected by: immutable after creation.
-    frames: u64,
-    /// Whether frames handed out again are cleared.
-    ///
-    /// Protected by: immutable after creation.
-    zero_new: bool,
-    /// The budget frames, page tables and metadata are charged to.
-    ///
-    /// Protected by: immutable after creation (the budget is atomics).
-    budget: Arc<Budget>,
-    /// Two-level chunk directory, filled on first use.
-    ///
-    /// Protected by: each slot written once (null to a directory page,
-    /// `Release`) under `grow`; read lock-free with `Acquire`.
-    dirs: Box<[AtomicPtr<ChunkDir>]>,
-    /// Serializes obtaining chunks and directory pages from the system.
-    ///
-    /// Protected by: immutable after creation (it is the lock).
-    grow: Mutex<()>,
-    /// The global pool of free and never-used frames.
-    ///
-    /// Protected by: its mutex.
-    pool: Mutex<Pool>,
-    /// Held while free frames' memory is given back to the system (they
-    /// are then in no list; see `release`).
-    ///
-    /// Protected by: immutable after creation (it is the lock).
-    releasing: Mutex<()>,
-    /// Each CPU slot's cache of free and never-used frames, and its
-    /// allocation and free counts.
-    ///
-    /// Protected by: each slot's mutex (see `CpuFrames`).
-    cpus: PerCpu<CpuFrames>,
-    /// Bytes obtained from the system.
-    ///
-    /// Protected by: a counter atomic (`sync::counter`), `Relaxed`,
-    /// added to under `grow`.
-    reserved: CounterU64,
+    id: u32,
 }
 
-// SAFETY: chunk memory is only reached through atomic word accesses or by
-// the exclusive owner of a frame (zeroing a frame just allocated); the raw
-// pointers inside `Chunk` are owned by the allocator.
-unsafe impl Send for FrameAllocator {}
-// SAFETY: as for Send: all shared state is atomics or behind mutexes.
-unsafe impl Sync for FrameAllocator {}
+impl core::ops::Deref for FrameAllocator {
+    type Target = Phys;
+
+    #[inline]
+    fn deref(&self) -> &Phys {
+        &self.phys
+    }
+}
+
+impl Drop for FrameAllocator {
+    fn drop(&mut self) {
+        self.phys.accounts.retire(self.id);
+        // The caches of a shared memory may keep less resident now: give
+        // back what is over (a memory of its own goes whole right after).
+        if Arc::strong_count(&self.phys) > 1 {
+            self.release();
+        }
+    }
+}
 
 impl core::fmt::Debug for FrameAllocator {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("FrameAllocator")
             .field("frames", &self.frames)
             .field("used", &self.used())
-            .field("budget", &self.budget)
+            .field("budget", &self.account.budget)
             .finish()
     }
 }
 
 impl FrameAllocator {
-    /// A physical memory of at most `budget_bytes`, shared by its frames,
-    /// the page tables and the metadata of the address spaces that use it.
-    /// `zero_new` clears every frame handed out again (frames never used
-    /// are zero already); it is what keeps address spaces sharing the pool from seeing each other's
-    /// bytes.
+    /// A physical memory of its own of at most `budget_bytes`, shared by
+    /// its frames, the page tables and the metadata of the address spaces
+    /// that use it, with one budget of `budget_bytes`. `zero_new` clears
+    /// every frame handed out again (frames never used are zero already);
+    /// it is what keeps address spaces sharing the pool from seeing each
+    /// other's bytes. Objects and spaces on another physical memory cannot
+    /// map its frames ([`AddressSpace::mmap_fd`](crate::AddressSpace::mmap_fd)
+    /// fails with `EXDEV`); [`shared`](Self::shared) avoids that.
     pub fn new(budget_bytes: u64, zero_new: bool) -> Self {
-        // Numbers from the zero page's up are never handed out.
-        let frames = (budget_bytes / PAGE_SIZE).min(u64::from(Pfn::ZERO_PAGE.get()) - 1);
-        let nchunks = (frames as usize).div_ceil(CHUNK_FRAMES);
-        FrameAllocator {
-            frames,
-            zero_new,
-            budget: Arc::new(Budget::new(budget_bytes)),
-            dirs: (0..nchunks.div_ceil(DIR_CHUNKS))
-                .map(|_| AtomicPtr::new(core::ptr::null_mut()))
-                .collect(),
-            grow: Mutex::new(()),
-            pool: Mutex::new(Pool::new()),
-            releasing: Mutex::new(()),
-            cpus: PerCpu::new(CpuFrames::new),
-            reserved: CounterU64::new(0),
+        Self::over(Phys::new(budget_bytes, zero_new), budget_bytes)
+    }
+
+    /// An allocator with a budget of its own of `budget_bytes` over the
+    /// process's shared physical memory (zeroing frames), which every
+    /// allocator made this way shares: what
+    /// [`AddressSpace::new`](crate::AddressSpace::new) and
+    /// [`Memfd::new`](crate::Memfd::new)
+    /// use, so that any object maps into any such space. Charges are
+    /// per allocator: each data frame stays charged to the allocator that
+    /// allocated it until it is freed, whoever maps it meanwhile (see
+    /// [`crate::memfd`]'s `# Charging`). Budgets over 1 TiB get a
+    /// physical memory of their own, as [`new`](Self::new).
+    pub fn shared(budget_bytes: u64) -> Self {
+        #[cfg(not(aspace_loom))]
+        if budget_bytes <= SHARED_PHYS_BYTES {
+            return Self::over(Phys::shared(), budget_bytes);
         }
+        Self::new(budget_bytes, true)
+    }
+
+    /// A new account of `budget_bytes` over `phys`.
+    fn over(phys: Arc<Phys>, budget_bytes: u64) -> Self {
+        let account = Arc::new(Account::new(budget_bytes));
+        let id = phys.accounts.register(account.clone());
+        FrameAllocator { phys, account, id }
+    }
+
+    /// Another allocator over this one's physical memory, with a budget of
+    /// its own of `budget_bytes`: objects charged to either map into
+    /// spaces on the other (see [`crate::memfd`]'s `# Charging`).
+    pub fn sibling(&self, budget_bytes: u64) -> FrameAllocator {
+        Self::over(self.phys.clone(), budget_bytes)
+    }
+
+    /// True if this allocator's frames and `other`'s live in one physical
+    /// memory, so that either's frames may be mapped by spaces on the
+    /// other.
+    pub fn shares_memory_with(&self, other: &FrameAllocator) -> bool {
+        Arc::ptr_eq(&self.phys, &other.phys)
     }
 
     /// The budget frames, page tables and metadata are charged to.
     pub fn memory(&self) -> &Arc<Budget> {
-        &self.budget
+        &self.account.budget
     }
 
     /// True if this pool clears frames it hands out again.
@@ -266,14 +299,18 @@ impl FrameAllocator {
 
     /// Charges and takes a frame; says whether it was used before.
     fn take_charged(&self) -> Option<(Pfn, bool)> {
-        if !self.budget.try_charge(PAGE_SIZE) {
+        let budget = &self.account.budget;
+        if !budget.try_charge(PAGE_SIZE) {
             return None;
         }
         let Some((pfn, used_before)) = self.take(Use::Data) else {
-            self.budget.uncharge(PAGE_SIZE);
+            budget.uncharge(PAGE_SIZE);
             return None;
         };
         self.use_exclusive(pfn);
+        self.account.count_alloc();
+        // Published to the last `put` by the reference count's release.
+        self.owner(pfn).store(self.id, counter::Ordering::Relaxed);
         // A plain store: a free frame's count is 0 and nobody else changes
         // it (`try_get` adds only to a non-zero count), and unlike a swap
         // the store does not wait for the line.
@@ -308,8 +345,14 @@ impl FrameAllocator {
             return false;
         }
         self.use_exclusive(pfn);
-        // Free now; whoever takes it next clears it (see `alloc`).
-        self.budget.uncharge(PAGE_SIZE);
+        // Free now; whoever takes it next clears it (see `alloc`). The
+        // charge goes back to the account that took it.
+        let owner = self.owner(pfn).load(counter::Ordering::Relaxed);
+        if owner == self.id {
+            self.account.uncharge_frame();
+        } else {
+            self.accounts.uncharge_foreign(owner);
+        }
         self.give(pfn, Use::Data);
         true
     }
@@ -319,9 +362,16 @@ impl FrameAllocator {
         self.refs(pfn).load(Ordering::Acquire) as u32
     }
 
-    /// Data frames allocated now (page-table pages are counted by their
-    /// page tables, and charged to the budget like data frames).
+    /// Data frames charged to this allocator now, wherever they are
+    /// mapped (page-table pages are counted by their page tables, and
+    /// charged to the budget like data frames).
     pub fn used(&self) -> u64 {
+        self.account.frames()
+    }
+
+    /// Data frames in use in the whole physical memory, whichever
+    /// allocator they are charged to.
+    pub fn used_in_memory(&self) -> u64 {
         let (mut a, mut f) = (0u64, 0u64);
         for c in self.cpus.iter() {
             a += c.allocs.load(counter::Ordering::Relaxed);
@@ -332,10 +382,11 @@ impl FrameAllocator {
 
     /// Frames the budget allows (were nothing else charged to it).
     pub fn budget(&self) -> u64 {
-        self.frames
+        (self.account.budget.limit() / PAGE_SIZE).min(self.frames)
     }
 
-    /// Bytes of memory obtained from the system so far.
+    /// Bytes of memory obtained from the system so far by the physical
+    /// memory (shared with every allocator over it).
     pub fn reserved_bytes(&self) -> u64 {
         self.reserved.load(counter::Ordering::Relaxed)
     }

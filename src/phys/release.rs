@@ -3,7 +3,8 @@
 //! waiting for the frames on their way back to the pool when it runs dry.
 //!
 //! The global pool keeps up to `2 * keep` freed frames whose memory is
-//! still resident (`keep` is a sixteenth of the frames): reuse of recently
+//! still resident (`keep` is a sixteenth of the frames the live
+//! allocators over the memory may use): reuse of recently
 //! freed memory stays cheap. Past that, the thread whose spill crossed the
 //! mark takes the oldest frames out, down to `keep`, sorts them and
 //! discards each run of consecutive frames with one
@@ -16,9 +17,11 @@ use super::{FrameAllocator, Pfn, BATCH, CHUNK_FRAMES};
 use crate::addr::PAGE_SIZE;
 
 impl FrameAllocator {
-    /// Freed frames the pool keeps resident after a release.
+    /// Freed frames the pool keeps resident after a release: a sixteenth
+    /// of the frames the live allocators over this memory may use.
     fn keep_resident(&self) -> usize {
-        (self.frames as usize / 16).max(4 * BATCH)
+        let frames = (self.accounts.live_limits() / PAGE_SIZE).min(self.frames);
+        (frames as usize / 16).max(4 * BATCH)
     }
 
     /// A pool holding more freed, resident frames than this releases some.

@@ -243,3 +243,29 @@ fn freed_frames_past_the_mark_are_given_back_and_read_zero() {
     }
     assert!(zero >= n as usize - kept, "{zero} frames read zero");
 }
+
+/// A frame is uncharged from the account that allocated it, whoever drops
+/// its last reference; an account dropped while one of its frames lives
+/// keeps its number until that frame goes, so a new account never
+/// receives a charge that was not its own.
+#[test]
+fn a_frame_is_uncharged_from_its_own_account_whoever_frees_it() {
+    let a = FrameAllocator::new(1 << 20, true);
+    let b = a.sibling(1 << 20);
+    assert!(a.shares_memory_with(&b));
+    let p = a.alloc().unwrap();
+    b.get(p);
+    assert!(!a.put(p));
+    assert_eq!((a.used(), b.used()), (1, 0));
+    assert_eq!((a.memory().used(), b.memory().used()), (PAGE_SIZE, 0));
+    assert_eq!(b.used_in_memory(), 1);
+    drop(a);
+    let c = b.sibling(1 << 20);
+    assert!(b.put(p), "freed through another account");
+    assert_eq!((b.used(), c.used()), (0, 0));
+    assert_eq!((b.memory().used(), c.memory().used()), (0, 0));
+    assert_eq!(c.used_in_memory(), 0);
+    let q = c.alloc().unwrap();
+    assert!(b.put(q));
+    assert_eq!((c.used(), c.memory().used()), (0, 0));
+}

@@ -193,7 +193,12 @@ impl Vma {
 
     /// Sets the backing object of a detached VMA. Releasing an object
     /// takes the VMA out of the object's mappings (the caller registers a
-    /// new one: `Edit::new_vma`).
+    /// new one: `Edit::new_vma`); releasing a file object from a shared
+    /// mapping (munmap, or the VMA replaced by a split or merge) writes
+    /// back the dirty pages of its range ([`crate::file`]: host I/O
+    /// under the caller's locks, the mmap_lock write side among them; an
+    /// error is not reported here, the pages stay dirty for the next
+    /// sync or the object's drop).
     pub(crate) fn set_shmem(&self, s: Option<Arc<Shmem>>) {
         let new = s.map_or(core::ptr::null_mut(), |s| Arc::into_raw(s) as *mut Shmem);
         let old = self.shmem.swap(new, Ordering::AcqRel);
@@ -201,6 +206,12 @@ impl Vma {
             // SAFETY: as in `set_anon_vma`.
             let old = unsafe { Arc::from_raw(old) };
             old.mappings.unregister(self.as_ref_unchecked());
+            if old.host.is_some() && self.flags().contains(super::VmFlags::SHARED) {
+                let r = self.range();
+                let first = self.pgoff();
+                let pages = (r.end - r.start) >> crate::addr::PAGE_SHIFT;
+                let _ = old.writeback(first, first.saturating_add(pages));
+            }
         }
     }
 

@@ -24,6 +24,7 @@ mod backing;
 mod flags;
 pub(crate) mod lock;
 mod mappings;
+mod pagecache;
 mod pool;
 pub(crate) mod seq;
 mod shmem;

@@ -26,8 +26,8 @@ const FANOUT: usize = 1 << SHIFT;
 
 /// One node: child pointers above the last level, `pfn + 1` at the last
 /// level; 0 is an empty slot.
-struct Node {
-    slots: [AtomicU64; FANOUT],
+pub(super) struct Node {
+    pub(super) slots: [AtomicU64; FANOUT],
 }
 
 impl Node {
@@ -72,10 +72,15 @@ pub struct Shmem {
     /// zaps the mappings, and faults re-read it under the PTE lock (see
     /// [`super::mappings`]).
     end: AtomicU64,
-    height: u32,
+    pub(super) height: u32,
     /// The root node lives in the object (its cost is the mapping's).
-    root: Node,
+    pub(super) root: Node,
     pub(crate) frames: Arc<FrameAllocator>,
+    /// The host file whose page cache the object is, if any: pages are
+    /// read from it on first touch and written back to it
+    /// ([`crate::file`]).
+    /// Protected by: immutable after creation (see [`crate::file`]).
+    pub(crate) host: Option<crate::file::HostFile>,
     /// Every VMA mapping the object (Linux's `i_mmap`).
     /// Protected by: its own lock (see [`super::mappings`]).
     pub(crate) mappings: super::Mappings,
@@ -83,17 +88,19 @@ pub struct Shmem {
 
 impl Shmem {
     pub(crate) fn new(id: u64, npages: u64, frames: Arc<FrameAllocator>) -> Self {
-        Self::named(id, None, npages, npages, frames)
+        Self::named(id, None, npages, npages, frames, None)
     }
 
     /// An object named `name` (a memfd) indexing up to `npages` pages, of
-    /// which the first `end` are inside it.
+    /// which the first `end` are inside it, the page cache of `host` if
+    /// given.
     pub(crate) fn named(
         id: u64,
         name: Option<Box<str>>,
         npages: u64,
         end: u64,
         frames: Arc<FrameAllocator>,
+        host: Option<crate::file::HostFile>,
     ) -> Self {
         Shmem {
             id,
@@ -103,18 +110,19 @@ impl Shmem {
             height: height_for(npages),
             root: Node::new(),
             frames,
+            host,
             mappings: super::Mappings::new(),
         }
     }
 
     /// The slot index of page `index` at `level` (0: the last level).
-    fn slot(index: u64, level: u32) -> usize {
+    pub(super) fn slot(index: u64, level: u32) -> usize {
         ((index >> (level * SHIFT)) as usize) & (FANOUT - 1)
     }
 
     /// The child node behind an interior slot, creating it within the
     /// budget if missing. `None` when the budget is spent.
-    fn child_or_make<'a>(&'a self, slot: &'a AtomicU64) -> Option<&'a Node> {
+    pub(super) fn child_or_make<'a>(&'a self, slot: &'a AtomicU64) -> Option<&'a Node> {
         let mut p = slot.load(Ordering::Acquire);
         if p == 0 {
             let budget = self.frames.memory();
@@ -140,107 +148,13 @@ impl Shmem {
 
     /// The last-level slot of page `index`, making the nodes above it
     /// (`None` when the budget has no room for one).
-    fn leaf_slot(&self, index: u64) -> Option<&AtomicU64> {
+    pub(super) fn leaf_slot(&self, index: u64) -> Option<&AtomicU64> {
         debug_assert!(index < self.npages);
         let mut node = &self.root;
         for level in (1..self.height).rev() {
             node = self.child_or_make(&node.slots[Self::slot(index, level)])?;
         }
         Some(&node.slots[Self::slot(index, 0)])
-    }
-
-    /// The frame of page `index`, allocated (zeroed) on first touch.
-    /// `None` when out of memory. The caller must check `index < npages`.
-    pub(crate) fn frame(&self, index: u64) -> Option<Pfn> {
-        let slot = self.leaf_slot(index)?;
-        let cur = slot.load(Ordering::Acquire);
-        if cur != 0 {
-            return Some(Pfn::new((cur - 1) as u32));
-        }
-        let pfn = self.frames.alloc()?;
-        match slot.compare_exchange(
-            0,
-            u64::from(pfn.get()) + 1,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => Some(pfn),
-            Err(winner) => {
-                self.frames.put(pfn);
-                Some(Pfn::new((winner - 1) as u32))
-            }
-        }
-    }
-
-    /// Puts `pfn` at page `index` if the object has no frame there, the
-    /// reference the caller holds moving to the object (a userfault
-    /// handler's `UFFDIO_COPY` into a hole). `Err(Some(existing))` if the
-    /// page is there, `Err(None)` if the budget has no room for the index;
-    /// either way `pfn` stays the caller's. The caller checks
-    /// `index < npages`.
-    pub(crate) fn insert(&self, index: u64, pfn: Pfn) -> Result<(), Option<Pfn>> {
-        let mut node = &self.root;
-        for level in (1..self.height).rev() {
-            node = self
-                .child_or_make(&node.slots[Self::slot(index, level)])
-                .ok_or(None)?;
-        }
-        node.slots[Self::slot(index, 0)]
-            .compare_exchange(
-                0,
-                u64::from(pfn.get()) + 1,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .map(|_| ())
-            .map_err(|winner| Some(Pfn::new((winner - 1) as u32)))
-    }
-
-    /// The frame of page `index` with a reference for the caller (to map
-    /// it or copy from it), allocated (zeroed) on first touch; `None` when
-    /// out of memory or when a shrink made `index` past the end. Safe
-    /// against a shrink freeing the page meanwhile: the reference is taken
-    /// only while the frame is not free, and kept only if the slot still
-    /// holds it afterwards (else the caller would map a frame the object
-    /// dropped: it looks again). The caller checks the end again under
-    /// the PTE lock before it maps the frame (see [`super::mappings`]).
-    pub(crate) fn get_frame(&self, index: u64) -> Option<Pfn> {
-        let slot = self.leaf_slot(index)?;
-        loop {
-            let cur = slot.load(Ordering::Acquire);
-            if cur == 0 {
-                // A shrink may have emptied the slot: do not refill it
-                // past the end (a fault that races that check fills one
-                // zeroed page there, dropped by the next shrink).
-                if index >= self.npages() {
-                    return None;
-                }
-                let pfn = self.frames.alloc()?;
-                self.frames.get(pfn); // the caller's, besides the object's
-                let v = u64::from(pfn.get()) + 1;
-                match slot.compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => return Some(pfn),
-                    Err(_) => {
-                        self.frames.put(pfn);
-                        self.frames.put(pfn);
-                        continue;
-                    }
-                }
-            }
-            let pfn = Pfn::new((cur - 1) as u32);
-            if self.frames.try_get(pfn) {
-                if slot.load(Ordering::Acquire) == cur {
-                    return Some(pfn);
-                }
-                self.frames.put(pfn);
-            } else {
-                // Free: a shrink emptied the slot before freeing it; wait
-                // to see that (or the frame back in the slot, in use).
-                crate::sync::wait_until(|| {
-                    slot.load(Ordering::Acquire) != cur || self.frames.refcount(pfn) != 0
-                });
-            }
-        }
     }
 
     /// Size in pages: a fault at this index or past it is SIGBUS.
@@ -399,6 +313,10 @@ const TRIM_BYTES: u64 = 1 << 20;
 
 impl Drop for Shmem {
     fn drop(&mut self) {
+        // A file object's last user is gone: what it wrote reaches the
+        // file (errors cannot be reported here; `Memfd::sync_all` and
+        // `msync` report them).
+        let _ = self.writeback(0, u64::MAX);
         let freed = self.release(&self.root, self.height - 1);
         if freed * NODE_BYTES >= TRIM_BYTES {
             give_back_heap();
@@ -442,7 +360,7 @@ mod tests {
         let idx = [0, 1, 63, 64, 4095, npages / 2, npages - 1];
         let pfns: Vec<Pfn> = idx.iter().map(|&i| s.frame(i).unwrap()).collect();
         for (&i, &p) in idx.iter().zip(&pfns) {
-            assert_eq!(s.frame(i), Some(p), "stable frame for page {i}");
+            assert_eq!(s.frame(i).ok(), Some(p), "stable frame for page {i}");
         }
         assert_eq!(frames.used(), idx.len() as u64);
         let used = frames.memory().used();
@@ -456,7 +374,7 @@ mod tests {
     fn out_of_budget_is_none_not_abort() {
         let frames = Arc::new(FrameAllocator::new(8 * PAGE_SIZE, true));
         let s = Shmem::new(1, 1 << 30, frames.clone());
-        let got = (0..64u64).filter_map(|i| s.frame(i << 20)).count();
+        let got = (0..64u64).filter_map(|i| s.frame(i << 20).ok()).count();
         assert!(got > 0 && got < 8, "{got} pages within 8 pages of budget");
         drop(s);
         assert_eq!(frames.memory().used(), 0);

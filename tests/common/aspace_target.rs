@@ -201,11 +201,11 @@ impl Target for AspaceTarget {
     }
 
     fn obj_write(&mut self, obj: u32, off: u64, data: &[u8]) -> Res<usize> {
-        errno(self.obj(obj).write_at(off, data))
+        errno(self.obj(obj).write_at(data, off))
     }
 
     fn obj_read(&mut self, obj: u32, off: u64, buf: &mut [u8]) -> Res<usize> {
-        errno(self.obj(obj).read_at(off, buf))
+        errno(self.obj(obj).read_at(buf, off))
     }
 
     fn vm_flags(&mut self) -> Option<Vec<(u64, u64, Vec<String>)>> {

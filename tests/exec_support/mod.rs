@@ -212,32 +212,27 @@ pub fn kernel_exec(
     Ok((k, status))
 }
 
-/// A maps line reduced to what both sides must agree on: range, perms,
-/// offset, and the name; the device and inode columns of file lines are
-/// dropped (aspace's objects have no device, and the file's inode is
-/// checked through its name), aspace's `/memfd:PATH (deleted)` reads as
-/// PATH (its file objects are memfds named after the file until host-file
-/// objects come), and `[anon:vvar]`-style names of the vDSO areas read as
-/// the kernel's `[vvar]`. Anonymous lines must show `00:00 0` on both.
+/// A maps line with its columns single-spaced: range, perms, offset,
+/// device, inode and name must all agree (file objects show the host
+/// file's device and inode, as the kernel does); `[anon:vvar]`-style names
+/// of the vDSO areas read as the kernel's `[vvar]`. Anonymous lines must
+/// show `00:00 0` on both.
 pub fn normalize(line: &str, special: &[String]) -> String {
     let f: Vec<&str> = line.split_whitespace().collect();
     let name = f.get(5..).map(|n| n.join(" ")).unwrap_or_default();
-    let name = match name.strip_prefix("/memfd:") {
-        Some(n) => n.strip_suffix(" (deleted)").unwrap_or(n).to_string(),
-        None => match name
-            .strip_prefix("[anon:")
-            .and_then(|n| n.strip_suffix(']'))
-        {
-            Some(n) if special.iter().any(|s| s == n) => format!("[{n}]"),
-            _ => name,
-        },
+    let name = match name
+        .strip_prefix("[anon:")
+        .and_then(|n| n.strip_suffix(']'))
+    {
+        Some(n) if special.iter().any(|s| s == n) => format!("[{n}]"),
+        _ => name,
     };
     let file = name.starts_with('/');
     assert!(
         file || (f[3] == "00:00" && f[4] == "0"),
         "anonymous line: {line}"
     );
-    format!("{} {} {} {}", f[0], f[1], f[2], name)
+    format!("{} {} {} {} {} {}", f[0], f[1], f[2], f[3], f[4], name)
 }
 
 /// The vDSO areas of this process, lowest first: their names (without
