@@ -22,9 +22,11 @@
 //! alone. Anything else runs the ordinary fault for write first.
 //!
 //! Userfault-registered ranges behave as for a fault: a missing page is
-//! handed to the handler and the access waits for it (as
-//! `process_vm_writev` does; Linux's `/proc/PID/mem`, which cannot drop
-//! the mmap_lock, fails there instead).
+//! handed to the handler and the access waits for it. This differs from
+//! Linux's `/proc/PID/mem` and `ptrace`, whose page lookup may not drop
+//! the mmap_lock to wait, so a missing page of a registered range fails
+//! there (`EIO`, seen on 6.18); the handler path is the one an emulator
+//! serving its own faults needs.
 //!
 //! # Locking
 //!
