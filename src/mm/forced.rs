@@ -218,3 +218,34 @@ fn force_allows(flags: VmFlags, write: bool) -> bool {
         flags.intersects(VmFlags::READ | VmFlags::MAYREAD)
     }
 }
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests {
+    use crate::{Access, AddressSpace, Config, MapFlags, Memfd, Prot, PAGE_SIZE};
+
+    /// Forced writes into every kind of private page that is not writable
+    /// (never faulted, the zero page, an object's page, `PROT_NONE`)
+    /// leave only read-only entries in VMAs that are not writable, each
+    /// private frame with its anon_vma (`check_ptes`), and one VMA each.
+    #[test]
+    fn forced_copies_stay_read_only() {
+        let mm = AddressSpace::new(Config::default());
+        let obj = Memfd::new_in(mm.frame_pool(), "t", 2 * PAGE_SIZE).unwrap();
+        let anon = MapFlags::PRIVATE | MapFlags::ANONYMOUS;
+        let rx = Prot::READ | Prot::EXEC;
+        let len = 2 * PAGE_SIZE;
+        let maps = [
+            mm.mmap(0, len, rx, anon).unwrap(),
+            mm.mmap(0, len, Prot::NONE, anon).unwrap(),
+            mm.mmap_fd(0, len, Prot::READ, MapFlags::PRIVATE, &obj, 0)
+                .unwrap(),
+        ];
+        for a in maps {
+            mm.read_forced(a + PAGE_SIZE, &mut [0; 1]).unwrap();
+            mm.write_forced(a + PAGE_SIZE - 1, &[7, 7]).unwrap();
+            mm.check_ptes().unwrap();
+            assert!(mm.fault(a, Access::Write).is_err());
+        }
+        assert_eq!(mm.vmas().len(), 3);
+    }
+}
