@@ -11,16 +11,18 @@
 //! new writer gains a row here, a new reader a column.
 
 /// The readers: paths that read page-table entries or VMA fields without
-/// the mmap_lock, each safe only if every writer follows its rules, and a
-/// file object's writeback, which reads the object's pages without its
-/// size lock.
-const READERS: [&str; 7] = [
+/// the mmap_lock, each safe only if every writer follows its rules; a
+/// forced access, which writes pages no writable entry maps; and a file
+/// object's writeback, which reads the object's pages without its size
+/// lock.
+const READERS: [&str; 8] = [
     "speculative fault",
     "per-VMA fault",
     "translator access",
     "instruction fetch",
     "device slice",
     "userfault waiter",
+    "forced access",
     "file writeback",
 ];
 
@@ -62,6 +64,9 @@ use Cell::*;
 /// out the fault's VMA read lock and refuses new ones until its write
 /// section ends (`vma_lock.rs`: `reader_vs_writer_exclusion`).
 const LOCKED_OUT: Cell = Apart("serialized by the VMA lock: the writer drains the fault's read lock and refuses new ones until its section ends (vma_lock::reader_vs_writer_exclusion)");
+/// Serialized: the writer holds the mmap_lock write side, a forced access
+/// its read side from the VMA lookup to the end of its copy.
+const MMAP_LOCKED_OUT: Cell = Apart("serialized by the mmap_lock: the writer holds its write side, the forced access its read side from the VMA lookup to the end of the copy (mm/forced.rs)");
 /// A writer that changes no entry and no access right of a present page.
 const NO_ENTRY_CHANGE: Cell =
     Apart("changes no entry and no access right: a cached translation stays right");
@@ -187,6 +192,25 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("userfault waiter", "uffd write-protect", Apart("write-protect acts on present entries; the waiter's page is missing")),
     ("userfault waiter", "memfd shrink", Apart("asleep it holds no lock or snapshot, and the shrink leaves it waiting for the handler, as Linux does; woken, it is an ordinary fault racing the shrink (memfd.rs store_vs_shrink_*: the end re-checked under the PTE lock)")),
     ("userfault waiter", "fork", Apart("fork copies the registered VMA and leaves the parent's page missing: the waiter holds nothing fork waits on, and waits on for the handler")),
+    // A forced access (`write_forced`/`read_forced`): looks up, checks and
+    // copies under the mmap_lock read side, inside a counted access.
+    ("forced access", "munmap", MMAP_LOCKED_OUT),
+    ("forced access", "mprotect", MMAP_LOCKED_OUT),
+    ("forced access", "mremap move", MMAP_LOCKED_OUT),
+    ("forced access", "mremap grow", MMAP_LOCKED_OUT),
+    ("forced access", "mremap shrink", MMAP_LOCKED_OUT),
+    ("forced access", "mremap DONTUNMAP", MMAP_LOCKED_OUT),
+    ("forced access", "madvise DONTNEED", Model("forced.rs", "forced_write_vs_dontneed")),
+    ("forced access", "madvise REMOVE", Shares("forced.rs", "forced_write_vs_dontneed", "REMOVE zaps with DONTNEED's zap_range and one flush, which waits for the forced copy's counted access; the punched object's frames are zeroed in place, not freed")),
+    ("forced access", "madvise FREE", Shares("forced.rs", "forced_write_vs_dontneed", "MADV_FREE runs DONTNEED's zap (one arm in madvise.rs)")),
+    ("forced access", "brk", MMAP_LOCKED_OUT),
+    ("forced access", "mlock", MMAP_LOCKED_OUT),
+    ("forced access", "set_anon_name", MMAP_LOCKED_OUT),
+    ("forced access", "uffd register", MMAP_LOCKED_OUT),
+    ("forced access", "uffd unregister", MMAP_LOCKED_OUT),
+    ("forced access", "uffd write-protect", Shares("forced.rs", "forced_write_vs_dontneed", "write-protect sets the bit under the PTE lock and ends with a flush as DONTNEED's zap does, which waits for the forced copy's counted access; a forced write that finds the bit goes through the fault (the handler)")),
+    ("forced access", "memfd shrink", Shares("forced.rs", "forced_write_vs_dontneed", "the shrink zaps every mapping under PTE locks and frees after one flush, DONTNEED's order, which waits for the forced copy's counted access; a forced copy in a private mapping is anonymous and stays")),
+    ("forced access", "fork", Model("forced.rs", "forced_write_vs_fork")),
     // A file object's writeback (msync, munmap, sync_all, drop): reads
     // the object's pages without its size lock, under the io lock.
     ("file writeback", "munmap", Apart("munmap's own writeback runs in the writer, after it unregistered the VMA; a concurrent msync holds the object and reads its pages, not the entries munmap zaps (and a private copy is never written back)")),
@@ -212,6 +236,7 @@ fn source(file: &str) -> &'static str {
     match file {
         "device.rs" => include_str!("device.rs"),
         "fault.rs" => include_str!("fault.rs"),
+        "forced.rs" => include_str!("forced.rs"),
         "memfd.rs" => include_str!("memfd.rs"),
         "spec_fault.rs" => include_str!("spec_fault.rs"),
         "spec_writers.rs" => include_str!("spec_writers.rs"),

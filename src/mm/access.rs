@@ -11,9 +11,33 @@
 use super::{Access, AddressSpace};
 use crate::addr::{Range, PAGE_SIZE};
 use crate::error::{Error, FaultError, MemoryFault, Result};
-use crate::phys::Pfn;
+use crate::phys::{FrameAllocator, Pfn};
 use crate::pt::PteFlags;
 use crate::vma::{VmFlags, Vma};
+
+/// The copy of a read: `(frame, offset in page, offset in buffer, bytes)`
+/// into `buf`, zeros from the zero page.
+pub(super) fn copy_out<'b>(
+    frames: &'b FrameAllocator,
+    buf: &'b mut [u8],
+) -> impl FnMut(Pfn, usize, usize, usize) + 'b {
+    move |pfn, off, b, n| {
+        if pfn.is_zero_page() {
+            buf[b..b + n].fill(0);
+        } else {
+            frames.read(pfn, off, &mut buf[b..b + n]);
+        }
+    }
+}
+
+/// The copy of a write: `(frame, offset in page, offset in data, bytes)`
+/// from `data`.
+pub(super) fn copy_in<'b>(
+    frames: &'b FrameAllocator,
+    data: &'b [u8],
+) -> impl FnMut(Pfn, usize, usize, usize) + 'b {
+    move |pfn, off, b, n| frames.write(pfn, off, &data[b..b + n])
+}
 
 impl AddressSpace {
     /// Reads `buf.len()` bytes at `addr` like user-mode loads: pages fault
@@ -22,14 +46,8 @@ impl AddressSpace {
     /// The error is [`Error::Memory`]: the faulting address, the kind of
     /// fault, and how many bytes were read before it.
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
-        let frames = &self.frames;
-        self.copy_user(addr, buf.len(), Access::Read, |pfn, off, b, n| {
-            if pfn.is_zero_page() {
-                buf[b..b + n].fill(0);
-            } else {
-                frames.read(pfn, off, &mut buf[b..b + n]);
-            }
-        })
+        let len = buf.len();
+        self.copy_user(addr, len, Access::Read, copy_out(&self.frames, buf))
     }
 
     /// Writes `data` at `addr` like user-mode stores: pages fault in on
@@ -40,10 +58,7 @@ impl AddressSpace {
     /// written, as by a real `memcpy`. The error is [`Error::Memory`], as
     /// for [`read`](Self::read).
     pub fn write(&self, addr: u64, data: &[u8]) -> Result<()> {
-        let frames = &self.frames;
-        self.copy_user(addr, data.len(), Access::Write, |pfn, off, b, n| {
-            frames.write(pfn, off, &data[b..b + n]);
-        })
+        self.copy_user(addr, data.len(), Access::Write, copy_in(&self.frames, data))
     }
 
     /// Walks `[addr, addr + len)` page by page; `f(pfn, offset in page,

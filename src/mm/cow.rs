@@ -1,6 +1,8 @@
 //! Copy-on-write: a write fault on a present, read-only entry of a
 //! writable VMA copies the page, reuses it when no one else maps it, or
-//! writes a shared object's page in place (Linux's `do_wp_page`).
+//! writes a shared object's page in place (Linux's `do_wp_page`). A
+//! forced write (`mm/forced.rs`) does the same in a private VMA that is
+//! not writable, and the entry it leaves stays read-only.
 //!
 //! # Locking
 //!
@@ -16,7 +18,8 @@ use crate::pt::{Pte, PteFlags};
 use crate::stats::Event;
 use crate::vma::{VmFlags, Vma};
 
-/// A write to a present, read-only entry of a writable VMA. Returns false
+/// A write to a present, read-only entry of a writable VMA (or, forced, of
+/// a private one that is not: the entry stays read-only). Returns false
 /// if the entry changed under us (look again).
 pub(super) fn wp_fault(
     mm: &AddressSpace,
@@ -27,8 +30,10 @@ pub(super) fn wp_fault(
     g: &crate::reclaim::Guard,
 ) -> Result<bool, Step> {
     // A write-protect bit left by a registration that is gone goes with
-    // the protection.
-    let writable = (pte.flags() - PteFlags::UFFD_WP) | PteFlags::WRITE | soft_dirty::WRITTEN;
+    // the protection. A forced write (`mm/forced.rs`) breaks copy-on-write
+    // in a VMA that is not writable: its copy stays read-only.
+    let write = PteFlags::from(vma.flags()) & PteFlags::WRITE;
+    let writable = (pte.flags() - PteFlags::UFFD_WP) | write | soft_dirty::WRITTEN;
     // A shared object's page is written in place; a private mapping of an
     // object copies it below like any page it does not own.
     if vma.has_shmem() && vma.flags().contains(VmFlags::SHARED) {

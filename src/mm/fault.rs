@@ -224,8 +224,10 @@ fn under_mmap_lock_inner(mm: &AddressSpace, addr: u64, access: Access) -> Result
     }
 }
 
-/// Populates the page of `addr` in `vma` for `access` (already checked).
-fn do_fault(
+/// Populates the page of `addr` in `vma` for `access` (already checked:
+/// by the VMA's access rights, or by a forced access's rules,
+/// `mm/forced.rs`, which write into a VMA that is not writable).
+pub(crate) fn do_fault(
     mm: &AddressSpace,
     vma: &Vma,
     addr: u64,

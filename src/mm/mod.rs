@@ -10,7 +10,8 @@
 //!    mmap_lock or a VMA lock.
 //! 1. `mmap_lock` (`mmap_lock::MmapLock`) — writers (mmap, munmap,
 //!    mprotect, mremap, brk) take it for write; the fault fallback path,
-//!    madvise and `vmas()` take it for read.
+//!    madvise, `vmas()` and forced accesses (`forced.rs`, a page at a
+//!    time) take it for read.
 //! 2. VMA write locks (`vma::lock::VmaLock`) — taken only by the
 //!    mmap_lock writer, on every VMA it changes, before changing it. They
 //!    are all released together when the writer drops the mmap_lock (the
@@ -81,6 +82,7 @@ mod cow;
 pub(crate) mod edit;
 mod exec;
 pub(crate) mod fault;
+mod forced;
 mod fork;
 mod inspect;
 mod madvise;

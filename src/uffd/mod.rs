@@ -33,6 +33,10 @@
 //! });
 //! ```
 //!
+//! The handle above borrows its space, for scoped threads; one made by
+//! [`Uffd::owned`] from an `Arc<AddressSpace>` owns it, is `'static`, and
+//! moves into a spawned handler thread.
+//!
 //! A fault waiting when its range is unregistered, unmapped or its last
 //! handle dropped wakes and runs again, as Linux's does: where the range
 //! is no longer registered it fills the page as any fault (zero page,
@@ -80,6 +84,7 @@ use crate::error::{Error, Result};
 use crate::mm::AddressSpace;
 use crate::sync::Arc;
 use crate::vma::VmFlags;
+use core::ops::Deref;
 
 /// Every VMA flag a userfault registration sets (`__VM_UFFD_FLAGS`).
 pub(crate) const UFFD_FLAGS: VmFlags = VmFlags::UFFD_MISSING
@@ -107,8 +112,23 @@ impl UffdBuilder {
         self
     }
 
-    /// The handle for `mm`.
+    /// The handle for `mm`, borrowing it.
     pub fn create(self, mm: &AddressSpace) -> Uffd<'_> {
+        self.create_in(Box::new(mm))
+    }
+
+    /// The handle for the space `mm` owns (an `Arc<AddressSpace>`, or any
+    /// owner that derefs to one): `'static` and `Send`, so it moves into
+    /// a spawned handler thread (see [`Uffd::owned`]). It keeps the space
+    /// alive; `mm` must deref to the same space every time.
+    pub fn create_owned<M>(self, mm: M) -> Uffd<'static>
+    where
+        M: Deref<Target = AddressSpace> + Send + Sync + 'static,
+    {
+        self.create_in(Box::new(mm))
+    }
+
+    fn create_in(self, mm: SpaceRef<'_>) -> Uffd<'_> {
         Uffd {
             inner: Arc::new(Handle {
                 mm,
@@ -128,7 +148,9 @@ impl AddressSpace {
 
 /// A userfault handle: `Clone`, `Send` and `Sync`; its clones share one
 /// queue, and any number of threads may read events and resolve faults
-/// at once. Dropping the last clone releases it (Linux's
+/// at once. `Uffd<'a>` borrows its space ([`AddressSpace::userfaultfd`]);
+/// `Uffd<'static>` owns it ([`Uffd::owned`], from an `Arc<AddressSpace>`)
+/// and may move into a spawned thread. Dropping the last clone releases it (Linux's
 /// `userfaultfd_release`): its ranges are unregistered, then the waiting
 /// faults wake and run again as ordinary faults (a missing anonymous page
 /// reads zeros), with no SIGBUS.
@@ -145,21 +167,66 @@ impl core::fmt::Debug for Uffd<'_> {
     }
 }
 
+/// How a handle holds its space: a reference ([`UffdBuilder::create`]) or
+/// an owner ([`UffdBuilder::create_owned`]).
+type SpaceRef<'a> = Box<dyn Deref<Target = AddressSpace> + Send + Sync + 'a>;
+
 /// What the clones of a [`Uffd`] share.
 struct Handle<'a> {
-    mm: &'a AddressSpace,
+    mm: SpaceRef<'a>,
     ctx: Arc<UffdCtx>,
 }
 
 impl Drop for Handle<'_> {
     fn drop(&mut self) {
-        register::release(self.mm, &self.ctx);
+        register::release(&self.mm, &self.ctx);
     }
 }
 
-impl<'a> Uffd<'a> {
-    fn mm(&self) -> &'a AddressSpace {
-        self.inner.mm
+impl Uffd<'static> {
+    /// A handle with no features that owns its space (an
+    /// `Arc<AddressSpace>`): `'static` and `Send`, so a spawned handler
+    /// thread can own it, as the `userfaultfd` crate's handle is owned.
+    /// [`AddressSpace::userfaultfd`] is the borrowing form.
+    ///
+    /// ```
+    /// use aspace::{AddressSpace, Config, MapFlags, Prot, Uffd, PAGE_SIZE};
+    /// use aspace::uffd::Event;
+    /// use std::sync::Arc;
+    /// let mm = Arc::new(AddressSpace::new(Config::default()));
+    /// let a = mm.mmap(0, PAGE_SIZE, Prot::READ | Prot::WRITE,
+    ///                 MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
+    /// let uffd = Uffd::owned(mm.clone());
+    /// uffd.register(a, PAGE_SIZE).unwrap();
+    /// let handler = std::thread::spawn(move || {
+    ///     let Event::Pagefault { addr, .. } = uffd.read_event() else { unreachable!() };
+    ///     uffd.copy(&[7u8; PAGE_SIZE as usize], addr, true).unwrap();
+    /// });                                  // the handle goes with the thread
+    /// let mut b = [0u8; 1];
+    /// mm.read(a, &mut b).unwrap();          // waits for the handler
+    /// assert_eq!(b, [7]);
+    /// handler.join().unwrap();
+    /// ```
+    ///
+    /// The borrowing handle cannot go to a spawned thread:
+    ///
+    /// ```compile_fail
+    /// use aspace::{AddressSpace, Config};
+    /// let mm = AddressSpace::new(Config::default());
+    /// let uffd = mm.userfaultfd();
+    /// std::thread::spawn(move || drop(uffd));
+    /// ```
+    pub fn owned<M>(mm: M) -> Self
+    where
+        M: Deref<Target = AddressSpace> + Send + Sync + 'static,
+    {
+        UffdBuilder::new().create_owned(mm)
+    }
+}
+
+impl Uffd<'_> {
+    fn mm(&self) -> &AddressSpace {
+        &self.inner.mm
     }
 
     fn ctx(&self) -> &Arc<UffdCtx> {
