@@ -321,10 +321,24 @@ pub(super) unsafe fn free_subtree<V>(p: NodePtr<V>) {
 
 /// How many of `keys[..len]` (sorted) are at or below `x`.
 ///
-/// The lookup hot path: with at most `B` keys a branch-free count beats a
-/// binary search, whose branches the CPU cannot predict; the compiler
-/// turns it into vector compares.
+/// The lookup hot path, run once per tree level of every fault. A
+/// branch-free binary search: each step is a load, a compare and a
+/// conditional move, so nothing depends on the CPU guessing which way
+/// the count goes (a linear count costs one compare-and-branch per key
+/// here, since this crate keeps overflow checks on in release builds, and
+/// its exit branch is mispredicted whenever the count changes).
 #[inline(always)]
 pub(super) fn rank(keys: &[u64; B], len: usize, x: u64) -> usize {
-    keys[..len].iter().map(|&k| usize::from(k <= x)).sum()
+    const { assert!(B.is_power_of_two()) };
+    let mut n = 0;
+    let mut step = B / 2;
+    while step > 0 {
+        // `n` is a multiple of `2 * step`: `n | step` keys are at or below
+        // `x` if the last of them, `keys[n | (step - 1)]`, is.
+        let take = ((n | step) <= len) & (keys[n | (step - 1)] <= x);
+        n = if take { n | step } else { n };
+        step /= 2;
+    }
+    // `n < B` here; the last key decides whether all `B` are.
+    n + usize::from((n < len) & (keys[n] <= x))
 }

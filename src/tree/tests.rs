@@ -276,3 +276,20 @@ fn a_store_or_erase_over_many_entries_rebuilds_in_one_step() {
         assert_eq!(t.len(), want.len());
     }
 }
+
+#[test]
+fn rank_counts_keys_at_or_below() {
+    // Every fill, every probe between and on the keys, and stale slots
+    // past `len` (which the count must ignore).
+    for len in 0..=node::B {
+        let mut keys = [u64::MAX; node::B];
+        for (i, k) in keys.iter_mut().enumerate().take(len) {
+            *k = 10 * (i as u64 + 1);
+        }
+        keys[len..].fill(0);
+        for x in 0..=10 * (node::B as u64 + 1) {
+            let want = keys[..len].iter().filter(|&&k| k <= x).count();
+            assert_eq!(node::rank(&keys, len, x), want, "len {len} x {x}");
+        }
+    }
+}
