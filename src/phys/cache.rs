@@ -184,7 +184,11 @@ impl FrameAllocator {
     }
 
     /// Moves a batch of freed frames from the global pool into `c` (those
-    /// whose memory is still the host's first), or else the never-used
+    /// whose memory is still the host's first, 32), or else up to a
+    /// chunk's worth of zeroed ones (a space on the shared physical memory
+    /// faults those in after another space freed them: 32 at a time took
+    /// the pool's lock 16 times as often as fresh frames, which pft
+    /// measured as 25-30% fewer faults/cpu), or else the never-used
     /// frames up to the end of the next chunk.
     fn refill(&self, c: &mut CpuCache) -> bool {
         let mut pool = self.pool.lock();
@@ -194,7 +198,7 @@ impl FrameAllocator {
             c.free.extend(pool.free.drain(at..));
             return true;
         }
-        let n = pool.zeroed.len().min(BATCH);
+        let n = pool.zeroed.len().min(CHUNK_FRAMES);
         if n > 0 {
             let at = pool.zeroed.len() - n;
             c.zeroed.extend(pool.zeroed.drain(at..));

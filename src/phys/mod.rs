@@ -24,7 +24,9 @@
 //! caches are drained before giving up.
 //!
 //! Never-used frames go to a CPU a whole chunk's remainder at a time (up
-//! to 512 frames, as a range in its cache), freed frames 32 at a time: a
+//! to 512 frames, as a range in its cache), and so do frames known zero
+//! (given back to the system, up to 512: on the shared physical memory
+//! they are what a new space faults in), freed frames 32 at a time: a
 //! CPU faulting in fresh memory takes the global pool's lock, a line every
 //! CPU writes, once per 512 frames rather than once per 32. Reference
 //! counts of one span are then one CPU's lines too.
@@ -99,8 +101,8 @@
 //! - the budget's shared count, once per 256 frames a CPU charges or
 //!   gives back (`budget`'s stock);
 //! - the global pool's mutex and lists, once per 32 freed frames moved
-//!   to or from a CPU cache, or per chunk's remainder of never-used
-//!   frames (up to 512);
+//!   to or from a CPU cache, or per 512 zeroed frames or chunk's
+//!   remainder of never-used frames moved to one;
 //! - a frame's words are shared with the CPU that last used the frame
 //!   (8 counts and 16 records a line): a frame freed on another CPU than
 //!   the one that took it moves its lines, as in Linux's `struct page`;
