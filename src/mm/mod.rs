@@ -241,9 +241,9 @@ impl AddressSpace {
     /// ([`FrameAllocator::new`]). The configuration is used as given; see
     /// [`try_new`](Self::try_new) to have it checked first.
     ///
-    /// Creation allocates only its allocator (three allocations: the
-    /// allocator, its account and its budget; the frames come on first
-    /// use). Everything else waits for its first use: per-CPU
+    /// Creation allocates only its allocator (two allocations: the
+    /// allocator and its budget, which also counts its frames; the frames
+    /// come on first use). Everything else waits for its first use: per-CPU
     /// arrays, the root page table, the VMA pool and the tree's node cache
     /// (see `tests/creation.rs`).
     pub fn new(cfg: Config) -> AddressSpace {

@@ -1,7 +1,8 @@
 //! Accounts: the budgets that share one physical memory.
 //!
-//! A [`FrameAllocator`](super::FrameAllocator) is an account (a [`Budget`]
-//! and a count of the data frames charged to it) over a physical memory
+//! A [`FrameAllocator`](super::FrameAllocator) is an account (a [`Budget`],
+//! which also counts the data frames charged to it, in its per-CPU slots:
+//! see `budget`) over a physical memory
 //! (`Phys`: the chunks, the caches, the reference counts). Several
 //! allocators may share one physical memory, each with its own budget, so
 //! that a frame one of them allocated can be mapped by a space charged to
@@ -13,11 +14,16 @@
 //! when its last reference goes, whoever drops it (as Linux's
 //! `folio->memcg_data`). The common case, a frame freed through its own
 //! account, reads the record and touches nothing shared; a frame freed
-//! through another account looks its owner up in the registry under the
-//! registry's lock. An account whose allocator was dropped while frames it
-//! charged live on stays in the registry (as a zombie memcg does) until
-//! the last of them is freed; only then is its number reused, so a
-//! record never names another account.
+//! through another account looks its owner's budget up in the registry
+//! under the registry's lock, uncharges and counts the frame out there,
+//! and then, under the lock again, frees the owner's slot if the owner's
+//! allocator is gone and that was its last frame. An account whose
+//! allocator was dropped while frames it charged live on stays in the
+//! registry (as a zombie memcg does) until the last of them is freed;
+//! only then is its number reused, so a record never names another
+//! account. (Whichever of that last free and the allocator's drop takes
+//! the lock second sees the frame counted out and frees the slot: the
+//! count is written before the lock is taken.)
 //!
 //! # Locking
 //!
@@ -26,64 +32,13 @@
 //! the budget's atomics.
 
 use super::Budget;
-use crate::percpu::PerCpu;
 use crate::sync::counter::{AtomicU64 as CounterU64, Ordering as CounterOrdering};
 use crate::sync::{Arc, Mutex};
 
-/// One account: a budget and the data frames charged to it.
-pub(super) struct Account {
-    /// The budget its frames, page tables and metadata are charged to.
-    ///
-    /// Protected by: immutable after creation (the budget is atomics).
-    pub(super) budget: Arc<Budget>,
-    /// Data frames charged, and uncharged, per CPU slot.
-    ///
-    /// Protected by: counter atomics, `Relaxed` (statistics of this
-    /// account; the zombie check reads them under the registry's lock,
-    /// where every uncharge of a zombie happens).
-    allocs: PerCpu<CounterU64>,
-    /// See `allocs`.
-    frees: PerCpu<CounterU64>,
-}
-
-impl Account {
-    pub(super) fn new(limit: u64) -> Self {
-        Account {
-            budget: Arc::new(Budget::new(limit)),
-            allocs: PerCpu::new(|| CounterU64::new(0)),
-            frees: PerCpu::new(|| CounterU64::new(0)),
-        }
-    }
-
-    /// Counts a data frame charged to this account.
-    #[inline]
-    pub(super) fn count_alloc(&self) {
-        self.allocs.local().fetch_add(1, CounterOrdering::Relaxed);
-    }
-
-    /// Uncharges a data frame of this account.
-    #[inline]
-    pub(super) fn uncharge_frame(&self) {
-        self.budget.uncharge(crate::addr::PAGE_SIZE);
-        self.frees.local().fetch_add(1, CounterOrdering::Relaxed);
-    }
-
-    /// Data frames charged now.
-    pub(super) fn frames(&self) -> u64 {
-        let sum = |c: &PerCpu<CounterU64>| -> u64 {
-            c.iter()
-                .map(|x| x.load(CounterOrdering::Relaxed))
-                .fold(0u64, u64::wrapping_add)
-        };
-        sum(&self.allocs)
-            .wrapping_sub(sum(&self.frees))
-            .min(i64::MAX as u64)
-    }
-}
-
-/// A registry slot: the account, and whether its allocator still lives.
+/// A registry slot: the account's budget (which also counts its data
+/// frames), and whether its allocator still lives.
 struct Slot {
-    account: Arc<Account>,
+    budget: Arc<Budget>,
     live: bool,
 }
 
@@ -107,14 +62,11 @@ impl Registry {
     }
 
     /// Files a new account; returns its number.
-    pub(super) fn register(&self, account: Arc<Account>) -> u32 {
+    pub(super) fn register(&self, budget: Arc<Budget>) -> u32 {
         let mut slots = self.slots.lock();
         self.limits
-            .fetch_add(account.budget.limit(), CounterOrdering::Relaxed);
-        let slot = Some(Slot {
-            account,
-            live: true,
-        });
+            .fetch_add(budget.limit(), CounterOrdering::Relaxed);
+        let slot = Some(Slot { budget, live: true });
         if let Some(i) = slots.iter().position(Option::is_none) {
             slots[i] = slot;
             return i as u32;
@@ -130,23 +82,33 @@ impl Registry {
         if let Some(Some(s)) = slots.get_mut(id as usize) {
             s.live = false;
             self.limits
-                .fetch_sub(s.account.budget.limit(), CounterOrdering::Relaxed);
-            if s.account.frames() == 0 {
+                .fetch_sub(s.budget.limit(), CounterOrdering::Relaxed);
+            if s.budget.frames() == 0 {
                 slots[id as usize] = None;
             }
         }
     }
 
-    /// Uncharges a frame of account `id` freed through another account.
-    pub(super) fn uncharge_foreign(&self, id: u32) {
+    /// The budget of account `id`, for a frame of it freed through
+    /// another account.
+    pub(super) fn budget(&self, id: u32) -> Option<Arc<Budget>> {
+        let slots = self.slots.lock();
+        let s = slots.get(id as usize).and_then(Option::as_ref);
+        debug_assert!(s.is_some(), "frame charged to no account {id}");
+        s.map(|s| s.budget.clone())
+    }
+
+    /// A frame of account `id` (whose budget is `budget`) was freed
+    /// through another account and counted out: frees the slot if the
+    /// account's allocator is gone and that was its last frame.
+    pub(super) fn settle(&self, id: u32, budget: &Arc<Budget>) {
         let mut slots = self.slots.lock();
-        let Some(Some(s)) = slots.get(id as usize) else {
-            debug_assert!(false, "frame charged to no account {id}");
-            return;
-        };
-        s.account.uncharge_frame();
-        if !s.live && s.account.frames() == 0 {
-            slots[id as usize] = None;
+        if let Some(Some(s)) = slots.get(id as usize) {
+            // `retire`, seeing our frame counted out already, may have
+            // freed the slot, and another account taken the number.
+            if !s.live && Arc::ptr_eq(&s.budget, budget) && budget.frames() == 0 {
+                slots[id as usize] = None;
+            }
         }
     }
 

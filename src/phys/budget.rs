@@ -1,5 +1,11 @@
 //! The memory budget: bytes of frames, table pages and metadata charged
-//! against one limit, through per-CPU stocks.
+//! against one limit, through per-CPU stocks; and, for the account it
+//! belongs to, the count of data frames charged.
+//!
+//! The frame count lives in the stock's per-CPU slot, a line the charge
+//! writes anyway, and is written under the frame cache's lock with a load
+//! and a store, so counting a frame adds neither a line nor a locked
+//! instruction to the fault path.
 
 use crate::addr::PAGE_SIZE;
 use crate::percpu::PerCpu;
@@ -29,11 +35,32 @@ pub struct Budget {
     /// Protected by: a counter atomic (`sync::counter`), `Relaxed`: the
     /// limit check is one read-modify-write, and nothing is ordered by it.
     charged: CounterU64,
-    /// Bytes each CPU slot took from `charged` and has not used yet.
+    /// Each CPU slot's stock and frame counts.
     ///
-    /// Protected by: counter atomics, `Relaxed` (a slot is shared by the
-    /// threads of its CPU; see [`crate::percpu`]).
-    stock: PerCpu<CounterU64>,
+    /// Protected by: see [`Slot`].
+    slots: PerCpu<Slot>,
+}
+
+/// One CPU slot of a [`Budget`].
+#[derive(Default)]
+struct Slot {
+    /// Bytes this slot took from `charged` and has not used yet.
+    ///
+    /// Protected by: a counter atomic, `Relaxed`, read-modify-written (a
+    /// slot is shared by the threads of its CPU; see [`crate::percpu`]).
+    stock: CounterU64,
+    /// Data frames charged through this slot (taken from the frame cache
+    /// of the same slot of the physical memory).
+    ///
+    /// Protected by: written only under the lock of that frame cache
+    /// (`CpuFrames::cache`), by a `Relaxed` load and store (the lock
+    /// serializes every writer; no locked add); read `Relaxed` by
+    /// [`frames`](Budget::frames).
+    frames_in: CounterU64,
+    /// Data frames uncharged through this slot (freed into that cache).
+    ///
+    /// Protected by: as `frames_in`.
+    frames_out: CounterU64,
 }
 
 impl core::fmt::Debug for Budget {
@@ -51,7 +78,7 @@ impl Budget {
         Budget {
             limit,
             charged: CounterU64::new(0),
-            stock: PerCpu::new(|| CounterU64::new(0)),
+            slots: PerCpu::new(Slot::default),
         }
     }
 
@@ -63,7 +90,7 @@ impl Budget {
     /// Charges `bytes`; false (and nothing charged) if that would pass the
     /// limit.
     pub(crate) fn try_charge(&self, bytes: u64) -> bool {
-        let s = self.stock.local();
+        let s = &self.slots.local().stock;
         let mut cur = s.load(Ordering::Relaxed);
         while cur >= bytes {
             match s.compare_exchange_weak(cur, cur - bytes, Ordering::Relaxed, Ordering::Relaxed) {
@@ -81,8 +108,8 @@ impl Budget {
             return true;
         }
         // Full: what other CPUs hold in stock is not in use.
-        for st in self.stock.iter() {
-            let x = st.swap(0, Ordering::Relaxed);
+        for st in self.slots.iter() {
+            let x = st.stock.swap(0, Ordering::Relaxed);
             if x > 0 {
                 self.charged.fetch_sub(x, Ordering::Relaxed);
             }
@@ -116,7 +143,7 @@ impl Budget {
 
     /// Gives back `bytes` charged earlier.
     pub(crate) fn uncharge(&self, bytes: u64) {
-        let s = self.stock.local();
+        let s = &self.slots.local().stock;
         let mut cur = s.fetch_add(bytes, Ordering::Relaxed) + bytes;
         // Keep one batch in stock; return the rest to the shared count.
         while cur > 2 * STOCK_BATCH {
@@ -132,7 +159,35 @@ impl Budget {
 
     /// Bytes charged now (stocks not counted).
     pub fn used(&self) -> u64 {
-        let stock: u64 = self.stock.iter().map(|s| s.load(Ordering::Relaxed)).sum();
+        let stock: u64 = self
+            .slots
+            .iter()
+            .map(|s| s.stock.load(Ordering::Relaxed))
+            .sum();
         self.charged.load(Ordering::Relaxed).saturating_sub(stock)
+    }
+
+    /// Counts a data frame charged (`out` false) or uncharged (`out`
+    /// true) through CPU slot `cpu`. The caller holds the lock of the frame
+    /// cache of slot `cpu` of the physical memory, which every writer of
+    /// the slot's counts holds.
+    #[inline]
+    pub(super) fn count_frame(&self, cpu: usize, out: bool) {
+        let s = self.slots.get(cpu);
+        let count = if out { &s.frames_out } else { &s.frames_in };
+        count.store(
+            count.load(Ordering::Relaxed).wrapping_add(1),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Data frames charged now (of the account this budget belongs to).
+    pub(super) fn frames(&self) -> u64 {
+        let (mut a, mut f) = (0u64, 0u64);
+        for s in self.slots.iter() {
+            a = a.wrapping_add(s.frames_in.load(Ordering::Relaxed));
+            f = f.wrapping_add(s.frames_out.load(Ordering::Relaxed));
+        }
+        a.wrapping_sub(f).min(i64::MAX as u64)
     }
 }

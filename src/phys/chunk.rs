@@ -238,10 +238,13 @@ impl FrameAllocator {
         &self.chunk(pfn).refs[pfn.index() % CHUNK_FRAMES]
     }
 
-    /// The frame's account number (see `Chunk::account`).
+    /// The frame's count word and account number (see `Chunk::refs` and
+    /// `Chunk::account`), found with one directory walk (the walk's
+    /// `Acquire` loads are not merged across two calls).
     #[inline]
-    pub(super) fn owner(&self, pfn: Pfn) -> &counter::AtomicU32 {
-        &self.chunk(pfn).account[pfn.index() % CHUNK_FRAMES]
+    pub(super) fn frame_words(&self, pfn: Pfn) -> (&AtomicU64, &counter::AtomicU32) {
+        let (c, i) = (self.chunk(pfn), pfn.index() % CHUNK_FRAMES);
+        (&c.refs[i], &c.account[i])
     }
 
     /// Pins the frame for a device: a reference that

@@ -24,7 +24,9 @@
 //! caches are drained before giving up.
 //!
 //! Never-used frames go to a CPU a whole chunk's remainder at a time (up
-//! to 512 frames, as a range in its cache), freed frames 32 at a time: a
+//! to 512 frames, as a range in its cache), and so do frames known zero
+//! (given back to the system, up to 512: on the shared physical memory
+//! they are what a new space faults in), freed frames 32 at a time: a
 //! CPU faulting in fresh memory takes the global pool's lock, a line every
 //! CPU writes, once per 512 frames rather than once per 32. Reference
 //! counts of one span are then one CPU's lines too.
@@ -84,6 +86,35 @@
 //! `table` makes frames page-table pages; `chunk` obtains the memory
 //! behind them; `contents` reads and writes it; `budget` charges it.
 //!
+//! # Lines an allocation and a free write
+//!
+//! The fault path allocates and frees, so neither may write a line other
+//! CPUs write too (see [`crate::percpu`]). A data frame's `alloc`
+//! writes: the budget's per-CPU slot (its stock, and in the same line
+//! the account's frame count, which `used` sums), the CPU's frame cache
+//! (its mutex, lists and the memory's counts: one line, and one slot),
+//! and the frame's own words (its reference count and account record,
+//! stored beside each other from one directory walk). `put` writes the
+//! same lines. Shared lines are written only in batches or off the
+//! common path:
+//!
+//! - the budget's shared count, once per 256 frames a CPU charges or
+//!   gives back (`budget`'s stock);
+//! - the global pool's mutex and lists, once per 32 freed frames moved
+//!   to or from a CPU cache, or per 512 zeroed frames or chunk's
+//!   remainder of never-used frames moved to one;
+//! - a frame's words are shared with the CPU that last used the frame
+//!   (8 counts and 16 records a line): a frame freed on another CPU than
+//!   the one that took it moves its lines, as in Linux's `struct page`;
+//! - the account registry's mutex and the owning budget's count, only
+//!   for a frame freed through another account than the one it is
+//!   charged to (`put_foreign`: an object's page dropped by a space);
+//!   frames freed through their own account, the fault path's case,
+//!   compare the record with the allocator's number and go on;
+//! - the `releasing` lock and the `grow` lock, when the pool holds too
+//!   many resident frames (every `2 * keep` spilled) or a chunk is
+//!   obtained.
+//!
 //! # Locking
 //!
 //! The frame allocator's locks come after the PTE locks in the crate's
@@ -107,7 +138,6 @@ mod memory;
 mod release;
 mod table;
 
-use account::Account;
 pub use budget::Budget;
 use cache::Use;
 pub use memory::Phys;
@@ -178,10 +208,11 @@ pub struct FrameAllocator {
     /// Protected by: immutable after creation (`Phys` says what protects
     /// each of its fields).
     phys: Arc<Phys>,
-    /// This allocator's budget and frame count.
+    /// This allocator's budget, which also counts the data frames charged
+    /// to it (see `budget`).
     ///
     /// Protected by: immutable after creation (atomics inside).
-    account: Arc<Account>,
+    budget: Arc<Budget>,
     /// The account's number in `phys`'s registry, recorded in each data
     /// frame it charges.
     ///
@@ -214,7 +245,7 @@ impl core::fmt::Debug for FrameAllocator {
         f.debug_struct("FrameAllocator")
             .field("frames", &self.frames)
             .field("used", &self.used())
-            .field("budget", &self.account.budget)
+            .field("budget", &self.budget)
             .finish()
     }
 }
@@ -252,9 +283,9 @@ impl FrameAllocator {
 
     /// A new account of `budget_bytes` over `phys`.
     fn over(phys: Arc<Phys>, budget_bytes: u64) -> Self {
-        let account = Arc::new(Account::new(budget_bytes));
-        let id = phys.accounts.register(account.clone());
-        FrameAllocator { phys, account, id }
+        let budget = Arc::new(Budget::new(budget_bytes));
+        let id = phys.accounts.register(budget.clone());
+        FrameAllocator { phys, budget, id }
     }
 
     /// Another allocator over this one's physical memory, with a budget of
@@ -273,7 +304,7 @@ impl FrameAllocator {
 
     /// The budget frames, page tables and metadata are charged to.
     pub fn memory(&self) -> &Arc<Budget> {
-        &self.account.budget
+        &self.budget
     }
 
     /// True if this pool clears frames it hands out again.
@@ -299,22 +330,22 @@ impl FrameAllocator {
 
     /// Charges and takes a frame; says whether it was used before.
     fn take_charged(&self) -> Option<(Pfn, bool)> {
-        let budget = &self.account.budget;
+        let budget = &*self.budget;
         if !budget.try_charge(PAGE_SIZE) {
             return None;
         }
-        let Some((pfn, used_before)) = self.take(Use::Data) else {
+        let Some((pfn, used_before)) = self.take(Use::Data(budget)) else {
             budget.uncharge(PAGE_SIZE);
             return None;
         };
         self.use_exclusive(pfn);
-        self.account.count_alloc();
+        let (refs, owner) = self.frame_words(pfn);
         // Published to the last `put` by the reference count's release.
-        self.owner(pfn).store(self.id, counter::Ordering::Relaxed);
+        owner.store(self.id, counter::Ordering::Relaxed);
         // A plain store: a free frame's count is 0 and nobody else changes
         // it (`try_get` adds only to a non-zero count), and unlike a swap
         // the store does not wait for the line.
-        self.refs(pfn).store(1, Ordering::Relaxed);
+        refs.store(1, Ordering::Relaxed);
         Some((pfn, used_before))
     }
 
@@ -340,21 +371,35 @@ impl FrameAllocator {
     /// Drops a reference; frees the frame when it was the last. Returns
     /// true if the frame was freed.
     pub(crate) fn put(&self, pfn: Pfn) -> bool {
-        let refs = self.refs(pfn);
+        let (refs, owner) = self.frame_words(pfn);
         if refs.fetch_sub(1, Ordering::AcqRel) != 1 {
             return false;
         }
         self.use_exclusive(pfn);
         // Free now; whoever takes it next clears it (see `alloc`). The
         // charge goes back to the account that took it.
-        let owner = self.owner(pfn).load(counter::Ordering::Relaxed);
+        let owner = owner.load(counter::Ordering::Relaxed);
         if owner == self.id {
-            self.account.uncharge_frame();
+            self.budget.uncharge(PAGE_SIZE);
+            self.give(pfn, Use::Data(&self.budget));
         } else {
-            self.accounts.uncharge_foreign(owner);
+            self.put_foreign(pfn, owner);
         }
-        self.give(pfn, Use::Data);
         true
+    }
+
+    /// Frees a frame charged to account `owner`, another than this one.
+    #[cold]
+    fn put_foreign(&self, pfn: Pfn, owner: u32) {
+        let Some(budget) = self.accounts.budget(owner) else {
+            // No such account (a bug, asserted in debug builds): the frame
+            // goes back uncounted rather than to the wrong account.
+            self.give(pfn, Use::Table);
+            return;
+        };
+        budget.uncharge(PAGE_SIZE);
+        self.give(pfn, Use::Data(&budget));
+        self.accounts.settle(owner, &budget);
     }
 
     /// The plain references of a frame: pins are not counted (see `chunk`).
@@ -366,7 +411,7 @@ impl FrameAllocator {
     /// mapped (page-table pages are counted by their page tables, and
     /// charged to the budget like data frames).
     pub fn used(&self) -> u64 {
-        self.account.frames()
+        self.budget.frames()
     }
 
     /// Data frames in use in the whole physical memory, whichever
@@ -382,7 +427,7 @@ impl FrameAllocator {
 
     /// Frames the budget allows (were nothing else charged to it).
     pub fn budget(&self) -> u64 {
-        (self.account.budget.limit() / PAGE_SIZE).min(self.frames)
+        (self.budget.limit() / PAGE_SIZE).min(self.frames)
     }
 
     /// Bytes of memory obtained from the system so far by the physical
