@@ -93,6 +93,11 @@ pub(crate) struct HostFile {
     ///
     /// Protected by: immutable after creation.
     id: (u64, u64),
+    /// Whether the file's file system places mappings 2 MiB-aligned
+    /// (`fstatfs` at open: see [`fs_aligns_placement`]).
+    ///
+    /// Protected by: immutable after creation.
+    aligns: bool,
     /// Held by writeback and by size changes (see the module's
     /// `# Locking`).
     ///
@@ -120,19 +125,26 @@ impl HostFile {
         let st = fstat(&fd)?;
         let size = u64::try_from(st.st_size).map_err(|_| Error::Overflow)?;
         let id = (st.st_dev, st.st_ino);
-        Ok((Self::new(fd, id, size), size))
+        let aligns = fs_aligns_placement(&fd);
+        Ok((Self::new(fd, id, size, aligns), size))
     }
 
-    fn new(fd: OwnedFd, id: (u64, u64), size: u64) -> Self {
+    fn new(fd: OwnedFd, id: (u64, u64), size: u64, aligns: bool) -> Self {
         HostFile {
             fd,
             id,
+            aligns,
             io: Mutex::new(()),
             size: CounterU64::new(size),
             dirty: Mutex::new(BTreeMap::new()),
             reads: CounterU64::new(0),
             writes: CounterU64::new(0),
         }
+    }
+
+    /// Whether the host places mappings of this file 2 MiB-aligned.
+    pub(crate) fn aligns_placement(&self) -> bool {
+        self.aligns
     }
 
     /// Excludes writeback while the object's size changes (see the
@@ -295,6 +307,23 @@ impl HostFile {
             pages_written: self.writes.load(CounterOrdering::Relaxed),
         }
     }
+}
+
+/// Whether Linux places mappings of the file at `fd` 2 MiB-aligned: its
+/// file system's mmap uses `thp_get_unmapped_area` (ext2/3/4, which share
+/// a magic number, and XFS; measured for ext4 and tmpfs on Linux 6.18). A
+/// file system `fstatfs` cannot name does not.
+fn fs_aligns_placement(fd: &OwnedFd) -> bool {
+    const EXT_SUPER_MAGIC: i64 = 0xEF53;
+    const XFS_SUPER_MAGIC: i64 = 0x5846_5342;
+    // SAFETY: an all-zero `statfs` is a valid value of the plain C struct,
+    // and fstatfs writes it whole on success.
+    let mut st: libc::statfs = unsafe { core::mem::zeroed() };
+    // SAFETY: `fd` is an open descriptor; `st` is writable.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } != 0 {
+        return false;
+    }
+    matches!(st.f_type as i64, EXT_SUPER_MAGIC | XFS_SUPER_MAGIC)
 }
 
 /// `fstat` of `fd`.

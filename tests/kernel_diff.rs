@@ -11,10 +11,20 @@
 //! `common/kernel.rs`) and on an `aspace::AddressSpace` at the same
 //! addresses. After every call both sides must agree on:
 //!
-//! - the result: the returned address (inside the region), or the errno;
-//!   an address outside the region (the kernel's own placement, not
-//!   comparable) must be outside on both sides, and the first pages of that
-//!   mapping must load the same bytes (then both sides unmap it);
+//! - the result: the returned address, or the errno. Placements are
+//!   compared too: the kernel target confines them
+//!   (`KernelTarget::confine_placements`: every gap above the region is
+//!   reserved around a call that may place a mapping) and the aspace
+//!   target's mmap area ends at the region's end (`AspaceTarget::confined`),
+//!   so a mapping with no usable address (no hint, a hint that fails, a
+//!   `MREMAP_MAYMOVE` move) goes first into the region's interior, then
+//!   right below the region, on both sides; a mapping placed outside the
+//!   region must be at the same offset from it on both sides, its first
+//!   pages must load the same bytes, then both sides unmap it. The region
+//!   starts 3 pages past a 2 MiB boundary, so that a mapping placed below
+//!   it shows whether it was 2 MiB-aligned (Linux 6.7+ aligns private
+//!   anonymous mappings of 2 MiB multiples, `mm/placement.rs`); the
+//!   generator asks for such lengths now and then;
 //! - the VMA layout inside the region (boundaries, `rwxp/s`, the offset
 //!   column and the shared-object identity);
 //! - the VMA flags aspace models (`MODELLED_FLAGS` of
@@ -223,6 +233,44 @@ struct Pair {
     /// the aspace side as the kernel faulted them.
     mirrored: u64,
     calls: u64,
+    placements: Placements,
+}
+
+/// Counts of the placements the sides chose themselves (mmap without a
+/// fixed address, mremap moves without `MREMAP_FIXED`) whose results were
+/// compared.
+#[derive(Default, Clone, Copy)]
+struct Placements {
+    /// Placements compared.
+    compared: u64,
+    /// Of those, inside the region.
+    inside: u64,
+    /// Of those, on a 2 MiB boundary on the kernel side.
+    aligned: u64,
+    /// Placements whose results differed.
+    differ: u64,
+}
+
+impl Placements {
+    fn add(&mut self, o: Placements) {
+        self.compared += o.compared;
+        self.inside += o.inside;
+        self.aligned += o.aligned;
+        self.differ += o.differ;
+    }
+}
+
+/// Where the region starts past a 2 MiB boundary (see the module docs).
+const REGION_PHASE: u64 = 3 * PAGE;
+
+/// Whether `op` lets the kernel choose the address (when it succeeds).
+fn places(op: Op) -> bool {
+    match op {
+        Op::Mmap { flags, .. } => flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) == 0,
+        Op::MmapObj(m) => m.flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) == 0,
+        Op::Mremap { flags, .. } => flags & MREMAP_MAYMOVE != 0 && flags & MREMAP_FIXED == 0,
+        _ => false,
+    }
 }
 
 /// A difference: what differs, with both sides' details.
@@ -233,9 +281,10 @@ struct Diff {
 
 impl Pair {
     fn new() -> Option<Pair> {
-        let k = KernelTarget::new(PAGES)?;
+        let mut k = KernelTarget::new_at_phase(PAGES, REGION_PHASE)?;
+        k.confine_placements();
         let region = k.region();
-        let a = AspaceTarget::new(region);
+        let a = AspaceTarget::confined(region);
         let mut p = Pair {
             delta: region.start - CANON,
             k,
@@ -245,6 +294,7 @@ impl Pair {
             resyncs: 0,
             mirrored: 0,
             calls: 0,
+            placements: Placements::default(),
         };
         p.layout = canon_layout(p.k.layout(), p.delta);
         Some(p)
@@ -266,6 +316,25 @@ impl Pair {
         self.calls += 1;
         if verbose {
             out(&format!("  [{step:3}] {op:?} -> {ok:?}"));
+        }
+        if places(op) {
+            let region = self.k.region();
+            let at = match &ok {
+                Outcome::At(rel) => Some((true, region.start + rel)),
+                Outcome::Outside(rel, _) => Some((false, region.start.wrapping_add(*rel))),
+                _ => None,
+            };
+            // An mremap that stayed (grew in place, shrank) placed nothing.
+            let moved = match real {
+                Op::Mremap { old, .. } => at.map(|a| a.1) != Some(old),
+                _ => true,
+            };
+            if let (Some((inside, a)), true) = (at, moved) {
+                self.placements.compared += 1;
+                self.placements.inside += u64::from(inside);
+                self.placements.aligned += u64::from(a % (2 << 20) == 0);
+                self.placements.differ += u64::from(ok != oa);
+            }
         }
         if ok != oa {
             return Err(Diff {
@@ -618,6 +687,7 @@ fn kernel_and_aspace_agree_on_random_sequences() {
     let mut calls = 0;
     let mut resyncs = 0;
     let mut mirrored = 0;
+    let mut placements = Placements::default();
     let mut shrink_budget = env_u64("KDIFF_SHRINK_BUDGET").map_or(SHRINK_BUDGET, |v| v as usize);
     for &seed in &seeds {
         if verbose {
@@ -627,6 +697,7 @@ fn kernel_and_aspace_agree_on_random_sequences() {
         calls += pair.calls;
         resyncs += pair.resyncs;
         mirrored += pair.mirrored;
+        placements.add(pair.placements);
         if let Some(d) = diff {
             let mut msg = report(seed, &ops, &d);
             if shrink_budget > 0 {
@@ -653,6 +724,14 @@ fn kernel_and_aspace_agree_on_random_sequences() {
         "kernel_diff: {} sequences, {calls} calls compared, {resyncs} failed multi-page store(s) resynced, {mirrored} failed multi-page access(es) mirrored, {} sequence(s) with differences",
         seeds.len(),
         failures.len()
+    ));
+    out(&format!(
+        "kernel_diff: {} placements chosen by the kernel compared ({} in the region, {} below it, {} 2 MiB-aligned), {} differing",
+        placements.compared,
+        placements.inside,
+        placements.compared - placements.inside,
+        placements.aligned,
+        placements.differ
     ));
     assert!(
         failures.is_empty(),

@@ -125,6 +125,15 @@ pub struct Config {
     /// mprotect to anything but `PROT_EXEC` removes it, and VMAs with and
     /// without it do not merge.
     pub exec_only_pkey: bool,
+    /// Place mappings that transparent huge pages could back 2 MiB-aligned,
+    /// as Linux 6.7+ built with `CONFIG_TRANSPARENT_HUGEPAGE` does
+    /// whatever its THP mode: private anonymous memory with no hint and a
+    /// length that is a multiple of 2 MiB (mmap and mremap moves), and host
+    /// files on ext2/3/4 or XFS (see `mm/placement.rs`'s module docs for
+    /// the exact rule, measured on Linux 6.18). On by default, the
+    /// behaviour of the kernel this crate is compared with; off: the plain
+    /// top-down fit of older kernels or kernels without THP.
+    pub thp_placement: bool,
     /// What a translator's atomic operation whose operand splits a 64-byte
     /// cache line or a page does: succeed ([`SplitLock::Warn`](crate::SplitLock::Warn), the
     /// default) or fail with `SIGBUS`/`BUS_ADRALN` ([`SplitLock::Fatal`](crate::SplitLock::Fatal)),
@@ -156,6 +165,7 @@ impl Default for Config {
             stack_limit: 8 << 20,
             memlock_limit: 8 << 20,
             exec_only_pkey: false,
+            thp_placement: true,
             split_lock: crate::translate::SplitLock::Warn,
         }
     }

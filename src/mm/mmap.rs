@@ -7,6 +7,7 @@
 //! [`crate::mm`].
 
 use super::edit::{Edit, VmaSpec};
+use super::placement::Backing;
 use super::{next_id, AddressSpace, MapFlags, Prot};
 use crate::addr::{page_align_up, Range, PAGE_SHIFT, PAGE_SIZE};
 use crate::error::{Error, Result};
@@ -206,7 +207,17 @@ impl AddressSpace {
         if ed.map_count() >= self.cfg.max_map_count {
             return Err(Error::NoMem);
         }
-        let addr = self.get_unmapped_area(&ed, hint, len, fixed, flags)?;
+        // Anonymous memory without MAP_SHARED goes to the THP-aligning
+        // search (Linux tests the bit: MAP_SHARED_VALIDATE counts, and any
+        // other type is refused below anyway); an object by its file
+        // system.
+        let backing = match obj {
+            None if flags.bits() & MapFlags::SHARED.bits() != 0 => Backing::Plain,
+            None => Backing::Anon,
+            Some(o) if o.pages.aligns_placement() => Backing::File(o.pgoff << PAGE_SHIFT),
+            Some(_) => Backing::Plain,
+        };
+        let addr = self.get_unmapped_area(&ed, hint, len, fixed, flags, backing)?;
         if addr < self.cfg.mmap_min_addr {
             return Err(Error::Perm);
         }

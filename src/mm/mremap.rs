@@ -8,6 +8,7 @@
 //! its mappings lock too (`vma::mappings`). Order: [`crate::mm`].
 
 use super::edit::{Edit, VmaSpec};
+use super::placement::Backing;
 use super::{AddressSpace, MapFlags, MremapExtent, MremapFlags};
 use crate::addr::{is_page_aligned, Range, PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
 use crate::error::{Error, Result};
@@ -201,7 +202,8 @@ impl AddressSpace {
         } else {
             MapFlags::PRIVATE
         };
-        let dst = self.get_unmapped_area(&ed, 0, new_len, false, mflags)?;
+        let backing = Backing::of_vma(&vma, old_addr);
+        let dst = self.get_unmapped_area(&ed, 0, new_len, false, mflags, backing)?;
         self.move_vma(&mut ed, &mut gather, vma, req, dst)
     }
 
@@ -304,7 +306,8 @@ impl AddressSpace {
             } else {
                 MapFlags::PRIVATE
             };
-            self.get_unmapped_area(ed, new_addr, new_len, false, mflags)?
+            let backing = Backing::of_vma(&vma, old_addr);
+            self.get_unmapped_area(ed, new_addr, new_len, false, mflags, backing)?
         };
         // Linux checks every placement against `mmap_min_addr`
         // (`security_mmap_addr`); unlike mmap, mremap does not first raise

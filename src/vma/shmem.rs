@@ -115,6 +115,13 @@ impl Shmem {
         }
     }
 
+    /// Whether mappings of the object are placed 2 MiB-aligned: it is a
+    /// host file on a file system whose mmap aligns them (`mm/placement.rs`,
+    /// `# Huge-page alignment`).
+    pub(crate) fn aligns_placement(&self) -> bool {
+        self.host.as_ref().is_some_and(|h| h.aligns_placement())
+    }
+
     /// The slot index of page `index` at `level` (0: the last level).
     pub(super) fn slot(index: u64, level: u32) -> usize {
         ((index >> (level * SHIFT)) as usize) & (FANOUT - 1)

@@ -22,10 +22,30 @@ impl AspaceTarget {
     /// so that locks compare with the kernel side's, and execute-only
     /// memory as this kernel makes it (protection keys or not).
     pub fn new(region: Region) -> AspaceTarget {
-        let cfg = Config {
+        Self::with_config(region, Self::kernel_like())
+    }
+
+    /// The default configuration with this process's limits (see
+    /// [`new`](Self::new)).
+    fn kernel_like() -> Config {
+        Config {
             memlock_limit: super::kernel::process_memlock_limit(),
             exec_only_pkey: super::kernel::kernel_exec_only(),
             ..Config::default()
+        }
+    }
+
+    /// [`new`](Self::new) with the mmap area ending at the region's end
+    /// (`mmap_base`), so that placements go where a kernel target's go
+    /// once it [confines](super::KernelTarget::confine_placements) them:
+    /// the region's interior first, then the free space below it. The
+    /// heap's start moves below the region (the configuration wants it
+    /// under `mmap_base`; nothing here uses brk).
+    pub fn confined(region: Region) -> AspaceTarget {
+        let cfg = Config {
+            mmap_base: region.end,
+            brk_start: 0x1000_0000,
+            ..Self::kernel_like()
         };
         Self::with_config(region, cfg)
     }
@@ -47,6 +67,18 @@ impl AspaceTarget {
             region,
             objs: (0..super::OBJECTS).map(|_| None).collect(),
         }
+    }
+
+    /// `mmap` of `obj` with the arguments of `m` (its object number aside).
+    fn map_object(&self, m: super::ops::ObjMapping, obj: &Memfd) -> Res<u64> {
+        errno(self.mm.mmap_fd(
+            m.addr,
+            m.len,
+            Prot::from_bits_retain(m.prot),
+            MapFlags::from_bits_retain(m.flags),
+            obj,
+            m.off,
+        ))
     }
 
     /// Memory object `obj`, made (empty) on first use.
@@ -190,14 +222,17 @@ impl Target for AspaceTarget {
 
     fn mmap_obj(&mut self, m: super::ops::ObjMapping) -> Res<u64> {
         let obj = self.obj(m.obj).clone();
-        errno(self.mm.mmap_fd(
-            m.addr,
-            m.len,
-            Prot::from_bits_retain(m.prot),
-            MapFlags::from_bits_retain(m.flags),
-            &obj,
-            m.off,
-        ))
+        self.map_object(m, &obj)
+    }
+
+    fn mmap_file(
+        &mut self,
+        m: super::ops::ObjMapping,
+        file: &std::fs::File,
+        name: &str,
+    ) -> Res<u64> {
+        let obj = Memfd::from_file_in(self.mm.frame_pool(), file, name).map_err(|e| e.errno())?;
+        self.map_object(m, &obj)
     }
 
     fn obj_write(&mut self, obj: u32, off: u64, data: &[u8]) -> Res<usize> {

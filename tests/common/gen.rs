@@ -246,7 +246,16 @@ impl Gen {
                 };
                 (a, self.len())
             }
-            17 => (0, self.len()),
+            17 => {
+                // No hint; now and then a multiple of 2 MiB, which Linux
+                // places 2 MiB-aligned (it never fits in the region).
+                let len = if self.rng.pct(25) {
+                    self.rng.range(1, 2) * (2 << 20)
+                } else {
+                    self.len()
+                };
+                (0, len)
+            }
             _ => {
                 flags |= self.rng.pick(&[MAP_FIXED, MAP_FIXED_NOREPLACE, 0]);
                 let (a, l) = self.bad_range();
@@ -497,6 +506,8 @@ impl Gen {
             0..=5 => old_len,
             6..=15 => self.rng.range(1, (base_len / PAGE).max(1)) * PAGE,
             16..=30 => base_len + self.rng.range(1, 8) * PAGE,
+            // Now and then 2 MiB: a move Linux places 2 MiB-aligned.
+            31..=34 if self.rng.pct(20) => 2 << 20,
             31..=34 => base_len + self.rng.range(9, 64) * PAGE,
             35..=36 => base_len + self.rng.range(1, 3) * PAGE - self.rng.range(1, PAGE - 1),
             37 => 0,

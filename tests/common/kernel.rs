@@ -15,6 +15,23 @@
 //! size). An operation that would break that rule is a bug of the test and
 //! panics before the system call.
 //!
+//! # Placements
+//!
+//! The kernel places a mapping with no usable address at the top of this
+//! process's mmap area, far from the region. [`KernelTarget::confine_placements`]
+//! makes such placements comparable with aspace's: around every call
+//! that may place a mapping (mmap without `MAP_FIXED`/`MAP_FIXED_NOREPLACE`,
+//! a `MREMAP_MAYMOVE` mremap without `MREMAP_FIXED`), every free gap
+//! above the region that the top-down search could reach is reserved
+//! with an inaccessible `MAP_NORESERVE` filler (the gaps `/proc/self/maps`
+//! shows, then what a one-page probe finds below `mmap_base` under the
+//! stack), and the fillers are unmapped right after the call. So the
+//! kernel searches the region's interior first and the free space below
+//! the region next, as an aspace whose `mmap_base` is the region's end
+//! ([`super::AspaceTarget::confined`]). Nothing allocates between the
+//! filling and the call: a mapping the process made for itself then
+//! would land in the region.
+//!
 //! # Loads and stores
 //!
 //! `read`/`write` go through a pipe: `write(pipe, addr, n)` makes the kernel
@@ -171,12 +188,88 @@ pub struct KernelTarget {
     outside: Option<(u64, u64)>,
     /// Memory objects' descriptors, made on first use.
     objs: Vec<Option<libc::c_int>>,
+    /// Placements are confined to the region and below it (see the
+    /// module's `# Placements`).
+    confined: bool,
+}
+
+/// The fillers of one confined placement (see the module's
+/// `# Placements`), unmapped on drop.
+struct Fillers(Vec<(u64, u64)>);
+
+impl Fillers {
+    /// Reserves `[start, end)` (free, above the region).
+    fn add(&mut self, start: u64, end: u64) {
+        // SAFETY: MAP_FIXED_NOREPLACE creates an inaccessible mapping only
+        // where nothing is mapped; no Rust object lives in a free range.
+        let p = unsafe {
+            libc::mmap(
+                start as *mut libc::c_void,
+                (end - start) as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE
+                    | libc::MAP_ANONYMOUS
+                    | libc::MAP_NORESERVE
+                    | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(
+            p as u64,
+            start,
+            "placement filler {start:#x}-{end:#x}: errno {} (did another thread map memory?)",
+            errno()
+        );
+        self.0.push((start, end));
+    }
+}
+
+impl Drop for Fillers {
+    fn drop(&mut self) {
+        for &(s, e) in &self.0 {
+            // SAFETY: a filler this object mapped, used by nothing.
+            let rc = unsafe { libc::munmap(s as *mut libc::c_void, (e - s) as usize) };
+            assert_eq!(rc, 0, "munmap of a placement filler");
+        }
+    }
+}
+
+/// A one-page shared mapping where the kernel's search puts it (shared
+/// anonymous memory merges with nothing and is never huge-aligned),
+/// unmapped at once: where the next plain placement would go.
+fn probe() -> u64 {
+    // SAFETY: a fresh mapping at an address of the kernel's choice,
+    // unmapped below; nothing refers to it.
+    let p = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            PAGE as usize,
+            libc::PROT_NONE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "placement probe: errno {}", errno());
+    // SAFETY: the page just mapped.
+    unsafe { libc::munmap(p, PAGE as usize) };
+    p as u64
 }
 
 impl KernelTarget {
     /// Claims a region with `pages` interior pages, or explains on stderr
     /// why the kernel cannot be used here and returns None.
     pub fn new(pages: u64) -> Option<KernelTarget> {
+        Self::new_at_phase(pages, 0)
+    }
+
+    /// [`new`](Self::new) with the region starting `phase` bytes (a page
+    /// multiple below 4 GiB) past its usual 4 GiB-aligned address: with a
+    /// phase that is no multiple of 2 MiB, a mapping placed right below
+    /// the region shows whether its placement was 2 MiB-aligned.
+    pub fn new_at_phase(pages: u64, phase: u64) -> Option<KernelTarget> {
+        assert!(phase % PAGE == 0 && phase + (pages + 2) * PAGE <= REGION_STRIDE);
         if !cfg!(all(target_os = "linux", target_arch = "x86_64")) {
             return skip("not Linux x86-64");
         }
@@ -193,7 +286,7 @@ impl KernelTarget {
         let mut claimed = None;
         for _ in 0..64 {
             let slot = NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % 4096;
-            let want = REGION_BASE + slot * REGION_STRIDE;
+            let want = REGION_BASE + slot * REGION_STRIDE + phase;
             // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing
             // mapping; it only creates a new inaccessible one if the whole
             // range is free. No Rust object lives in a free range.
@@ -238,6 +331,7 @@ impl KernelTarget {
             pipe: fds,
             outside: None,
             objs: vec![None; super::OBJECTS as usize],
+            confined: false,
         };
         // Turn the interior into a hole and put the guards in place.
         // SAFETY: the interior lies in the region claimed above, where no
@@ -353,6 +447,60 @@ impl KernelTarget {
         smaps_flags_in(&text, self.region.start, self.region.end)
     }
 
+    /// From now on, placements the kernel chooses fall in the region or
+    /// below it (see the module's `# Placements`).
+    pub fn confine_placements(&mut self) {
+        self.confined = true;
+    }
+
+    /// Reserves every gap above the region that the kernel's top-down
+    /// search could reach, when placements are confined.
+    fn fill_above(&self) -> Fillers {
+        let mut fillers = Fillers(Vec::new());
+        if !self.confined {
+            return fillers;
+        }
+        let text = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+        let mut gaps = Vec::new();
+        let mut prev = self.region.end;
+        for line in text.lines() {
+            let Some(v) = parse_maps_line(line) else {
+                continue;
+            };
+            if v.end <= prev {
+                continue;
+            }
+            // The gap below the stack holds `mmap_base`, which only a
+            // probe finds.
+            if line.ends_with("[stack]") || v.start >= TASK_SIZE {
+                break;
+            }
+            if v.start > prev {
+                gaps.push((prev, v.start));
+            }
+            prev = v.end;
+        }
+        // Room for the fillers of the gap under the stack, so that
+        // nothing allocates once filling has begun.
+        fillers.0.reserve(gaps.len() + 4);
+        for (s, e) in gaps {
+            fillers.add(s, e);
+        }
+        for _ in 0..4 {
+            let p = probe();
+            if p < self.region.end {
+                return fillers;
+            }
+            assert!(
+                p >= prev,
+                "placement probe {p:#x} below the filled area's top {prev:#x}"
+            );
+            fillers.add(prev, p + PAGE);
+            prev = p + PAGE;
+        }
+        panic!("placement probes keep landing above the test region");
+    }
+
     /// The raw `/proc/self/maps` lines of the region's VMAs.
     pub fn maps_lines(&self) -> Vec<String> {
         let text = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
@@ -463,6 +611,11 @@ impl KernelTarget {
             let fails_early = page_align(len).is_none_or(|l| l > TASK_SIZE || addr > TASK_SIZE - l);
             self.assert_safe("mmap", &[(addr, len)], fails_early);
         }
+        let fillers = if placing {
+            Fillers(Vec::new())
+        } else {
+            self.fill_above()
+        };
         // SAFETY: a fixed placement lies inside the region this target
         // reserved (checked above) where no Rust object lives; a hint never
         // replaces anything. The kernel picks the address otherwise.
@@ -476,7 +629,9 @@ impl KernelTarget {
                 off as i64,
             )
         };
-        self.note_placement(p, len)
+        let res = self.note_placement(p, len);
+        drop(fillers);
+        res
     }
 
     /// The result of a call that returns an address; remembers a mapping
@@ -528,6 +683,16 @@ impl Target for KernelTarget {
     fn mmap_obj(&mut self, m: super::ops::ObjMapping) -> Res<u64> {
         let fd = self.obj(m.obj);
         self.mmap_fd(m.addr, m.len, m.prot, m.flags, fd, m.off)
+    }
+
+    fn mmap_file(
+        &mut self,
+        m: super::ops::ObjMapping,
+        file: &std::fs::File,
+        _name: &str,
+    ) -> Res<u64> {
+        use std::os::fd::AsRawFd;
+        self.mmap_fd(m.addr, m.len, m.prot, m.flags, file.as_raw_fd(), m.off)
     }
 
     fn obj_write(&mut self, obj: u32, off: u64, data: &[u8]) -> Res<usize> {
@@ -583,6 +748,13 @@ impl Target for KernelTarget {
             ranges.push((new_addr, new_len));
         }
         self.assert_safe("mremap", &ranges, fails_early);
+        let may_place =
+            flags & libc::MREMAP_MAYMOVE as u32 != 0 && flags & libc::MREMAP_FIXED as u32 == 0;
+        let fillers = if may_place {
+            self.fill_above()
+        } else {
+            Fillers(Vec::new())
+        };
         // SAFETY: the old range, and a FIXED destination, are inside the
         // reserved region (or the call fails before any effect); a
         // non-fixed move goes where the kernel finds a free gap.
@@ -595,7 +767,9 @@ impl Target for KernelTarget {
                 new_addr as *mut libc::c_void,
             )
         };
-        self.note_placement(p, new_len)
+        let res = self.note_placement(p, new_len);
+        drop(fillers);
+        res
     }
 
     fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> Res<()> {

@@ -215,6 +215,10 @@ pub trait Target {
     fn obj_truncate(&mut self, obj: u32, len: u64) -> Res<()>;
     /// `mmap` of a memory object.
     fn mmap_obj(&mut self, m: ops::ObjMapping) -> Res<u64>;
+    /// `mmap` of host file `file` (open for reading; `name` is its path),
+    /// from byte `off`: the kernel maps the file, aspace a file object
+    /// made from it ([`aspace::Memfd::from_file`]).
+    fn mmap_file(&mut self, m: ops::ObjMapping, file: &std::fs::File, name: &str) -> Res<u64>;
     /// `pwrite` to memory object `obj`: bytes written.
     fn obj_write(&mut self, obj: u32, off: u64, data: &[u8]) -> Res<usize>;
     /// `pread` from memory object `obj`: bytes read.

@@ -262,10 +262,13 @@ pub enum Outcome {
     /// An address inside the test region, as an offset from the region's
     /// start (so that runs on differently placed regions compare).
     At(u64),
-    /// An address outside the test region (the kernel's placement there is
-    /// not comparable): the harness loaded the new mapping's first pages
-    /// (None = EFAULT) and unmapped it again.
-    Outside(Vec<Option<Bytes>>),
+    /// An address outside the test region, as a (wrapping) offset from
+    /// the region's start: the harness loaded the new mapping's first
+    /// pages (None = EFAULT) and unmapped it again. The offset compares
+    /// only where placements are confined
+    /// ([`KernelTarget::confine_placements`](super::KernelTarget::confine_placements));
+    /// elsewhere the kernel's placement outside is its own.
+    Outside(u64, Vec<Option<Bytes>>),
     /// Bytes loaded by a read.
     Loaded(Bytes),
     /// Residency by page (mincore).
@@ -299,7 +302,7 @@ pub fn apply(t: &mut dyn Target, op: Op) -> Outcome {
                     t.name()
                 )
             });
-            Outcome::Outside(pages)
+            Outcome::Outside(a.wrapping_sub(r.start), pages)
         }
     };
     let unit = |res: Result<(), i32>| match res {
