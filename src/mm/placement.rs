@@ -8,7 +8,8 @@
 //!
 //! Linux 6.7+ built with transparent huge pages (`CONFIG_TRANSPARENT_HUGEPAGE`,
 //! whatever the mode in `/sys/kernel/mm/transparent_hugepage/enabled`)
-//! places some mappings on a 2 MiB boundary ([`Config::thp_placement`],
+//! places some mappings on a 2 MiB boundary
+//! ([`Config::thp_placement`](crate::Config::thp_placement),
 //! on by default). The search asks for the length plus 2 MiB and, in the
 //! area `a` it finds, takes the 2 MiB boundary at or above it, or `a +
 //! 2 MiB` when `a` is itself aligned (the address space is top-down, so
@@ -22,7 +23,9 @@
 //!   hint (0 after the hint is rounded to a page and to `mmap_min_addr`)
 //!   and a page-rounded length that is a multiple of 2 MiB, whatever its
 //!   other flags (`MAP_STACK`, `MAP_GROWSDOWN`, `MAP_32BIT`, `PROT_NONE`;
-//!   `MADV_NOHUGEPAGE` and `PR_SET_THP_DISABLE` do not change it). A
+//!   `MADV_NOHUGEPAGE` and `PR_SET_THP_DISABLE` do not change it; in the
+//!   bottom-up 32-bit window an aligned area still gives `a + 2 MiB`, as
+//!   Linux decides that by the space's top-down layout). A
 //!   hint, even one that cannot be used, means the plain search; so do
 //!   other lengths. mremap moves (`MREMAP_MAYMOVE` growth, `DONTUNMAP`
 //!   without a new address) follow the same rule with the new length;
@@ -36,6 +39,11 @@
 //! - never shared anonymous memory, memfds, or host files on other file
 //!   systems (tmpfs without huge pages, overlayfs, ...): they take the
 //!   plain search.
+//!
+//! # Locking
+//!
+//! Called by mmap_lock writers with their `Edit`. Order: [`crate::mm`].
+
 use super::edit::Edit;
 use super::{AddressSpace, MapFlags};
 use crate::addr::{is_page_aligned, page_align_down, page_align_up, Range, PAGE_SHIFT, PAGE_SIZE};
@@ -43,7 +51,7 @@ use crate::error::{Error, Result};
 use crate::vma::{VmFlags, Vma, VmaRef};
 
 /// The alignment unit: a PMD entry's span, the size of a huge page.
-pub(crate) const HUGE_SIZE: u64 = 2 << 20;
+const HUGE_SIZE: u64 = 2 << 20;
 
 /// What is being placed, as far as its alignment goes (see the module's
 /// `# Huge-page alignment`).
