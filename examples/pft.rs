@@ -94,7 +94,7 @@ const OPTIONS: &[(&str, &str, &str)] = &[
     ),
     (
         "--writer",
-        "only the tables with a writer: one more thread looping mmap/mprotect/munmap on unrelated VMAs while the faulters run",
+        "only the tables with a writer: one more thread looping mmap/mprotect/munmap on unrelated VMAs while the faulters run (each VMA gets its anon_vma before the timed phase)",
         "tables without and with it",
     ),
     ("--no-writer", "only the tables without the writer", "tables without and with it"),
@@ -598,7 +598,8 @@ fn verdicts(threads: &[usize], samples: &[[Vec<Sample>; MODES.len()]]) -> Vec<St
                 .collect::<Vec<_>>()
                 .join(", ");
             parts.push(format!(
-                "{word} {base:?} ({each} threads; ranges apart at {apart} of {})",
+                "{word} {base:?} ({each} thread{}; ranges apart at {apart} of {})",
+                if threads == [1] { "" } else { "s" },
                 threads.len()
             ));
         }
