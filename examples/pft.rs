@@ -8,6 +8,12 @@
 //!     [--plot FILE.svg]
 //! ```
 //!
+//! `--help` lists every option with its meaning and default (the
+//! `OPTIONS` table beside the parser). The output starts with a legend
+//! (the rates, Hmean, the percentages against MmapLock and the `*`) and
+//! ends each table with a verdict per mode: its faults/sec against each
+//! mode to its left at every thread count, and its scaling.
+//!
 //! By default (about a minute): threads 1 and the core count; both
 //! workloads; rows without and with a concurrent mmap/mprotect/munmap
 //! writer; 3 repetitions; the memory per thread sized so that the whole
@@ -66,12 +72,97 @@ struct Args {
     plot: Option<String>,
 }
 
-fn usage() -> ! {
-    eprintln!(
-        "usage: pft [--full] [--threads 1,2,4] [--reps N] \
-         [--workload single|per-thread|interleaved|all] [--writer|--no-writer] [--mib M] \
-         [--vma-kib K] [--seconds S] [--no-zero] [--no-pin] [--csv FILE] [--plot FILE.svg]"
+/// Every option `parse` takes: (the option and its value, what it does,
+/// its default). `--help` prints this table; an option added to `parse`
+/// gets its row here.
+const OPTIONS: &[(&str, &str, &str)] = &[
+    (
+        "--full",
+        "the long sweep: threads 1, 2, 4, ... up to the core count, 5 reps, each point sized so one thread faults for about 0.2 s",
+        "off (about a minute)",
+    ),
+    (
+        "--threads 1,2,4",
+        "faulting thread counts (1..=1024, comma-separated)",
+        "1 and the core count; --full: 1, 2, 4, ... and the core count",
+    ),
+    ("--reps N", "repetitions of every point", "3; --full: 5"),
+    (
+        "--workload W",
+        "single: one VMA, each thread faults its own slice; per-thread: a VMA per thread; interleaved: one VMA, thread i of n faults pages i, i+n, ... (sharing every PTE table); all: the three",
+        "single and per-thread",
+    ),
+    (
+        "--writer",
+        "only the tables with a writer: one more thread looping mmap/mprotect/munmap on unrelated VMAs while the faulters run (each VMA gets its anon_vma before the timed phase)",
+        "tables without and with it",
+    ),
+    ("--no-writer", "only the tables without the writer", "tables without and with it"),
+    (
+        "--mib M",
+        "MiB each faulting thread faults per repetition",
+        "sized by a probe run so the whole run takes --seconds (4..=256 MiB); --full: about 0.2 s of faults per point (4..=1024 MiB)",
+    ),
+    (
+        "--vma-kib K",
+        "cut each region into VMAs of K KiB (a multiple of 4; an emulator's small mappings, several per PTE table)",
+        "one VMA per region",
+    ),
+    ("--seconds S", "the duration a default run is sized for", "60"),
+    (
+        "--no-zero",
+        "hand out frames uncleared (fresh frames are zero anyway; reused ones are cleared)",
+        "zeroing on",
+    ),
+    (
+        "--no-pin",
+        "leave the faulting threads to the scheduler",
+        "faulting thread i bound to the i-th CPU",
+    ),
+    (
+        "--csv FILE",
+        "write every sample (one line per run) to FILE",
+        "no file",
+    ),
+    ("--plot FILE.svg", "plot faults/sec against threads to FILE.svg", "no plot"),
+    ("-h, --help", "print this help", ""),
+];
+
+/// The options table, for `--help`.
+fn help_text() -> String {
+    let mut s = String::from(
+        "pft: page-fault scaling, PerVma and Speculative against MmapLock\n\n\
+         usage: cargo run --release --example pft -- [OPTIONS]\n\noptions:\n",
     );
+    for (opt, what, default) in OPTIONS {
+        let _ = writeln!(s, "  {opt}");
+        wrap(&mut s, what);
+        if !default.is_empty() {
+            wrap(&mut s, &format!("default: {default}"));
+        }
+    }
+    s
+}
+
+/// Appends `text` to `s` in lines of at most 80 columns, indented by 6.
+fn wrap(s: &mut String, text: &str) {
+    let mut line = String::new();
+    for word in text.split(' ') {
+        if !line.is_empty() && 6 + line.len() + 1 + word.len() > 80 {
+            let _ = writeln!(s, "      {line}");
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    let _ = writeln!(s, "      {line}");
+}
+
+/// A bad command line: the options table on stderr, exit status 2.
+fn usage() -> ! {
+    eprint!("pft: an unknown option or a bad value\n\n{}", help_text());
     std::process::exit(2)
 }
 
@@ -124,7 +215,10 @@ fn parse() -> Args {
             "--no-pin" => a.pin = false,
             "--csv" => a.csv = Some(val()),
             "--plot" => a.plot = Some(val()),
-            "-h" | "--help" => usage(),
+            "-h" | "--help" => {
+                print!("{}", help_text());
+                std::process::exit(0)
+            }
             _ => usage(),
         }
     }
@@ -240,6 +334,7 @@ fn main() {
             " (--full for the long sweep)"
         }
     );
+    println!("\n{LEGEND}");
     let tty = std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut csv = String::from("workload,writer,locking,threads,rep,faults,wall_s,faults_per_sec,faults_per_cpu,per_vma_faults,writer_ops,speculative_faults,spec_aborts\n");
@@ -366,6 +461,9 @@ fn main() {
             let share = done as f64 * 100.0 / all.max(1) as f64;
             println!("{:<22} {share:>70.1}%", format!("speculative-{threads}"));
         }
+        for line in verdicts(&args.threads, &samples) {
+            println!("{line}");
+        }
         for (m, series) in per_mode_sec.iter().enumerate() {
             plot_series.push((format!("{title}, {:?}", MODES[m]), series.clone()));
         }
@@ -442,4 +540,81 @@ fn plot(
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+/// How to read the tables, printed once before them.
+const LEGEND: &str = "\
+how to read the tables:
+  faults/cpu-N  faults per second of each faulting thread's own CPU time, averaged over the N threads
+  faults/sec-N  faults per second of wall time, all N faulting threads together
+  Hmean         the harmonic mean of that rate over the repetitions (mmtests' mean of rates)
+  (  0.00%)     MmapLock, the first column, is the baseline; each other column's percentage is
+                its change from MmapLock on the same row (+ faster, - slower)
+  *  ...%*      starred: the repetitions' ranges of the two modes do not overlap, so the
+                difference is larger than the run-to-run spread; unstarred, it may be noise
+  scaling N/1   faults/sec at N threads over faults/sec at 1 thread, per mode
+  speculative-N the share of the Speculative mode's faults that completed speculatively
+  verdict       per mode, its faults/sec against each mode to its left at every thread count
+                (the ratio of Hmeans: faster or slower by more than 3% at every count, level
+                within 3%, or mixed; \"ranges apart\": the counts where the reps' ranges do not
+                overlap, as * marks them)";
+
+/// One line per mode: how its faults/sec compare with every mode before
+/// it in `MODES`, at each thread count (the ratio of harmonic means, and
+/// whether the repetitions' ranges are apart), and how it scales.
+fn verdicts(threads: &[usize], samples: &[[Vec<Sample>; MODES.len()]]) -> Vec<String> {
+    let rates = |ti: usize, m: usize| -> Vec<f64> {
+        samples[ti][m].iter().map(Sample::faults_per_sec).collect()
+    };
+    let mut lines = Vec::new();
+    for (m, mode) in MODES.iter().enumerate() {
+        let mut parts = Vec::new();
+        if m == 0 {
+            parts.push("the baseline".to_string());
+        }
+        for (b, base) in MODES.iter().enumerate().take(m) {
+            let mut ratios = Vec::new();
+            let mut apart = 0;
+            for ti in 0..threads.len() {
+                let (x, y) = (rates(ti, m), rates(ti, b));
+                ratios.push(hmean(&x) / hmean(&y));
+                let ((xlo, xhi), (ylo, yhi)) = (range(&x), range(&y));
+                apart += usize::from(xlo > yhi || xhi < ylo);
+            }
+            // Within 3% counts as level: below the run-to-run noise here.
+            let word = if ratios.iter().all(|&r| r > 1.03) {
+                "faster than"
+            } else if ratios.iter().all(|&r| r < 0.97) {
+                "slower than"
+            } else if ratios.iter().all(|&r| (0.97..=1.03).contains(&r)) {
+                "level with"
+            } else {
+                "mixed against"
+            };
+            let each = threads
+                .iter()
+                .zip(&ratios)
+                .map(|(t, r)| format!("{r:.2}x at {t}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            parts.push(format!(
+                "{word} {base:?} ({each} thread{}; ranges apart at {apart} of {})",
+                if threads == [1] { "" } else { "s" },
+                threads.len()
+            ));
+        }
+        if let (Some(first), Some(last)) = (threads.first(), threads.last()) {
+            if last > first {
+                let (i, j) = (0, threads.len() - 1);
+                let scale = hmean(&rates(j, m)) / hmean(&rates(i, m));
+                parts.push(format!("scales {scale:.2}x from {first} to {last} threads"));
+            }
+        }
+        lines.push(format!(
+            "verdict {:<12} {}",
+            format!("{mode:?}:"),
+            parts.join("; ")
+        ));
+    }
+    lines
 }

@@ -1,7 +1,7 @@
 //! Loom models of objects made on first use (so that creating an address
 //! space allocates nothing it does not need): two threads race the first
 //! use of a `PerCpu` and of a `LazyArc`. Runs the real code through
-//! src/sync.rs. `./loom.sh lazy` runs them.
+//! src/sync.rs. `./loom.sh --test loom_lazy` runs them.
 #![cfg(aspace_loom)]
 
 mod common;

@@ -1,7 +1,7 @@
 //! Loom model of a user-mode read racing with mremap of the same page,
 //! running the real AddressSpace through src/sync.rs.
 //!
-//! `./loom.sh mremap` runs it (preemption bound 2, a few seconds). The
+//! `./loom.sh --test loom_mremap` runs it (preemption bound 2, a few seconds). The
 //! reader may hold the old translation (inside `begin_access`) while the
 //! page moves; the move's TLB flush waits for it. Right after the move the page's new home is unmapped
 //! (freeing the frame) and another mapping takes a frame and fills it, so

@@ -1,7 +1,7 @@
 //! Loom models of the page table: racing table installs and PTE installs
 //! (the first of them racing to make the root, which an empty page table
 //! does not have), and a lock-free lookup racing a zap and table free. Runs the real
-//! `PageTable` through src/sync.rs. `./loom.sh pt` runs them.
+//! `PageTable` through src/sync.rs. `./loom.sh --test loom_pt` runs them.
 #![cfg(aspace_loom)]
 
 mod common;

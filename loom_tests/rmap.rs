@@ -8,7 +8,7 @@
 //! takes no anon_vma lock. The walker must always find both heaps at the
 //! stable page, with the right address, and for the page whose coverage
 //! moves it may report the child or not (old or new end); the brk itself
-//! takes the lock zero times. `./loom.sh rmap` runs it.
+//! takes the lock zero times. `./loom.sh --test loom_rmap` runs it.
 #![cfg(aspace_loom)]
 
 mod common;

@@ -4,7 +4,7 @@
 //! asymmetric fence pair is two `SeqCst` fences, the ordering that
 //! `membarrier` provides.
 //!
-//! `./loom.sh translator` runs them.
+//! `./loom.sh --test loom_translator` runs them.
 #![cfg(aspace_loom)]
 
 mod common;

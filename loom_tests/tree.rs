@@ -1,7 +1,7 @@
 //! Loom models of the range tree: a lock-free reader walking while a
 //! writer replaces the node it reads, with the old node reclaimed and its
 //! memory reused by the next edit. Runs
-//! the real `RangeTree` through src/sync.rs. `./loom.sh tree` runs them.
+//! the real `RangeTree` through src/sync.rs. `./loom.sh --test loom_tree` runs them.
 #![cfg(aspace_loom)]
 
 use aspace::reclaim::Reclaimer;

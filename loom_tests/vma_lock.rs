@@ -1,6 +1,6 @@
 //! Loom models of the per-VMA refcount lock and the sequence-counted
 //! mmap_lock, running the real `VmaLock` and `MmapLock` through
-//! src/sync.rs. `./loom.sh vma_lock` runs them.
+//! src/sync.rs. `./loom.sh --test loom_vma_lock` runs them.
 #![cfg(aspace_loom)]
 
 mod common;

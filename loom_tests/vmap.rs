@@ -1,6 +1,6 @@
 //! Loom model of the vmap allocator: an allocation that spills into a
 //! remote zone races with a free that triggers that zone's lazy purge.
-//! Runs the real `Vmap` through src/sync.rs. `./loom.sh vmap` runs it.
+//! Runs the real `Vmap` through src/sync.rs. `./loom.sh --test loom_vmap` runs it.
 #![cfg(aspace_loom)]
 
 use aspace::vmap::{AreaState, Mode, Vmap, VmapConfig};

@@ -10,10 +10,10 @@
 //! - a simulated 4-level page table with real 4 KiB frames;
 //! - a page-fault path that locks only the faulting VMA.
 //!
-//! See `README.md` for the commands and results, and
-//! `docs/ARCHITECTURE.md` in the repository for the map of the code:
-//! one line per file, how a fault and an mmap flow, each protocol and the
-//! model that checks it, and the lock order.
+//! See `README.md` for the commands, `docs/RESULTS.md` for the measured
+//! results, and `docs/ARCHITECTURE.md` in the repository for the map of
+//! the code: one line per file, how a fault and an mmap flow, each
+//! protocol and the model that checks it, and the lock order.
 
 #![warn(missing_docs)]
 

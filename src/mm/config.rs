@@ -14,8 +14,9 @@ pub enum FaultLocking {
     /// Fault without writing the VMA at all: snapshot it under its lock
     /// stamp, install under the PTE-table lock only if the stamp is
     /// unchanged, and fall back to `PerVma` otherwise (see `spec_fault`).
-    /// The default: it is faster than `PerVma` on every pft workload, at
-    /// one thread and at two.
+    /// The default: in the pft example's tables it is faster than `PerVma`
+    /// at one thread and at two in every workload with one VMA per region,
+    /// and level with it at one thread in 256 KiB VMAs (`docs/RESULTS.md`).
     #[default]
     Speculative,
 }
