@@ -46,8 +46,8 @@ impl FrameAllocator {
         // frame in them can be handed out meanwhile.
         let mut pool = self.pool.lock();
         // Freed frames still holding bytes are taken first: cleared now
-        // and filed as zero, so the allocations that get them do not
-        // clear them.
+        // and filed as cleared, so the allocations that get them do not
+        // clear them; frames cleared before count as touched.
         let k = pool
             .free
             .len()
@@ -58,7 +58,8 @@ impl FrameAllocator {
             // Free and out of every list while we hold the pool lock.
             self.zero(pfn);
         }
-        pool.zeroed.extend(dirty);
+        pool.cleared.extend(dirty);
+        n = n.saturating_sub(pool.cleared.len() as u64);
         // `refill` takes the zeroed list from its end.
         for &pfn in pool.zeroed.iter().rev() {
             if n == 0 {
