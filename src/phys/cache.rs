@@ -313,10 +313,8 @@ impl FrameAllocator {
     /// (about 10 us), others try other caches first (`take_other`).
     #[cold]
     fn clear_dirty(&self, mut c: MutexGuard<'_, CpuCache>) {
-        for &pfn in &c.free {
-            // Free, in this locked cache: nobody else can reach it.
-            self.zero(pfn);
-        }
+        // Free, in this locked cache: nobody else can reach them.
+        self.zero_batch(&c.free);
         let cache = &mut *c;
         cache.zeroed.append(&mut cache.free);
         if c.zeroed.len() <= ZEROED_MAX {
