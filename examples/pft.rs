@@ -17,8 +17,8 @@
 //! metadata path, never-used frames (nothing cleared) and a bare
 //! `mm.fault` per page. `--kernel` runs the kernel's pft
 //! (`examples/kernel_pft.rs`'s workload) in the same process beside each
-//! table without the writer, and prints aspace's faults/sec over the
-//! kernel's. `--thp` adds the kernel's 2 MiB faults (`MADV_HUGEPAGE`) in
+//! table without the writer (after each point's aspace runs), and prints
+//! the kernel's faults/cpu and faults/sec and each mode's over them. `--thp` adds the kernel's 2 MiB faults (`MADV_HUGEPAGE`) in
 //! GB/s; aspace's side of it comes with its THP support.
 //!
 //! By default (about a minute): threads 1 and the core count; both
@@ -43,6 +43,8 @@
 //! PTE table); each table then also prints the share of faults the
 //! speculative mode completed speculatively.
 
+#[path = "../benches/common/kernel_pft.rs"]
+mod kernel_pft;
 #[path = "../benches/common/machine.rs"]
 mod machine;
 #[path = "../benches/common/pft_sizing.rs"]
@@ -52,9 +54,6 @@ mod pft_workload;
 
 use aspace::FaultLocking;
 use machine::{hmean, machine, parse_arg, parse_threads, thread_counts};
-#[path = "../benches/common/kernel_pft.rs"]
-mod kernel_pft;
-
 use pft_sizing::{clamp_mib, probe};
 use pft_workload::{Frames, Params, Sample, Workers, Workload};
 use std::fmt::Write as _;
@@ -458,7 +457,8 @@ fn main() {
             // Faults/sec is the target's metric; faults/cpu is the
             // steadier one on a loaded machine.
             for (ti, &threads) in args.threads.iter().enumerate() {
-                let metrics: [(&str, fn(&Sample) -> f64); 2] = [
+                type Metric = fn(&Sample) -> f64;
+                let metrics: [(&str, Metric); 2] = [
                     ("cpu", Sample::faults_per_cpu),
                     ("sec", Sample::faults_per_sec),
                 ];
@@ -468,8 +468,8 @@ fn main() {
                         "{:<22} {k:>12.2}  aspace/kernel",
                         format!("kernel faults/{name}-{threads}")
                     );
-                    for m in 0..MODES.len() {
-                        let a = hmean(&samples[ti][m].iter().map(f).collect::<Vec<_>>());
+                    for mode in &samples[ti] {
+                        let a = hmean(&mode.iter().map(f).collect::<Vec<_>>());
                         let _ = write!(line, " {:>10.2}x", a / k);
                     }
                     println!("{line}");
