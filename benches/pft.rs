@@ -1,6 +1,9 @@
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 //! pft as criterion groups: faults through every locking mode, for each
-//! workload and thread count (Throughput = faults).
+//! workload and thread count (Throughput = faults): a first store per
+//! page through a translator into frames used before, cleared on the
+//! fault (pft's default, `Frames::Used`), and the per-thread workload
+//! again with frames cleared when freed (`-zeroed`, `Config::zero_freed`).
 //!
 //! `cargo bench --bench pft` (one group: `cargo bench --bench pft -- 'single\+writer'`)
 //!
@@ -39,7 +42,7 @@ mod pft_workload;
 use aspace::FaultLocking;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use machine::{thread_counts, timed_runs};
-use pft_workload::{Params, Workers, Workload};
+use pft_workload::{Frames, Params, Workers, Workload};
 use std::time::Duration;
 
 const MIB_PER_THREAD: u64 = 16;
@@ -49,16 +52,30 @@ const SMALL_VMA: u64 = 256 << 10;
 fn pft(c: &mut Criterion) {
     // The per-thread workload again in VMAs of 256 KiB (an emulator's
     // mappings, several per PTE table), without the writer.
+    // And the per-thread workload with frames cleared when freed.
     let plan = [Workload::Single, Workload::PerThread, Workload::Interleaved]
         .into_iter()
-        .flat_map(|w| [(w, false, None), (w, true, None)])
-        .chain([(Workload::PerThread, false, Some(SMALL_VMA))]);
-    for (workload, writer, vma_bytes) in plan {
+        .flat_map(|w| {
+            [
+                (w, false, None, Frames::Used),
+                (w, true, None, Frames::Used),
+            ]
+        })
+        .chain([
+            (Workload::PerThread, false, Some(SMALL_VMA), Frames::Used),
+            (Workload::PerThread, false, None, Frames::Zeroed),
+        ]);
+    for (workload, writer, vma_bytes, frames) in plan {
         {
             let name = format!(
-                "pft/{}{}{}",
+                "pft/{}{}{}{}",
                 workload.name(),
                 if vma_bytes.is_some() { "-256k" } else { "" },
+                if frames == Frames::Zeroed {
+                    "-zeroed"
+                } else {
+                    ""
+                },
                 if writer { "+writer" } else { "" }
             );
             let mut g = c.benchmark_group(name);
@@ -85,6 +102,7 @@ fn pft(c: &mut Criterion) {
                         bytes_per_thread: MIB_PER_THREAD << 20,
                         vma_bytes,
                         zero: true,
+                        frames,
                     };
                     g.bench_with_input(
                         BenchmarkId::new(format!("{locking:?}"), threads),

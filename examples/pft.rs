@@ -5,7 +5,7 @@
 //! cargo run --release --example pft -- [--full] [--threads 1,2,4] [--reps N]
 //!     [--workload single|per-thread|interleaved|all] [--writer|--no-writer]
 //!     [--mib M] [--vma-kib K] [--seconds S] [--no-zero] [--no-pin] [--csv FILE]
-//!     [--plot FILE.svg]
+//!     [--plot FILE.svg] [--frames fresh|used|zeroed|all] [--kernel] [--thp]
 //! ```
 //!
 //! `--help` lists every option with its meaning and default (the
@@ -13,6 +13,19 @@
 //! (the rates, Hmean, the percentages against MmapLock and the `*`) and
 //! ends each table with a verdict per mode: its faults/sec against each
 //! mode to its left at every thread count, and its scaling.
+//!
+//! What a fault is (`--frames`, one table each): `used` (the default) is
+//! what the kernel's pft measures, a first store to each page through a
+//! translator, into frames used before, so each fault clears its frame;
+//! `zeroed` the same with frames cleared when they were freed
+//! (`Config::zero_freed`: the clearing happens in an untimed munmap
+//! before the run, whose cost per frame the table prints); `fresh` the
+//! metadata path, never-used frames (nothing cleared) and a bare
+//! `mm.fault` per page. `--kernel` runs the kernel's pft
+//! (`examples/kernel_pft.rs`'s workload) in the same process beside each
+//! table without the writer (after each point's aspace runs), and prints
+//! the kernel's faults/cpu and faults/sec and each mode's over them. `--thp` adds the kernel's 2 MiB faults (`MADV_HUGEPAGE`) in
+//! GB/s; aspace's side of it comes with its THP support.
 //!
 //! By default (about a minute): threads 1 and the core count; both
 //! workloads; rows without and with a concurrent mmap/mprotect/munmap
@@ -36,6 +49,8 @@
 //! PTE table); each table then also prints the share of faults the
 //! speculative mode completed speculatively.
 
+#[path = "../benches/common/kernel_pft.rs"]
+mod kernel_pft;
 #[path = "../benches/common/machine.rs"]
 mod machine;
 #[path = "../benches/common/pft_sizing.rs"]
@@ -46,7 +61,7 @@ mod pft_workload;
 use aspace::FaultLocking;
 use machine::{hmean, machine, parse_arg, parse_threads, thread_counts};
 use pft_sizing::{clamp_mib, probe};
-use pft_workload::{Params, Sample, Workers, Workload};
+use pft_workload::{Frames, Params, Sample, Workers, Workload};
 use std::fmt::Write as _;
 use std::io::{IsTerminal as _, Write as _};
 use std::time::Instant;
@@ -70,6 +85,12 @@ struct Args {
     pin: bool,
     csv: Option<String>,
     plot: Option<String>,
+    /// What a fault is: one table per entry.
+    frames: Vec<Frames>,
+    /// Run the kernel's pft beside each table without the writer.
+    kernel: bool,
+    /// Also the 2 MiB (THP) runs.
+    thp: bool,
 }
 
 /// Every option `parse` takes: (the option and its value, what it does,
@@ -125,6 +146,21 @@ const OPTIONS: &[(&str, &str, &str)] = &[
         "no file",
     ),
     ("--plot FILE.svg", "plot faults/sec against threads to FILE.svg", "no plot"),
+    (
+        "--frames F",
+        "what a fault is, one table each: used (a first store through a translator into frames used before, cleared on the fault, as the kernel's pft), zeroed (the same with frames cleared when freed, Config::zero_freed), fresh (never-used frames and a bare mm.fault: the metadata path), all",
+        "used",
+    ),
+    (
+        "--kernel",
+        "run the kernel's pft (examples/kernel_pft.rs's workload: one byte per page of a MADV_NOHUGEPAGE mapping) beside each table without the writer, and print each mode's rate over the kernel's",
+        "off",
+    ),
+    (
+        "--thp",
+        "also 2 MiB faults in GB/s: the kernel's MADV_HUGEPAGE mapping against aspace's",
+        "off",
+    ),
     ("-h, --help", "print this help", ""),
 ];
 
@@ -181,6 +217,9 @@ fn parse() -> Args {
         pin: true,
         csv: None,
         plot: None,
+        frames: vec![Frames::Used],
+        kernel: false,
+        thp: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -213,6 +252,17 @@ fn parse() -> Args {
             }
             "--no-zero" => a.zero = false,
             "--no-pin" => a.pin = false,
+            "--frames" => {
+                a.frames = match val().as_str() {
+                    "fresh" => vec![Frames::Fresh],
+                    "used" => vec![Frames::Used],
+                    "zeroed" => vec![Frames::Zeroed],
+                    "all" => vec![Frames::Used, Frames::Zeroed, Frames::Fresh],
+                    _ => usage(),
+                }
+            }
+            "--kernel" => a.kernel = true,
+            "--thp" => a.thp = true,
             "--csv" => a.csv = Some(val()),
             "--plot" => a.plot = Some(val()),
             "-h" | "--help" => {
@@ -261,11 +311,14 @@ fn main() {
     let vma_bytes = args.vma_kib.map(|k| k << 10);
     // One table per (workload, writer); each gets its own size, because
     // a writer slows MmapLock faults by orders of magnitude.
-    let tables: Vec<(Workload, bool)> = args
-        .workloads
-        .iter()
-        .flat_map(|&wl| args.writer.iter().map(move |&w| (wl, w)))
-        .collect();
+    let mut tables: Vec<(Workload, bool, Frames)> = Vec::new();
+    for &f in &args.frames {
+        for &wl in &args.workloads {
+            for &w in &args.writer {
+                tables.push((wl, w, f));
+            }
+        }
+    }
     // Thread-runs of one table (a run of t threads faults t slices).
     let table_thread_runs = args.threads.iter().sum::<usize>() * reps;
     // Warm up (the first run pays for the allocator's growth), then probe.
@@ -274,15 +327,16 @@ fn main() {
         false,
         FaultLocking::PerVma,
         args.zero,
+        args.frames[0],
         8,
         vma_bytes,
     );
-    let mut sized: Vec<(Workload, bool, u64)> = Vec::new();
+    let mut sized: Vec<(Workload, bool, Frames, u64)> = Vec::new();
     let mut estimate = 0.0;
-    for &(wl, writer) in &tables {
+    for &(wl, writer, frames) in &tables {
         let p = MODES.map(|l| {
             let mib = if args.full { 32 } else { 8 };
-            probe(wl, writer, l, args.zero, mib, vma_bytes)
+            probe(wl, writer, l, args.zero, frames, mib, vma_bytes)
         });
         let per_mib: f64 = p.iter().map(|p| p.run_s_per_mib).sum();
         let pervma = MODES
@@ -306,7 +360,7 @@ fn main() {
             }
         });
         estimate += per_mib * (mib * table_thread_runs as u64) as f64;
-        sized.push((wl, writer, mib));
+        sized.push((wl, writer, frames, mib));
     }
     let runs = tables.len() * args.threads.len() * reps * MODES.len();
     println!(
@@ -337,10 +391,22 @@ fn main() {
     println!("\n{LEGEND}");
     let tty = std::io::stderr().is_terminal();
     let started = Instant::now();
-    let mut csv = String::from("workload,writer,locking,threads,rep,faults,wall_s,faults_per_sec,faults_per_cpu,per_vma_faults,writer_ops,speculative_faults,spec_aborts\n");
+    let mut csv = String::from("workload,writer,locking,threads,rep,faults,wall_s,faults_per_sec,faults_per_cpu,per_vma_faults,writer_ops,speculative_faults,spec_aborts,frames\n");
     let mut plot_series: Vec<(String, Vec<(usize, f64)>)> = Vec::new();
-    for &(wl, writer, mib) in &sized {
-        let title = format!("{}{}", wl.name(), if writer { " + writer" } else { "" });
+    let mut kernel_csv = String::new();
+    for &(wl, writer, frames, mib) in &sized {
+        let title = format!(
+            "{}{}, {}",
+            wl.name(),
+            if writer { " + writer" } else { "" },
+            frames.describe()
+        );
+        // The kernel's pft beside this table (not beside the writer's:
+        // the kernel side has no writer).
+        let kernel = args.kernel && !writer;
+        // kernel_samples[thread-count index]
+        let mut kernel_samples: Vec<Vec<Sample>> =
+            args.threads.iter().map(|_| Vec::new()).collect();
         // One pool per thread count, all alive for the whole table, so
         // that each repetition runs every thread count and every mode in
         // turn: drift on the machine then hits the 1-thread and the
@@ -371,10 +437,11 @@ fn main() {
                         bytes_per_thread: mib << 20,
                         vma_bytes,
                         zero: args.zero,
+                        frames,
                     });
                     let _ = writeln!(
                         csv,
-                        "{},{},{:?},{},{},{},{:.6},{:.1},{:.1},{},{},{},{}",
+                        "{},{},{:?},{},{},{},{:.6},{:.1},{:.1},{},{},{},{},{}",
                         wl.name(),
                         writer,
                         locking,
@@ -387,9 +454,25 @@ fn main() {
                         s.per_vma,
                         s.writer_ops,
                         s.speculative,
-                        s.spec_aborts
+                        s.spec_aborts,
+                        frames.name()
                     );
                     samples[ti][m].push(s);
+                }
+                if kernel {
+                    let s = kernel_pft::run(threads, wl, mib << 20, false, args.pin);
+                    let _ = writeln!(
+                        kernel_csv,
+                        "{},false,kernel,{},{},{},{:.6},{:.1},{:.1},0,0,0,0,kernel",
+                        wl.name(),
+                        threads,
+                        rep,
+                        s.faults,
+                        s.wall,
+                        s.faults_per_sec(),
+                        s.faults_per_cpu()
+                    );
+                    kernel_samples[ti].push(s);
                 }
             }
             if !tty {
@@ -461,6 +544,47 @@ fn main() {
             let share = done as f64 * 100.0 / all.max(1) as f64;
             println!("{:<22} {share:>70.1}%", format!("speculative-{threads}"));
         }
+        if frames != Frames::Fresh {
+            // The untimed unmap that freed the frames (and, zeroed,
+            // cleared them: what the clearing moved off the fault path
+            // costs there).
+            let all: Vec<&Sample> = samples.iter().flatten().flatten().collect();
+            let ns = all.iter().map(|s| s.free_s).sum::<f64>() * 1e9
+                / all.iter().map(|s| s.faults).sum::<u64>().max(1) as f64;
+            println!(
+                "{:<22} {ns:>11.0} ns per frame, untimed above{}",
+                "scratch unmap",
+                if frames == Frames::Zeroed {
+                    " (clears the frames)"
+                } else {
+                    ""
+                }
+            );
+        }
+        if kernel {
+            // The kernel's pft in this run, and each mode over it.
+            // Faults/sec is the target's metric; faults/cpu is the
+            // steadier one on a loaded machine.
+            for (ti, &threads) in args.threads.iter().enumerate() {
+                type Metric = fn(&Sample) -> f64;
+                let metrics: [(&str, Metric); 2] = [
+                    ("cpu", Sample::faults_per_cpu),
+                    ("sec", Sample::faults_per_sec),
+                ];
+                for (name, f) in metrics {
+                    let k = hmean(&kernel_samples[ti].iter().map(f).collect::<Vec<_>>());
+                    let mut line = format!(
+                        "{:<22} {k:>12.2}  aspace/kernel",
+                        format!("kernel faults/{name}-{threads}")
+                    );
+                    for mode in &samples[ti] {
+                        let a = hmean(&mode.iter().map(f).collect::<Vec<_>>());
+                        let _ = write!(line, " {:>10.2}x", a / k);
+                    }
+                    println!("{line}");
+                }
+            }
+        }
         for line in verdicts(&args.threads, &samples) {
             println!("{line}");
         }
@@ -468,8 +592,12 @@ fn main() {
             plot_series.push((format!("{title}, {:?}", MODES[m]), series.clone()));
         }
     }
+    if args.thp {
+        thp(&args);
+    }
     println!("\nran in {:.0} s", started.elapsed().as_secs_f64());
     if let Some(path) = &args.csv {
+        csv.push_str(&kernel_csv);
         std::fs::write(path, csv).unwrap_or_else(|e| panic!("writing {path}: {e}"));
         println!("\nsamples written to {path}");
     }
@@ -480,6 +608,29 @@ fn main() {
         }
         println!("plot written to {path}");
     }
+}
+
+/// The 2 MiB runs: the kernel's pft on `MADV_HUGEPAGE` memory, GB/s per
+/// thread count (per-thread workload, 64 MiB per thread, `reps` times).
+/// aspace's side goes here once its faults map 2 MiB frames: the same
+/// workers with the region advised huge (a `Params` field), side by side.
+fn thp(args: &Args) {
+    let reps = args.reps.unwrap_or(3);
+    println!("\nTHP: per-thread, 64 MiB per thread per rep, MADV_HUGEPAGE (GB/s)");
+    for &threads in &args.threads {
+        let gbs: Vec<f64> = (0..reps)
+            .map(|_| {
+                let s = kernel_pft::run(threads, Workload::PerThread, 64 << 20, true, args.pin);
+                kernel_pft::bytes_per_sec(&s) / 1e9
+            })
+            .collect();
+        println!(
+            "{:<22} {:>12.2}",
+            format!("kernel GB/s-{threads}"),
+            hmean(&gbs)
+        );
+    }
+    println!("{:<22} {:>12}", "aspace GB/s", "not yet (no THP in aspace)");
 }
 
 fn plot(

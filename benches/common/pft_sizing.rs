@@ -2,7 +2,7 @@
 //! thread per MiB, and the clamp that keeps points within the memory
 //! available.
 
-use super::pft_workload::{Params, Workers, Workload};
+use super::pft_workload::{Frames, Params, Workers, Workload};
 use aspace::FaultLocking;
 use std::time::Instant;
 
@@ -23,6 +23,7 @@ pub fn probe(
     writer: bool,
     locking: FaultLocking,
     zero: bool,
+    frames: Frames,
     mib: u64,
     vma_bytes: Option<u64>,
 ) -> Probe {
@@ -36,6 +37,7 @@ pub fn probe(
         bytes_per_thread: mib << 20,
         vma_bytes,
         zero,
+        frames,
     });
     let run = t0.elapsed().as_secs_f64();
     Probe {

@@ -1,7 +1,15 @@
 //! The pft workloads, shared by `examples/pft.rs` and `benches/pft.rs`.
 //!
-//! Each thread write-faults every page of its own slice of memory through
-//! [`AddressSpace::fault`]: `Single` gives each thread a slice of one large
+//! Each thread write-faults every page of its own slice of memory, as the
+//! kernel's pft does, by default with a first store to each page through
+//! a [`Translator`](aspace::Translator) (a miss, a page-table walk, the
+//! fault, the store), into frames used before: a scratch mapping is
+//! written and unmapped first, so the faults take freed frames that must
+//! be cleared ([`Frames::Used`]: on the fault, as the kernel does;
+//! [`Frames::Zeroed`]: when the scratch mapping is unmapped,
+//! `Config::zero_freed`, which the run times apart as `free_s`).
+//! [`Frames::Fresh`] is the metadata path: never-used frames, known zero,
+//! and a bare [`AddressSpace::fault`] per page with no store. `Single` gives each thread a slice of one large
 //! shared VMA, `PerThread` gives each thread a VMA of its own,
 //! `Interleaved` has the threads fault alternate pages of one VMA (so they
 //! share every PTE table, and its lock is the limit). With
@@ -47,6 +55,41 @@ impl Workload {
     }
 }
 
+/// Which frames the faults get, and how they fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frames {
+    /// Never-used frames (known zero: nothing is cleared) and a bare
+    /// `mm.fault` per page, no store: the metadata path.
+    Fresh,
+    /// Frames used before, cleared by the fault that takes each (as the
+    /// kernel's); a first store per page through a translator.
+    Used,
+    /// Frames used before, cleared in batches when they were freed
+    /// (`Config::zero_freed`, untimed but measured as `free_s`); a first
+    /// store per page through a translator.
+    Zeroed,
+}
+
+impl Frames {
+    /// The name used on the command line and in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Frames::Fresh => "fresh",
+            Frames::Used => "used",
+            Frames::Zeroed => "zeroed",
+        }
+    }
+
+    /// What the name means, for table titles.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Frames::Fresh => "fresh frames, bare mm.fault (metadata path)",
+            Frames::Used => "used frames cleared on fault, first store via Translator",
+            Frames::Zeroed => "used frames cleared at free, first store via Translator",
+        }
+    }
+}
+
 /// One measurement point.
 #[derive(Clone, Copy, Debug)]
 pub struct Params {
@@ -66,6 +109,8 @@ pub struct Params {
     pub vma_bytes: Option<u64>,
     /// Clear new frames.
     pub zero: bool,
+    /// Which frames the faults get, and how they fault.
+    pub frames: Frames,
 }
 
 /// What one run measured.
@@ -85,6 +130,9 @@ pub struct Sample {
     pub speculative: u64,
     /// Speculative attempts that fell back.
     pub spec_aborts: u64,
+    /// CPU seconds the untimed unmap of the scratch mapping took (which
+    /// clears its frames with [`Frames::Zeroed`]); 0 for fresh frames.
+    pub free_s: f64,
 }
 
 impl Sample {
@@ -136,6 +184,8 @@ struct Job {
     pages: u64,
     /// Pages from one fault of a thread to its next.
     stride: u64,
+    /// Store through a translator (else a bare fault).
+    store: bool,
 }
 
 /// State shared by a [`Workers`] pool and its threads.
@@ -191,7 +241,7 @@ impl Workers {
                 let sh = shared.clone();
                 std::thread::spawn(move || {
                     if pin {
-                        pin_to_cpu(i);
+                        crate::machine::pin_to_cpu(i);
                     }
                     faulter(&sh, i)
                 })
@@ -217,7 +267,9 @@ impl Workers {
             (self.threads, self.writer),
             "pool shape"
         );
-        let (mm, bases, pages) = setup(p);
+        let (mm, bases, pages, free_s) = setup(p);
+        // The scratch mapping's faults are not the run's.
+        let before = mm.stats();
         let stride = if p.workload == Workload::Interleaved {
             p.threads as u64
         } else {
@@ -232,6 +284,7 @@ impl Workers {
             bases,
             pages,
             stride,
+            store: p.frames != Frames::Fresh,
         }));
         sh.writer_done.store(false, Ordering::Relaxed);
         sh.writer_ops.store(0, Ordering::Relaxed);
@@ -253,9 +306,10 @@ impl Workers {
             wall,
             cpu: sh.cpu.lock().expect("cpu").clone(),
             writer_ops: sh.writer_ops.load(Ordering::Relaxed),
-            per_vma: s.fault_per_vma,
-            speculative: s.fault_speculative,
-            spec_aborts: s.spec_aborts(),
+            per_vma: s.fault_per_vma - before.fault_per_vma,
+            speculative: s.fault_speculative - before.fault_speculative,
+            spec_aborts: s.spec_aborts() - before.spec_aborts(),
+            free_s,
         }
     }
 }
@@ -268,33 +322,6 @@ impl Drop for Workers {
             let _ = h.join();
         }
     }
-}
-
-/// Binds the calling thread to the `i`-th CPU (modulo their number) of
-/// those the process may run on; leaves it unbound if that fails.
-fn pin_to_cpu(i: usize) {
-    // SAFETY: cpu_set_t is a plain bit array, valid when zeroed.
-    let mut allowed: libc::cpu_set_t = unsafe { core::mem::zeroed() };
-    let size = core::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: `allowed` is a writable cpu_set_t of `size` bytes.
-    if unsafe { libc::sched_getaffinity(0, size, &mut allowed) } != 0 {
-        return;
-    }
-    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-        .filter(|&c| {
-            // SAFETY: `c` is below CPU_SETSIZE, the set's capacity.
-            unsafe { libc::CPU_ISSET(c, &allowed) }
-        })
-        .collect();
-    let Some(&cpu) = cpus.get(i % cpus.len().max(1)) else {
-        return;
-    };
-    // SAFETY: as for `allowed`.
-    let mut one: libc::cpu_set_t = unsafe { core::mem::zeroed() };
-    // SAFETY: `cpu` came from the set, so it is below CPU_SETSIZE.
-    unsafe { libc::CPU_SET(cpu, &mut one) };
-    // SAFETY: `one` is a valid cpu_set_t of `size` bytes; 0 is this thread.
-    unsafe { libc::sched_setaffinity(0, size, &one) };
 }
 
 fn current_job(sh: &Shared) -> Arc<Job> {
@@ -313,14 +340,24 @@ fn faulter(sh: &Shared, i: usize) {
         }
         let job = current_job(sh);
         let base = job.bases[i];
+        // Made before the clock starts (it registers with the space).
+        let mut tlb = job.store.then(|| job.mm.translator());
         let c0 = thread_cpu_time();
         let t0 = Instant::now();
-        for pg in 0..job.pages {
-            job.mm
-                .fault(base + pg * job.stride * PAGE_SIZE, Access::Write)
-                .expect("fault");
+        if let Some(tlb) = &mut tlb {
+            for pg in 0..job.pages {
+                tlb.store::<u8>(base + pg * job.stride * PAGE_SIZE, 1)
+                    .expect("first store");
+            }
+        } else {
+            for pg in 0..job.pages {
+                job.mm
+                    .fault(base + pg * job.stride * PAGE_SIZE, Access::Write)
+                    .expect("fault");
+            }
         }
         let t1 = Instant::now();
+        drop(tlb);
         sh.cpu.lock().expect("cpu")[i] = thread_cpu_time() - c0;
         sh.spans.lock().expect("spans")[i] = Some((t0, t1));
         drop(job);
@@ -371,19 +408,29 @@ fn settle_garbage() {
     }
 }
 
-/// A fresh address space laid out for `p`, its frames obtained in advance:
-/// returns it, each faulting thread's base, and the pages per thread.
-fn setup(p: Params) -> (Arc<AddressSpace>, Vec<u64>, u64) {
+/// A fresh address space laid out for `p`, its frames obtained in advance
+/// (and, unless fresh frames are asked for, used and freed): returns it,
+/// each faulting thread's base, the pages per thread, and the seconds the
+/// scratch mapping's unmap took.
+fn setup(p: Params) -> (Arc<AddressSpace>, Vec<u64>, u64, f64) {
     let pages = p.bytes_per_thread / PAGE_SIZE;
     let total = pages * p.threads as u64 * PAGE_SIZE;
+    let used = p.frames != Frames::Fresh;
     let cfg = Config {
         fault_locking: p.locking,
         zero_pages: p.zero,
-        memory_budget: total + (64 << 20),
+        zero_freed: p.frames == Frames::Zeroed,
+        // Used frames: a budget 16 times the memory, so that the pool
+        // keeps the scratch mapping's freed frames resident (it gives
+        // back what passes an eighth of the live budgets), as the
+        // kernel's free lists keep theirs; the budget is a cap, not an
+        // allocation.
+        memory_budget: if used { 16 * total } else { total } + (64 << 20),
         ..Config::default()
     };
     let mm = Arc::new(AddressSpace::new(cfg));
     mm.prefault_frames(total + (1 << 20));
+    let free_s = if used { use_frames(&mm, total) } else { 0.0 };
     let rw = Prot::READ | Prot::WRITE;
     let bases: Vec<u64> = match p.workload {
         Workload::Interleaved => {
@@ -428,7 +475,28 @@ fn setup(p: Params) -> (Arc<AddressSpace>, Vec<u64>, u64) {
     if p.writer {
         give_anon_vmas(&mm, &bases, pages, p);
     }
-    (mm, bases, pages)
+    (mm, bases, pages, free_s)
+}
+
+/// Writes a word into every page of a scratch mapping of `bytes` and
+/// unmaps it, so that the frames the run then faults in were used
+/// before; returns the CPU seconds the unmap took (with `zero_freed`, the
+/// frames are cleared in it).
+fn use_frames(mm: &AddressSpace, bytes: u64) -> f64 {
+    let rw = Prot::READ | Prot::WRITE;
+    let a = mm
+        .mmap(0, bytes, rw, anon())
+        .expect("map the scratch region");
+    let mut tlb = mm.translator();
+    for pg in 0..bytes / PAGE_SIZE {
+        tlb.store::<u64>(a + pg * PAGE_SIZE, 0x5a5a_5a5a_5a5a_5a5a)
+            .expect("dirty a frame");
+    }
+    drop(tlb);
+    // CPU time: the unmap runs on this thread alone.
+    let c0 = thread_cpu_time();
+    mm.munmap(a, bytes).expect("unmap the scratch region");
+    thread_cpu_time() - c0
 }
 
 /// Gives every VMA the faulters will write its anon_vma before the run,

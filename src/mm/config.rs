@@ -87,6 +87,18 @@ pub struct Config {
     /// own switch ([`FrameAllocator::new`](crate::FrameAllocator::new)),
     /// which is what keeps the spaces on it from seeing each other's bytes.
     pub zero_pages: bool,
+    /// Clear the space's data frames when they are freed (munmap,
+    /// `MADV_DONTNEED`, copy-on-write breaks, the space's drop), 32 at a
+    /// time on the freeing thread, rather than on the fault that takes
+    /// them again: faults needing a zero page then take a cleared frame
+    /// and the unmaps pay for the clearing
+    /// ([`FrameAllocator::with_zero_freed`](crate::FrameAllocator::with_zero_freed)).
+    /// Off by default, as Linux without `init_on_free`. Used by
+    /// [`AddressSpace::new`](crate::AddressSpace::new) with `zero_pages`
+    /// on; a pool given to
+    /// [`AddressSpace::with_pool`](crate::AddressSpace::with_pool) has its
+    /// own setting.
+    pub zero_freed: bool,
     /// How faults lock.
     pub fault_locking: FaultLocking,
     /// How mremap moves page-table entries and batches TLB flushes.
@@ -158,6 +170,7 @@ impl Default for Config {
             brk_start: 0x5555_5600_0000,
             memory_budget: 4 << 30,
             zero_pages: true,
+            zero_freed: false,
             fault_locking: FaultLocking::Speculative,
             mremap_extent: MremapExtent::Batched,
             shootdown_cost_ns: 0,

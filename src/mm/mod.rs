@@ -251,7 +251,7 @@ impl AddressSpace {
         // `frame_pool` returns and what forks share, and making it lazily
         // would put a check on every frame access.
         let frames = Arc::new(if cfg.zero_pages {
-            FrameAllocator::shared(cfg.memory_budget)
+            FrameAllocator::shared(cfg.memory_budget).with_zero_freed(cfg.zero_freed)
         } else {
             FrameAllocator::new(cfg.memory_budget, false)
         });
@@ -261,7 +261,7 @@ impl AddressSpace {
     /// An empty address space whose frames, page tables and metadata come
     /// from `pool`, which other address spaces may share (as processes
     /// share one kernel's memory). The pool's budget and its zeroing
-    /// switch apply; `cfg.memory_budget` and `cfg.zero_pages` are not used.
+    /// switch apply; `cfg.memory_budget`, `cfg.zero_pages` and `cfg.zero_freed` are not used.
     ///
     /// ```
     /// use aspace::{AddressSpace, Config, FrameAllocator, MapFlags, Prot};

@@ -2,8 +2,24 @@
 //! behind them. A CPU takes frames from its cache, refilled from the pool
 //! in batches (or from other CPUs' caches when the pool is dry), and gives
 //! them back to its cache, which spills a batch to the pool when full.
+//!
+//! Free frames are kept apart by what they hold: `free` frames may hold
+//! their last user's bytes (dirty), `zeroed` and `cleared` ones read as
+//! zero. A taker says which it wants: a fault mapping a new anonymous
+//! page wants a zero frame (zeroed, then never-used, then a dirty one it
+//! clears itself), a frame about to be overwritten whole (a copy-on-write
+//! copy, a file read) wants a dirty one, so that zeroed frames are left
+//! to the faults that need them. An allocator set to clear freed frames
+//! (`zero_freed`) clears its CPU cache's dirty frames when a batch of them
+//! has gathered, under that cache's own lock: the freeing thread (munmap,
+//! `MADV_DONTNEED`, a space's drop) pays for the clearing, not the next
+//! fault, and no other CPU's line is written for it.
 
 use super::{Budget, FrameAllocator, Pfn, BATCH, CACHE_MAX, CHUNK_FRAMES};
+
+/// A CPU cache holding more zero frames than this (cleared when freed)
+/// spills a chunk's worth of them to the pool's `cleared` list.
+pub(super) const ZEROED_MAX: usize = 2 * CHUNK_FRAMES;
 use crate::percpu::cpu_id;
 use crate::sync::counter::{self, AtomicU64 as CounterU64};
 use crate::sync::{Mutex, MutexGuard};
@@ -21,6 +37,12 @@ pub(super) struct Pool {
     ///
     /// Protected by: `FrameAllocator::pool`.
     pub(super) zeroed: Vec<Pfn>,
+    /// Free frames cleared by hand when freed (`zero_freed`): they read as
+    /// zero, and their memory is still the host's (counted with `free`
+    /// against the resident cap, see `release`).
+    ///
+    /// Protected by: `FrameAllocator::pool`.
+    pub(super) cleared: Vec<Pfn>,
     /// Frames below this number have been handed out at least once.
     ///
     /// Protected by: `FrameAllocator::pool`.
@@ -32,6 +54,7 @@ impl Pool {
         Pool {
             free: Vec::new(),
             zeroed: Vec::new(),
+            cleared: Vec::new(),
             fresh: 0,
         }
     }
@@ -43,7 +66,8 @@ pub(super) struct CpuCache {
     /// Frames freed here or moved here from the pool's `free`; taken
     /// newest first (their lines may still be in this CPU's cache).
     pub(super) free: Vec<Pfn>,
-    /// Frames moved here from the pool's `zeroed` (known to be zero).
+    /// Frames known to be zero: moved here from the pool's `zeroed` or
+    /// `cleared`, or cleared here when freed (`zero_freed`).
     pub(super) zeroed: Vec<Pfn>,
     /// Never-used frames reserved for this CPU, all in one chunk, taken in
     /// ascending order once the lists are empty.
@@ -52,17 +76,35 @@ pub(super) struct CpuCache {
 
 impl CpuCache {
     /// A frame, and whether it may hold someone's bytes (a freed frame
-    /// may; one given back to the system or never used is zero).
+    /// may; one cleared, given back to the system or never used is zero).
+    /// `zero`: the taker wants a zero frame, so zero ones come first;
+    /// otherwise dirty ones do (newest first: their lines may still be in
+    /// this CPU's cache).
     #[inline]
-    fn pop(&mut self) -> Option<(Pfn, bool)> {
+    fn pop(&mut self, zero: bool) -> Option<(Pfn, bool)> {
+        if zero {
+            if let Some(p) = self.zeroed.pop() {
+                return Some((p, false));
+            }
+            if let Some(p) = self.pop_fresh() {
+                return Some((p, false));
+            }
+            return self.free.pop().map(|p| (p, true));
+        }
         if let Some(p) = self.free.pop() {
             return Some((p, true));
         }
         if let Some(p) = self.zeroed.pop() {
             return Some((p, false));
         }
+        self.pop_fresh().map(|p| (p, false))
+    }
+
+    /// The next never-used frame reserved here.
+    #[inline]
+    fn pop_fresh(&mut self) -> Option<Pfn> {
         // Below `FrameAllocator::frames`, which is below `Pfn::ZERO_PAGE`.
-        self.fresh.next().map(|p| (Pfn::new(p as u32), false))
+        self.fresh.next().map(|p| Pfn::new(p as u32))
     }
 }
 
@@ -118,10 +160,16 @@ fn bump_locked(count: &CounterU64) {
 
 /// A frame from `c`, the cache of `slot`, CPU slot `cpu` (locked by the
 /// caller), counted there and in its account's slot `cpu` if it is a
-/// data frame.
+/// data frame; a zero one first if `zero`.
 #[inline]
-fn take_from(slot: &CpuFrames, cpu: usize, c: &mut CpuCache, u: Use) -> Option<(Pfn, bool)> {
-    let p = c.pop()?;
+fn take_from(
+    slot: &CpuFrames,
+    cpu: usize,
+    c: &mut CpuCache,
+    u: Use,
+    zero: bool,
+) -> Option<(Pfn, bool)> {
+    let p = c.pop(zero)?;
     if let Use::Data(budget) = u {
         bump_locked(&slot.allocs);
         budget.count_frame(cpu, false);
@@ -130,24 +178,26 @@ fn take_from(slot: &CpuFrames, cpu: usize, c: &mut CpuCache, u: Use) -> Option<(
 }
 
 impl FrameAllocator {
-    /// Takes a frame for `u`; says whether it may hold someone's bytes.
+    /// Takes a frame for `u`, a zero one if there is one and `zero` (the
+    /// taker wants a zero frame), else preferably a dirty one; says
+    /// whether it may hold someone's bytes.
     #[inline]
-    pub(super) fn take(&self, u: Use) -> Option<(Pfn, bool)> {
-        self.take_local(u).or_else(|| self.take_dry(u))
+    pub(super) fn take(&self, u: Use, zero: bool) -> Option<(Pfn, bool)> {
+        self.take_local(u, zero).or_else(|| self.take_dry(u, zero))
     }
 
     /// A frame from this CPU's cache, refilled from the pool; a data frame
     /// is counted here.
     #[inline]
-    fn take_local(&self, u: Use) -> Option<(Pfn, bool)> {
+    fn take_local(&self, u: Use, zero: bool) -> Option<(Pfn, bool)> {
         let cpu = cpu_id();
         let slot = self.cpus.get(cpu);
         let mut c = slot.cache.lock();
-        if let Some(p) = take_from(slot, cpu, &mut c, u) {
+        if let Some(p) = take_from(slot, cpu, &mut c, u, zero) {
             return Some(p);
         }
-        if self.refill(&mut c) {
-            return take_from(slot, cpu, &mut c, u);
+        if self.refill(&mut c, zero) {
+            return take_from(slot, cpu, &mut c, u, zero);
         }
         None
     }
@@ -157,52 +207,58 @@ impl FrameAllocator {
     /// the frames on their way back ([`settle`](Self::settle)) and looks
     /// once more.
     #[cold]
-    fn take_dry(&self, u: Use) -> Option<(Pfn, bool)> {
-        self.take_other(u).or_else(|| {
+    fn take_dry(&self, u: Use, zero: bool) -> Option<(Pfn, bool)> {
+        self.take_other(u, zero).or_else(|| {
             self.settle();
-            self.take_local(u).or_else(|| self.take_other(u))
+            self.take_local(u, zero)
+                .or_else(|| self.take_other(u, zero))
         })
     }
 
     /// A frame from any CPU's cache, counted where it was taken.
-    fn take_other(&self, u: Use) -> Option<(Pfn, bool)> {
+    fn take_other(&self, u: Use, zero: bool) -> Option<(Pfn, bool)> {
         for i in 0..self.cpus.len() {
             let other = self.cpus.get(i);
             if let Some(mut c) = other.cache.try_lock() {
-                if let Some(p) = take_from(other, i, &mut c, u) {
+                if let Some(p) = take_from(other, i, &mut c, u, zero) {
                     return Some(p);
                 }
             }
         }
         for i in 0..self.cpus.len() {
             let other = self.cpus.get(i);
-            if let Some(p) = take_from(other, i, &mut other.cache.lock(), u) {
+            if let Some(p) = take_from(other, i, &mut other.cache.lock(), u, zero) {
                 return Some(p);
             }
         }
         None
     }
 
-    /// Moves a batch of freed frames from the global pool into `c` (those
-    /// whose memory is still the host's first, 32), or else up to a
-    /// chunk's worth of zeroed ones (a space on the shared physical memory
-    /// faults those in after another space freed them: 32 at a time took
-    /// the pool's lock 16 times as often as fresh frames, which pft
-    /// measured as 25-30% fewer faults/cpu), or else the never-used
-    /// frames up to the end of the next chunk.
-    fn refill(&self, c: &mut CpuCache) -> bool {
-        let mut pool = self.pool.lock();
-        let n = pool.free.len().min(BATCH);
-        if n > 0 {
-            let at = pool.free.len() - n;
-            c.free.extend(pool.free.drain(at..));
+    /// Moves frames from the global pool into `c`: for a taker that wants
+    /// zero frames (`zero`), up to a chunk's worth of cleared ones; else
+    /// (and first for other takers) a batch of 32 dirty ones; else up to
+    /// a chunk's worth of zeroed ones, given back to the system (after
+    /// the dirty ones: their first write costs a host page fault, which
+    /// pft measured at 10-30 times the clearing of a resident frame).
+    /// Only when the pool holds no freed frame at all, the never-used
+    /// frames up to the end of the next chunk. (Zero frames move 512 at a
+    /// time: a space on the shared physical memory faults those in after
+    /// another space freed them, and 32 at a time took the pool's lock 16
+    /// times as often as fresh frames, which pft measured as 25-30% fewer
+    /// faults/cpu.)
+    fn refill(&self, c: &mut CpuCache, zero: bool) -> bool {
+        let mut guard = self.pool.lock();
+        let pool = &mut *guard;
+        if (!zero || pool.cleared.is_empty()) && Self::refill_dirty(pool, c) {
             return true;
         }
-        let n = pool.zeroed.len().min(CHUNK_FRAMES);
-        if n > 0 {
-            let at = pool.zeroed.len() - n;
-            c.zeroed.extend(pool.zeroed.drain(at..));
-            return true;
+        for list in [&mut pool.cleared, &mut pool.zeroed] {
+            let n = list.len().min(CHUNK_FRAMES);
+            if n > 0 {
+                let at = list.len() - n;
+                c.zeroed.extend(list.drain(at..));
+                return true;
+            }
         }
         let fresh = pool.fresh;
         // Never past the end of a chunk, so one chunk backs the span.
@@ -212,17 +268,28 @@ impl FrameAllocator {
             return false;
         }
         pool.fresh += n;
-        drop(pool);
+        drop(guard);
         debug_assert!(c.fresh.is_empty(), "refilled before the span ran out");
         c.fresh = fresh..fresh + n;
         true
     }
 
+    /// Moves a batch of dirty frames from the pool into `c`, if it has any.
+    fn refill_dirty(pool: &mut Pool, c: &mut CpuCache) -> bool {
+        let n = pool.free.len().min(BATCH);
+        let at = pool.free.len() - n;
+        c.free.extend(pool.free.drain(at..));
+        n > 0
+    }
+
     /// Puts a free frame (reference count 0, uncharged) into this CPU's
     /// cache, spilling a batch to the pool when the cache is full; a data
-    /// frame is counted out there and in its account's slot.
+    /// frame is counted out there and in its account's slot. With
+    /// `clear` (the freeing allocator's `zero_freed`, on a memory that
+    /// zeroes frames), every 32nd dirty frame clears the cache's dirty
+    /// ones, which then wait as zero frames.
     #[inline]
-    pub(super) fn give(&self, pfn: Pfn, u: Use) {
+    pub(super) fn give(&self, pfn: Pfn, u: Use, clear: bool) {
         let cpu = cpu_id();
         let slot = self.cpus.get(cpu);
         let mut c = slot.cache.lock();
@@ -231,8 +298,37 @@ impl FrameAllocator {
             budget.count_frame(cpu, true);
         }
         c.free.push(pfn);
-        if c.free.len() >= CACHE_MAX {
+        if clear && self.zero_new && c.free.len() >= BATCH {
+            self.clear_dirty(c);
+        } else if c.free.len() >= CACHE_MAX {
             self.spill(c);
+        }
+    }
+
+    /// Clears the dirty frames of the cache `c` (this CPU's, locked) and
+    /// files them as zero; spills a chunk's worth of zero frames to the
+    /// pool's `cleared` list when it holds more than two. The frames stay
+    /// in `c` under its lock while they are cleared, so no taker finds
+    /// every list dry meanwhile; a taker of this CPU waits for the batch
+    /// (about 10 us), others try other caches first (`take_other`).
+    #[cold]
+    fn clear_dirty(&self, mut c: MutexGuard<'_, CpuCache>) {
+        // Free, in this locked cache: nobody else can reach them.
+        self.zero_batch(&c.free);
+        let cache = &mut *c;
+        cache.zeroed.append(&mut cache.free);
+        if c.zeroed.len() <= ZEROED_MAX {
+            return;
+        }
+        // The oldest go: the newest are likelier still in this CPU's cache.
+        let over = {
+            let mut pool = self.pool.lock();
+            pool.cleared.extend(c.zeroed.drain(..CHUNK_FRAMES));
+            pool.free.len() + pool.cleared.len() > self.release_above()
+        };
+        drop(c);
+        if over {
+            self.release();
         }
     }
 
@@ -244,7 +340,7 @@ impl FrameAllocator {
         let over = {
             let mut pool = self.pool.lock();
             pool.free.extend(c.free.drain(at..));
-            pool.free.len() > self.release_above()
+            pool.free.len() + pool.cleared.len() > self.release_above()
         };
         drop(c);
         if over {

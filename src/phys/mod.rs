@@ -38,10 +38,16 @@
 //! x86-64: no tearing inside a word, no ordering.
 //!
 //! Isolation: a pool that zeroes frames ([`FrameAllocator::new`] with
-//! `zero_new`) clears every frame it hands out again, whoever freed it, so
-//! no address space sees another's bytes; frames never handed out, and
-//! frames whose memory was given back to the system, are already zero and
-//! are not cleared again. A pool made without zeroing (to measure metadata
+//! `zero_new`) clears every frame it hands out again for a new page,
+//! whoever freed it, so no address space sees another's bytes; frames
+//! never handed out, frames whose memory was given back to the system, and
+//! frames cleared when they were freed are zero and are not cleared
+//! again. Free frames are kept apart by that (`cache`): a new page takes
+//! a zero one when its CPU has one, a frame about to be overwritten whole
+//! (a copy-on-write copy, a file read: `alloc_uninit`) a dirty one. An
+//! allocator [`with_zero_freed`](FrameAllocator::with_zero_freed) clears
+//! the frames it frees, 32 at a time in its CPU's cache, so the clearing
+//! leaves the fault path for munmap, `MADV_DONTNEED` and drops. A pool made without zeroing (to measure metadata
 //! paths) hands frames out with whatever bytes their last user left: share
 //! such a pool only between spaces that trust each other. Table pages are
 //! always handed out zero.
@@ -59,9 +65,10 @@
 //!   up to 1 TiB of frames, but hands out never-used frames only when no
 //!   freed one is cached, so its chunk memory stays within what its
 //!   allocators have in use at once plus the caches below;
-//! - freed frames cached for reuse stay resident, but only up to an eighth
-//!   of the frames the live allocators' budgets allow, summed (plus at
-//!   most 128 per CPU cache):
+//! - freed frames cached for reuse (dirty, or cleared when freed) stay
+//!   resident, but only up to an eighth of the frames the live
+//!   allocators' budgets allow, summed (plus at most 128 dirty and, with
+//!   `zero_freed`, 1024 cleared per CPU cache):
 //!   past that the oldest are given back to the system (`release`:
 //!   `MADV_DONTNEED` on each run of consecutive frames), so cached frames
 //!   cannot add to heap metadata charged in their place;
@@ -94,15 +101,21 @@
 //! the account's frame count, which `used` sums), the CPU's frame cache
 //! (its mutex, lists and the memory's counts: one line, and one slot),
 //! and the frame's own words (its reference count and account record,
-//! stored beside each other from one directory walk). `put` writes the
-//! same lines. Shared lines are written only in batches or off the
-//! common path:
+//! stored beside each other from one directory walk), and the frame's
+//! 4 KiB when it clears a dirty one (lines the CPU that freed the frame
+//! wrote last; none with a zero frame). `put` writes the same lines; with
+//! `zero_freed`, every 32nd `put` also clears the 32 dirty frames in its
+//! CPU's cache (their lines, written last by their users: the cost the
+//! fault no longer pays), under that cache's lock. Shared lines are
+//! written only in batches or off the common path:
 //!
 //! - the budget's shared count, once per 256 frames a CPU charges or
 //!   gives back (`budget`'s stock);
 //! - the global pool's mutex and lists, once per 32 freed frames moved
-//!   to or from a CPU cache, or per 512 zeroed frames or chunk's
-//!   remainder of never-used frames moved to one;
+//!   to or from a CPU cache, or per 512 zero frames (given back to the
+//!   system or cleared when freed) or chunk's remainder of never-used
+//!   frames moved to one, or per 512 cleared frames a `zero_freed` CPU
+//!   cache spills;
 //! - a frame's words are shared with the CPU that last used the frame
 //!   (8 counts and 16 records a line): a frame freed on another CPU than
 //!   the one that took it moves its lines, as in Linux's `struct page`;
@@ -218,6 +231,12 @@ pub struct FrameAllocator {
     ///
     /// Protected by: immutable after creation.
     id: u32,
+    /// Clear data frames when this allocator frees them, in batches,
+    /// rather than when they are handed out again
+    /// ([`with_zero_freed`](Self::with_zero_freed)).
+    ///
+    /// Protected by: immutable after creation.
+    zero_freed: bool,
 }
 
 impl core::ops::Deref for FrameAllocator {
@@ -285,7 +304,30 @@ impl FrameAllocator {
     fn over(phys: Arc<Phys>, budget_bytes: u64) -> Self {
         let budget = Arc::new(Budget::new(budget_bytes));
         let id = phys.accounts.register(budget.clone());
-        FrameAllocator { phys, budget, id }
+        FrameAllocator {
+            phys,
+            budget,
+            id,
+            zero_freed: false,
+        }
+    }
+
+    /// This allocator, set to clear the data frames it frees (munmap,
+    /// `MADV_DONTNEED`, a space's drop, a copy-on-write break's old
+    /// frame) on the freeing thread, 32 at a time, and keep them apart as
+    /// zero frames, so that faults needing a zero frame take one without
+    /// clearing it (see `cache`). Frees cost the clearing instead: a
+    /// choice for a space whose faults matter more than its unmaps. Has no
+    /// effect on a memory that does not zero frames.
+    pub fn with_zero_freed(mut self, on: bool) -> Self {
+        self.zero_freed = on;
+        self
+    }
+
+    /// True if this allocator clears the frames it frees
+    /// ([`with_zero_freed`](Self::with_zero_freed)).
+    pub fn zeroes_freed(&self) -> bool {
+        self.zero_freed && self.zero_new
     }
 
     /// Another allocator over this one's physical memory, with a budget of
@@ -313,9 +355,11 @@ impl FrameAllocator {
     }
 
     /// A frame with reference count 1, zero if the allocator zeroes
-    /// frames; `None` when the budget is exhausted.
+    /// frames; `None` when the budget is exhausted. A zero frame (cleared
+    /// when freed, given back to the system, or never used) is taken if
+    /// this CPU has one; else a dirty one is cleared here.
     pub(crate) fn alloc(&self) -> Option<Pfn> {
-        let (pfn, used_before) = self.take_charged()?;
+        let (pfn, used_before) = self.take_charged(self.zero_new)?;
         if self.zero_new && used_before {
             self.zero(pfn);
         }
@@ -323,18 +367,20 @@ impl FrameAllocator {
     }
 
     /// A frame with reference count 1 and unspecified contents (for a
-    /// frame about to be overwritten whole).
+    /// frame about to be overwritten whole): a dirty one if there is one,
+    /// leaving zero frames to the faults that need them.
     pub(crate) fn alloc_uninit(&self) -> Option<Pfn> {
-        self.take_charged().map(|(pfn, _)| pfn)
+        self.take_charged(false).map(|(pfn, _)| pfn)
     }
 
-    /// Charges and takes a frame; says whether it was used before.
-    fn take_charged(&self) -> Option<(Pfn, bool)> {
+    /// Charges and takes a frame, a zero one first if `zero`; says
+    /// whether it may hold someone's bytes.
+    fn take_charged(&self, zero: bool) -> Option<(Pfn, bool)> {
         let budget = &*self.budget;
         if !budget.try_charge(PAGE_SIZE) {
             return None;
         }
-        let Some((pfn, used_before)) = self.take(Use::Data(budget)) else {
+        let Some((pfn, used_before)) = self.take(Use::Data(budget), zero) else {
             budget.uncharge(PAGE_SIZE);
             return None;
         };
@@ -376,12 +422,13 @@ impl FrameAllocator {
             return false;
         }
         self.use_exclusive(pfn);
-        // Free now; whoever takes it next clears it (see `alloc`). The
-        // charge goes back to the account that took it.
+        // Free now; cleared here in a batch (`zero_freed`) or else by
+        // whoever takes it next for a new page (see `alloc`). The charge
+        // goes back to the account that took it.
         let owner = owner.load(counter::Ordering::Relaxed);
         if owner == self.id {
             self.budget.uncharge(PAGE_SIZE);
-            self.give(pfn, Use::Data(&self.budget));
+            self.give(pfn, Use::Data(&self.budget), self.zero_freed);
         } else {
             self.put_foreign(pfn, owner);
         }
@@ -394,11 +441,11 @@ impl FrameAllocator {
         let Some(budget) = self.accounts.budget(owner) else {
             // No such account (a bug, asserted in debug builds): the frame
             // goes back uncounted rather than to the wrong account.
-            self.give(pfn, Use::Table);
+            self.give(pfn, Use::Table, self.zero_freed);
             return;
         };
         budget.uncharge(PAGE_SIZE);
-        self.give(pfn, Use::Data(&budget));
+        self.give(pfn, Use::Data(&budget), self.zero_freed);
         self.accounts.settle(owner, &budget);
     }
 

@@ -3,7 +3,7 @@
 //! waiting for the frames on their way back to the pool when it runs dry.
 //!
 //! The global pool keeps up to `2 * keep` freed frames whose memory is
-//! still resident (`keep` is a sixteenth of the frames the live
+//! still resident (dirty ones and those cleared when freed, together) (`keep` is a sixteenth of the frames the live
 //! allocators over the memory may use): reuse of recently
 //! freed memory stays cheap. Past that, the thread whose spill crossed the
 //! mark takes the oldest frames out, down to `keep`, sorts them and
@@ -29,8 +29,9 @@ impl FrameAllocator {
         2 * self.keep_resident()
     }
 
-    /// Gives the memory of the pool's oldest freed frames back to the
-    /// system, down to `keep_resident`. One thread at a time: another one
+    /// Gives the memory of the pool's oldest freed frames (dirty ones
+    /// first, then cleared ones) back to the system, down to
+    /// `keep_resident`. One thread at a time: another one
     /// already at it will see what was spilled meanwhile, or the next
     /// spill will.
     pub(super) fn release(&self) {
@@ -39,10 +40,15 @@ impl FrameAllocator {
         };
         let mut out: Vec<Pfn> = {
             let mut pool = self.pool.lock();
-            let Some(n) = pool.free.len().checked_sub(self.keep_resident()) else {
+            let resident = pool.free.len() + pool.cleared.len();
+            let Some(n) = resident.checked_sub(self.keep_resident()) else {
                 return;
             };
-            pool.free.drain(..n).collect()
+            // Dirty frames first: discarding them clears them for free.
+            let dirty = n.min(pool.free.len());
+            let mut out: Vec<Pfn> = pool.free.drain(..dirty).collect();
+            out.extend(pool.cleared.drain(..n - dirty));
+            out
         };
         out.sort_unstable();
         let mut i = 0;

@@ -119,7 +119,7 @@ impl FrameAllocator {
     /// loom).
     #[cfg(not(aspace_loom))]
     pub(crate) fn alloc_table(&self, heap_if_dry: bool) -> Option<NonNull<TablePage>> {
-        let Some((pfn, _)) = self.take(super::cache::Use::Table) else {
+        let Some((pfn, _)) = self.take(super::cache::Use::Table, false) else {
             return heap_if_dry.then(TablePage::boxed);
         };
         // Cleared even when known to be zero: the walks and installs that
@@ -161,7 +161,7 @@ impl FrameAllocator {
                 self.zero(frame);
             }
             self.use_exclusive(frame);
-            self.give(frame, super::cache::Use::Table);
+            self.give(frame, super::cache::Use::Table, false);
         }
     }
 

@@ -86,8 +86,18 @@ fn read_write_round_trips_and_zeroing() {
         "the write at offset 1 left data[1..4] at 2..5"
     );
     f.put(a);
-    let b = f.alloc().unwrap();
-    assert_eq!(a, b);
+    // Never-used frames come first (they need no clearing), then `a`.
+    let mut fresh = Vec::new();
+    let b = loop {
+        let p = f.alloc().expect("the freed frame is handed out again");
+        if p == a {
+            break p;
+        }
+        fresh.push(p);
+    };
+    for p in fresh {
+        f.put(p);
+    }
     let mut all = vec![1u8; 4096];
     f.read(b, 0, &mut all);
     assert!(all.iter().all(|&x| x == 0), "reused frame is zeroed");
@@ -206,10 +216,9 @@ fn resident(f: &FrameAllocator, pfn: Pfn) -> bool {
     v & 1 != 0
 }
 
-#[test]
-fn freed_frames_past_the_mark_are_given_back_and_read_zero() {
-    let n = 4096;
-    let f = FrameAllocator::new(n * PAGE_SIZE, false);
+/// Takes all `n` frames of `f`'s memory, fills each with 0xa5 and frees
+/// them all; returns them.
+fn fill_and_free_all(f: &FrameAllocator, n: u64) -> Vec<Pfn> {
     let v: Vec<Pfn> = std::iter::from_fn(|| f.alloc()).collect();
     assert_eq!(v.len() as u64, n);
     for &p in &v {
@@ -218,6 +227,14 @@ fn freed_frames_past_the_mark_are_given_back_and_read_zero() {
     for &p in &v {
         f.put(p);
     }
+    v
+}
+
+#[test]
+fn freed_frames_past_the_mark_are_given_back_and_read_zero() {
+    let n = 4096;
+    let f = FrameAllocator::new(n * PAGE_SIZE, false);
+    let v = fill_and_free_all(&f, n);
     // Resident now: at most the pool's mark and every CPU cache's fill.
     let kept = f.release_above() + f.cpus.len() * CACHE_MAX;
     assert!(kept < n as usize / 2);
@@ -268,4 +285,112 @@ fn a_frame_is_uncharged_from_its_own_account_whoever_frees_it() {
     let q = c.alloc().unwrap();
     assert!(b.put(q));
     assert_eq!((c.used(), c.memory().used()), (0, 0));
+}
+
+/// Binds the calling test thread to the CPU it runs on, so that its
+/// frees and allocations meet in one CPU cache.
+fn stay_on_this_cpu() {
+    // SAFETY: sched_getcpu takes no arguments.
+    let cpu = unsafe { libc::sched_getcpu() };
+    assert!(cpu >= 0, "sched_getcpu");
+    // SAFETY: cpu_set_t is a plain bit array, valid when zeroed; `cpu` is
+    // a CPU number the kernel gave, below CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = core::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        libc::sched_setaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+fn reads_zero(f: &FrameAllocator, p: Pfn) -> bool {
+    let mut b = [0u8; 4096];
+    f.read(p, 0, &mut b);
+    b == [0; 4096]
+}
+
+/// With `zero_freed`, frames are cleared when a batch of them is freed,
+/// before anyone takes them, and a zero-frame taker gets them without
+/// clearing; the last partial batch waits dirty.
+#[test]
+fn zero_freed_clears_frames_in_batches_when_freed() {
+    std::thread::spawn(|| {
+        stay_on_this_cpu();
+        let f = FrameAllocator::new(4096 * PAGE_SIZE, true).with_zero_freed(true);
+        assert!(f.zeroes_freed());
+        assert!(!FrameAllocator::new(4096 * PAGE_SIZE, false)
+            .with_zero_freed(true)
+            .zeroes_freed());
+        let v: Vec<Pfn> = (0..2 * BATCH + 5).map(|_| f.alloc().unwrap()).collect();
+        for &p in &v {
+            f.write(p, 0, &[0xa5; 4096]);
+        }
+        for &p in &v {
+            f.put(p);
+        }
+        // Free frames' memory is ours to inspect: the first two batches
+        // were cleared by the frees themselves.
+        let cleared = v.iter().filter(|&&p| reads_zero(&f, p)).count();
+        assert_eq!(cleared, 2 * BATCH, "cleared at free");
+        // A fault's frame is one of them (zero ones first), not a dirty
+        // one and not a never-used one.
+        let (p, dirty) = f.take(Use::Table, true).unwrap();
+        assert!(!dirty && v.contains(&p) && reads_zero(&f, p));
+        // A frame to be overwritten whole takes a dirty one.
+        let (q, dirty) = f.take(Use::Table, false).unwrap();
+        assert!(dirty && v.contains(&q) && !reads_zero(&f, q));
+    })
+    .join()
+    .unwrap();
+}
+
+/// Without `zero_freed`, frees leave frames dirty; a zero-frame taker
+/// prefers a never-used frame to clearing a dirty one, and a taker that
+/// overwrites the frame takes the dirty one.
+#[test]
+fn zero_takers_prefer_zero_frames_and_copies_dirty_ones() {
+    std::thread::spawn(|| {
+        stay_on_this_cpu();
+        let f = FrameAllocator::new(4096 * PAGE_SIZE, true);
+        assert!(!f.zeroes_freed());
+        let a = f.alloc().unwrap();
+        f.write(a, 0, &[0xa5; 4096]);
+        assert!(f.put(a));
+        assert!(!reads_zero(&f, a), "not cleared at free");
+        let b = f.alloc().unwrap();
+        assert_ne!(a, b, "a never-used frame before a dirty one");
+        assert!(reads_zero(&f, b));
+        let c = f.alloc_uninit().unwrap();
+        assert_eq!(c, a, "the dirty frame for a frame overwritten whole");
+    })
+    .join()
+    .unwrap();
+}
+
+/// Frames cleared at free count as resident: past the pool's mark they
+/// are given back to the system like dirty ones, and all read zero.
+#[test]
+fn cleared_frames_count_against_the_resident_mark() {
+    std::thread::spawn(cleared_frames_on_one_cpu)
+        .join()
+        .unwrap();
+}
+
+fn cleared_frames_on_one_cpu() {
+    stay_on_this_cpu();
+    let n = 4096;
+    let f = FrameAllocator::new(n * PAGE_SIZE, true).with_zero_freed(true);
+    let v = fill_and_free_all(&f, n);
+    let pool = f.pool.lock();
+    assert!(pool.free.len() + pool.cleared.len() <= f.release_above());
+    // A CPU cache keeps at most `ZEROED_MAX` of them: the rest went to
+    // the pool, and what passed its mark was given back.
+    assert!(pool.zeroed.len() >= n as usize - f.release_above() - cache::ZEROED_MAX - BATCH);
+    drop(pool);
+    assert!(v.iter().all(|&p| {
+        reads_zero(&f, p) || {
+            // Only the last partial batch of some CPU may still be dirty.
+            let c = f.cpus.iter().any(|c| c.cache.lock().free.contains(&p));
+            c
+        }
+    }));
 }
