@@ -244,6 +244,15 @@ pub(crate) fn do_fault(
                 mm.stats.inc(Event::fault_spurious);
                 return Ok(());
             }
+            // A write to a read-only 2 MiB page: the huge zero page gets
+            // a huge frame, an exclusive page is reused whole, else it is
+            // split and 4 KiB copied, as Linux does (`mm::thp`).
+            if let Some(leaf) = mm.pt.huge_at(page, &g) {
+                if !super::thp::huge_wp_fault(mm, vma, page, leaf, &g) {
+                    mm.pt.split_huge(page, &g);
+                }
+                continue;
+            }
             if pte.flags().contains(PteFlags::UFFD_WP) && flags.contains(VmFlags::UFFD_WP) {
                 // Write-protected for a handler: queue the fault, or (an
                 // async context) clear the bit and go on as a plain
@@ -267,6 +276,11 @@ pub(crate) fn do_fault(
         // The one test an unregistered VMA pays for userfaults here.
         if flags.intersects(VmFlags::UFFD_MISSING | VmFlags::UFFD_MINOR) {
             uffd::missing_fault(mm, vma, page, access)?;
+        }
+        // A 2 MiB page where the VMA, the mode and the empty PMD slot
+        // allow one (`mm::thp`).
+        if super::thp::huge_fault(mm, vma, addr, access, &g)? {
+            return Ok(());
         }
         // SAFETY: `do_fault`'s caller holds `vma` (its read lock, or the
         // mmap_lock read side) until after the fault.

@@ -172,6 +172,12 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
         return Err(Event::spec_abort_needs_more);
     }
     let page = page_align_down(addr);
+    // Huge pages are installed only with the VMA held (`mm::thp`): where
+    // one could be, the locked paths decide.
+    let g = mm.pt.pin();
+    if crate::mm::thp::eligible(mm, flags, range, true, addr) && mm.pt.pmd_none(addr, &g) {
+        return Err(Event::spec_abort_needs_more);
+    }
     // Seqlock read side, run under each lock the install goes through (a
     // table's slot lock where a table is missing, then the PTE lock): the
     // field loads above happen before the re-read (pairs with the Release
@@ -180,14 +186,18 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
         fence(Ordering::Acquire);
         v.lock.stamp() == stamp
     };
-    // The tree pin above covers the walk too; this nested pin only names
-    // the page table's reclaimer. One walk, making missing tables: the
-    // install goes to the table found here (see `PteSlot` for why a table
-    // unlinked meanwhile is safe).
-    let g = mm.pt.pin();
+    // The tree pin above covers the walk too; the nested pin above only
+    // names the page table's reclaimer. One walk, making missing tables:
+    // the install goes to the table found here (see `PteSlot` for why a
+    // table unlinked meanwhile is safe).
     let slot = match mm.pt.slot_checked(page, &g, &valid) {
         Ok(s) => s,
         Err(CheckedInstallError::Invalid) => return Err(Event::spec_abort_stamp),
+        // A 2 MiB page maps it: done if it satisfies us.
+        Err(CheckedInstallError::Taken(e)) if access != Access::Write || e.is_writable() => {
+            mm.stats.inc(Event::fault_spurious);
+            return Ok(());
+        }
         Err(_) => return Err(Event::spec_abort_table),
     };
     let cur = slot.get();

@@ -137,7 +137,9 @@ impl Drop for PageTable {
             if level > 0 && !t.is_empty() {
                 for e in t.entries.iter() {
                     let c = e.load(Ordering::Relaxed);
-                    if c != 0 {
+                    // A PMD leaf maps a page, not a table (its frames
+                    // were released by the teardown's zap).
+                    if super::is_table(c) {
                         free(frames, c, level - 1);
                     }
                 }
