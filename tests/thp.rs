@@ -390,6 +390,102 @@ fn the_budget_is_charged_2_mib() {
     assert!(mm.memory_used() - before < 64 * PAGE_SIZE);
 }
 
+#[test]
+fn madv_collapse_copies_4k_pages_into_a_huge_page() {
+    // Never: faults map 4 KiB pages, MADV_COLLAPSE still collapses.
+    let mm = space(ThpMode::Never);
+    let a = mm.mmap(BASE, 2 * HUGE, RW, anon()).unwrap();
+    fill(&mm, a, HUGE);
+    // A hole in the second span: collapsed too (any number of empty
+    // entries), reading zero.
+    fill(&mm, a + HUGE, HUGE);
+    mm.madvise(a + HUGE + 9 * PAGE_SIZE, PAGE_SIZE, Advice::DontNeed)
+        .unwrap();
+    assert_eq!(mm.anon_huge_pages(a), Some(0));
+    assert_eq!(mm.frames_used(), 1023);
+    mm.madvise(a, 2 * HUGE, Advice::Collapse).unwrap();
+    assert_eq!(mm.stats().thp_collapse_alloc, 2);
+    assert_eq!(mm.anon_huge_pages(a), Some(2 * HUGE));
+    assert_eq!(mm.frames_used(), 1024);
+    check(&mm, a, HUGE + 9 * PAGE_SIZE);
+    check(&mm, a + HUGE + 10 * PAGE_SIZE, HUGE - 10 * PAGE_SIZE);
+    let mut b = [1u8; 16];
+    mm.read(a + HUGE + 9 * PAGE_SIZE, &mut b).unwrap();
+    assert_eq!(b, [0; 16]);
+    // Collapsing again is a no-op; the page tables went back.
+    mm.madvise(a, 2 * HUGE, Advice::Collapse).unwrap();
+    assert_eq!(mm.stats().thp_collapse_alloc, 2);
+    mm.munmap(a, 2 * HUGE).unwrap();
+    assert_eq!(mm.frames_used(), 0);
+}
+
+#[test]
+fn madv_collapse_errors() {
+    let mm = space(ThpMode::Madvise);
+    let a = mm.mmap(BASE, HUGE, RW, anon()).unwrap();
+    // No page table in the span: EINVAL, as Linux's SCAN_PMD_NULL.
+    assert_eq!(
+        mm.madvise(a, HUGE, Advice::Collapse),
+        Err(aspace::Error::Inval)
+    );
+    mm.write(a, b"x").unwrap();
+    mm.madvise(a, HUGE, Advice::NoHugePage).unwrap();
+    assert_eq!(
+        mm.madvise(a, HUGE, Advice::Collapse),
+        Err(aspace::Error::Inval)
+    );
+    // No huge frame: ENOMEM, the pages unchanged.
+    let pool = Arc::new(FrameAllocator::new(1 << 20, true));
+    let small = AddressSpace::with_pool(Config::default(), pool);
+    let b = small.mmap(BASE, HUGE, RW, anon()).unwrap();
+    fill(&small, b, 16 * PAGE_SIZE);
+    assert_eq!(
+        small.madvise(b, HUGE, Advice::Collapse),
+        Err(aspace::Error::NoMem)
+    );
+    check(&small, b, 16 * PAGE_SIZE);
+    // A VMA that cannot have them stops the walk with EINVAL, before
+    // the hole after it is seen.
+    assert_eq!(
+        mm.madvise(a, 2 * HUGE, Advice::Collapse),
+        Err(aspace::Error::Inval)
+    );
+    // A hole after a collapsible VMA: ENOMEM, the VMA collapsed.
+    let mm = space(ThpMode::Madvise);
+    let a = mm.mmap(BASE, HUGE, RW, anon()).unwrap();
+    mm.write(a, b"x").unwrap();
+    assert_eq!(
+        mm.madvise(a, 2 * HUGE, Advice::Collapse),
+        Err(aspace::Error::NoMem)
+    );
+    assert_eq!(mm.anon_huge_pages(a), Some(HUGE));
+}
+
+#[test]
+fn khugepaged_collapses_spans_within_max_ptes_none() {
+    let mm = AddressSpace::new(Config {
+        thp: ThpMode::Madvise,
+        thp_max_ptes_none: 100,
+        ..Config::default()
+    });
+    let a = mm.mmap(BASE, 3 * HUGE, RW, anon()).unwrap();
+    // 4 KiB pages first (not advised yet), then the advice.
+    fill(&mm, a, HUGE); // full
+    fill(&mm, a + HUGE, HUGE - 100 * PAGE_SIZE); // 100 empty
+    fill(&mm, a + 2 * HUGE, HUGE - 101 * PAGE_SIZE); // 101 empty
+    assert_eq!(mm.khugepaged_scan(), 0, "madvise mode, no advice");
+    mm.madvise(a, 3 * HUGE, Advice::HugePage).unwrap();
+    assert_eq!(mm.khugepaged_scan(), 2);
+    assert_eq!(mm.stats().thp_collapse_alloc, 2);
+    assert_eq!(mm.anon_huge_pages(a), Some(2 * HUGE));
+    check(&mm, a, 2 * HUGE - 100 * PAGE_SIZE);
+    check(&mm, a + 2 * HUGE, HUGE - 101 * PAGE_SIZE);
+    assert_eq!(mm.khugepaged_scan(), 0);
+    // A fork child shares the collapsed pages.
+    let child = mm.fork().unwrap();
+    check(&child, a, HUGE);
+}
+
 /// The same calls on a region of this process and on a space, with
 /// `AnonHugePages` of every VMA of the window compared between
 /// `/proc/self/smaps` and [`AddressSpace::anon_huge_pages`].
@@ -465,9 +561,10 @@ mod against_the_kernel {
             .collect()
     }
 
-    /// Runs `ops` in this process and on a space; returns both views
-    /// after each op, or `None` if the kernel gave no huge page to the
-    /// first write (no free 2 MiB: nothing to compare).
+    /// Runs `ops` in this process and on a space (each madvise's errno
+    /// compared as it goes); returns both views after each op, or `None`
+    /// if the kernel had no huge page where aspace mapped its first (no
+    /// free 2 MiB: nothing to compare).
     #[allow(clippy::type_complexity)]
     fn run(ops: &[Op]) -> Option<Vec<(Op, Vec<(u64, u64, u64)>, Vec<(u64, u64, u64)>)>> {
         let mode = kernel_mode()?;
@@ -491,6 +588,7 @@ mod against_the_kernel {
         let k = |off: u64| (kb + off) as *mut libc::c_void;
         let mut views = Vec::new();
         let mut kernel_got_huge = true;
+        let mut seen_huge = false;
         for &op in ops {
             // SAFETY (every libc call below): addresses inside our own
             // reservation, which only this function maps.
@@ -509,8 +607,10 @@ mod against_the_kernel {
                         mm.mmap(BASE + off, len, RW, anon()).unwrap();
                     }
                     Op::Advise(off, len, a) => {
-                        assert_eq!(libc::madvise(k(off), len as usize, a.to_raw()), 0);
-                        mm.madvise(BASE + off, len, a).unwrap();
+                        let r = libc::madvise(k(off), len as usize, a.to_raw());
+                        let kernel = (r != 0).then(|| *libc::__errno_location());
+                        let ours = mm.madvise(BASE + off, len, a).err().map(|e| e.errno());
+                        assert_eq!(kernel, ours, "{op:?}: errno");
                     }
                     Op::WriteAll(off, len) => {
                         for p in (off..off + len).step_by(PAGE_SIZE as usize) {
@@ -564,11 +664,17 @@ mod against_the_kernel {
                     }
                 }
             }
-            let kv = kernel_huge(kb);
-            if matches!(op, Op::WriteAll(..)) && views.is_empty() {
-                kernel_got_huge = kv.iter().any(|v| v.2 > 0);
+            let (kv, av) = (kernel_huge(kb), aspace_huge(&mm));
+            // The first huge page aspace maps: did the kernel get one
+            // too (else it had no free 2 MiB, and nothing compares)?
+            if !seen_huge && av.iter().any(|v| v.2 > 0) {
+                seen_huge = true;
+                // Only a fault may find no free 2 MiB and fall back; a
+                // collapse that fails says so in its errno.
+                let fault = matches!(op, Op::WriteAll(..) | Op::Write(_) | Op::Read(_));
+                kernel_got_huge = !fault || kv.iter().any(|v| v.2 > 0);
             }
-            views.push((op, kv, aspace_huge(&mm)));
+            views.push((op, kv, av));
         }
         for (pid, fd, child) in children {
             drop(child);
@@ -581,7 +687,7 @@ mod against_the_kernel {
         // SAFETY: our reservation, whole.
         unsafe { libc::munmap(raw, (WINDOW + HUGE) as usize) };
         if !kernel_got_huge {
-            eprintln!("the kernel gave no huge page (no free 2 MiB?): not compared");
+            eprintln!("the kernel gave no huge page (no free 2 MiB?): not compared: {ops:?}");
             return None;
         }
         Some(views)
@@ -637,6 +743,37 @@ mod against_the_kernel {
             (
                 "fork and a write",
                 scenario(&[Op::Fork, Op::Write(HUGE + 5 * p), Op::Write(2 * HUGE)]),
+            ),
+            (
+                "MADV_COLLAPSE of 4 KiB pages",
+                vec![
+                    Op::Map(HUGE, 2 * HUGE),
+                    Op::WriteAll(HUGE, 2 * HUGE),
+                    Op::Advise(HUGE, 2 * HUGE, Advice::Collapse),
+                ],
+            ),
+            (
+                "MADV_COLLAPSE after a partial dontneed",
+                scenario(&[
+                    Op::Advise(HUGE + 3 * p, 2 * p, Advice::DontNeed),
+                    Op::Advise(HUGE, 2 * HUGE, Advice::Collapse),
+                ]),
+            ),
+            (
+                "MADV_COLLAPSE with an untouched span",
+                vec![
+                    Op::Map(HUGE, 2 * HUGE),
+                    Op::WriteAll(2 * HUGE, HUGE),
+                    Op::Advise(HUGE, 2 * HUGE, Advice::Collapse),
+                ],
+            ),
+            (
+                "MADV_COLLAPSE of part of a VMA, unaligned",
+                vec![
+                    Op::Map(HUGE, 2 * HUGE),
+                    Op::WriteAll(HUGE, 2 * HUGE),
+                    Op::Advise(HUGE + p, 2 * HUGE - p, Advice::Collapse),
+                ],
             ),
             (
                 "read fault then write",

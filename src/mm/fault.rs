@@ -16,6 +16,12 @@
 //! of a writable VMA reuses the frame if this entry holds its only
 //! reference, else copies it (copy-on-write).
 //!
+//! Huge pages (`mm::thp`): in an eligible 2 MiB span whose PMD slot is
+//! empty, a fault maps a huge frame (a write) or the huge zero page (a
+//! read) with one PMD leaf; a write to a read-only leaf replaces the huge
+//! zero page with a huge frame, reuses an exclusive page whole, or splits
+//! the leaf and goes on as a 4 KiB copy-on-write.
+//!
 //! Object-backed VMAs ([`crate::Memfd`], shared anonymous memory): a page
 //! at or past the object's end is SIGBUS, checked again under the PTE
 //! lock against a racing shrink (`vma::mappings`); a shared mapping maps

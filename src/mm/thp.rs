@@ -17,6 +17,17 @@
 //! exclusive huge page whole; here the split always happens, and the
 //! 4 KiB copy-on-write then reuses each page that is exclusive.
 //!
+//! Collapse (`MADV_COLLAPSE`, [`AddressSpace::khugepaged_scan`]): under
+//! the mmap_lock write side with the VMA write-locked (so no fault, not
+//! even a speculative one, is inside the span), a 2 MiB span's PTE table
+//! is replaced by a leaf of a huge frame holding copies of its pages
+//! (`PageTable::collapse`); the old table goes through the epoch and the
+//! old frames after the flush. `MADV_COLLAPSE` ignores the mode and
+//! `max_ptes_none` (it fills any number of empty entries, as Linux's
+//! does); khugepaged honours both. Linux's khugepaged also wants a
+//! recently referenced page and at most `max_ptes_shared` shared ones;
+//! this scan does not look at either.
+//!
 //! Paths: the per-VMA and mmap_lock faults install huge pages, under
 //! the PMD table's lock, holding the VMA (read lock or mmap_lock), which
 //! keeps every writer of its range out; the speculative path does not:
@@ -25,15 +36,18 @@
 //! held. It handles spans already mapped by a leaf like any present
 //! entry (a lookup returns the 4 KiB view).
 
+use super::edit::Edit;
 use super::fault::Step;
 use super::soft_dirty;
 use super::{Access, AddressSpace};
 use crate::addr::Range;
+use crate::error::{Error, Result};
 use crate::phys::Pfn;
 use crate::pt::{CheckedInstallError, Pte, PteFlags, HUGE_SIZE};
 use crate::reclaim::Guard;
 use crate::stats::Event;
 use crate::sync::Ordering;
+use crate::tlb::Gather;
 use crate::vma::{VmFlags, Vma};
 use crate::ThpMode;
 
@@ -46,14 +60,25 @@ pub(crate) fn eligible(
     anon_private: bool,
     addr: u64,
 ) -> bool {
-    let mode_allows = match mm.cfg.thp {
+    mode_allows(mm, flags) && vma_allows(mm, flags, anon_private) && span_inside(range, addr)
+}
+
+/// Whether the THP mode gives a VMA with `flags` huge pages on faults
+/// (and khugepaged's collapses).
+fn mode_allows(mm: &AddressSpace, flags: VmFlags) -> bool {
+    match mm.cfg.thp {
         ThpMode::Always => true,
         ThpMode::Madvise => flags.contains(VmFlags::HUGEPAGE),
         ThpMode::Never => false,
-    };
-    let start = addr & !(HUGE_SIZE - 1);
-    mode_allows
-        && anon_private
+    }
+}
+
+/// Whether a VMA with `flags` may have huge pages at all, whatever the
+/// mode (what `MADV_COLLAPSE` checks): anonymous and private, not
+/// `VM_NOHUGEPAGE`, not registered for userfaults, in a space without
+/// `PR_SET_THP_DISABLE`.
+fn vma_allows(mm: &AddressSpace, flags: VmFlags, anon_private: bool) -> bool {
+    anon_private
         && !mm.thp_disable()
         && !flags.intersects(
             VmFlags::NOHUGEPAGE
@@ -62,8 +87,12 @@ pub(crate) fn eligible(
                 | VmFlags::UFFD_MINOR
                 | VmFlags::UFFD_WP,
         )
-        && start >= range.start
-        && start.checked_add(HUGE_SIZE).is_some_and(|e| e <= range.end)
+}
+
+/// Whether the 2 MiB-aligned span holding `addr` lies inside `range`.
+fn span_inside(range: Range, addr: u64) -> bool {
+    let start = addr & !(HUGE_SIZE - 1);
+    start >= range.start && start.checked_add(HUGE_SIZE).is_some_and(|e| e <= range.end)
 }
 
 /// The huge fault: maps the 2 MiB page around `addr` in `vma` if it is
@@ -176,7 +205,190 @@ pub(crate) fn huge_wp_fault(mm: &AddressSpace, vma: &Vma, page: u64, leaf: Pte, 
     true
 }
 
+/// Why a span was not collapsed (Linux's `SCAN_*` results, as
+/// `MADV_COLLAPSE` reports them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CollapseFail {
+    /// No page table maps the span (`SCAN_PMD_NONE`): `EINVAL`, and the
+    /// spans after it are left.
+    NoTable,
+    /// More empty entries than allowed (`SCAN_EXCEED_NONE_PTE`): `ENOMEM`.
+    TooEmpty,
+    /// An entry write-protected for a userfault handler
+    /// (`SCAN_PTE_UFFD_WP`): `EINVAL`.
+    UffdWp,
+    /// A page pinned by a device (`SCAN_PAGE_COUNT`): `EINVAL`.
+    Pinned,
+    /// No huge frame free (`SCAN_ALLOC_HUGE_PAGE_FAIL`): `ENOMEM`.
+    NoMemory,
+}
+
+impl CollapseFail {
+    /// Whether `MADV_COLLAPSE` goes on to the next span after this
+    /// failure (Linux's list of results it continues after).
+    fn goes_on(self) -> bool {
+        matches!(self, CollapseFail::UffdWp | CollapseFail::Pinned)
+    }
+
+    fn errno(self) -> Error {
+        match self {
+            CollapseFail::TooEmpty | CollapseFail::NoMemory => Error::NoMem,
+            CollapseFail::NoTable | CollapseFail::UffdWp | CollapseFail::Pinned => Error::Inval,
+        }
+    }
+}
+
+/// Collapses the 2 MiB span at `start` of `v` (locked by `ed`'s caller)
+/// into a huge page: its 4 KiB pages copied into a huge frame, at most
+/// `max_none` of its 512 entries empty (or the zero page), the old
+/// frames freed after the flush (`gather`). Already huge: done.
+fn collapse_span(
+    mm: &AddressSpace,
+    v: &Vma,
+    start: u64,
+    max_none: u32,
+    gather: &mut Gather<'_>,
+) -> core::result::Result<(), CollapseFail> {
+    let Some(pt) = mm.pt.peek() else {
+        return Err(CollapseFail::NoTable);
+    };
+    let g = pt.pin();
+    if pt.huge_at(start, &g).is_some() {
+        return Ok(());
+    }
+    let frames = &mm.frames;
+    let flags = PteFlags::from(v.flags());
+    let mut fail = CollapseFail::NoTable;
+    let old = pt.collapse(start, &g, |old| {
+        let none = old.iter().filter(|p| p.frame().is_none()).count();
+        if none > max_none as usize {
+            fail = CollapseFail::TooEmpty;
+            return None;
+        }
+        if old.iter().any(|p| p.flags().contains(PteFlags::UFFD_WP)) {
+            fail = CollapseFail::UffdWp;
+            return None;
+        }
+        if old
+            .iter()
+            .filter_map(|p| p.frame())
+            .any(|f| frames.maybe_pinned(f))
+        {
+            fail = CollapseFail::Pinned;
+            return None;
+        }
+        let Some(head) = frames.alloc_huge() else {
+            fail = CollapseFail::NoMemory;
+            return None;
+        };
+        for (i, p) in old.iter().enumerate() {
+            if let Some(f) = p.frame() {
+                frames.copy(Pfn::new(head.get() + i as u32), f);
+            }
+        }
+        Some(Pte::new(head, flags | soft_dirty::WRITTEN | PteFlags::HUGE))
+    });
+    let Some(old) = old else {
+        return Err(fail);
+    };
+    gather.add_range(Range::new(start, start + HUGE_SIZE));
+    for p in old {
+        if let Some(f) = p.frame() {
+            gather.free_frame(f);
+        }
+    }
+    mm.stats.inc(Event::thp_collapse_alloc);
+    Ok(())
+}
+
+/// The 2 MiB-aligned spans inside both `r` and `v`'s range.
+fn spans(v: &Vma, r: Range) -> impl Iterator<Item = u64> {
+    let lo = r.start.max(v.start());
+    let hi = r.end.min(v.end()) & !(HUGE_SIZE - 1);
+    let first = lo.checked_next_multiple_of(HUGE_SIZE).unwrap_or(u64::MAX);
+    (first..hi).step_by(HUGE_SIZE as usize)
+}
+
 impl AddressSpace {
+    /// `MADV_COLLAPSE` of `r` (see [`Advice::Collapse`](crate::Advice::Collapse)):
+    /// under the mmap_lock write side, each VMA write-locked, every
+    /// 2 MiB-aligned span inside `r` and its VMA collapsed with any number
+    /// of empty entries. A span that fails stops the call with its errno
+    /// (`EINVAL` for a span with no page table, `ENOMEM` with no huge
+    /// frame), except a pinned or write-protected page, which leaves its
+    /// span and goes on (its errno returned at the end); `ENOMEM` for a
+    /// hole.
+    pub(crate) fn madvise_collapse(&self, r: Range) -> Result<()> {
+        let ed = Edit::begin(self);
+        let mut gather = ed.gather();
+        let mut cursor = r.start;
+        let mut hole = false;
+        let mut last_fail = None;
+        for v in ed.vmas_in(r) {
+            if v.start() > cursor {
+                hole = true;
+            }
+            cursor = v.end();
+            if !vma_allows(self, v.flags(), v.is_anonymous()) {
+                return Err(Error::Inval);
+            }
+            ed.lock(v);
+            for start in spans(&v, r) {
+                if let Err(f) = collapse_span(self, &v, start, 511, &mut gather) {
+                    last_fail = Some(f);
+                    // Linux goes on past a page it cannot take now and
+                    // stops at anything else (`madvise_collapse`).
+                    if !f.goes_on() {
+                        gather.flush();
+                        return Err(f.errno());
+                    }
+                }
+            }
+        }
+        gather.flush();
+        if hole || cursor < r.end {
+            return Err(Error::NoMem);
+        }
+        last_fail.map_or(Ok(()), |f| Err(f.errno()))
+    }
+
+    /// One pass of khugepaged over the whole space: in every VMA the THP
+    /// mode gives huge pages to, each 2 MiB-aligned span with a page table
+    /// and at most [`Config::thp_max_ptes_none`](crate::Config::thp_max_ptes_none)
+    /// empty entries is collapsed into a huge page. Returns how many were.
+    /// Runs under the mmap_lock write side (Linux's khugepaged takes it
+    /// for each collapse); call it when the space is idle, or from a
+    /// thread of your own.
+    pub fn khugepaged_scan(&self) -> usize {
+        let ed = Edit::begin(self);
+        let mut gather = ed.gather();
+        let mut n = 0;
+        for v in ed.vmas_in(Range::new(0, u64::MAX)) {
+            let flags = v.flags();
+            if !mode_allows(self, flags) || !vma_allows(self, flags, v.is_anonymous()) {
+                continue;
+            }
+            let has_table = |s: u64| self.pt.peek().is_some_and(|pt| !pt.pmd_none(s, &pt.pin()));
+            let todo: Vec<u64> = spans(&v, v.range()).filter(|&s| has_table(s)).collect();
+            if todo.is_empty() {
+                continue;
+            }
+            ed.lock(v);
+            for start in todo {
+                let max = self.cfg.thp_max_ptes_none.min(511);
+                let already = self
+                    .pt
+                    .peek()
+                    .is_some_and(|pt| pt.huge_at(start, &pt.pin()).is_some());
+                if !already && collapse_span(self, &v, start, max, &mut gather).is_ok() {
+                    n += 1;
+                }
+            }
+        }
+        gather.flush();
+        n
+    }
+
     /// Disables transparent huge pages for the whole space, or enables them
     /// again, like `prctl(PR_SET_THP_DISABLE, disable)`: faults from now on
     /// map 4 KiB pages whatever the mode and the VMAs' flags; huge pages
