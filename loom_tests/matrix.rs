@@ -29,7 +29,7 @@ const READERS: [&str; 8] = [
 /// The writers: every change of a VMA's range, flags, backing or
 /// registration (all through `Edit::lock`, which stamps and sweeps), and
 /// the calls that change entries under the mmap_lock read side.
-const WRITERS: [&str; 19] = [
+const WRITERS: [&str; 20] = [
     "munmap",
     "mprotect",
     "mremap move",
@@ -49,6 +49,7 @@ const WRITERS: [&str; 19] = [
     "fork",
     "THP split",
     "THP fault",
+    "THP collapse",
 ];
 
 enum Cell {
@@ -256,6 +257,17 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("userfault waiter", "THP fault", Apart("a VMA registered for userfaults gets no huge page (mm/thp.rs eligible)")),
     ("forced access", "THP fault", NEW_LEAF),
     ("file writeback", "THP fault", Apart("huge pages are anonymous: an object's pages are never mapped by a leaf")),
+    // MADV_COLLAPSE and khugepaged: under the mmap_lock write side, the
+    // VMA claimed by Edit::lock; the table unlinked, the span flushed,
+    // the pages copied, the leaf installed (mm/thp.rs).
+    ("speculative fault", "THP collapse", Shares("spec_writers.rs", "spec_fault_in_shared_table_vs_mprotect", "collapse claims the VMA with Edit::lock's stamp and sweep as mprotect does, and unlinks the table under its PTE lock and slot lock: a fault still inside it fails its stamp check")),
+    ("per-VMA fault", "THP collapse", LOCKED_OUT),
+    ("translator access", "THP collapse", Shares("translator_writers.rs", "translator_store_vs_dontneed", "collapse empties the span and flushes before it reads the pages, DONTNEED's zap-then-flush order: no store through an old translation lands after the copy")),
+    ("instruction fetch", "THP collapse", Shares("translator_writers.rs", "translator_store_vs_dontneed", FETCH)),
+    ("device slice", "THP collapse", Apart("a span with a pinned page is not collapsed: the slice's frame stays mapped")),
+    ("userfault waiter", "THP collapse", Apart("a VMA registered for userfaults is not collapsed (mm/thp.rs vma_allows)")),
+    ("forced access", "THP collapse", MMAP_LOCKED_OUT),
+    ("file writeback", "THP collapse", Apart("only anonymous memory is collapsed: an object's pages are never touched")),
 ];
 
 fn source(file: &str) -> &'static str {

@@ -20,9 +20,10 @@
 //! Collapse (`MADV_COLLAPSE`, [`AddressSpace::khugepaged_scan`]): under
 //! the mmap_lock write side with the VMA write-locked (so no fault, not
 //! even a speculative one, is inside the span), a 2 MiB span's PTE table
-//! is replaced by a leaf of a huge frame holding copies of its pages
-//! (`PageTable::collapse`); the old table goes through the epoch and the
-//! old frames after the flush. `MADV_COLLAPSE` ignores the mode and
+//! is unlinked (`PageTable::collapse_unlink`), the span's translations
+//! flushed (so no translator store can land on an old page after it is
+//! copied), its pages copied into a huge frame and the leaf installed; the
+//! old table goes through the epoch, the old frames back to the pool. `MADV_COLLAPSE` ignores the mode and
 //! `max_ptes_none` (it fills any number of empty entries, as Linux's
 //! does); khugepaged honours both. Linux's khugepaged also wants a
 //! recently referenced page and at most `max_ptes_shared` shared ones;
@@ -240,14 +241,14 @@ impl CollapseFail {
 
 /// Collapses the 2 MiB span at `start` of `v` (locked by `ed`'s caller)
 /// into a huge page: its 4 KiB pages copied into a huge frame, at most
-/// `max_none` of its 512 entries empty (or the zero page), the old
-/// frames freed after the flush (`gather`). Already huge: done.
+/// `max_none` of its 512 entries empty (or the zero page): the table
+/// unlinked, the span's translations flushed, the pages copied, the leaf
+/// installed, the old frames freed. Already huge: done.
 fn collapse_span(
     mm: &AddressSpace,
     v: &Vma,
     start: u64,
     max_none: u32,
-    gather: &mut Gather<'_>,
 ) -> core::result::Result<(), CollapseFail> {
     let Some(pt) = mm.pt.peek() else {
         return Err(CollapseFail::NoTable);
@@ -257,17 +258,17 @@ fn collapse_span(
         return Ok(());
     }
     let frames = &mm.frames;
-    let flags = PteFlags::from(v.flags());
     let mut fail = CollapseFail::NoTable;
-    let old = pt.collapse(start, &g, |old| {
+    let mut head = None;
+    let old = pt.collapse_unlink(start, &g, |old| {
         let none = old.iter().filter(|p| p.frame().is_none()).count();
         if none > max_none as usize {
             fail = CollapseFail::TooEmpty;
-            return None;
+            return false;
         }
         if old.iter().any(|p| p.flags().contains(PteFlags::UFFD_WP)) {
             fail = CollapseFail::UffdWp;
-            return None;
+            return false;
         }
         if old
             .iter()
@@ -275,26 +276,42 @@ fn collapse_span(
             .any(|f| frames.maybe_pinned(f))
         {
             fail = CollapseFail::Pinned;
-            return None;
+            return false;
         }
-        let Some(head) = frames.alloc_huge() else {
+        head = frames.alloc_huge();
+        if head.is_none() {
             fail = CollapseFail::NoMemory;
-            return None;
-        };
-        for (i, p) in old.iter().enumerate() {
-            if let Some(f) = p.frame() {
-                frames.copy(Pfn::new(head.get() + i as u32), f);
-            }
         }
-        Some(Pte::new(head, flags | soft_dirty::WRITTEN | PteFlags::HUGE))
+        head.is_some()
     });
-    let Some(old) = old else {
+    let (Some(old), Some(head)) = (old, head) else {
         return Err(fail);
     };
-    gather.add_range(Range::new(start, start + HUGE_SIZE));
+    // The old translations go before the pages are read: a store through
+    // a translator's cached entry cannot land after the copy (its access
+    // in flight is waited for; a new walk finds the slot empty and its
+    // fault waits for our mmap_lock).
+    let span = Range::new(start, start + HUGE_SIZE);
+    let mut flush = Gather::new(&mm.tlb, &mm.stats, frames);
+    flush.add_range(span);
+    flush.flush();
+    let mut dirty = PteFlags::empty();
+    for (i, p) in old.iter().enumerate() {
+        if let Some(f) = p.frame() {
+            frames.copy(Pfn::new(head.get() + i as u32), f);
+        }
+        dirty |= p.flags() & PteFlags::SOFT_DIRTY;
+    }
+    let leaf = Pte::new(
+        head,
+        PteFlags::from(v.flags()) | soft_dirty::WRITTEN | dirty | PteFlags::HUGE,
+    );
+    pt.install_huge(start, leaf, &g, || true)
+        .expect("the slot we emptied, with the VMA locked");
+    // Flushed already: the old frames go now.
     for p in old {
         if let Some(f) = p.frame() {
-            gather.free_frame(f);
+            frames.put(f);
         }
     }
     mm.stats.inc(Event::thp_collapse_alloc);
@@ -320,7 +337,6 @@ impl AddressSpace {
     /// hole.
     pub(crate) fn madvise_collapse(&self, r: Range) -> Result<()> {
         let ed = Edit::begin(self);
-        let mut gather = ed.gather();
         let mut cursor = r.start;
         let mut hole = false;
         let mut last_fail = None;
@@ -334,18 +350,16 @@ impl AddressSpace {
             }
             ed.lock(v);
             for start in spans(&v, r) {
-                if let Err(f) = collapse_span(self, &v, start, 511, &mut gather) {
+                if let Err(f) = collapse_span(self, &v, start, 511) {
                     last_fail = Some(f);
                     // Linux goes on past a page it cannot take now and
                     // stops at anything else (`madvise_collapse`).
                     if !f.goes_on() {
-                        gather.flush();
                         return Err(f.errno());
                     }
                 }
             }
         }
-        gather.flush();
         if hole || cursor < r.end {
             return Err(Error::NoMem);
         }
@@ -361,7 +375,6 @@ impl AddressSpace {
     /// thread of your own.
     pub fn khugepaged_scan(&self) -> usize {
         let ed = Edit::begin(self);
-        let mut gather = ed.gather();
         let mut n = 0;
         for v in ed.vmas_in(Range::new(0, u64::MAX)) {
             let flags = v.flags();
@@ -380,12 +393,11 @@ impl AddressSpace {
                     .pt
                     .peek()
                     .is_some_and(|pt| pt.huge_at(start, &pt.pin()).is_some());
-                if !already && collapse_span(self, &v, start, max, &mut gather).is_ok() {
+                if !already && collapse_span(self, &v, start, max).is_ok() {
                     n += 1;
                 }
             }
         }
-        gather.flush();
         n
     }
 

@@ -202,25 +202,25 @@ impl PageTable {
         self.frames.memory().uncharge(TABLE_BYTES);
     }
 
-    /// Collapses the PTE table of the 2 MiB span at `start` into a PMD
-    /// leaf (khugepaged's and `MADV_COLLAPSE`'s last step): under the PTE
-    /// table's lock, `decide` gets its 512 entries and returns the leaf
-    /// to install (having copied the pages it needs into the leaf's
-    /// frame) or `None`; the leaf then replaces the table under the PMD
-    /// lock, and the table is retired through the epoch. Returns the old
-    /// entries, whose frame references are now the caller's to drop
-    /// after its TLB flush. `None`: no table there, or `decide` refused.
+    /// Unlinks the PTE table of the 2 MiB span at `start` for a collapse
+    /// (khugepaged's and `MADV_COLLAPSE`'s first step, Linux's
+    /// `pmdp_collapse_flush`): under the PTE table's lock, `decide` gets
+    /// its 512 entries and says whether to go on; if so the PMD slot is
+    /// emptied under its lock and the table retired through the epoch.
+    /// Returns the old entries, whose frame references are now the
+    /// caller's; it flushes their translations, copies the pages and
+    /// installs the leaf ([`install_huge`](Self::install_huge)) before
+    /// dropping them. `None`: no table there, or `decide` refused.
     ///
-    /// The caller keeps every other writer of the span out (the
-    /// mmap_lock write side and the VMA write-locked, whose stamp makes a
-    /// speculative fault still inside the old table fail its check);
-    /// lock-free walkers may read the old table or the leaf until the
-    /// caller's flush, both translating to live frames.
-    pub fn collapse(
+    /// The caller keeps every other writer and fault out of the span (the
+    /// mmap_lock write side and the VMA write-locked: a fault that finds
+    /// the slot empty waits for the mmap_lock, and a speculative fault
+    /// still inside the old table fails its stamp check).
+    pub fn collapse_unlink(
         &self,
         start: u64,
         g: &Guard,
-        decide: impl FnOnce(&[Pte]) -> Option<Pte>,
+        decide: impl FnOnce(&[Pte]) -> bool,
     ) -> Option<Vec<Pte>> {
         let (pmd, e) = self.pmd_slot(start, g)?;
         let t = self.child(e, g)?;
@@ -230,13 +230,13 @@ impl PageTable {
             .iter()
             .map(|w| Pte(w.load(Ordering::Relaxed)))
             .collect();
-        let leaf = decide(&old)?;
-        debug_assert!(leaf.is_huge());
+        if !decide(&old) {
+            return None;
+        }
         {
             let _l = pmd.lock.lock();
-            // Release: the leaf's frame (its copied contents) before it.
-            // The slot stays used (table for leaf).
-            e.store(leaf_word(leaf), Ordering::Release);
+            e.store(0, Ordering::Release);
+            pmd.used.fetch_sub(1, Ordering::Relaxed);
         }
         self.retire_table(NonNull::from(t), g);
         Some(old)
