@@ -45,8 +45,8 @@ fn with_leaf() -> Arc<PageTable> {
 ///
 /// Mutation caught: in `PageTable::link_split` (src/pt/huge.rs), the
 /// store that links the filled table with `Ordering::Relaxed` instead of
-/// `Release`: the walker reaches the table without its entries and reads
-/// an empty one.
+/// `Release`: the walker reaches the table with its entries' stores not
+/// ordered before its loads (loom reports the causality violation).
 #[test]
 fn lookup_vs_split() {
     model(|| {
@@ -128,8 +128,8 @@ fn zero_huge_space() -> Arc<AddressSpace> {
 /// one split wins, and both writes are there after.
 ///
 /// Mutation caught: as `split_vs_zap_of_the_leaf`, deleting the re-check
-/// in `PageTable::lock_leaf`: the second split replaces the first's
-/// table, and the first write's copy is lost (its page reads zero).
+/// in `PageTable::lock_leaf`: the second split takes the first's table
+/// for a leaf and maps frames that do not exist (the model panics).
 #[test]
 fn two_write_faults_split_one_leaf() {
     model(|| {
@@ -153,9 +153,10 @@ fn two_write_faults_split_one_leaf() {
 /// would fault again) or another page.
 ///
 /// Mutation caught: `link_split`'s `Release` made `Relaxed`, as in
-/// `lookup_vs_split`: the translator's walk reaches the table without
-/// its entries, and its miss faults again (counted as a spurious fault,
-/// which the model forbids).
+/// `lookup_vs_split`: the translator's walk reads the new table's
+/// entries unordered with their stores (loom reports the causality
+/// violation; a reader that got an empty entry would fault again, which
+/// the fault count forbids).
 #[test]
 fn translator_load_vs_split() {
     model(|| {

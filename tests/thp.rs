@@ -590,8 +590,9 @@ mod against_the_kernel {
         let mut kernel_got_huge = true;
         let mut seen_huge = false;
         for &op in ops {
-            // SAFETY (every libc call below): addresses inside our own
-            // reservation, which only this function maps.
+            // SAFETY: every libc call below names addresses inside our
+            // own reservation, which only this function maps, or our own
+            // child and pipe.
             unsafe {
                 match op {
                     Op::Map(off, len) => {
