@@ -359,6 +359,52 @@ fn fork_shares_huge_pages_and_a_write_copies_4k() {
 }
 
 #[test]
+fn soft_dirty_on_a_huge_page_as_linux() {
+    let mm = space(ThpMode::Madvise);
+    let a = huge_region(&mm, HUGE);
+    fill(&mm, a, HUGE);
+    mm.clear_refs(aspace::ClearRefs::SoftDirty);
+    assert!(mm
+        .pagemap(a, HUGE)
+        .unwrap()
+        .iter()
+        .all(|e| !e.is_soft_dirty()));
+    assert_eq!(mm.anon_huge_pages(a), Some(HUGE));
+    // The write fault reuses the exclusive page whole, as Linux's
+    // do_huge_pmd_wp_page does: the whole 2 MiB reads written.
+    mm.write(a + 5 * PAGE_SIZE, b"s").unwrap();
+    assert_eq!(mm.anon_huge_pages(a), Some(HUGE));
+    assert_eq!(mm.stats().thp_split_pmd, 0);
+    assert!(mm
+        .pagemap(a, HUGE)
+        .unwrap()
+        .iter()
+        .all(|e| e.is_soft_dirty()));
+}
+
+#[test]
+fn forced_writes_into_a_read_only_huge_range() {
+    let mm = space(ThpMode::Madvise);
+    let a = huge_region(&mm, HUGE);
+    fill(&mm, a, HUGE);
+    mm.mprotect(a, HUGE, Prot::READ).unwrap();
+    // ptrace's POKEDATA: a private copy of the page, the entry read-only.
+    mm.write_forced(a + 3 * PAGE_SIZE + 8, &[0x77]).unwrap();
+    let mut b = [0u8];
+    mm.read(a + 3 * PAGE_SIZE + 8, &mut b).unwrap();
+    assert_eq!(b, [0x77]);
+    assert!(mm.write(a + 3 * PAGE_SIZE, b"x").is_err());
+    check(&mm, a + 4 * PAGE_SIZE, HUGE - 4 * PAGE_SIZE);
+    // Into an untouched read-only span: 4 KiB pages.
+    let c = mm.mmap(BASE + 8 * HUGE, HUGE, Prot::READ, anon()).unwrap();
+    mm.madvise(c, HUGE, Advice::HugePage).unwrap();
+    mm.write_forced(c + 8, &[0x66]).unwrap();
+    mm.read(c + 8, &mut b).unwrap();
+    assert_eq!(b, [0x66]);
+    assert_eq!(mm.anon_huge_pages(c), Some(0));
+}
+
+#[test]
 fn translators_read_and_write_huge_pages() {
     let mm = space(ThpMode::Madvise);
     let a = huge_region(&mm, HUGE);

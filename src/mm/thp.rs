@@ -108,7 +108,10 @@ pub(crate) fn huge_fault(
     g: &Guard,
 ) -> Result<bool, Step> {
     let flags = vma.flags();
-    if !eligible(mm, flags, vma.range(), vma.is_anonymous(), addr) {
+    // A forced write into a read-only VMA (`mm/forced.rs`) takes the
+    // 4 KiB path, whose copy-on-write rules it relies on.
+    let forced_write = access == Access::Write && !flags.contains(VmFlags::WRITE);
+    if forced_write || !eligible(mm, flags, vma.range(), vma.is_anonymous(), addr) {
         return Ok(false);
     }
     let start = addr & !(HUGE_SIZE - 1);
@@ -160,7 +163,11 @@ pub(crate) fn huge_fault(
 /// again); false: the caller splits it and copies 4 KiB.
 pub(crate) fn huge_wp_fault(mm: &AddressSpace, vma: &Vma, page: u64, leaf: Pte, g: &Guard) -> bool {
     let flags = vma.flags();
-    if leaf.flags().contains(PteFlags::UFFD_WP) && flags.contains(VmFlags::UFFD_WP) {
+    // Write-protected for a userfault handler, or a forced write into a
+    // read-only VMA: the 4 KiB paths know those rules.
+    if !flags.contains(VmFlags::WRITE)
+        || leaf.flags().contains(PteFlags::UFFD_WP) && flags.contains(VmFlags::UFFD_WP)
+    {
         return false;
     }
     let writable = (PteFlags::from(flags) | soft_dirty::WRITTEN) - PteFlags::UFFD_WP;
