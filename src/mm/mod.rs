@@ -78,6 +78,7 @@ pub(crate) mod anon_vma;
 mod brk;
 #[cfg(any(test, aspace_loom))]
 mod check;
+mod collapse;
 mod cow;
 pub(crate) mod edit;
 mod exec;
