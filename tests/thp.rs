@@ -597,6 +597,38 @@ mod against_the_kernel {
         (a < base + WINDOW && b > base).then(|| (a.max(base) - base, b.min(base + WINDOW) - base))
     }
 
+    /// The pagemap flag bits compared (soft-dirty, exclusive, uffd-wp,
+    /// file or shared, present), not the frame numbers.
+    const PM_FLAGS: u64 = (1 << 56) | (1 << 57) | (1 << 61) | (1 << 63);
+
+    /// Pagemap flags of every page of the window at `base` in this
+    /// process.
+    fn kernel_pagemap(base: u64) -> Vec<u64> {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::open("/proc/self/pagemap").unwrap();
+        let mut buf = vec![0u8; (WINDOW / PAGE_SIZE * 8) as usize];
+        f.read_exact_at(&mut buf, base / PAGE_SIZE * 8).unwrap();
+        buf.chunks(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()) & PM_FLAGS)
+            .collect()
+    }
+
+    fn aspace_pagemap(mm: &AddressSpace) -> Vec<u64> {
+        mm.pagemap(BASE, WINDOW)
+            .unwrap()
+            .iter()
+            .map(|e| e.raw() & PM_FLAGS)
+            .collect()
+    }
+
+    /// Where two pagemaps differ: (page offset, kernel, aspace) of the
+    /// first page that does, and how many do.
+    fn pagemap_diff(k: &[u64], a: &[u64]) -> Option<(u64, u64, u64, usize)> {
+        let diffs: Vec<usize> = (0..k.len()).filter(|&i| k[i] != a[i]).collect();
+        let &i = diffs.first()?;
+        Some((i as u64 * PAGE_SIZE, k[i], a[i], diffs.len()))
+    }
+
     fn aspace_huge(mm: &AddressSpace) -> Vec<(u64, u64, u64)> {
         mm.vmas()
             .iter()
@@ -635,6 +667,7 @@ mod against_the_kernel {
         let mut views = Vec::new();
         let mut kernel_got_huge = true;
         let mut seen_huge = false;
+        let mut pagemap_differ = Vec::new();
         for &op in ops {
             // SAFETY: every libc call below names addresses inside our
             // own reservation, which only this function maps, or our own
@@ -712,6 +745,11 @@ mod against_the_kernel {
                 }
             }
             let (kv, av) = (kernel_huge(kb), aspace_huge(&mm));
+            if let Some((off, k, a, n)) = pagemap_diff(&kernel_pagemap(kb), &aspace_pagemap(&mm)) {
+                pagemap_differ.push(format!(
+                    "{op:?}: {n} pages differ, first at +{off:#x}: kernel {k:#x}, aspace {a:#x}"
+                ));
+            }
             // The first huge page aspace maps: did the kernel get one
             // too (else it had no free 2 MiB, and nothing compares)?
             if !seen_huge && av.iter().any(|v| v.2 > 0) {
@@ -733,6 +771,16 @@ mod against_the_kernel {
         }
         // SAFETY: our reservation, whole.
         unsafe { libc::munmap(raw, (WINDOW + HUGE) as usize) };
+        if kernel_got_huge {
+            // Pagemap flags of every page compared too (Linux's pagemap
+            // of huge pages: each page present, exclusive while one
+            // mapping holds it, soft-dirty with its PMD).
+            assert!(
+                pagemap_differ.is_empty(),
+                "pagemap: {}",
+                pagemap_differ.join("\n")
+            );
+        }
         if !kernel_got_huge {
             eprintln!("the kernel gave no huge page (no free 2 MiB?): not compared: {ops:?}");
             return None;
