@@ -900,3 +900,106 @@ mod against_the_kernel {
         assert!(differ.is_empty(), "{}", differ.join("\n"));
     }
 }
+
+/// Threads store into their own pages of a huge range, through
+/// translators (cached entries) and `write`, while the main thread
+/// splits, changes and collapses the huge pages under them: mprotect of
+/// parts, advice on parts (VMA splits), DONTNEED of pages nobody owns,
+/// MADV_COLLAPSE and khugepaged passes. No store is lost: each thread's
+/// pages hold its last values at the end.
+#[test]
+fn stores_survive_concurrent_splits_and_collapses() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mm = Arc::new(space(ThpMode::Madvise));
+    let len = 4 * HUGE;
+    let a = huge_region(&mm, len);
+    let pages = len / PAGE_SIZE;
+    const THREADS: u64 = 2;
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (mm, stop, started) = (mm.clone(), stop.clone(), started.clone());
+            std::thread::spawn(move || {
+                // Thread t owns the pages p with p % 4 == t; pages 2 and 3
+                // (mod 4) are nobody's: the main thread zaps those.
+                let mine: Vec<u64> = (0..pages).filter(|p| p % 4 == t).collect();
+                let mut tr = mm.translator();
+                let mut round = 0u64;
+                while !stop.load(Ordering::Relaxed) || round < 3 {
+                    round += 1;
+                    for (i, &p) in mine.iter().enumerate() {
+                        let v = round * 10_000 + p;
+                        if i % 2 == 0 {
+                            tr.store::<u64>(a + p * PAGE_SIZE + 64, v).unwrap();
+                        } else {
+                            mm.write(a + p * PAGE_SIZE + 64, &v.to_le_bytes()).unwrap();
+                        }
+                    }
+                    if round == 1 {
+                        started.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                (mine, round)
+            })
+        })
+        .collect();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    // Every page written once: the huge pages exist before the churn.
+    while started.load(Ordering::SeqCst) < THREADS {
+        std::thread::yield_now();
+    }
+    for _ in 0..300 {
+        let span = next(4) * HUGE;
+        let off = next(HUGE / PAGE_SIZE) * PAGE_SIZE;
+        match next(5) {
+            0 => {
+                // A flags change on a page splits its VMA and huge page.
+                let p = if next(2) == 0 { RW | Prot::EXEC } else { RW };
+                mm.mprotect(a + span + off, PAGE_SIZE, p).unwrap();
+            }
+            1 => {
+                let adv = if next(2) == 0 {
+                    Advice::NoHugePage
+                } else {
+                    Advice::HugePage
+                };
+                mm.madvise(a + span + off, PAGE_SIZE, adv).unwrap();
+            }
+            2 => {
+                // A page nobody owns (2 or 3 mod 4).
+                let p = (span + off) / PAGE_SIZE;
+                let q = p - p % 4 + 2;
+                if q < pages {
+                    mm.madvise(a + q * PAGE_SIZE, PAGE_SIZE, Advice::DontNeed)
+                        .unwrap();
+                }
+            }
+            3 => {
+                let _ = mm.madvise(a + span, HUGE, Advice::Collapse);
+            }
+            _ => {
+                mm.mprotect(a, len, RW).unwrap();
+                mm.madvise(a, len, Advice::HugePage).unwrap();
+                mm.khugepaged_scan();
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        let (mine, round) = w.join().unwrap();
+        for p in mine {
+            let mut b = [0u8; 8];
+            mm.read(a + p * PAGE_SIZE + 64, &mut b).unwrap();
+            assert_eq!(u64::from_le_bytes(b), round * 10_000 + p, "page {p}");
+        }
+    }
+    let st = mm.stats();
+    assert!(st.thp_split_pmd > 0 && st.thp_collapse_alloc > 0, "{st}");
+}
