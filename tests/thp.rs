@@ -664,11 +664,41 @@ mod against_the_kernel {
         assert_ne!(raw, libc::MAP_FAILED);
         let kb = (raw as u64).next_multiple_of(HUGE);
         let k = |off: u64| (kb + off) as *mut libc::c_void;
+        // A hole left in the window (munmap, a move's source) is reserved
+        // again at once on both sides: another test's thread may map
+        // memory of its own there (a frame chunk), which our final munmap
+        // of the window would take from under it. If one got there
+        // first, the window is left mapped and nothing compared.
+        let mut tainted = false;
+        let rereserve = |off: u64, len: u64, tainted: &mut bool| {
+            // SAFETY: a hole of our window; NOREPLACE touches nothing
+            // mapped there.
+            let p = unsafe {
+                libc::mmap(
+                    k(off),
+                    len as usize,
+                    libc::PROT_NONE,
+                    libc::MAP_PRIVATE
+                        | libc::MAP_ANONYMOUS
+                        | libc::MAP_NORESERVE
+                        | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+            if p != k(off) {
+                *tainted = true;
+            }
+            mm.mmap(BASE + off, len, Prot::NONE, anon()).unwrap();
+        };
         let mut views = Vec::new();
         let mut kernel_got_huge = true;
         let mut seen_huge = false;
         let mut pagemap_differ = Vec::new();
         for &op in ops {
+            if tainted {
+                break; // the window is no longer ours alone
+            }
             // SAFETY: every libc call below names addresses inside our
             // own reservation, which only this function maps, or our own
             // child and pipe.
@@ -709,6 +739,7 @@ mod against_the_kernel {
                     Op::Munmap(off, len) => {
                         assert_eq!(libc::munmap(k(off), len as usize), 0);
                         mm.munmap(BASE + off, len).unwrap();
+                        rereserve(off, len, &mut tainted);
                     }
                     Op::Protect(off, len, p) => {
                         assert_eq!(libc::mprotect(k(off), len as usize, p.bits() as i32), 0);
@@ -725,6 +756,7 @@ mod against_the_kernel {
                         assert_eq!(p, k(to));
                         let f = MremapFlags::MAYMOVE | MremapFlags::FIXED;
                         mm.mremap(BASE + off, len, len, f, BASE + to).unwrap();
+                        rereserve(off, len, &mut tainted);
                     }
                     Op::Fork => {
                         let mut fds = [0; 2];
@@ -769,7 +801,11 @@ mod against_the_kernel {
                 libc::waitpid(pid, core::ptr::null_mut(), 0);
             }
         }
-        // SAFETY: our reservation, whole.
+        if tainted {
+            eprintln!("another mapping took a hole of the window: not compared");
+            return None;
+        }
+        // SAFETY: our reservation, whole (its holes reserved again).
         unsafe { libc::munmap(raw, (WINDOW + HUGE) as usize) };
         if kernel_got_huge {
             // Pagemap flags of every page compared too (Linux's pagemap
