@@ -29,7 +29,7 @@ const READERS: [&str; 8] = [
 /// The writers: every change of a VMA's range, flags, backing or
 /// registration (all through `Edit::lock`, which stamps and sweeps), and
 /// the calls that change entries under the mmap_lock read side.
-const WRITERS: [&str; 17] = [
+const WRITERS: [&str; 20] = [
     "munmap",
     "mprotect",
     "mremap move",
@@ -47,6 +47,9 @@ const WRITERS: [&str; 17] = [
     "uffd write-protect",
     "memfd shrink",
     "fork",
+    "THP split",
+    "THP fault",
+    "THP collapse",
 ];
 
 enum Cell {
@@ -74,6 +77,11 @@ const NO_ENTRY_CHANGE: Cell =
 const FETCH: &str = "a fetch is a translator access (the same enter, tag check, walk and leave, with the exec bit): the writer's flush drops its entries alike";
 /// The speculative fault never installs in a VMA with an object.
 const SPEC_NO_OBJECT: Cell = Apart("acts on shared objects' pages only, and the speculative fault bails out of any VMA with an object (spec_fault.rs step 4)");
+
+/// A split replaces a PMD leaf by a table of the same translations.
+const SAME_TRANSLATIONS: &str = "a split stores, in one Release under the PMD lock, a filled table translating every page as the leaf did: the reader's walk reads the leaf or the table and gets the same page and rights (pt/huge.rs)";
+/// A huge fault fills an empty PMD slot.
+const NEW_LEAF: Cell = Apart("a huge fault only fills an empty PMD slot (under the PMD lock, the VMA held): no translation existed there to go stale, and a walker sees the slot empty or the whole leaf");
 
 /// File writeback reads the object's own pages, never entries or VMA fields.
 const WB_OWN_PAGES: Cell = Apart("writeback holds the object (its Arc) and reads the object's pages through its tree, each under a frame reference taken while the frame lives; this writer changes entries or VMAs, never the object's slots");
@@ -230,6 +238,36 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("file writeback", "uffd write-protect", WB_OWN_PAGES),
     ("file writeback", "memfd shrink", Model("memfd.rs", "writeback_vs_shrink")),
     ("file writeback", "fork", WB_OWN_PAGES),
+    // A PMD leaf split into 512 PTEs (a 4 KiB change of a huge page: a
+    // write fault on a read-only one, a range pass over part of it, a VMA
+    // boundary inside it, `update`), and a leaf installed by a huge fault.
+    ("speculative fault", "THP split", Shares("thp.rs", "lookup_vs_split", SAME_TRANSLATIONS)),
+    ("per-VMA fault", "THP split", Model("thp.rs", "two_write_faults_split_one_leaf")),
+    ("translator access", "THP split", Model("thp.rs", "translator_load_vs_split")),
+    ("instruction fetch", "THP split", Shares("thp.rs", "translator_load_vs_split", FETCH)),
+    ("device slice", "THP split", Apart("a pin splits the leaf first (its PTE update), and a split changes no frame or reference: the pinned page stays the one the slice named")),
+    ("userfault waiter", "THP split", Apart("the waiter's page is missing: no leaf maps it")),
+    ("forced access", "THP split", Shares("thp.rs", "split_vs_zap_of_the_leaf", "a forced write splits a read-only leaf as a write fault does, under the mmap_lock read side, meeting DONTNEED's zap of the leaf under the same PMD lock")),
+    ("file writeback", "THP split", WB_OWN_PAGES),
+    ("speculative fault", "THP fault", Apart("the speculative fault never installs a leaf and falls back where one could be installed (eligible span, empty PMD slot); a table it links and a leaf are both made only into an empty slot under the PMD lock, so one of them finds the other")),
+    ("per-VMA fault", "THP fault", NEW_LEAF),
+    ("translator access", "THP fault", NEW_LEAF),
+    ("instruction fetch", "THP fault", NEW_LEAF),
+    ("device slice", "THP fault", NEW_LEAF),
+    ("userfault waiter", "THP fault", Apart("a VMA registered for userfaults gets no huge page (mm/thp.rs eligible)")),
+    ("forced access", "THP fault", NEW_LEAF),
+    ("file writeback", "THP fault", Apart("huge pages are anonymous: an object's pages are never mapped by a leaf")),
+    // MADV_COLLAPSE and khugepaged: under the mmap_lock write side, the
+    // VMA claimed by Edit::lock; the table unlinked, the span flushed,
+    // the pages copied, the leaf installed (mm/thp.rs).
+    ("speculative fault", "THP collapse", Shares("spec_writers.rs", "spec_fault_in_shared_table_vs_mprotect", "collapse claims the VMA with Edit::lock's stamp and sweep as mprotect does, and unlinks the table under its PTE lock and slot lock: a fault still inside it fails its stamp check")),
+    ("per-VMA fault", "THP collapse", LOCKED_OUT),
+    ("translator access", "THP collapse", Shares("translator_writers.rs", "translator_store_vs_dontneed", "collapse empties the span and flushes before it reads the pages, DONTNEED's zap-then-flush order: no store through an old translation lands after the copy")),
+    ("instruction fetch", "THP collapse", Shares("translator_writers.rs", "translator_store_vs_dontneed", FETCH)),
+    ("device slice", "THP collapse", Apart("a span with a pinned page is not collapsed: the slice's frame stays mapped")),
+    ("userfault waiter", "THP collapse", Apart("a VMA registered for userfaults is not collapsed (mm/thp.rs vma_allows)")),
+    ("forced access", "THP collapse", MMAP_LOCKED_OUT),
+    ("file writeback", "THP collapse", Apart("only anonymous memory is collapsed: an object's pages are never touched")),
 ];
 
 fn source(file: &str) -> &'static str {
@@ -240,6 +278,7 @@ fn source(file: &str) -> &'static str {
         "memfd.rs" => include_str!("memfd.rs"),
         "spec_fault.rs" => include_str!("spec_fault.rs"),
         "spec_writers.rs" => include_str!("spec_writers.rs"),
+        "thp.rs" => include_str!("thp.rs"),
         "translator.rs" => include_str!("translator.rs"),
         "translator_writers.rs" => include_str!("translator_writers.rs"),
         "uffd.rs" => include_str!("uffd.rs"),

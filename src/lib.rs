@@ -43,7 +43,8 @@ pub use file::{FileStats, MappedFile};
 pub use memfd::{Memfd, MemfdFlags};
 pub use mm::{
     Access, AddressSpace, Advice, Budget, Config, ConfigError, FaultLocking, FrameAllocator,
-    MapFlags, MlockAllFlags, MlockFlags, MremapExtent, MremapFlags, MsyncFlags, Prot, VmaInfo,
+    MapFlags, MlockAllFlags, MlockFlags, MremapExtent, MremapFlags, MsyncFlags, Prot, ThpMode,
+    VmaInfo,
 };
 pub use mm::{ClearRefs, PagemapEntry};
 pub use phys::Pfn;

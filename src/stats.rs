@@ -150,6 +150,20 @@ counters! {
     /// Writes to write-protected pages resolved without a handler (the
     /// `wp_async` feature: the page is only marked written).
     uffd_wp_async,
+    /// Faults that mapped a 2 MiB page (Linux's `thp_fault_alloc`).
+    thp_fault_alloc,
+    /// Faults that could have mapped a 2 MiB page but got no huge frame
+    /// (no 2 MiB of budget, or no 512 aligned free frames) and mapped a
+    /// 4 KiB page (`thp_fault_fallback`).
+    thp_fault_fallback,
+    /// Read faults that mapped the huge zero page
+    /// (`thp_zero_page_alloc` counts its one allocation in Linux; this
+    /// counts its mappings).
+    thp_zero_page_mapped,
+    /// PMD entries split into 512 PTEs (`thp_split_pmd`).
+    thp_split_pmd,
+    /// 2 MiB spans collapsed into a huge page (`thp_collapse_alloc`).
+    thp_collapse_alloc,
 }
 
 pub(crate) struct StatCounters {

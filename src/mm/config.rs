@@ -43,6 +43,25 @@ pub enum MremapExtent {
     Batched,
 }
 
+/// When anonymous memory gets transparent huge pages, as
+/// `/sys/kernel/mm/transparent_hugepage/enabled` says.
+///
+/// A fault gets a 2 MiB page only where its aligned 2 MiB span lies wholly
+/// inside one private anonymous VMA, no page-table entry of the span is in
+/// use yet, the VMA is not `VM_NOHUGEPAGE` and the space has not disabled
+/// them ([`AddressSpace::set_thp_disable`](crate::AddressSpace::set_thp_disable)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum ThpMode {
+    /// Every eligible VMA (`[always]`).
+    Always,
+    /// Only VMAs advised with `MADV_HUGEPAGE` (`[madvise]`: the default,
+    /// as on most distributions' kernels).
+    #[default]
+    Madvise,
+    /// None (`[never]`); `MADV_COLLAPSE` still collapses, as in Linux.
+    Never,
+}
+
 /// Configuration of an [`AddressSpace`](crate::AddressSpace).
 ///
 /// The defaults are Linux x86-64's with 4-level paging and no
@@ -152,6 +171,13 @@ pub struct Config {
     /// default) or fail with `SIGBUS`/`BUS_ADRALN` ([`SplitLock::Fatal`](crate::SplitLock::Fatal)),
     /// as Linux's `split_lock_detect` boot parameter chooses.
     pub split_lock: crate::translate::SplitLock,
+    /// When faults map transparent huge pages (default
+    /// [`ThpMode::Madvise`]).
+    pub thp: ThpMode,
+    /// `khugepaged/max_ptes_none`: how many of a 2 MiB span's 512
+    /// entries may be empty for a collapse to fill them (default 511, as
+    /// Linux's).
+    pub thp_max_ptes_none: u32,
 }
 
 /// Linux x86-64 `TASK_SIZE` with 4-level paging.
@@ -181,6 +207,8 @@ impl Default for Config {
             exec_only_pkey: false,
             thp_placement: true,
             split_lock: crate::translate::SplitLock::Warn,
+            thp: ThpMode::Madvise,
+            thp_max_ptes_none: 511,
         }
     }
 }

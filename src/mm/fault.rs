@@ -16,6 +16,12 @@
 //! of a writable VMA reuses the frame if this entry holds its only
 //! reference, else copies it (copy-on-write).
 //!
+//! Huge pages (`mm::thp`): in an eligible 2 MiB span whose PMD slot is
+//! empty, a fault maps a huge frame (a write) or the huge zero page (a
+//! read) with one PMD leaf; a write to a read-only leaf replaces the huge
+//! zero page with a huge frame, reuses an exclusive page whole, or splits
+//! the leaf and goes on as a 4 KiB copy-on-write.
+//!
 //! Object-backed VMAs ([`crate::Memfd`], shared anonymous memory): a page
 //! at or past the object's end is SIGBUS, checked again under the PTE
 //! lock against a racing shrink (`vma::mappings`); a shared mapping maps
@@ -244,6 +250,15 @@ pub(crate) fn do_fault(
                 mm.stats.inc(Event::fault_spurious);
                 return Ok(());
             }
+            // A write to a read-only 2 MiB page: the huge zero page gets
+            // a huge frame, an exclusive page is reused whole, else it is
+            // split and 4 KiB copied, as Linux does (`mm::thp`).
+            if let Some(leaf) = mm.pt.huge_at(page, &g) {
+                if !super::thp::huge_wp_fault(mm, vma, page, leaf, &g) {
+                    mm.pt.split_huge(page, &g);
+                }
+                continue;
+            }
             if pte.flags().contains(PteFlags::UFFD_WP) && flags.contains(VmFlags::UFFD_WP) {
                 // Write-protected for a handler: queue the fault, or (an
                 // async context) clear the bit and go on as a plain
@@ -267,6 +282,11 @@ pub(crate) fn do_fault(
         // The one test an unregistered VMA pays for userfaults here.
         if flags.intersects(VmFlags::UFFD_MISSING | VmFlags::UFFD_MINOR) {
             uffd::missing_fault(mm, vma, page, access)?;
+        }
+        // A 2 MiB page where the VMA, the mode and the empty PMD slot
+        // allow one (`mm::thp`).
+        if super::thp::huge_fault(mm, vma, addr, access, &g)? {
+            return Ok(());
         }
         // SAFETY: `do_fault`'s caller holds `vma` (its read lock, or the
         // mmap_lock read side) until after the fault.

@@ -144,10 +144,13 @@ pub enum Advice {
     DontFork,
     /// `MADV_DOFORK`: undoes `DontFork`.
     DoFork,
-    /// `MADV_HUGEPAGE`: ask for transparent huge pages (`VM_HUGEPAGE`;
-    /// recorded, pages stay 4 KiB).
+    /// `MADV_HUGEPAGE`: ask for transparent huge pages (`VM_HUGEPAGE`):
+    /// in [`ThpMode::Madvise`](crate::ThpMode::Madvise), the default,
+    /// faults in such VMAs map 2 MiB pages (see `mm::thp`).
     HugePage,
-    /// `MADV_NOHUGEPAGE`: no transparent huge pages (`VM_NOHUGEPAGE`).
+    /// `MADV_NOHUGEPAGE`: no transparent huge pages (`VM_NOHUGEPAGE`):
+    /// later faults map 4 KiB pages, whatever the mode (huge pages already
+    /// mapped stay, as in Linux).
     NoHugePage,
     /// `MADV_WIPEONFORK`: fork children get this range zero-filled
     /// (`VM_WIPEONFORK`; private anonymous memory only, else `EINVAL`).
@@ -169,11 +172,18 @@ pub enum Advice {
     /// `MADV_DODUMP`: undoes `DontDump` (`EINVAL` on droppable memory,
     /// which is never dumped).
     DoDump,
+    /// `MADV_COLLAPSE`: map each 2 MiB-aligned span inside the range with
+    /// a huge page now, copying its 4 KiB pages into it, whatever the THP
+    /// mode (`EINVAL` for memory that cannot have huge pages:
+    /// `VM_NOHUGEPAGE`, shared or object-backed, userfault-registered, or
+    /// `PR_SET_THP_DISABLE`; `ENOMEM` when no huge frame is free; see
+    /// `mm::thp`).
+    Collapse,
 }
 
 impl Advice {
     /// Every advice, for conversions.
-    const ALL: [Advice; 18] = [
+    const ALL: [Advice; 19] = [
         Advice::Normal,
         Advice::Random,
         Advice::Sequential,
@@ -192,6 +202,7 @@ impl Advice {
         Advice::DontNeedLocked,
         Advice::DontDump,
         Advice::DoDump,
+        Advice::Collapse,
     ];
 
     /// Linux's `MADV_*` number.
@@ -214,6 +225,7 @@ impl Advice {
             Advice::PopulateWrite => 23,
             Advice::DontNeedLocked => 24,
             Advice::DontDump => 16,
+            Advice::Collapse => 25,
             Advice::DoDump => 17,
         }
     }

@@ -90,6 +90,8 @@ impl AddressSpace {
             AddressSpace::with_parts(self.cfg.clone(), self.frames.clone(), self.pool.shared());
         // Resource limits are inherited, as the rlimits of a forked task.
         child.set_stack_limit(self.stack_limit());
+        // MMF_DISABLE_THP is in MMF_INIT_MASK: the child inherits it.
+        child.set_thp_disable(self.thp_disable());
         child.set_memlock_limit(self.memlock_limit());
         let ok = {
             let mut ced = Edit::begin(&child);

@@ -40,6 +40,7 @@ impl AddressSpace {
             Advice::PopulateRead | Advice::PopulateWrite => {
                 return self.madvise_populate(r, advice == Advice::PopulateWrite);
             }
+            Advice::Collapse => return self.madvise_collapse(r),
             // These walk the VMAs below (WILLNEED only for its hole check).
             Advice::WillNeed
             | Advice::DontNeed

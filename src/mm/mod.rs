@@ -78,6 +78,7 @@ pub(crate) mod anon_vma;
 mod brk;
 #[cfg(any(test, aspace_loom))]
 mod check;
+mod collapse;
 mod cow;
 pub(crate) mod edit;
 mod exec;
@@ -100,8 +101,9 @@ mod rmap;
 pub mod soft_dirty;
 pub(crate) mod spec_fault;
 pub(crate) mod stack;
+pub(crate) mod thp;
 
-pub use config::{Config, ConfigError, FaultLocking, MremapExtent};
+pub use config::{Config, ConfigError, FaultLocking, MremapExtent, ThpMode};
 pub use flags::{Access, Advice, MapFlags, MremapFlags, Prot};
 pub use inspect::MsyncFlags;
 pub use maps::VmaInfo;
@@ -208,6 +210,10 @@ pub struct AddressSpace {
     /// `RLIMIT_MEMLOCK` (see [`AddressSpace::set_memlock_limit`]).
     /// Protected by: a relaxed atomic; read once per locking call.
     memlock_limit: AtomicU64,
+    /// `PR_SET_THP_DISABLE` (see [`AddressSpace::set_thp_disable`]): 1
+    /// when no fault maps a huge page.
+    /// Protected by: a relaxed atomic; read by huge-page faults.
+    thp_disabled: AtomicU64,
 }
 
 const _: () = {
@@ -341,6 +347,7 @@ impl AddressSpace {
             id: next_id(),
             stack_limit: AtomicU64::new(stack_limit),
             memlock_limit: AtomicU64::new(memlock_limit),
+            thp_disabled: AtomicU64::new(0),
         }
     }
 
@@ -360,7 +367,11 @@ impl AddressSpace {
 
     /// Event counters (faults by path, retries, TLB flushes, ...).
     pub fn stats(&self) -> Stats {
-        self.stats.snapshot()
+        let mut s = self.stats.snapshot();
+        // Splits are counted where they happen, in the page table (a
+        // 4 KiB change of a huge page splits it, whichever path made it).
+        s.thp_split_pmd = self.pt.peek().map_or(0, PageTable::splits);
+        s
     }
 
     /// Frames allocated now by this address space's allocator (shared with

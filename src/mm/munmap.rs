@@ -118,21 +118,33 @@ impl Drop for AddressSpace {
         // `&mut self`: no user access or fault of this space is in flight
         // and none can start, so no translation of it is cached anywhere
         // and each frame may be released as its entry is cleared.
-        let mut pages = 0;
+        let mut total = 0;
         // A space that never made its page table has no entry to clear.
         if let Some(pt) = self.pt.peek() {
             let pg = pt.pin();
+            let pages = core::cell::Cell::new(0);
             for v in &all {
-                pt.zap_range(v.range(), &pg, |_, frame| {
-                    pages += 1;
-                    if let Some(pfn) = frame {
-                        self.frames.put(pfn);
-                    }
-                });
+                pt.zap_range_huge(
+                    v.range(),
+                    &pg,
+                    |_, frame| {
+                        pages.set(pages.get() + 1);
+                        if let Some(pfn) = frame {
+                            self.frames.put(pfn);
+                        }
+                    },
+                    |_, leaf| {
+                        pages.set(pages.get() + crate::phys::HUGE_FRAMES as u64);
+                        if let Some(head) = leaf.frame() {
+                            self.frames.put_huge(head);
+                        }
+                    },
+                );
             }
+            total = pages.get();
         }
-        if pages > 0 {
-            self.tlb.flush(&self.stats, pages);
+        if total > 0 {
+            self.tlb.flush(&self.stats, total);
         }
         ed.detach_all(&all);
         // Nothing reaches the tree or the tables any more: the tree's and

@@ -11,7 +11,11 @@
 //! anonymous memory, which Linux backs with a shmem file), also when a
 //! private mapping maps it before its first write. The shared zero page
 //! is present and nothing else (no `struct page` in Linux's view).
-//! Nothing is ever swapped.
+//! Nothing is ever swapped. A page of a 2 MiB page (a PMD leaf) reads as
+//! its own subframe with the leaf's bits, as Linux's `pagemap_pmd_range`
+//! reports it; the huge zero page is present and file (it is no
+//! anonymous page), as there. `tests/thp.rs` compares them with the
+//! kernel's.
 //!
 //! Linux shows frame numbers only to `CAP_SYS_ADMIN`; aspace always gives
 //! its own [`Pfn`] (an index into the space's
@@ -194,7 +198,14 @@ impl AddressSpace {
                 if f.contains(PteFlags::UFFD_WP) {
                     e |= PagemapEntry::UFFD_WP;
                 }
-                if !pfn.is_zero_page() {
+                if pfn.is_zero_page() {
+                    // The huge zero page is no anonymous page: Linux's
+                    // pagemap_pmd_range reports it PM_FILE (the 4 KiB one,
+                    // a special entry, it does not).
+                    if self.pt.huge_at(va, &g).is_some() {
+                        e |= PagemapEntry::FILE;
+                    }
+                } else {
                     // The object holds a reference of its own on its pages.
                     let file = shm.is_some_and(|s| s.resident(v.pgoff_of(va)) == Some(pfn));
                     if file {

@@ -24,8 +24,12 @@
 //!    private mapping of a memfd), a write to a
 //!    present read-only entry (copy-on-write: the reliability fixes live in
 //!    the per-VMA path), a VMA registered for missing-page userfaults
-//!    (only the locked paths deliver them), or an access the flags refuse
-//!    (the per-VMA path gives the verdict).
+//!    (only the locked paths deliver them), an access the flags refuse
+//!    (the per-VMA path gives the verdict), or a fault that could map a
+//!    2 MiB page (an eligible span whose PMD slot is empty: huge pages are
+//!    installed only with the VMA held, see `mm::thp`). A span a PMD leaf
+//!    maps is an entry present: the walk reports it `Taken`, a spurious
+//!    fault if it satisfies the access.
 //! 5. Walk to the PTE table, making each missing table on the way: it is
 //!    linked under the lock of the table that holds its slot, after an
 //!    `Acquire` fence and a re-read of the stamp (else fall back; see
@@ -81,6 +85,8 @@
 //! | uffd unregister | cannot meet: a MISSING-registered VMA stops us at the flag check | matrix reason |
 //! | uffd write-protect | entries rewritten under the PTE lock; we install only into empty entries | matrix reason |
 //! | fork | stamp and sweep the parent's VMAs, then write-protect and copy table by table under the locks (hazard 10) | `spec_fault_vs_fork` |
+//! | THP split | a split publishes a filled table of the leaf's own translations under the PMD lock: the walk reads the leaf (`Taken`) or the table, whose entries are all present, so there is nothing to install into | `lookup_vs_split` (`thp.rs`, shared) |
+//! | THP fault | we never install a leaf, and fall back where one could be installed; a table we link and a leaf both go only into an empty slot under the PMD lock | matrix reason |
 //! | VMA reuse | a recycled object is stamped before any field changes and when detached; in another space of the fork family its stamp is that space's, never ours (hazard 5) | `spec_fault_vs_vma_reuse`, `spec_fault_vs_vma_reused_by_fork_child` |
 //!
 //! We also compare the address space id and the range: an object taken
@@ -172,6 +178,12 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
         return Err(Event::spec_abort_needs_more);
     }
     let page = page_align_down(addr);
+    // Huge pages are installed only with the VMA held (`mm::thp`): where
+    // one could be, the locked paths decide.
+    let g = mm.pt.pin();
+    if crate::mm::thp::eligible(mm, flags, range, true, addr) && mm.pt.pmd_none(addr, &g) {
+        return Err(Event::spec_abort_needs_more);
+    }
     // Seqlock read side, run under each lock the install goes through (a
     // table's slot lock where a table is missing, then the PTE lock): the
     // field loads above happen before the re-read (pairs with the Release
@@ -180,14 +192,18 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
         fence(Ordering::Acquire);
         v.lock.stamp() == stamp
     };
-    // The tree pin above covers the walk too; this nested pin only names
-    // the page table's reclaimer. One walk, making missing tables: the
-    // install goes to the table found here (see `PteSlot` for why a table
-    // unlinked meanwhile is safe).
-    let g = mm.pt.pin();
+    // The tree pin above covers the walk too; the nested pin above only
+    // names the page table's reclaimer. One walk, making missing tables:
+    // the install goes to the table found here (see `PteSlot` for why a
+    // table unlinked meanwhile is safe).
     let slot = match mm.pt.slot_checked(page, &g, &valid) {
         Ok(s) => s,
         Err(CheckedInstallError::Invalid) => return Err(Event::spec_abort_stamp),
+        // A 2 MiB page maps it: done if it satisfies us.
+        Err(CheckedInstallError::Taken(e)) if access != Access::Write || e.is_writable() => {
+            mm.stats.inc(Event::fault_spurious);
+            return Ok(());
+        }
         Err(_) => return Err(Event::spec_abort_table),
     };
     let cur = slot.get();

@@ -181,6 +181,17 @@ impl Budget {
         );
     }
 
+    /// Counts `n` data frames as [`count_frame`](Self::count_frame) does
+    /// one (a huge frame's 512).
+    pub(super) fn count_frames(&self, cpu: usize, out: bool, n: u64) {
+        let s = self.slots.get(cpu);
+        let count = if out { &s.frames_out } else { &s.frames_in };
+        count.store(
+            count.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
+    }
+
     /// Data frames charged now (of the account this budget belongs to).
     pub(super) fn frames(&self) -> u64 {
         let (mut a, mut f) = (0u64, 0u64);

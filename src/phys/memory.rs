@@ -58,6 +58,11 @@ pub struct Phys {
     ///
     /// Protected by: its own mutex (see `account`).
     pub(super) accounts: Registry,
+    /// Huge frames freed whole (first frame numbers; their memory may
+    /// hold their last user's bytes): see `huge`.
+    ///
+    /// Protected by: its mutex.
+    pub(super) huge: Mutex<Vec<Pfn>>,
 }
 
 // SAFETY: chunk memory is only reached through atomic word accesses or by
@@ -90,6 +95,7 @@ impl Phys {
             cpus: PerCpu::new(CpuFrames::new),
             reserved: CounterU64::new(0),
             accounts: Registry::new(),
+            huge: Mutex::new(Vec::new()),
         })
     }
 

@@ -90,7 +90,8 @@
 //! memory and which frame is whose; `memory` is the physical memory;
 //! `cache` keeps the free frames (per-CPU
 //! caches, the global pool); `release` gives cached frames' memory back;
-//! `table` makes frames page-table pages; `chunk` obtains the memory
+//! `table` makes frames page-table pages; `huge` hands out and takes
+//! back huge frames (512 aligned frames for a transparent huge page); `chunk` obtains the memory
 //! behind them; `contents` reads and writes it; `budget` charges it.
 //!
 //! # Lines an allocation and a free write
@@ -147,12 +148,14 @@ mod budget;
 mod cache;
 mod chunk;
 mod contents;
+mod huge;
 mod memory;
 mod release;
 mod table;
 
 pub use budget::Budget;
 use cache::Use;
+pub(crate) use huge::HUGE_FRAMES;
 pub use memory::Phys;
 #[cfg(not(aspace_loom))]
 use memory::SHARED_PHYS_BYTES;

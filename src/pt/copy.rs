@@ -10,7 +10,7 @@
 //! for want of memory) and stores; it never walks from the root per page.
 
 use super::walk::Make;
-use super::{entry_span, index, PageTable, Pte, Table};
+use super::{entry_span, index, PageTable, Pte, PteFlags, Table};
 use crate::addr::{Range, PAGE_SIZE};
 use crate::reclaim::Guard;
 use crate::sync::{MutexGuard, Ordering};
@@ -62,6 +62,20 @@ impl PageTable {
                         va = va.saturating_add(skip).min(r.end);
                         continue;
                     }
+                    if self.huge_at(va, g).is_some() {
+                        // A 2 MiB page: copied whole where the range
+                        // holds it (a VMA always does: leaves never
+                        // straddle VMAs), else split first.
+                        if va == base && r.end - base >= pmd {
+                            if let Some(n) = self.copy_huge(dst, base, g, dg, &mut f)? {
+                                copied += n;
+                                va = base + pmd;
+                                continue;
+                            }
+                        } else {
+                            self.split_huge(va, g);
+                        }
+                    }
                     let src = self.pte_table(va, Make::No, g).expect("not missing");
                     // Emptiness is read under the table's lock, never
                     // without: an install racing the copy is then either
@@ -84,6 +98,80 @@ impl PageTable {
             }
         }
         Ok(copied)
+    }
+}
+
+impl PageTable {
+    /// Copies the PMD leaf of the 2 MiB span at `base` into `dst` under
+    /// the PMD table's lock: `f` runs for each of its 512 pages; if the
+    /// entries it returns still form one leaf on each side (fork: the
+    /// same write-protected flags over the same frames), one leaf is
+    /// stored on each; else the source is split into the entries to keep
+    /// and the destination gets a PTE table of the copies. `Ok(None)` if
+    /// no leaf is there any more (the caller copies the table); `Err(va)`
+    /// as [`copy_ranges`](Self::copy_ranges) (the source split, keeping
+    /// what was copied before `va`).
+    fn copy_huge(
+        &self,
+        dst: &PageTable,
+        base: u64,
+        g: &Guard,
+        dg: &Guard,
+        f: &mut impl FnMut(u64, Pte) -> Option<(Pte, Pte)>,
+    ) -> Result<Option<u64>, u64> {
+        let Some((pmd, e)) = self.pmd_slot(base, g) else {
+            return Ok(None);
+        };
+        let Some((l, v, table)) = self.lock_leaf(pmd, e) else {
+            return Ok(None);
+        };
+        let leaf = super::leaf_pte(v);
+        let mut pairs = Vec::with_capacity(super::ENTRIES);
+        let mut refused = None;
+        for i in 0..super::ENTRIES as u32 {
+            let va = base + u64::from(i) * PAGE_SIZE;
+            match f(va, leaf.subpage(i)) {
+                Some(p) => pairs.push(p),
+                None => {
+                    refused = Some(va);
+                    break;
+                }
+            }
+        }
+        let as_leaf = |p: Pte| Pte::new(p.pfn(), p.flags() | PteFlags::HUGE);
+        let forms_leaf = |side: &dyn Fn(&(Pte, Pte)) -> Pte| {
+            let first = side(&pairs[0]);
+            (first.pfn().is_zero_page() || first.pfn().get() % super::ENTRIES as u32 == 0)
+                && pairs
+                    .iter()
+                    .enumerate()
+                    .all(|(i, p)| side(p) == as_leaf(first).subpage(i as u32))
+        };
+        if refused.is_none() && forms_leaf(&|p| p.0) && forms_leaf(&|p| p.1) {
+            let (keep, copy) = (as_leaf(pairs[0].0), as_leaf(pairs[0].1));
+            dst.install_huge(base, copy, dg, || true)
+                .map_err(|_| base)?;
+            if keep != leaf {
+                e.store(super::leaf_word(keep), Ordering::Release);
+            }
+            drop(l);
+            self.free_unlinked_table(table);
+            return Ok(Some(super::ENTRIES as u64));
+        }
+        // Split: the source keeps what `f` said for the pages copied and
+        // its old entries after; the copies go into PTEs of `dst`.
+        self.link_split(e, table, |i| {
+            pairs.get(i).map_or(leaf.subpage(i as u32), |p| p.0)
+        });
+        drop(l);
+        for (i, p) in pairs.iter().enumerate() {
+            dst.install(base + i as u64 * PAGE_SIZE, p.1, dg)
+                .map_err(|_| base + i as u64 * PAGE_SIZE)?;
+        }
+        match refused {
+            Some(va) => Err(va),
+            None => Ok(Some(pairs.len() as u64)),
+        }
     }
 }
 

@@ -19,6 +19,11 @@ bitflags! {
         const ACCESSED = 1 << 5;
         /// The page was written.
         const DIRTY = 1 << 6;
+        /// A PMD entry that maps 2 MiB itself (x86's page-size bit, PS):
+        /// a transparent huge page. Only ever in entries that
+        /// [`PageTable::huge_at`](super::PageTable::huge_at) returns;
+        /// the 4 KiB views of its pages that lookups return lack it.
+        const HUGE = 1 << 7;
         /// Write-protected for a userfault handler (`_PAGE_UFFD_WP`, x86's
         /// second software bit): a write faults even where the VMA allows
         /// it.
@@ -82,6 +87,27 @@ impl Pte {
     /// True if the entry maps a frame.
     pub const fn is_present(self) -> bool {
         self.0 & PteFlags::PRESENT.bits() != 0
+    }
+
+    /// True for a PMD leaf (a 2 MiB page).
+    pub const fn is_huge(self) -> bool {
+        self.0 & PteFlags::HUGE.bits() != 0
+    }
+
+    /// The 4 KiB entry a PMD leaf means for its page `i` (0 to 511): the
+    /// `i`th subframe (the zero page stays the zero page), the leaf's
+    /// flags without [`PteFlags::HUGE`].
+    pub const fn subpage(self, i: u32) -> Pte {
+        let pfn = self.pfn();
+        let pfn = if pfn.is_zero_page() {
+            pfn
+        } else {
+            Pfn::new(pfn.get() + i)
+        };
+        Pte::new(
+            pfn,
+            PteFlags::from_bits_retain(self.flags().bits() & !PteFlags::HUGE.bits()),
+        )
     }
 
     /// True if stores are allowed.

@@ -31,6 +31,21 @@ impl Retired {
 }
 
 impl PageTable {
+    /// Retires `table`, just unlinked: uncharged and uncounted now, back
+    /// in the pool once the walkers that may still be inside it are gone
+    /// (the reclaimer runs the free after them). The budget may run ahead
+    /// of the pool by what the epoch holds back (a taker that finds the
+    /// pool dry flushes it).
+    pub(super) fn retire_table(&self, table: NonNull<Table>, g: &Guard) {
+        self.tables.local().fetch_sub(1, counter::Ordering::Relaxed);
+        self.frames.memory().uncharge(TABLE_BYTES);
+        let retired = Retired {
+            frames: self.frames.clone(),
+            table,
+        };
+        self.reclaimer.defer(g, move || retired.free());
+    }
+
     /// Frees the table pages whose whole span lies inside `r` and that map
     /// nothing. The caller guarantees no VMA covers `r`, so no fault walks
     /// there; lock-free walkers that still might are protected by the
@@ -101,20 +116,10 @@ impl PageTable {
                     t.used.fetch_sub(1, Ordering::Relaxed);
                     e.swap(0, Ordering::AcqRel)
                 };
-                self.tables.local().fetch_sub(1, counter::Ordering::Relaxed);
-                // Uncharged now, back in the pool after the grace period:
-                // the budget may run ahead of the pool by what the epoch
-                // holds back (a taker that finds the pool dry flushes it).
-                self.frames.memory().uncharge(TABLE_BYTES);
                 let table = NonNull::new((v & !TABLE_BIT) as *mut Table).expect("a table");
                 // The entry held this table; the swap unlinked it, so only
-                // walkers pinned before now can reach it, and the
-                // reclaimer frees it after they are gone. We own it.
-                let retired = Retired {
-                    frames: self.frames.clone(),
-                    table,
-                };
-                self.reclaimer.defer(g, move || retired.free());
+                // walkers pinned before now can reach it.
+                self.retire_table(table, g);
                 freed = true;
             }
         }
@@ -137,7 +142,9 @@ impl Drop for PageTable {
             if level > 0 && !t.is_empty() {
                 for e in t.entries.iter() {
                     let c = e.load(Ordering::Relaxed);
-                    if c != 0 {
+                    // A PMD leaf maps a page, not a table (its frames
+                    // were released by the teardown's zap).
+                    if super::is_table(c) {
                         free(frames, c, level - 1);
                     }
                 }

@@ -32,7 +32,19 @@
 //! whole PTE table to another PMD entry ([`PageTable::move_range`]): a
 //! walker that reached it through the old entry keeps reading a live table.
 //!
-//! One mechanism per file: `entry` (the entry format), `walk` (finding or
+//! A PMD entry may instead be a leaf mapping 2 MiB (a transparent huge
+//! page; `huge`): stored without the table bit, installed, changed and
+//! split into a PTE table under the PMD table's lock (the same slot lock
+//! tables are linked under). Every walker meets it: lookups return the
+//! 4 KiB view of the page inside it, range passes zap or change it
+//! whole where they cover its 2 MiB and split it first where they cover
+//! part, moves relink it where both ends are 2 MiB-aligned, fork copies
+//! it whole, and frees skip it. A split replaces the leaf with a full
+//! table of the same translations in one `Release` store: a lock-free
+//! walker sees either, and both translate every address alike.
+//!
+//! One mechanism per file: `entry` (the entry format), `huge` (PMD
+//! leaves), `walk` (finding or
 //! creating a table, one entry's lookup, install and update), `range`
 //! (zap, change and iteration over a range), `moves` (mremap's
 //! `move_page_tables`), `copy` (fork's `copy_page_range`), `free` (freeing
@@ -58,11 +70,13 @@ use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 mod copy;
 mod entry;
 mod free;
+mod huge;
 mod moves;
 mod range;
 mod walk;
 
 pub use entry::{Pte, PteFlags};
+pub use huge::HUGE_SIZE;
 pub use walk::CheckedInstallError;
 
 /// Entries per table.
@@ -73,6 +87,32 @@ const LEVELS: u32 = 4;
 const VA_BITS: u32 = PAGE_SHIFT + 9 * LEVELS;
 /// Marks an upper-level entry as pointing to a table.
 const TABLE_BIT: u64 = 1;
+
+/// True if the upper-level entry word `v` points to a table.
+#[inline]
+const fn is_table(v: u64) -> bool {
+    v & TABLE_BIT != 0
+}
+
+/// True if the PMD entry word `v` is a leaf (a 2 MiB page): it is stored
+/// as its [`Pte`] without the present bit, which would read as
+/// [`TABLE_BIT`], and with [`PteFlags::HUGE`], so it is never 0.
+#[inline]
+const fn is_leaf(v: u64) -> bool {
+    v != 0 && !is_table(v)
+}
+
+/// The PMD leaf a leaf word holds.
+#[inline]
+const fn leaf_pte(v: u64) -> Pte {
+    Pte(v | PteFlags::PRESENT.bits())
+}
+
+/// The word a PMD leaf is stored as (see [`is_leaf`]).
+#[inline]
+const fn leaf_word(p: Pte) -> u64 {
+    (p.0 | PteFlags::HUGE.bits()) & !PteFlags::PRESENT.bits()
+}
 
 // One table page: a frame from the frame pool whose 512 words are the
 // entries, with its count of non-empty entries (`used`, so emptiness needs
@@ -139,6 +179,10 @@ pub struct PageTable {
     ///
     /// Protected by: statistics atomics (`sync::counter`, `Relaxed`).
     tables: PerCpu<AtomicI64>,
+    /// PMD leaves split into PTE tables, per CPU (`thp_split_pmd`).
+    ///
+    /// Protected by: statistics atomics (`sync::counter`, `Relaxed`).
+    splits: PerCpu<AtomicI64>,
     /// The frame pool table pages come from, and whose budget they are
     /// charged to.
     ///
@@ -173,6 +217,7 @@ impl PageTable {
             root_lock: Mutex::new(()),
             reclaimer,
             tables: PerCpu::new(|| AtomicI64::new(0)),
+            splits: PerCpu::new(|| AtomicI64::new(0)),
             frames,
         }
     }

@@ -3,10 +3,10 @@
 //! are relinked to their new PMD entry where both spans are aligned.
 
 use super::walk::Make;
-use super::{entry_span, index, PageTable, PteFlags};
+use super::{entry_span, index, PageTable, PteFlags, Table};
 use crate::addr::{Range, PAGE_SIZE};
 use crate::reclaim::Guard;
-use crate::sync::Ordering;
+use crate::sync::{AtomicU64, Ordering};
 
 /// What [`PageTable::move_range`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -65,6 +65,19 @@ impl PageTable {
                 .min(pmd - dst % pmd)
                 .min(len - off)
                 .min(max);
+            if self.huge_at(src, g).is_some() {
+                // A 2 MiB page: moved whole where both ends are aligned
+                // (Linux's move_huge_pmd), else split and moved as PTEs.
+                if n == pmd {
+                    if let Some(m) = self.move_huge(src, dst, g, &mut after_extent) {
+                        st.entries += m;
+                        st.extents += 1;
+                        off += n;
+                        continue;
+                    }
+                }
+                self.split_huge(src, g);
+            }
             let moved = if n == pmd {
                 match self.relink_pte_table(src, dst, g, &mut after_extent) {
                     Some(m) => {
@@ -148,6 +161,55 @@ impl PageTable {
         moved
     }
 
+    /// Moves the PMD leaf at the 2 MiB-aligned `from` to the empty slot
+    /// at `to`: the new place first, then the old one cleared, each under
+    /// its PMD table's lock, as a relink does. Returns the pages moved
+    /// (512), `Some(0)` if the leaf went meanwhile, or `None` if the
+    /// destination slot is taken (the caller splits and copies).
+    fn move_huge(
+        &self,
+        from: u64,
+        to: u64,
+        g: &Guard,
+        after_extent: &mut impl FnMut(Range),
+    ) -> Option<u64> {
+        let (src_pmd, se) = self.pmd_slot(from, g)?;
+        let v = se.load(Ordering::Acquire);
+        if !super::is_leaf(v) {
+            return Some(0);
+        }
+        // A moved page reads as written since the last soft-dirty reset
+        // (Linux's move_soft_dirty_pmd).
+        let moved = v | PteFlags::SOFT_DIRTY.bits();
+        self.swing_pmd(src_pmd, se, to, moved, g)?;
+        after_extent(Range::new(from, from + entry_span(1)));
+        Some(super::ENTRIES as u64)
+    }
+
+    /// Stores `v` into the empty PMD slot of `to`, then empties the slot
+    /// `se` of `src_pmd` that held it: each under its PMD table's lock,
+    /// as every link and unlink is made (see `make_table`), the new place
+    /// first. `None` if the destination slot is taken.
+    fn swing_pmd(&self, src_pmd: &Table, se: &AtomicU64, to: u64, v: u64, g: &Guard) -> Option<()> {
+        let dst_pmd = self.table_at(to, 1, Make::Forced, g)?;
+        let de = &dst_pmd.entries[index(to, 1)];
+        {
+            let _l = dst_pmd.lock.lock();
+            de.compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire)
+                .ok()?;
+            dst_pmd.used.fetch_add(1, Ordering::Relaxed);
+        }
+        // A walker that read the old entry keeps using the (live) table
+        // or page, and translates the old addresses to the same frames
+        // until the caller's flush: exactly a stale TLB entry.
+        {
+            let _l = src_pmd.lock.lock();
+            se.store(0, Ordering::Release);
+            src_pmd.used.fetch_sub(1, Ordering::Relaxed);
+        }
+        Some(())
+    }
+
     /// Moves the whole PTE table of the PMD-aligned 2 MiB span at `from`
     /// to the one at `to` by swinging the PMD entries. Returns the number
     /// of present entries it carried, or `None` if the destination already
@@ -175,26 +237,10 @@ impl PageTable {
             // Nothing to move; the empty table is freed with the old range.
             return Some(0);
         }
-        let dst_pmd = self.table_at(to, 1, Make::Forced, g)?;
-        let de = &dst_pmd.entries[index(to, 1)];
         let v = se.load(Ordering::Relaxed);
-        // Each PMD slot changes under its PMD table's lock, as every link
-        // and unlink does (see `make_table`); the PTE lock held here is
-        // taken before them, as everywhere.
-        {
-            let _l = dst_pmd.lock.lock();
-            de.compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire)
-                .ok()?;
-            dst_pmd.used.fetch_add(1, Ordering::Relaxed);
-        }
-        // A walker that read the old entry keeps using the (live) table,
-        // and translates the old addresses to the same frames until the
-        // caller's flush: exactly a stale TLB entry.
-        {
-            let _l = src_pmd.lock.lock();
-            se.store(0, Ordering::Release);
-            src_pmd.used.fetch_sub(1, Ordering::Relaxed);
-        }
+        // The PTE lock held here is taken before the slot locks, as
+        // everywhere.
+        self.swing_pmd(src_pmd, se, to, v, g)?;
         after_extent(Range::new(from, from + entry_span(1)));
         Some(count)
     }

@@ -2,7 +2,10 @@
 //! table covering an address, and reading, installing and updating one
 //! entry.
 
-use super::{entry_span, index, PageTable, Pte, Table, LEVELS, TABLE_BIT, TABLE_BYTES, VA_BITS};
+use super::{
+    entry_span, index, is_leaf, is_table, leaf_pte, PageTable, Pte, Table, LEVELS, TABLE_BIT,
+    TABLE_BYTES, VA_BITS,
+};
 use crate::addr::PAGE_SIZE;
 use crate::reclaim::Guard;
 use crate::sync::counter;
@@ -60,6 +63,17 @@ impl PteSlot<'_> {
     }
 }
 
+/// A walk's error with a PMD leaf it met turned into the 4 KiB view of
+/// the page of `va` inside it (what the entry for `va` holds).
+fn subpage_of(e: CheckedInstallError, va: u64) -> CheckedInstallError {
+    match e {
+        CheckedInstallError::Taken(leaf) if leaf.is_huge() => {
+            CheckedInstallError::Taken(leaf.subpage(index(va, 0) as u32))
+        }
+        e => e,
+    }
+}
+
 /// Whether a walk creates missing tables, and how it pays for them.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Make {
@@ -76,11 +90,12 @@ pub(super) enum Make {
 /// the address cannot be translated (`Pte::NONE`).
 pub type InstallError = Pte;
 impl PageTable {
-    /// The table an upper-level entry points to, if any.
+    /// The table an upper-level entry points to, if any (`None` for an
+    /// empty entry and for a PMD leaf).
     #[inline]
     pub(super) fn child<'g>(&'g self, e: &AtomicU64, _g: &'g Guard) -> Option<&'g Table> {
         let v = e.load(Ordering::Acquire);
-        if v == 0 {
+        if !is_table(v) {
             return None;
         }
         // SAFETY: a non-zero upper entry holds a table page's address from
@@ -117,8 +132,9 @@ impl PageTable {
     /// [`table_at`](Self::table_at), linking each missing table only if
     /// `valid()` holds under the lock of the table that will hold it
     /// (`Invalid` if not; `NoTable` if a table is missing and may not be
-    /// made).
-    fn table_checked<'g>(
+    /// made; `Taken(leaf)` if a PMD leaf maps the span instead of a PTE
+    /// table).
+    pub(super) fn table_checked<'g>(
         &'g self,
         va: u64,
         level: u32,
@@ -139,7 +155,13 @@ impl PageTable {
             t = match self.child(e, g) {
                 Some(c) => c,
                 None if create == Make::No => return Err(CheckedInstallError::NoTable),
-                None => self.make_table(e, Some(t), create, valid, g)?,
+                None => {
+                    let v = e.load(Ordering::Acquire);
+                    if is_leaf(v) {
+                        return Err(CheckedInstallError::Taken(leaf_pte(v)));
+                    }
+                    self.make_table(e, Some(t), create, valid, g)?
+                }
             };
         }
         Ok(t)
@@ -184,7 +206,11 @@ impl PageTable {
             return Err(CheckedInstallError::NoTable);
         };
         let l = self.holder_lock(parent);
-        let linked = if e.load(Ordering::Relaxed) != 0 {
+        let cur = e.load(Ordering::Relaxed);
+        let linked = if is_leaf(cur) {
+            // A huge fault filled the slot with a 2 MiB page.
+            Err(CheckedInstallError::Taken(leaf_pte(cur)))
+        } else if cur != 0 {
             Ok(false)
         } else if !valid() {
             Err(CheckedInstallError::Invalid)
@@ -213,20 +239,38 @@ impl PageTable {
     }
 
     /// The entry for `va` (lock-free); `Pte::NONE` if absent or `va` is
-    /// outside the 48-bit space.
+    /// outside the 48-bit space. Inside a PMD leaf, the 4 KiB view of its
+    /// page ([`Pte::subpage`]).
     #[inline]
     pub fn lookup(&self, va: u64, g: &Guard) -> Pte {
-        match self.pte_table(va, Make::No, g) {
-            Some(t) => Pte(t.entries[index(va, 0)].load(Ordering::Acquire)),
-            None => Pte::NONE,
+        let Some(pmd) = self.table_at(va, 1, Make::No, g) else {
+            return Pte::NONE;
+        };
+        let e = &pmd.entries[index(va, 1)];
+        let v = e.load(Ordering::Acquire);
+        if is_table(v) {
+            // SAFETY: as in `child` (the guard `g` keeps the table alive).
+            let t = unsafe { &*((v & !TABLE_BIT) as *const Table) };
+            Pte(t.entries[index(va, 0)].load(Ordering::Acquire))
+        } else if v != 0 {
+            leaf_pte(v).subpage(index(va, 0) as u32)
+        } else {
+            Pte::NONE
         }
     }
 
     /// Installs `pte` for `va` if its entry is empty, creating tables as
-    /// needed. `Err(existing)` if the entry is taken, `Err(Pte::NONE)` if
-    /// `va` cannot be translated or a missing table would pass the budget.
+    /// needed. `Err(existing)` if the entry is taken (a PMD leaf's 4 KiB
+    /// view where one maps `va`), `Err(Pte::NONE)` if `va` cannot be
+    /// translated or a missing table would pass the budget.
     pub fn install(&self, va: u64, pte: Pte, g: &Guard) -> Result<(), InstallError> {
-        let t = self.pte_table(va, Make::Charged, g).ok_or(Pte::NONE)?;
+        let t = match self.table_checked(va, 0, Make::Charged, &|| true, g) {
+            Ok(t) => t,
+            Err(CheckedInstallError::Taken(leaf)) => {
+                return Err(leaf.subpage(index(va, 0) as u32));
+            }
+            Err(_) => return Err(Pte::NONE),
+        };
         let e = &t.entries[index(va, 0)];
         let _l = t.lock.lock();
         let cur = e.load(Ordering::Relaxed);
@@ -248,7 +292,9 @@ impl PageTable {
         g: &'g Guard,
         valid: &dyn Fn() -> bool,
     ) -> Result<PteSlot<'g>, CheckedInstallError> {
-        let table = self.table_checked(va, 0, Make::Charged, valid, g)?;
+        let table = self
+            .table_checked(va, 0, Make::Charged, valid, g)
+            .map_err(|e| subpage_of(e, va))?;
         Ok(PteSlot {
             table,
             entry: &table.entries[index(va, 0)],
@@ -256,9 +302,16 @@ impl PageTable {
     }
 
     /// The entry for `va`, creating missing tables as `create` says.
-    fn slot_in<'g>(&'g self, va: u64, create: Make, g: &'g Guard) -> Option<PteSlot<'g>> {
-        let table = self.pte_table(va, create, g)?;
-        Some(PteSlot {
+    fn slot_in<'g>(
+        &'g self,
+        va: u64,
+        create: Make,
+        g: &'g Guard,
+    ) -> Result<PteSlot<'g>, CheckedInstallError> {
+        let table = self
+            .table_checked(va, 0, create, &|| true, g)
+            .map_err(|e| subpage_of(e, va))?;
+        Ok(PteSlot {
             table,
             entry: &table.entries[index(va, 0)],
         })
@@ -277,16 +330,21 @@ impl PageTable {
         valid: impl FnOnce() -> bool,
     ) -> Result<(), CheckedInstallError> {
         let make = if make_table { Make::Charged } else { Make::No };
-        self.slot_in(va, make, g)
-            .ok_or(CheckedInstallError::NoTable)?
-            .install_checked(pte, valid)
+        self.slot_in(va, make, g)?.install_checked(pte, valid)
     }
 
     /// Under the PTE table's lock, replaces the entry for `va` with
     /// `f(current)` when that is `Some`. Returns the new entry, or `None`
-    /// if nothing changed (including when no table exists).
+    /// if nothing changed (including when no table exists). A PMD leaf
+    /// covering `va` is split first (a 4 KiB change of a 2 MiB page).
     pub fn update(&self, va: u64, g: &Guard, f: impl FnOnce(Pte) -> Option<Pte>) -> Option<Pte> {
-        let t = self.pte_table(va, Make::No, g)?;
+        let t = match self.pte_table(va, Make::No, g) {
+            Some(t) => t,
+            None => {
+                self.split_huge(va, g);
+                self.pte_table(va, Make::No, g)?
+            }
+        };
         let e = &t.entries[index(va, 0)];
         let _l = t.lock.lock();
         let old = e.load(Ordering::Relaxed);
@@ -311,8 +369,11 @@ impl PageTable {
             return Some(entry_span(LEVELS) - va);
         };
         for level in (1..LEVELS).rev() {
-            match self.child(&t.entries[index(va, level)], g) {
+            let e = &t.entries[index(va, level)];
+            match self.child(e, g) {
                 Some(c) => t = c,
+                // A PMD leaf maps the span: nothing is missing.
+                None if level == 1 && is_leaf(e.load(Ordering::Acquire)) => return None,
                 None => {
                     let span = entry_span(level);
                     return Some(span - va % span);

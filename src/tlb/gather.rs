@@ -23,6 +23,9 @@ pub(crate) struct Gather<'a> {
     stats: &'a StatCounters,
     frames: &'a FrameAllocator,
     pending: Vec<Pfn>,
+    /// Huge frames (first frame numbers) whose 512 references to drop
+    /// after the flush came from one PMD leaf.
+    pending_huge: Vec<Pfn>,
     pages: u64,
     range: Option<Range>,
 }
@@ -38,6 +41,7 @@ impl<'a> Gather<'a> {
             stats,
             frames,
             pending: Vec::new(),
+            pending_huge: Vec::new(),
             pages: 0,
             range: None,
         }
@@ -70,14 +74,27 @@ impl<'a> Gather<'a> {
         }
     }
 
+    /// Records the 512 references a PMD leaf held on the huge frame from
+    /// `head`, to drop after the flush (freeing it whole if they were the
+    /// last: `FrameAllocator::put_huge`).
+    pub(crate) fn free_huge(&mut self, head: Pfn) {
+        self.pending_huge.push(head);
+        if self.pending_huge.len() * 512 >= GATHER_MAX_FRAMES {
+            self.flush();
+        }
+    }
+
     /// Flushes what was gathered, then frees the frames.
     pub(crate) fn flush(&mut self) {
-        if self.pages == 0 && self.pending.is_empty() {
+        if self.pages == 0 && self.pending.is_empty() && self.pending_huge.is_empty() {
             return;
         }
         self.tlb.flush(self.stats, self.pages);
         for pfn in self.pending.drain(..) {
             self.frames.put(pfn);
+        }
+        for head in self.pending_huge.drain(..) {
+            self.frames.put_huge(head);
         }
         self.pages = 0;
         self.range = None;

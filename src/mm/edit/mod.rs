@@ -281,6 +281,14 @@ impl<'a> Edit<'a> {
             return Err(Error::NoMem);
         }
         self.lock(v);
+        // A 2 MiB page across the new boundary becomes 512 PTEs first,
+        // so that no PMD leaf straddles two VMAs (Linux's
+        // `vma_adjust_trans_huge`).
+        if at % crate::pt::HUGE_SIZE != 0 {
+            if let Some(pt) = self.mm.pt.peek() {
+                pt.split_huge(at, &pt.pin());
+            }
+        }
         // Inserting a VMA that shares the anon_vma: take its lock.
         let anon = v.anon_vma_arc();
         Ok(self.with_rmap(anon.clone(), |ed, idx| {
@@ -327,10 +335,23 @@ impl<'a> Edit<'a> {
 /// side by madvise).
 pub(crate) fn zap_range(mm: &AddressSpace, r: Range, gather: &mut Gather<'_>) {
     let g = mm.pt.pin();
-    mm.pt.zap_range(r, &g, |va, frame| {
-        gather.add_page(va);
-        if let Some(pfn) = frame {
-            gather.free_frame(pfn);
-        }
-    });
+    let gather = core::cell::RefCell::new(gather);
+    mm.pt.zap_range_huge(
+        r,
+        &g,
+        |va, frame| {
+            let mut gather = gather.borrow_mut();
+            gather.add_page(va);
+            if let Some(pfn) = frame {
+                gather.free_frame(pfn);
+            }
+        },
+        |va, leaf| {
+            let mut gather = gather.borrow_mut();
+            gather.add_range(Range::new(va, va + crate::pt::HUGE_SIZE));
+            if let Some(head) = leaf.frame() {
+                gather.free_huge(head);
+            }
+        },
+    );
 }

@@ -1,0 +1,228 @@
+//! Collapsing 2 MiB spans of 4 KiB pages into huge pages.
+//!
+//! `MADV_COLLAPSE` and [`AddressSpace::khugepaged_scan`] (a pass of
+//! Linux's khugepaged): under the mmap_lock write side with the VMA
+//! write-locked (so no fault, not even a speculative one, is inside the
+//! span), a 2 MiB span's PTE table is unlinked
+//! (`PageTable::collapse_unlink`), the span's translations flushed (so no
+//! translator store can land on an old page after it is copied), its
+//! pages copied into a huge frame and the leaf installed; the old table
+//! goes through the epoch, the old frames back to the pool.
+//! `MADV_COLLAPSE` ignores the THP mode and `max_ptes_none` (it fills any
+//! number of empty entries, as Linux's does); khugepaged honours both.
+//! Linux's khugepaged also wants a recently referenced page and at most
+//! `max_ptes_shared` shared ones; this scan looks at neither.
+//!
+//! # Locking
+//!
+//! The mmap_lock write side and the VMA's write lock (`Edit::lock`),
+//! then the PTE table's lock and the PMD slot's; the order is
+//! [`crate::mm`]'s.
+
+use super::edit::Edit;
+use super::soft_dirty;
+use super::thp::{mode_allows, vma_allows};
+use super::AddressSpace;
+use crate::addr::Range;
+use crate::error::{Error, Result};
+use crate::phys::Pfn;
+use crate::pt::{Pte, PteFlags, HUGE_SIZE};
+use crate::stats::Event;
+use crate::tlb::Gather;
+use crate::vma::Vma;
+
+/// Why a span was not collapsed (Linux's `SCAN_*` results, as
+/// `MADV_COLLAPSE` reports them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CollapseFail {
+    /// No page table maps the span (`SCAN_PMD_NONE`): `EINVAL`, and the
+    /// spans after it are left.
+    NoTable,
+    /// More empty entries than allowed (`SCAN_EXCEED_NONE_PTE`): `ENOMEM`.
+    TooEmpty,
+    /// An entry write-protected for a userfault handler
+    /// (`SCAN_PTE_UFFD_WP`): `EINVAL`.
+    UffdWp,
+    /// A page pinned by a device (`SCAN_PAGE_COUNT`): `EINVAL`.
+    Pinned,
+    /// No huge frame free (`SCAN_ALLOC_HUGE_PAGE_FAIL`): `ENOMEM`.
+    NoMemory,
+}
+
+impl CollapseFail {
+    /// Whether `MADV_COLLAPSE` goes on to the next span after this
+    /// failure (Linux's list of results it continues after).
+    fn goes_on(self) -> bool {
+        matches!(self, CollapseFail::UffdWp | CollapseFail::Pinned)
+    }
+
+    fn errno(self) -> Error {
+        match self {
+            CollapseFail::TooEmpty | CollapseFail::NoMemory => Error::NoMem,
+            CollapseFail::NoTable | CollapseFail::UffdWp | CollapseFail::Pinned => Error::Inval,
+        }
+    }
+}
+
+/// Collapses the 2 MiB span at `start` of `v` (locked by `ed`'s caller)
+/// into a huge page: its 4 KiB pages copied into a huge frame, at most
+/// `max_none` of its 512 entries empty (or the zero page): the table
+/// unlinked, the span's translations flushed, the pages copied, the leaf
+/// installed, the old frames freed. Already huge: done.
+fn collapse_span(
+    mm: &AddressSpace,
+    v: &Vma,
+    start: u64,
+    max_none: u32,
+) -> core::result::Result<(), CollapseFail> {
+    let Some(pt) = mm.pt.peek() else {
+        return Err(CollapseFail::NoTable);
+    };
+    let g = pt.pin();
+    if pt.huge_at(start, &g).is_some() {
+        return Ok(());
+    }
+    let frames = &mm.frames;
+    let mut fail = CollapseFail::NoTable;
+    let mut head = None;
+    let old = pt.collapse_unlink(start, &g, |old| {
+        let none = old.iter().filter(|p| p.frame().is_none()).count();
+        if none > max_none as usize {
+            fail = CollapseFail::TooEmpty;
+            return false;
+        }
+        if old.iter().any(|p| p.flags().contains(PteFlags::UFFD_WP)) {
+            fail = CollapseFail::UffdWp;
+            return false;
+        }
+        if old
+            .iter()
+            .filter_map(|p| p.frame())
+            .any(|f| frames.maybe_pinned(f))
+        {
+            fail = CollapseFail::Pinned;
+            return false;
+        }
+        head = frames.alloc_huge();
+        if head.is_none() {
+            fail = CollapseFail::NoMemory;
+        }
+        head.is_some()
+    });
+    let (Some(old), Some(head)) = (old, head) else {
+        return Err(fail);
+    };
+    // The old translations go before the pages are read: a store through
+    // a translator's cached entry cannot land after the copy (its access
+    // in flight is waited for; a new walk finds the slot empty and its
+    // fault waits for our mmap_lock).
+    let span = Range::new(start, start + HUGE_SIZE);
+    let mut flush = Gather::new(&mm.tlb, &mm.stats, frames);
+    flush.add_range(span);
+    flush.flush();
+    let mut dirty = PteFlags::empty();
+    for (i, p) in old.iter().enumerate() {
+        if let Some(f) = p.frame() {
+            frames.copy(Pfn::new(head.get() + i as u32), f);
+        }
+        dirty |= p.flags() & PteFlags::SOFT_DIRTY;
+    }
+    let leaf = Pte::new(
+        head,
+        PteFlags::from(v.flags()) | soft_dirty::WRITTEN | dirty | PteFlags::HUGE,
+    );
+    pt.install_huge(start, leaf, &g, || true)
+        .expect("the slot we emptied, with the VMA locked");
+    // Flushed already: the old frames go now.
+    for p in old {
+        if let Some(f) = p.frame() {
+            frames.put(f);
+        }
+    }
+    mm.stats.inc(Event::thp_collapse_alloc);
+    Ok(())
+}
+
+/// The 2 MiB-aligned spans inside both `r` and `v`'s range.
+fn spans(v: &Vma, r: Range) -> impl Iterator<Item = u64> {
+    let lo = r.start.max(v.start());
+    let hi = r.end.min(v.end()) & !(HUGE_SIZE - 1);
+    let first = lo.checked_next_multiple_of(HUGE_SIZE).unwrap_or(u64::MAX);
+    (first..hi).step_by(HUGE_SIZE as usize)
+}
+
+impl AddressSpace {
+    /// `MADV_COLLAPSE` of `r` (see [`Advice::Collapse`](crate::Advice::Collapse)):
+    /// under the mmap_lock write side, each VMA write-locked, every
+    /// 2 MiB-aligned span inside `r` and its VMA collapsed with any number
+    /// of empty entries. A span that fails stops the call with its errno
+    /// (`EINVAL` for a span with no page table, `ENOMEM` with no huge
+    /// frame), except a pinned or write-protected page, which leaves its
+    /// span and goes on (its errno returned at the end); `ENOMEM` for a
+    /// hole.
+    pub(crate) fn madvise_collapse(&self, r: Range) -> Result<()> {
+        let ed = Edit::begin(self);
+        let mut cursor = r.start;
+        let mut hole = false;
+        let mut last_fail = None;
+        for v in ed.vmas_in(r) {
+            if v.start() > cursor {
+                hole = true;
+            }
+            cursor = v.end();
+            if !vma_allows(self, v.flags(), v.is_anonymous()) {
+                return Err(Error::Inval);
+            }
+            ed.lock(v);
+            for start in spans(&v, r) {
+                if let Err(f) = collapse_span(self, &v, start, 511) {
+                    last_fail = Some(f);
+                    // Linux goes on past a page it cannot take now and
+                    // stops at anything else (`madvise_collapse`).
+                    if !f.goes_on() {
+                        return Err(f.errno());
+                    }
+                }
+            }
+        }
+        if hole || cursor < r.end {
+            return Err(Error::NoMem);
+        }
+        last_fail.map_or(Ok(()), |f| Err(f.errno()))
+    }
+
+    /// One pass of khugepaged over the whole space: in every VMA the THP
+    /// mode gives huge pages to, each 2 MiB-aligned span with a page table
+    /// and at most [`Config::thp_max_ptes_none`](crate::Config::thp_max_ptes_none)
+    /// empty entries is collapsed into a huge page. Returns how many were.
+    /// Runs under the mmap_lock write side (Linux's khugepaged takes it
+    /// for each collapse); call it when the space is idle, or from a
+    /// thread of your own.
+    pub fn khugepaged_scan(&self) -> usize {
+        let ed = Edit::begin(self);
+        let mut n = 0;
+        for v in ed.vmas_in(Range::new(0, u64::MAX)) {
+            let flags = v.flags();
+            if !mode_allows(self, flags) || !vma_allows(self, flags, v.is_anonymous()) {
+                continue;
+            }
+            let has_table = |s: u64| self.pt.peek().is_some_and(|pt| !pt.pmd_none(s, &pt.pin()));
+            let todo: Vec<u64> = spans(&v, v.range()).filter(|&s| has_table(s)).collect();
+            if todo.is_empty() {
+                continue;
+            }
+            ed.lock(v);
+            for start in todo {
+                let max = self.cfg.thp_max_ptes_none.min(511);
+                let already = self
+                    .pt
+                    .peek()
+                    .is_some_and(|pt| pt.huge_at(start, &pt.pin()).is_some());
+                if !already && collapse_span(self, &v, start, max).is_ok() {
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+}

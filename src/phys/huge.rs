@@ -1,0 +1,258 @@
+//! Huge frames: 512 contiguous frames whose first number is a multiple of
+//! 512 (2 MiB of memory, what one PMD entry maps), for transparent huge
+//! pages.
+//!
+//! # Where they come from
+//!
+//! A huge frame is taken, in this order, from the physical memory's list
+//! of whole huge frames freed as such ([`FrameAllocator::put_huge`]), or
+//! from the never-used frames at the pool's `fresh` mark, advanced past
+//! the next 512-aligned run (frames skipped on the way, never used and
+//! so zero, go to the pool's `zeroed` list). Frames freed one by one are
+//! not gathered back into huge frames (Linux's compaction): when neither
+//! source has one, the allocation fails and the fault falls back to
+//! 4 KiB pages, counted (`thp_fault_fallback`).
+//!
+//! # References: one count per subframe
+//!
+//! Every subframe keeps its own reference count and account record, as
+//! a 4 KiB frame does: a huge frame is handed out with each of its 512
+//! counts at 1, and an entry mapping it (a PMD leaf) holds one reference
+//! on each subframe. Splitting a leaf into 512 PTEs then changes no
+//! count (each PTE holds its subframe's reference), fork adds one to
+//! each, and a zap drops each. A huge frame whose 512 counts are all 1
+//! when its last mapping goes is freed whole (`put_huge`), back to the
+//! huge list; otherwise (shared with a fork child, pinned, or split and
+//! partly unmapped) its subframes are freed one by one as their counts
+//! reach zero, like 4 KiB frames. This costs 512 count updates where
+//! Linux's folio has one, on the rare paths (fork, a zap of a huge
+//! page), and none on the fault path beyond the 512 stores of the
+//! allocation, against 2 MiB to clear.
+//!
+//! The budget is charged 2 MiB at once; each subframe is uncharged by
+//! its own last `put` (4 KiB), or the whole by `put_huge`.
+//!
+//! # Locking
+//!
+//! The huge list's mutex is taken alone, or before the pool's (taking
+//! frames from `fresh`), never under another lock of this module.
+
+use super::cache::Use;
+use super::{FrameAllocator, Pfn};
+use crate::addr::PAGE_SIZE;
+use crate::percpu::cpu_id;
+use crate::sync::counter;
+use crate::sync::Ordering;
+
+/// Frames in a huge frame (what one PMD entry maps).
+pub const HUGE_FRAMES: usize = 512;
+/// Bytes in a huge frame (2 MiB).
+pub const HUGE_BYTES: u64 = HUGE_FRAMES as u64 * PAGE_SIZE;
+
+impl FrameAllocator {
+    /// A huge frame: its first frame number, every subframe's reference
+    /// count 1, charged 2 MiB, zero if the allocator zeroes frames.
+    /// `None` if the budget has no 2 MiB of room or no huge frame is free
+    /// (see the module docs: freed 4 KiB frames are not reassembled).
+    pub(crate) fn alloc_huge(&self) -> Option<Pfn> {
+        let budget = &**self.memory();
+        if !budget.try_charge(HUGE_BYTES) {
+            return None;
+        }
+        let Some((head, used_before)) = self.take_huge() else {
+            budget.uncharge(HUGE_BYTES);
+            return None;
+        };
+        for i in 0..HUGE_FRAMES as u32 {
+            let pfn = Pfn::new(head.get() + i);
+            if self.zero_new && used_before {
+                self.zero(pfn);
+            }
+            self.use_exclusive(pfn);
+            let (refs, owner) = self.frame_words(pfn);
+            owner.store(self.id, counter::Ordering::Relaxed);
+            refs.store(1, Ordering::Relaxed);
+        }
+        self.count_huge(budget, false);
+        Some(head)
+    }
+
+    /// Counts a huge frame's 512 data frames in (`out` false) or out, in
+    /// the CPU slot's counts and the account's, under the slot's cache
+    /// lock as every writer of those counts holds it.
+    fn count_huge(&self, budget: &super::Budget, out: bool) {
+        let cpu = cpu_id();
+        let slot = self.cpus.get(cpu);
+        let _c = slot.cache.lock();
+        let count = if out { &slot.frees } else { &slot.allocs };
+        count.store(
+            count.load(counter::Ordering::Relaxed) + HUGE_FRAMES as u64,
+            counter::Ordering::Relaxed,
+        );
+        budget.count_frames(cpu, out, HUGE_FRAMES as u64);
+    }
+
+    /// A free huge frame, and whether it may hold someone's bytes.
+    fn take_huge(&self) -> Option<(Pfn, bool)> {
+        if let Some(head) = self.huge.lock().pop() {
+            return Some((head, true));
+        }
+        let mut pool = self.pool.lock();
+        let fresh = pool.fresh;
+        let first = fresh.checked_next_multiple_of(HUGE_FRAMES as u64)?;
+        let end = first.checked_add(HUGE_FRAMES as u64)?;
+        if end > self.frames {
+            return None;
+        }
+        // Every chunk behind the run, obtained now (one under 2 MiB
+        // chunks; several under loom's small ones).
+        let mut c = first;
+        while c < end {
+            self.chunk_for(Pfn::new(c as u32))?;
+            c += super::CHUNK_FRAMES as u64;
+        }
+        // Skipped never-used frames are zero: they wait with the others.
+        pool.zeroed
+            .extend((fresh..first).map(|p| Pfn::new(p as u32)));
+        pool.fresh = end;
+        Some((Pfn::new(first as u32), false))
+    }
+
+    /// Drops the references a huge mapping held on the 512 subframes from
+    /// `head`. If they were the last ones on every subframe (nobody else
+    /// maps, shares or pins any of them) and the frame is this account's,
+    /// the huge frame is freed whole, kept for the next [`alloc_huge`];
+    /// otherwise each subframe is put as a 4 KiB frame.
+    ///
+    /// [`alloc_huge`]: Self::alloc_huge
+    pub(crate) fn put_huge(&self, head: Pfn) {
+        let whole = (0..HUGE_FRAMES as u32).all(|i| {
+            let (refs, owner) = self.frame_words(Pfn::new(head.get() + i));
+            // Acquire: the last user's accesses happen before our reuse.
+            refs.load(Ordering::Acquire) == 1 && owner.load(counter::Ordering::Relaxed) == self.id
+        });
+        if !whole {
+            for i in 0..HUGE_FRAMES as u32 {
+                self.put(Pfn::new(head.get() + i));
+            }
+            return;
+        }
+        // Every count is ours alone: no reference can be added to a frame
+        // nobody else holds (`try_get` is for objects' pages, which huge
+        // frames never are; pins need a mapping entry, and ours is gone).
+        for i in 0..HUGE_FRAMES as u32 {
+            let pfn = Pfn::new(head.get() + i);
+            self.use_exclusive(pfn);
+            self.refs(pfn).store(0, Ordering::Relaxed);
+        }
+        let budget = &**self.memory();
+        budget.uncharge(HUGE_BYTES);
+        self.count_huge(budget, true);
+        let mut huge = self.huge.lock();
+        // Beyond a sixteenth of the budget in huge frames kept resident,
+        // the frame is broken up for the 4 KiB caches (which give memory
+        // back to the system when they hold too much).
+        let keep = (budget.limit() / HUGE_BYTES / 16).max(1) as usize;
+        if huge.len() < keep {
+            huge.push(head);
+            return;
+        }
+        drop(huge);
+        for i in 0..HUGE_FRAMES as u32 {
+            self.give(Pfn::new(head.get() + i), Use::Table, false);
+        }
+    }
+
+    /// Huge frames free in the physical memory's huge list.
+    #[cfg(test)]
+    pub(crate) fn free_huge_frames(&self) -> usize {
+        self.huge.lock().len()
+    }
+}
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_huge_frame_is_512_aligned_frames_charged_2_mib() {
+        let a = FrameAllocator::new(8 << 20, true);
+        let head = a.alloc_huge().expect("a fresh memory has huge frames");
+        assert_eq!(head.get() as usize % HUGE_FRAMES, 0);
+        assert_eq!(a.memory().used(), HUGE_BYTES);
+        assert_eq!(a.used(), HUGE_FRAMES as u64);
+        for i in 0..HUGE_FRAMES as u32 {
+            assert_eq!(a.refcount(Pfn::new(head.get() + i)), 1);
+        }
+        // 4 KiB frames taken after it are other frames.
+        let small = a.alloc().unwrap();
+        assert!(small.get() < head.get() || small.get() >= head.get() + HUGE_FRAMES as u32);
+        a.put(small);
+        a.put_huge(head);
+        assert_eq!(a.memory().used(), 0);
+        assert_eq!(a.used(), 0);
+        assert_eq!(a.free_huge_frames(), 1);
+        // The freed huge frame comes back whole, cleared.
+        a.write(Pfn::new(head.get() + 7), 100, b"x");
+        let again = a.alloc_huge().unwrap();
+        assert_eq!(again, head);
+        let mut b = [1u8];
+        a.read(Pfn::new(head.get() + 7), 100, &mut b);
+        assert_eq!(b, [0]);
+        a.put_huge(again);
+    }
+
+    #[test]
+    fn no_huge_frame_past_the_budget_or_the_memory() {
+        // 3 MiB of budget: one huge frame, then none (2 MiB more would
+        // pass it), while 4 KiB frames still come.
+        let a = FrameAllocator::new(3 << 20, true);
+        let h = a.alloc_huge().unwrap();
+        assert_eq!(a.alloc_huge(), None);
+        assert_eq!(a.memory().used(), HUGE_BYTES);
+        assert!(a.alloc().is_some_and(|p| a.put(p)));
+        a.put_huge(h);
+        // A memory of 1 MiB has no 512 frames at all.
+        let tiny = FrameAllocator::new(1 << 20, true);
+        assert_eq!(tiny.alloc_huge(), None);
+        assert_eq!(tiny.memory().used(), 0);
+    }
+
+    #[test]
+    fn shared_subframes_are_freed_one_by_one() {
+        let a = FrameAllocator::new(8 << 20, true);
+        let head = a.alloc_huge().unwrap();
+        // A second mapping of one subframe (a split and fork, say).
+        let sub = Pfn::new(head.get() + 3);
+        a.get(sub);
+        a.put_huge(head);
+        assert_eq!(a.free_huge_frames(), 0);
+        assert_eq!(a.used(), 1);
+        assert_eq!(a.refcount(sub), 1);
+        assert!(a.put(sub));
+        assert_eq!(a.used(), 0);
+        assert_eq!(a.memory().used(), 0);
+    }
+
+    #[test]
+    fn frames_skipped_to_align_a_huge_frame_stay_usable() {
+        let a = FrameAllocator::new(4 << 20, true);
+        // Move `fresh` off a 512 boundary: a CPU cache takes a chunk's
+        // remainder; hand what it holds back to the pool.
+        let p = a.alloc().unwrap();
+        let h = a.alloc_huge().unwrap();
+        assert_eq!(h.get() as usize % HUGE_FRAMES, 0);
+        // 4 MiB of memory: one huge frame and the rest in 4 KiB frames,
+        // every one of them still to be had.
+        let mut got = vec![p];
+        while let Some(f) = a.alloc() {
+            got.push(f);
+        }
+        assert_eq!(got.len() + HUGE_FRAMES, 1024);
+        for f in got {
+            a.put(f);
+        }
+        a.put_huge(h);
+        assert_eq!(a.memory().used(), 0);
+    }
+}
