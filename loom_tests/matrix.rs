@@ -15,8 +15,9 @@
 /// forced access, which writes pages no writable entry maps; and a file
 /// object's writeback, which reads the object's pages without its size
 /// lock.
-const READERS: [&str; 8] = [
+const READERS: [&str; 9] = [
     "speculative fault",
+    "speculative fault via VMA hint",
     "per-VMA fault",
     "translator access",
     "instruction fetch",
@@ -75,6 +76,10 @@ const FETCH: &str = "a fetch is a translator access (the same enter, tag check, 
 /// The speculative fault never installs in a VMA with an object.
 const SPEC_NO_OBJECT: Cell = Apart("acts on shared objects' pages only, and the speculative fault bails out of any VMA with an object (spec_fault.rs step 4)");
 
+/// Why the speculative fault through a CPU's VMA hint shares the
+/// speculative fault's models.
+const HINT: &str = "a hinted VMA is validated as a tree result is (stamp below the sequence, space, range, attachment, then the stamp re-read under the PTE lock): the writer's stamp and sweep order it alike";
+
 /// File writeback reads the object's own pages, never entries or VMA fields.
 const WB_OWN_PAGES: Cell = Apart("writeback holds the object (its Arc) and reads the object's pages through its tree, each under a frame reference taken while the frame lives; this writer changes entries or VMAs, never the object's slots");
 
@@ -100,6 +105,27 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("speculative fault", "uffd write-protect", Apart("write-protect rewrites present entries under the PTE lock; the speculative fault installs only into an empty entry under the same lock, so each sees the other's result")),
     ("speculative fault", "memfd shrink", SPEC_NO_OBJECT),
     ("speculative fault", "fork", Model("spec_writers.rs", "spec_fault_vs_fork")),
+    // The same fault with its VMA from the CPU's hint (mm/vma_hint.rs): a
+    // hinted object is validated as a tree result is, so every writer's
+    // stamp and sweep order it alike; munmap with the object taken back
+    // for another range is the one case only a hint reaches.
+    ("speculative fault via VMA hint", "munmap", Model("spec_fault.rs", "spec_fault_through_hint_vs_vma_reuse_elsewhere")),
+    ("speculative fault via VMA hint", "mprotect", Shares("spec_writers.rs", "spec_fault_in_shared_table_vs_mprotect", HINT)),
+    ("speculative fault via VMA hint", "mremap move", Shares("spec_writers.rs", "spec_fault_in_shared_table_vs_mremap", HINT)),
+    ("speculative fault via VMA hint", "mremap grow", Shares("spec_writers.rs", "spec_fault_vs_mremap_grow", HINT)),
+    ("speculative fault via VMA hint", "mremap shrink", Shares("spec_writers.rs", "spec_fault_vs_mremap_shrink", HINT)),
+    ("speculative fault via VMA hint", "mremap DONTUNMAP", Shares("spec_writers.rs", "spec_fault_vs_mremap_dontunmap_over_empty_table", HINT)),
+    ("speculative fault via VMA hint", "madvise DONTNEED", Shares("spec_writers.rs", "spec_fault_vs_dontneed", HINT)),
+    ("speculative fault via VMA hint", "madvise REMOVE", SPEC_NO_OBJECT),
+    ("speculative fault via VMA hint", "madvise FREE", Shares("spec_writers.rs", "spec_fault_vs_madv_free", HINT)),
+    ("speculative fault via VMA hint", "brk", Shares("spec_writers.rs", "spec_fault_vs_brk_shrink", HINT)),
+    ("speculative fault via VMA hint", "mlock", Shares("spec_writers.rs", "spec_fault_vs_mlock", HINT)),
+    ("speculative fault via VMA hint", "set_anon_name", Shares("spec_writers.rs", "spec_fault_vs_set_anon_name", HINT)),
+    ("speculative fault via VMA hint", "uffd register", Shares("spec_fault.rs", "spec_fault_in_shared_table_vs_uffd_register", HINT)),
+    ("speculative fault via VMA hint", "uffd unregister", Apart("a speculative fault in a MISSING-registered VMA stops at its flag check (step 4) with no snapshot to carry across; WP or MINOR registrations change flags as mlock does (its model)")),
+    ("speculative fault via VMA hint", "uffd write-protect", Apart("write-protect rewrites present entries under the PTE lock; the speculative fault installs only into an empty entry under the same lock, so each sees the other's result")),
+    ("speculative fault via VMA hint", "memfd shrink", SPEC_NO_OBJECT),
+    ("speculative fault via VMA hint", "fork", Shares("spec_writers.rs", "spec_fault_vs_fork", HINT)),
     // The per-VMA fault: holds the VMA's read lock.
     ("per-VMA fault", "munmap", Model("fault.rs", "fault_vs_munmap_same_page")),
     ("per-VMA fault", "mprotect", Model("fault.rs", "write_vs_mprotect_read")),
