@@ -15,8 +15,9 @@
 /// forced access, which writes pages no writable entry maps; and a file
 /// object's writeback, which reads the object's pages without its size
 /// lock.
-const READERS: [&str; 8] = [
+const READERS: [&str; 9] = [
     "speculative fault",
+    "speculative fault via VMA hint",
     "per-VMA fault",
     "translator access",
     "instruction fetch",
@@ -82,6 +83,9 @@ const SPEC_NO_OBJECT: Cell = Apart("acts on shared objects' pages only, and the 
 const SAME_TRANSLATIONS: &str = "a split stores, in one Release under the PMD lock, a filled table translating every page as the leaf did: the reader's walk reads the leaf or the table and gets the same page and rights (pt/huge.rs)";
 /// A huge fault fills an empty PMD slot.
 const NEW_LEAF: Cell = Apart("a huge fault only fills an empty PMD slot (under the PMD lock, the VMA held): no translation existed there to go stale, and a walker sees the slot empty or the whole leaf");
+/// Why the speculative fault through a CPU's VMA hint shares the
+/// speculative fault's models.
+const HINT: &str = "a hinted VMA is validated as a tree result is (stamp below the sequence, space, range, attachment, then the stamp re-read under the PTE lock): the writer's stamp and sweep order it alike";
 
 /// File writeback reads the object's own pages, never entries or VMA fields.
 const WB_OWN_PAGES: Cell = Apart("writeback holds the object (its Arc) and reads the object's pages through its tree, each under a frame reference taken while the frame lives; this writer changes entries or VMAs, never the object's slots");
@@ -108,6 +112,27 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("speculative fault", "uffd write-protect", Apart("write-protect rewrites present entries under the PTE lock; the speculative fault installs only into an empty entry under the same lock, so each sees the other's result")),
     ("speculative fault", "memfd shrink", SPEC_NO_OBJECT),
     ("speculative fault", "fork", Model("spec_writers.rs", "spec_fault_vs_fork")),
+    // The same fault with its VMA from the CPU's hint (mm/vma_hint.rs): a
+    // hinted object is validated as a tree result is, so every writer's
+    // stamp and sweep order it alike; munmap with the object taken back
+    // for another range is the one case only a hint reaches.
+    ("speculative fault via VMA hint", "munmap", Model("spec_fault.rs", "spec_fault_through_hint_vs_vma_reuse_elsewhere")),
+    ("speculative fault via VMA hint", "mprotect", Shares("spec_writers.rs", "spec_fault_in_shared_table_vs_mprotect", HINT)),
+    ("speculative fault via VMA hint", "mremap move", Shares("spec_writers.rs", "spec_fault_in_shared_table_vs_mremap", HINT)),
+    ("speculative fault via VMA hint", "mremap grow", Shares("spec_writers.rs", "spec_fault_vs_mremap_grow", HINT)),
+    ("speculative fault via VMA hint", "mremap shrink", Shares("spec_writers.rs", "spec_fault_vs_mremap_shrink", HINT)),
+    ("speculative fault via VMA hint", "mremap DONTUNMAP", Shares("spec_writers.rs", "spec_fault_vs_mremap_dontunmap_over_empty_table", HINT)),
+    ("speculative fault via VMA hint", "madvise DONTNEED", Shares("spec_writers.rs", "spec_fault_vs_dontneed", HINT)),
+    ("speculative fault via VMA hint", "madvise REMOVE", SPEC_NO_OBJECT),
+    ("speculative fault via VMA hint", "madvise FREE", Shares("spec_writers.rs", "spec_fault_vs_madv_free", HINT)),
+    ("speculative fault via VMA hint", "brk", Shares("spec_writers.rs", "spec_fault_vs_brk_shrink", HINT)),
+    ("speculative fault via VMA hint", "mlock", Shares("spec_writers.rs", "spec_fault_vs_mlock", HINT)),
+    ("speculative fault via VMA hint", "set_anon_name", Shares("spec_writers.rs", "spec_fault_vs_set_anon_name", HINT)),
+    ("speculative fault via VMA hint", "uffd register", Shares("spec_fault.rs", "spec_fault_in_shared_table_vs_uffd_register", HINT)),
+    ("speculative fault via VMA hint", "uffd unregister", Apart("a speculative fault in a MISSING-registered VMA stops at its flag check (step 4) with no snapshot to carry across; WP or MINOR registrations change flags as mlock does (its model)")),
+    ("speculative fault via VMA hint", "uffd write-protect", Apart("write-protect rewrites present entries under the PTE lock; the speculative fault installs only into an empty entry under the same lock, so each sees the other's result")),
+    ("speculative fault via VMA hint", "memfd shrink", SPEC_NO_OBJECT),
+    ("speculative fault via VMA hint", "fork", Shares("spec_writers.rs", "spec_fault_vs_fork", HINT)),
     // The per-VMA fault: holds the VMA's read lock.
     ("per-VMA fault", "munmap", Model("fault.rs", "fault_vs_munmap_same_page")),
     ("per-VMA fault", "mprotect", Model("fault.rs", "write_vs_mprotect_read")),
@@ -242,6 +267,7 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     // write fault on a read-only one, a range pass over part of it, a VMA
     // boundary inside it, `update`), and a leaf installed by a huge fault.
     ("speculative fault", "THP split", Shares("thp.rs", "lookup_vs_split", SAME_TRANSLATIONS)),
+    ("speculative fault via VMA hint", "THP split", Shares("thp.rs", "lookup_vs_split", SAME_TRANSLATIONS)),
     ("per-VMA fault", "THP split", Model("thp.rs", "two_write_faults_split_one_leaf")),
     ("translator access", "THP split", Model("thp.rs", "translator_load_vs_split")),
     ("instruction fetch", "THP split", Shares("thp.rs", "translator_load_vs_split", FETCH)),
@@ -250,6 +276,7 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("forced access", "THP split", Shares("thp.rs", "split_vs_zap_of_the_leaf", "a forced write splits a read-only leaf as a write fault does, under the mmap_lock read side, meeting DONTNEED's zap of the leaf under the same PMD lock")),
     ("file writeback", "THP split", WB_OWN_PAGES),
     ("speculative fault", "THP fault", Apart("the speculative fault never installs a leaf and falls back where one could be installed (eligible span, empty PMD slot); a table it links and a leaf are both made only into an empty slot under the PMD lock, so one of them finds the other")),
+    ("speculative fault via VMA hint", "THP fault", Apart("a hinted VMA takes the speculative fault's walk, which never installs a leaf and falls back where one could be installed")),
     ("per-VMA fault", "THP fault", NEW_LEAF),
     ("translator access", "THP fault", NEW_LEAF),
     ("instruction fetch", "THP fault", NEW_LEAF),
@@ -261,6 +288,7 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     // VMA claimed by Edit::lock; the table unlinked, the span flushed,
     // the pages copied, the leaf installed (mm/thp.rs).
     ("speculative fault", "THP collapse", Shares("spec_writers.rs", "spec_fault_in_shared_table_vs_mprotect", "collapse claims the VMA with Edit::lock's stamp and sweep as mprotect does, and unlinks the table under its PTE lock and slot lock: a fault still inside it fails its stamp check")),
+    ("speculative fault via VMA hint", "THP collapse", Shares("spec_writers.rs", "spec_fault_in_shared_table_vs_mprotect", HINT)),
     ("per-VMA fault", "THP collapse", LOCKED_OUT),
     ("translator access", "THP collapse", Shares("translator_writers.rs", "translator_store_vs_dontneed", "collapse empties the span and flushes before it reads the pages, DONTNEED's zap-then-flush order: no store through an old translation lands after the copy")),
     ("instruction fetch", "THP collapse", Shares("translator_writers.rs", "translator_store_vs_dontneed", FETCH)),

@@ -208,6 +208,35 @@ fn spec_fault_vs_vma_reuse() {
     });
 }
 
+/// The speculative fault through a stale CPU hint (mm/vma_hint.rs): the
+/// thread makes the VMA `[A, A + 2 MiB)` its hint, then faults at `A`,
+/// while munmap removes the VMA and an mmap elsewhere (at `C`) takes its
+/// object back, attached, in this space, with a stamp older than the
+/// sequence once the mmap returns. Whatever the order, `A` is a hole
+/// afterwards with no entry: an attempt that read the hint before the
+/// munmap validates the object's new life and must reject it by its range.
+/// Catches: `!range.contains(addr)` dropped from `spec_fault::candidate`
+/// (the hint's own range test in `VmaHints::get` read the old life's
+/// range): the zero page is installed at `A`, outside every VMA.
+#[test]
+fn spec_fault_through_hint_vs_vma_reuse_elsewhere() {
+    const C: u64 = A + 2 * PMD;
+    model(|| {
+        let mm = setup();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || {
+            loom_door::set_vma_hint(&m2, A);
+            loom_door::speculative_fault(&m2, A, Access::Read)
+        });
+        mm.munmap(A, PMD).unwrap();
+        mm.mmap(C, PAGE_SIZE, rw(), fixed()).unwrap();
+        t.join().unwrap();
+        assert!(mm.stats().vma_reused >= 1, "the object was recycled");
+        assert!(mm.translate(A).is_none(), "an entry at A, in the hole");
+        loom_door::check_ptes(&mm).unwrap();
+    });
+}
+
 // Tables shared by several VMAs: the small VMAs below share the PTE table
 // of `[A, A + 2 MiB)`, and each model races one speculative attempt alone
 // (`loom_door::speculative_fault`, as the reuse model does) against the

@@ -74,6 +74,18 @@ pub mod loom_door {
         crate::mm::spec_fault::handle(mm, addr, access).is_ok()
     }
 
+    /// Makes the VMA covering `addr` (found in the tree) the calling
+    /// CPU's VMA hint, as a speculative fault's tree walk does; false if
+    /// no VMA covers `addr`.
+    pub fn set_vma_hint(mm: &crate::AddressSpace, addr: u64) -> bool {
+        let g = mm.tree.pin();
+        let Some((_, v)) = mm.tree.find(addr, &g) else {
+            return false;
+        };
+        mm.vma_hints.set(*v);
+        true
+    }
+
     /// Every present page-table entry of `mm` lies in a VMA, is writable
     /// only where the VMA is, and a private anonymous frame only where
     /// the VMA has an anon_vma (`Err`: the first violation). Call it with

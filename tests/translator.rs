@@ -70,6 +70,16 @@ fn unaligned_and_page_crossing_scalars() {
         mm.read(addr, &mut b).unwrap();
         assert_eq!(u64::from_le_bytes(b), 0x0102_0304_0506_0708 ^ addr);
     }
+    // Narrow ones across an 8-byte word inside a cached page (the hit
+    // check also checks alignment).
+    t.store::<u32>(A + 6, 0x1122_3344).unwrap();
+    t.store::<u16>(A + 15, 0x5566).unwrap();
+    assert_eq!(t.load::<u32>(A + 6).unwrap(), 0x1122_3344);
+    assert_eq!(t.load::<u16>(A + 15).unwrap(), 0x5566);
+    assert_eq!(t.load::<u16>(A + 7).unwrap(), 0x2233);
+    let mut b = [0u8; 4];
+    mm.read(A + 6, &mut b).unwrap();
+    assert_eq!(u32::from_le_bytes(b), 0x1122_3344);
     t.store::<u32>(A + 4094, 0xa1b2_c3d4).unwrap();
     assert_eq!(t.load::<u32>(A + 4094).unwrap(), 0xa1b2_c3d4);
     assert_eq!(t.load::<u16>(A + 4095).unwrap(), 0xb2c3);

@@ -54,14 +54,18 @@ pub(crate) fn anon_vma_prepare<'v>(
     // entry (Linux's `reusable_anon_vma`): one shared with fork relatives
     // would tie this VMA to their family.
     let singular = |a: Option<Arc<AnonVma>>| a.filter(|a| a.chain_len() == 1);
+    // Only adjacent neighbours qualify, so each is the entry holding the
+    // byte just past or just before the VMA: a point lookup, not a
+    // neighbour search.
     let mut found: Option<Arc<AnonVma>> = None;
-    if let Some((_, next)) = mm.tree.next(vma.end(), &g) {
+    if let Some((_, next)) = mm.tree.find(vma.end(), &g) {
         if compatible(vma, next) {
             found = singular(next.anon_vma_arc());
         }
     }
     if found.is_none() {
-        if let Some((_, prev)) = mm.tree.prev(vma.start(), &g) {
+        let below = vma.start().checked_sub(1);
+        if let Some((_, prev)) = below.and_then(|b| mm.tree.find(b, &g)) {
             if compatible(prev, vma) {
                 found = singular(prev.anon_vma_arc());
             }

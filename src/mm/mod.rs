@@ -102,6 +102,7 @@ pub mod soft_dirty;
 pub(crate) mod spec_fault;
 pub(crate) mod stack;
 pub(crate) mod thp;
+mod vma_hint;
 
 pub use config::{Config, ConfigError, FaultLocking, MremapExtent, ThpMode};
 pub use flags::{Access, Advice, MapFlags, MremapFlags, Prot};
@@ -193,6 +194,9 @@ pub struct AddressSpace {
     /// Event counters.
     /// Protected by: per-CPU relaxed atomics (statistics, no ordering).
     pub(crate) stats: StatCounters,
+    /// Each CPU's last VMA of a speculative fault (`vma_hint`).
+    /// Protected by: per-CPU atomics; a hint is validated by its user.
+    pub(crate) vma_hints: vma_hint::VmaHints,
     /// Type-stable VMA objects: made by the first VMA, so an idle space
     /// has none. Fork children share their parent's (a reverse-map walk
     /// may reach a child's VMA objects through the parent's anon_vma
@@ -342,6 +346,7 @@ impl AddressSpace {
             frames,
             tlb: LazyWith::new(cfg.shootdown_cost_ns, |&ns| TlbState::new(ns)),
             stats: StatCounters::new(),
+            vma_hints: vma_hint::VmaHints::new(),
             pool: pool.map_or_else(LazyArc::new, LazyArc::from_arc),
             cfg,
             id: next_id(),

@@ -9,7 +9,10 @@
 //!
 //! # The protocol
 //!
-//! 1. Pin the epoch; find the VMA in the tree.
+//! 1. Pin the epoch; take the CPU's VMA hint if its range holds the
+//!    address ([`crate::mm::vma_hint`]), else find the VMA in the tree
+//!    (and make it the hint). A hinted object that fails step 2's checks
+//!    as not ours is replaced by the tree's.
 //! 2. Read its stamp `s` (`Acquire`), then the mm sequence `m`
 //!    (`Acquire`). Go on only if `s < m`: `s == m` means write-locked now,
 //!    `s > m` a stamp newer than our view of the sequence, `u64::MAX` an
@@ -87,7 +90,7 @@
 //! | fork | stamp and sweep the parent's VMAs, then write-protect and copy table by table under the locks (hazard 10) | `spec_fault_vs_fork` |
 //! | THP split | a split publishes a filled table of the leaf's own translations under the PMD lock: the walk reads the leaf (`Taken`) or the table, whose entries are all present, so there is nothing to install into | `lookup_vs_split` (`thp.rs`, shared) |
 //! | THP fault | we never install a leaf, and fall back where one could be installed; a table we link and a leaf both go only into an empty slot under the PMD lock | matrix reason |
-//! | VMA reuse | a recycled object is stamped before any field changes and when detached; in another space of the fork family its stamp is that space's, never ours (hazard 5) | `spec_fault_vs_vma_reuse`, `spec_fault_vs_vma_reused_by_fork_child` |
+//! | VMA reuse | a recycled object is stamped before any field changes and when detached; in another space of the fork family its stamp is that space's, never ours (hazard 5); one reached through a stale hint, taken back for another range, fails the range check | `spec_fault_vs_vma_reuse`, `spec_fault_vs_vma_reused_by_fork_child`, `spec_fault_through_hint_vs_vma_reuse_elsewhere` |
 //!
 //! We also compare the address space id and the range: an object taken
 //! back for a VMA at the same address (MAP_FIXED over part of the VMA)
@@ -121,6 +124,7 @@
 //! |-------|-------|-------------------------|
 //! | epoch pin / unpin | crossbeam's per-thread record; a global-epoch advance every 128 pins | the record is the thread's own line; the advance is amortized |
 //! | `note_cpu` | the TLB's per-CPU slot, written once then only read | per-CPU line |
+//! | VMA hint | the CPU's hint slot, written when its faults move to another VMA | per-CPU line |
 //! | budget charge | the per-CPU stock; the shared count once per 256 frames | per-CPU line; the shared line is written once per 1 MiB charged |
 //! | frame take | the per-CPU cache, its mutex and counts; the frame's refcount (a plain store); the global pool's lock once per 512 never-used frames (or 32 freed ones) | per-CPU line; never-used frames come in per-CPU spans of up to 512, so refcounts of one line belong to one CPU |
 //! | frame zeroing | the frame | private until installed |
@@ -138,7 +142,7 @@
 //! read-locked nor referenced (its stamp is validated instead). Order:
 //! [`crate::mm`].
 
-use crate::addr::page_align_down;
+use crate::addr::{page_align_down, Range};
 use crate::mm::{Access, AddressSpace};
 use crate::phys::Pfn;
 #[cfg(doc)]
@@ -146,26 +150,28 @@ use crate::pt::PageTable;
 use crate::pt::{CheckedInstallError, Pte, PteFlags};
 use crate::stats::Event;
 use crate::sync::{fence, Ordering};
-use crate::vma::VmFlags;
+use crate::vma::{VmFlags, VmaRef};
 
 /// One speculative attempt. `Err(reason)`: nothing changed, run the
 /// per-VMA path.
 pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(), Event> {
     let g = mm.tree.pin();
-    let Some((_, v)) = mm.tree.find(addr, &g) else {
-        return Err(Event::spec_abort_lookup);
-    };
-    let v = *v;
-    let stamp = v.lock.stamp();
-    if stamp >= mm.mmap_lock.seq().current() {
-        return Err(Event::spec_abort_locked);
-    }
-    // The snapshot (a VMA changes only after it is stamped).
-    let range = v.range();
-    let flags = v.flags();
-    if v.mm_id() != mm.id || !range.contains(addr) || !v.lock.is_attached() {
-        return Err(Event::spec_abort_lookup);
-    }
+    // The CPU's hint first (see `vma_hint`): validated as a tree result
+    // is, and replaced by a tree walk where that fails.
+    let (v, stamp, flags, range) =
+        match mm.vma_hints.get(addr).map(|v| (v, candidate(mm, &v, addr))) {
+            Some((v, Ok((stamp, flags, range)))) => (v, stamp, flags, range),
+            Some((_, Err(Event::spec_abort_locked))) => return Err(Event::spec_abort_locked),
+            _ => {
+                let Some((_, v)) = mm.tree.find(addr, &g) else {
+                    return Err(Event::spec_abort_lookup);
+                };
+                let v = *v;
+                let (stamp, flags, range) = candidate(mm, &v, addr)?;
+                mm.vma_hints.set(v);
+                (v, stamp, flags, range)
+            }
+        };
     if !access.allowed_by(flags) {
         return Err(Event::spec_abort_lookup);
     }
@@ -239,4 +245,22 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
         }
         Err(CheckedInstallError::Taken(_)) => Err(Event::spec_abort_needs_more),
     }
+}
+
+/// Steps 2 and 3 for a candidate `v` (from the tree or the CPU's hint):
+/// its stamp, flags and range if it is, as of that stamp, the attached VMA of
+/// this space covering `addr`.
+#[inline(always)]
+fn candidate(mm: &AddressSpace, v: &VmaRef, addr: u64) -> Result<(u64, VmFlags, Range), Event> {
+    let stamp = v.lock.stamp();
+    if stamp >= mm.mmap_lock.seq().current() {
+        return Err(Event::spec_abort_locked);
+    }
+    // The snapshot (a VMA changes only after it is stamped).
+    let range = v.range();
+    let flags = v.flags();
+    if v.mm_id() != mm.id || !range.contains(addr) || !v.lock.is_attached() {
+        return Err(Event::spec_abort_lookup);
+    }
+    Ok((stamp, flags, range))
 }

@@ -84,17 +84,15 @@ impl Translator<'_> {
     /// hardware.
     #[inline]
     pub fn load<T: Scalar>(&mut self, addr: u64) -> Result<T, MemoryFault> {
-        if addr % T::SIZE as u64 == 0 {
-            let busy = self.enter();
-            if let Some(base) = self.hit(addr, perm(Access::Read)) {
-                let off = (addr & !PAGE_MASK) as usize;
-                // SAFETY: `base` is a cached frame, `off` inside the page.
-                let w = unsafe { word(base, off) }.load(FrameOrdering::Acquire);
-                self.leave(busy);
-                return Ok(T::from_bits(w >> ((off % 8) * 8)));
-            }
+        let busy = self.enter();
+        if let Some(base) = self.hit(addr, perm(Access::Read), T::SIZE as u64) {
+            let off = (addr & !PAGE_MASK) as usize;
+            // SAFETY: `base` is a cached frame, `off` inside the page.
+            let w = unsafe { word(base, off) }.load(FrameOrdering::Acquire);
             self.leave(busy);
+            return Ok(T::from_bits(w >> ((off % 8) * 8)));
         }
+        self.leave(busy);
         self.load_slow(addr)
     }
 
@@ -118,18 +116,16 @@ impl Translator<'_> {
     /// both pages must be writable, or nothing is written) may tear.
     #[inline]
     pub fn store<T: Scalar>(&mut self, addr: u64, v: T) -> Result<(), MemoryFault> {
-        if addr % T::SIZE as u64 == 0 {
-            let busy = self.enter();
-            if let Some(base) = self.hit(addr, perm(Access::Write)) {
-                let off = (addr & !PAGE_MASK) as usize;
-                // SAFETY: `base` is a cached frame, `off` inside the page
-                // and `T`-aligned.
-                unsafe { store::<T>(base, off, v.to_bits()) };
-                self.leave(busy);
-                return Ok(());
-            }
+        let busy = self.enter();
+        if let Some(base) = self.hit(addr, perm(Access::Write), T::SIZE as u64) {
+            let off = (addr & !PAGE_MASK) as usize;
+            // SAFETY: `base` is a cached frame, `off` inside the page
+            // and `T`-aligned (the hit checked it).
+            unsafe { store::<T>(base, off, v.to_bits()) };
             self.leave(busy);
+            return Ok(());
         }
+        self.leave(busy);
         self.store_slow(addr, v)
     }
 

@@ -81,22 +81,22 @@ use crate::tlb::TranslatorRef;
 /// Entries in a translator (direct-mapped by page number).
 const ENTRIES: usize = 256;
 const PAGE_MASK: u64 = !(PAGE_SIZE - 1);
-/// Permission bits of a tag, below the page number. Write implies read
-/// (an entry is writable only if it allows data access). An empty tag
-/// (0) allows nothing, so never matches, not even page 0.
-const R: u64 = 1;
-const W: u64 = 2;
-const X: u64 = 4;
+/// Permission bits of a tag, below the page number and above the
+/// alignment bits of an 8-byte access (which a tag keeps zero, so that
+/// the hit check also checks alignment). Write implies read (an entry is
+/// writable only if it allows data access). An empty tag (0) allows
+/// nothing, so never matches, not even page 0.
+const R: u64 = 8;
+const W: u64 = 16;
+const X: u64 = 32;
 
-/// The tag check of an access: bits it ignores and bits it needs, so that
-/// a hit is one AND with a small immediate and one compare (the entry
-/// stays 16 bytes: the whole cache is one host page).
+/// The permission bits a tag must hold for an access.
 #[inline(always)]
-const fn perm(access: Access) -> (u64, u64) {
+const fn perm(access: Access) -> u64 {
     match access {
-        Access::Read => (W | X, R),
-        Access::Write => (X, R | W),
-        Access::Exec => (R | W, X),
+        Access::Read => R,
+        Access::Write => R | W,
+        Access::Exec => X,
     }
 }
 
@@ -264,17 +264,21 @@ impl<'a> Translator<'a> {
     }
 
     /// The cached frame of `addr`'s page if it allows the access whose
-    /// [`perm`] is `p`.
+    /// [`perm`] is `need` and `addr` is a multiple of `align` (a power of
+    /// two up to 8). One compare: `tag ^ (addr | need)` is zero in the
+    /// page bits iff the pages match, in the `need` bits iff the tag has
+    /// them, and in the low bits iff `addr` is aligned (the tag's are
+    /// zero); the offset's other bits are masked out.
     #[inline(always)]
-    fn hit(&self, addr: u64, p: (u64, u64)) -> Option<*mut u8> {
+    fn hit(&self, addr: u64, need: u64, align: u64) -> Option<*mut u8> {
         let e = &self.entries[index(addr)];
-        (e.tag & !p.0 == (addr & PAGE_MASK) | p.1).then_some(e.base)
+        ((e.tag ^ (addr | need)) & (PAGE_MASK | need | (align - 1)) == 0).then_some(e.base)
     }
 
     /// Inside an access: translates `page` from the cache, or walks the
     /// page table and caches what it finds.
     fn translate(&mut self, page: u64, access: Access) -> Lookup {
-        if let Some(base) = self.hit(page, perm(access)) {
+        if let Some(base) = self.hit(page, perm(access), 1) {
             return Lookup::Frame(base);
         }
         let (l, perms) = walk(self.mm, page, access);
