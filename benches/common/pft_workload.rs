@@ -268,15 +268,14 @@ impl Workers {
             "pool shape"
         );
         let (mm, bases, pages, free_s) = setup(p);
-        // The scratch mapping's faults are not the run's.
-        let before = mm.stats();
         let stride = if p.workload == Workload::Interleaved {
             p.threads as u64
         } else {
             1
         };
         settle_garbage();
-        // Setup's own faults (`give_anon_vmas`) are not the run's.
+        // Setup's own faults (the scratch mapping's, `give_anon_vmas`)
+        // are not the run's.
         let setup_stats = mm.stats();
         let sh = &self.shared;
         *sh.job.lock().expect("job") = Some(Arc::new(Job {
@@ -306,9 +305,9 @@ impl Workers {
             wall,
             cpu: sh.cpu.lock().expect("cpu").clone(),
             writer_ops: sh.writer_ops.load(Ordering::Relaxed),
-            per_vma: s.fault_per_vma - before.fault_per_vma,
-            speculative: s.fault_speculative - before.fault_speculative,
-            spec_aborts: s.spec_aborts() - before.spec_aborts(),
+            per_vma: s.fault_per_vma,
+            speculative: s.fault_speculative,
+            spec_aborts: s.spec_aborts(),
             free_s,
         }
     }
