@@ -103,6 +103,7 @@ fn pft(c: &mut Criterion) {
                         vma_bytes,
                         zero: true,
                         frames,
+                        huge: false,
                     };
                     g.bench_with_input(
                         BenchmarkId::new(format!("{locking:?}"), threads),

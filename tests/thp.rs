@@ -89,6 +89,31 @@ fn a_write_fault_maps_2_mib_with_one_frame_of_512() {
 }
 
 #[test]
+fn a_huge_fault_into_a_reused_huge_frame_reads_zero() {
+    // pft --thp's "used" frames: a huge page filled, unmapped whole (to
+    // the huge list), then taken again by the next huge fault, which must
+    // clear all of its 2 MiB.
+    let pool = Arc::new(FrameAllocator::new(3 << 20, true));
+    let mm = AddressSpace::with_pool(Config::default(), pool);
+    let a = huge_region(&mm, HUGE);
+    mm.write(a, &vec![0xa5; HUGE as usize]).unwrap();
+    let old = mm.pagemap(a, PAGE_SIZE).unwrap()[0].pfn().unwrap();
+    mm.munmap(a, HUGE).unwrap();
+    let b = huge_region(&mm, HUGE);
+    mm.write(b + 100, b"x").unwrap();
+    // 3 MiB of memory hold one huge frame: the same one.
+    assert_eq!(mm.pagemap(b, PAGE_SIZE).unwrap()[0].pfn(), Some(old));
+    assert_eq!(mm.stats().thp_fault_alloc, 2);
+    let mut got = vec![1u8; HUGE as usize];
+    mm.read(b, &mut got).unwrap();
+    got[100] = 0;
+    assert!(
+        got.iter().all(|&x| x == 0),
+        "a reused huge frame kept bytes"
+    );
+}
+
+#[test]
 fn the_mode_the_advice_and_prctl_decide() {
     // never, and madvise without the advice: 4 KiB pages.
     for (mode, advise) in [(ThpMode::Never, true), (ThpMode::Madvise, false)] {

@@ -100,7 +100,21 @@ pub fn run(
         speculative: 0,
         spec_aborts: 0,
         free_s: 0.0,
+        thp: Default::default(),
     }
+}
+
+/// The host's `thp_fault_alloc` and `thp_fault_fallback` from
+/// `/proc/vmstat` (system-wide counts: a run's are the difference, less
+/// whatever else faulted huge pages meanwhile); zeros where unreadable.
+pub fn host_thp_faults() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
+    let get = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0)
+    };
+    (get("thp_fault_alloc"), get("thp_fault_fallback"))
 }
 
 /// Bytes per second of a run (for `thp`: GB/s of 2 MiB faults).

@@ -38,6 +38,7 @@ pub fn probe(
         vma_bytes,
         zero,
         frames,
+        huge: false,
     });
     let run = t0.elapsed().as_secs_f64();
     Probe {

@@ -23,6 +23,13 @@
 //! With `vma_bytes`, each region is cut into VMAs of that size (an
 //! emulator's small mappings), several sharing each PTE table.
 //!
+//! With `huge` (pft's `--thp`), each thread's region is 2 MiB-aligned and
+//! advised `MADV_HUGEPAGE` (and so is the scratch mapping, whose huge
+//! frames, unmapped whole, wait in the physical memory's huge list), so
+//! the faults map 2 MiB pages: with used frames each clears a reused
+//! huge frame, as the kernel's `MADV_HUGEPAGE` faults do. Only the
+//! per-thread workload without the writer is laid out this way.
+//!
 //! With `pin`, faulting thread `i` is bound to the `i`-th CPU the process
 //! may run on (modulo their number), so the scheduler cannot stack two
 //! faulters on one CPU for part of a run (the writer stays unbound).
@@ -111,6 +118,9 @@ pub struct Params {
     pub zero: bool,
     /// Which frames the faults get, and how they fault.
     pub frames: Frames,
+    /// 2 MiB-aligned `MADV_HUGEPAGE` regions (per-thread workload, no
+    /// writer): the faults map transparent huge pages.
+    pub huge: bool,
 }
 
 /// What one run measured.
@@ -133,6 +143,24 @@ pub struct Sample {
     /// CPU seconds the untimed unmap of the scratch mapping took (which
     /// clears its frames with [`Frames::Zeroed`]); 0 for fresh frames.
     pub free_s: f64,
+    /// The run's huge faults (`thp_fault_alloc`) and those that fell back
+    /// to a 4 KiB page (`thp_fault_fallback`), then the scratch
+    /// mapping's huge faults: the huge frames it used and freed whole,
+    /// which the run's huge faults take again (and must clear).
+    pub thp: ThpCounts,
+}
+
+/// What the THP counters said of a run (all zero without `huge`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ThpCounts {
+    /// The run's faults that mapped a 2 MiB page.
+    pub alloc: u64,
+    /// The run's faults that could have mapped one but got no huge frame.
+    pub fallback: u64,
+    /// Huge faults of the scratch mapping (huge frames used before).
+    pub scratch_alloc: u64,
+    /// Of those, the ones that fell back to 4 KiB.
+    pub scratch_fallback: u64,
 }
 
 impl Sample {
@@ -268,6 +296,9 @@ impl Workers {
             "pool shape"
         );
         let (mm, bases, pages, free_s) = setup(p);
+        // The scratch mapping's huge faults made the huge frames used
+        // before (they are not the run's: `setup_stats` below).
+        let scratch = mm.stats();
         let stride = if p.workload == Workload::Interleaved {
             p.threads as u64
         } else {
@@ -275,7 +306,7 @@ impl Workers {
         };
         settle_garbage();
         // Setup's own faults (the scratch mapping's, `give_anon_vmas`)
-        // are not the run's.
+        // are not the run's: `s` below counts from here.
         let setup_stats = mm.stats();
         let sh = &self.shared;
         *sh.job.lock().expect("job") = Some(Arc::new(Job {
@@ -309,6 +340,12 @@ impl Workers {
             speculative: s.fault_speculative,
             spec_aborts: s.spec_aborts(),
             free_s,
+            thp: ThpCounts {
+                alloc: s.thp_fault_alloc,
+                fallback: s.thp_fault_fallback,
+                scratch_alloc: scratch.thp_fault_alloc,
+                scratch_fallback: scratch.thp_fault_fallback,
+            },
         }
     }
 }
@@ -428,9 +465,25 @@ fn setup(p: Params) -> (Arc<AddressSpace>, Vec<u64>, u64, f64) {
         ..Config::default()
     };
     let mm = Arc::new(AddressSpace::new(cfg));
-    mm.prefault_frames(total + (1 << 20));
-    let free_s = if used { use_frames(&mm, total) } else { 0.0 };
+    // Huge frames start at 512-frame boundaries: room for the skip.
+    let slack = if p.huge { HUGE } else { 0 };
+    mm.prefault_frames(total + (1 << 20) + slack);
+    let free_s = if used {
+        use_frames(&mm, total, p.huge)
+    } else {
+        0.0
+    };
     let rw = Prot::READ | Prot::WRITE;
+    if p.huge {
+        assert!(
+            p.workload == Workload::PerThread && !p.writer && p.vma_bytes.is_none(),
+            "huge pages: per-thread workload, no writer, one VMA per region"
+        );
+        let bases = (0..p.threads)
+            .map(|_| huge_region(&mm, pages * PAGE_SIZE))
+            .collect();
+        return (mm, bases, pages, free_s);
+    }
     let bases: Vec<u64> = match p.workload {
         Workload::Interleaved => {
             let b = mm
@@ -477,15 +530,41 @@ fn setup(p: Params) -> (Arc<AddressSpace>, Vec<u64>, u64, f64) {
     (mm, bases, pages, free_s)
 }
 
+/// 2 MiB: a huge page.
+const HUGE: u64 = 2 << 20;
+
+/// Maps `len` bytes (a 2 MiB multiple) 2 MiB-aligned and advised
+/// `MADV_HUGEPAGE`, as the kernel's pft's `thp` regions, and returns
+/// where they start. The unadvised slack around them keeps two regions
+/// separate VMAs.
+fn huge_region(mm: &AddressSpace, len: u64) -> u64 {
+    let len = len.next_multiple_of(HUGE);
+    let m = mm
+        .mmap(0, len + HUGE, Prot::READ | Prot::WRITE, anon())
+        .expect("map a huge region");
+    let b = m.next_multiple_of(HUGE);
+    mm.madvise(b, len, aspace::Advice::HugePage)
+        .expect("MADV_HUGEPAGE");
+    b
+}
+
 /// Writes a word into every page of a scratch mapping of `bytes` and
 /// unmaps it, so that the frames the run then faults in were used
 /// before; returns the CPU seconds the unmap took (with `zero_freed`, the
-/// frames are cleared in it).
-fn use_frames(mm: &AddressSpace, bytes: u64) -> f64 {
+/// frames are cleared in it). With `huge`, the scratch mapping is a huge
+/// region: its huge frames are freed whole to the huge list, where the
+/// run's huge faults take them again.
+fn use_frames(mm: &AddressSpace, bytes: u64, huge: bool) -> f64 {
     let rw = Prot::READ | Prot::WRITE;
-    let a = mm
-        .mmap(0, bytes, rw, anon())
-        .expect("map the scratch region");
+    let (a, bytes) = if huge {
+        // (The unadvised slack around it stays mapped, never touched.)
+        (huge_region(mm, bytes), bytes.next_multiple_of(HUGE))
+    } else {
+        let a = mm
+            .mmap(0, bytes, rw, anon())
+            .expect("map the scratch region");
+        (a, bytes)
+    };
     let mut tlb = mm.translator();
     for pg in 0..bytes / PAGE_SIZE {
         tlb.store::<u64>(a + pg * PAGE_SIZE, 0x5a5a_5a5a_5a5a_5a5a)

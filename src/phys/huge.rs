@@ -203,6 +203,20 @@ mod tests {
     }
 
     #[test]
+    fn only_a_huge_frame_used_before_is_cleared() {
+        // `take_huge`'s flag is what makes `alloc_huge` clear: set for
+        // one freed whole (its bytes are someone's), clear for one cut
+        // from the never-used frames (known zero: no 2 MiB to clear).
+        let a = FrameAllocator::new(8 << 20, true);
+        let (fresh, used) = a.take_huge().unwrap();
+        assert!(!used);
+        a.put_huge(a.alloc_huge().unwrap());
+        let (again, used) = a.take_huge().unwrap();
+        assert!(used);
+        assert_ne!(again, fresh);
+    }
+
+    #[test]
     fn no_huge_frame_past_the_budget_or_the_memory() {
         // 3 MiB of budget: one huge frame, then none (2 MiB more would
         // pass it), while 4 KiB frames still come.
