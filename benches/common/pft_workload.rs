@@ -182,20 +182,8 @@ impl Sample {
     }
 }
 
-/// CPU time of the calling thread, seconds.
-pub fn thread_cpu_time() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into the valid pointer we
-    // pass; CLOCK_THREAD_CPUTIME_ID is supported on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return 0.0;
-    }
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
+/// CPU time of the calling thread, seconds (the workloads module's).
+pub use aspace::workloads::thread_cpu_time;
 
 /// Where the writer maps its scratch VMAs.
 const WRITER_HINT: u64 = 0x1000_0000;

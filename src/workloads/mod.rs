@@ -1,0 +1,192 @@
+//! Workload drivers a researcher can run against a design of their own
+//! (feature `workloads`, off by default).
+//!
+//! A driver runs against [`Space`], the few calls it needs from an address
+//! space (mmap without a hint, mprotect, munmap, `MADV_DONTNEED`) and a
+//! per-thread [`Cpu`] that stores and loads words as a CPU would (faulting
+//! a page in on its first store). Implemented here for [`AddressSpace`]
+//! (every [`Mode`] in [`MODES`]: the stores go through a
+//! [`Translator`](crate::Translator)) and for the running kernel
+//! ([`Kernel`]: libc calls and plain stores), so one program measures both
+//! side by side; implement it for your own design and the same drivers run
+//! on it (README: "Running the workloads against your own design";
+//! `tests/workloads_toy.rs` does it for an `RwLock<BTreeMap>` toy).
+//!
+//! Drivers: [`instantiate`], a wasm runtime instantiating instances in
+//! every thread (issue 28). pft stays in `benches/common/pft_workload.rs`
+//! for now (it needs aspace's own counters and frame set-up).
+
+pub mod instantiate;
+mod kernel;
+
+pub use kernel::{Kernel, KernelCpu};
+
+use crate::{AddressSpace, Config, FaultLocking, MapFlags, Prot, Translator};
+use std::io;
+
+/// The address-space calls the drivers make. Addresses and lengths are
+/// Linux's (page multiples); errors carry Linux's errno
+/// ([`io::Error::raw_os_error`]) where the design has one.
+pub trait Space: Sync {
+    /// A thread's view of the space: made once per driver thread, on that
+    /// thread, before the timed phase.
+    type Cpu<'a>: Cpu
+    where
+        Self: 'a;
+
+    /// `mmap(NULL, len, prot, flags, -1, 0)`: anonymous memory wherever
+    /// the space places it (the drivers pass `MAP_PRIVATE |
+    /// MAP_ANONYMOUS`, with `MAP_NORESERVE` for reservations); returns
+    /// its start.
+    fn mmap(&self, len: u64, prot: Prot, flags: MapFlags) -> io::Result<u64>;
+
+    /// `mprotect(addr, len, prot)`.
+    fn mprotect(&self, addr: u64, len: u64, prot: Prot) -> io::Result<()>;
+
+    /// `munmap(addr, len)`.
+    fn munmap(&self, addr: u64, len: u64) -> io::Result<()>;
+
+    /// `madvise(addr, len, MADV_DONTNEED)`: the pages read zero afterwards.
+    fn madvise_dontneed(&self, addr: u64, len: u64) -> io::Result<()>;
+
+    /// The calling thread's [`Cpu`].
+    fn cpu(&self) -> Self::Cpu<'_>;
+}
+
+/// A thread's loads and stores into a [`Space`], as a CPU makes them: the
+/// first store to a page faults it in.
+pub trait Cpu {
+    /// Stores `v` at `addr` (8-byte aligned).
+    ///
+    /// # Safety
+    ///
+    /// `addr..addr + 8` lies in memory the space mapped with
+    /// `PROT_READ | PROT_WRITE` and that stays mapped during the call (a
+    /// design that checks every access, as [`AddressSpace`] does, may
+    /// ignore this; the [`Kernel`]'s stores are plain pointer stores).
+    unsafe fn store(&mut self, addr: u64, v: u64) -> io::Result<()>;
+
+    /// Loads the word at `addr` (8-byte aligned).
+    ///
+    /// # Safety
+    ///
+    /// As for [`store`](Cpu::store).
+    unsafe fn load(&mut self, addr: u64) -> io::Result<u64>;
+}
+
+/// A configuration of aspace the workloads compare, by name.
+#[derive(Clone, Copy, Debug)]
+pub struct Mode {
+    /// The name tables print.
+    pub name: &'static str,
+    /// The configuration (memory budget and the rest at their defaults).
+    pub config: fn() -> Config,
+}
+
+/// The modes every workload table has, baseline first. A new mode is one
+/// line here: its name and the `Config` that selects it.
+pub const MODES: &[Mode] = &[
+    Mode {
+        name: "MmapLock",
+        config: || locking(FaultLocking::MmapLock),
+    },
+    Mode {
+        name: "PerVma",
+        config: || locking(FaultLocking::PerVma),
+    },
+    Mode {
+        name: "Speculative",
+        config: || locking(FaultLocking::Speculative),
+    },
+];
+
+fn locking(fault_locking: FaultLocking) -> Config {
+    Config {
+        fault_locking,
+        ..Config::default()
+    }
+}
+
+impl Mode {
+    /// A fresh address space in this mode.
+    pub fn space(&self) -> AddressSpace {
+        AddressSpace::new((self.config)())
+    }
+}
+
+impl Space for AddressSpace {
+    type Cpu<'a> = Translator<'a>;
+
+    fn mmap(&self, len: u64, prot: Prot, flags: MapFlags) -> io::Result<u64> {
+        Ok(AddressSpace::mmap(self, 0, len, prot, flags)?)
+    }
+
+    fn mprotect(&self, addr: u64, len: u64, prot: Prot) -> io::Result<()> {
+        Ok(AddressSpace::mprotect(self, addr, len, prot)?)
+    }
+
+    fn munmap(&self, addr: u64, len: u64) -> io::Result<()> {
+        Ok(AddressSpace::munmap(self, addr, len)?)
+    }
+
+    fn madvise_dontneed(&self, addr: u64, len: u64) -> io::Result<()> {
+        Ok(self.madvise(addr, len, crate::Advice::DontNeed)?)
+    }
+
+    fn cpu(&self) -> Translator<'_> {
+        self.translator()
+    }
+}
+
+impl Cpu for Translator<'_> {
+    unsafe fn store(&mut self, addr: u64, v: u64) -> io::Result<()> {
+        Translator::store::<u64>(self, addr, v).map_err(|m| crate::Error::Memory(m).into())
+    }
+
+    unsafe fn load(&mut self, addr: u64) -> io::Result<u64> {
+        Translator::load::<u64>(self, addr).map_err(|m| crate::Error::Memory(m).into())
+    }
+}
+
+/// CPU time of the calling thread, seconds (0 if the clock is unreadable).
+pub fn thread_cpu_time() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the valid pointer we
+    // pass; CLOCK_THREAD_CPUTIME_ID is supported on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Binds the calling thread to the `i`-th CPU (modulo their number) of
+/// those the process may run on, as will-it-scale binds its tasks; leaves
+/// it unbound if that fails.
+pub fn pin_to_cpu(i: usize) {
+    // SAFETY: cpu_set_t is a plain bit array, valid when zeroed.
+    let mut allowed: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    let size = core::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `allowed` is a writable cpu_set_t of `size` bytes.
+    if unsafe { libc::sched_getaffinity(0, size, &mut allowed) } != 0 {
+        return;
+    }
+    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| {
+            // SAFETY: `c` is below CPU_SETSIZE, the set's capacity.
+            unsafe { libc::CPU_ISSET(c, &allowed) }
+        })
+        .collect();
+    let Some(&cpu) = cpus.get(i % cpus.len().max(1)) else {
+        return;
+    };
+    // SAFETY: as for `allowed`.
+    let mut one: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    // SAFETY: `cpu` came from the set, so it is below CPU_SETSIZE.
+    unsafe { libc::CPU_SET(cpu, &mut one) };
+    // SAFETY: `one` is a valid cpu_set_t of `size` bytes; 0 is this thread.
+    unsafe { libc::sched_setaffinity(0, size, &one) };
+}
