@@ -158,7 +158,7 @@ const OPTIONS: &[(&str, &str, &str)] = &[
     ),
     (
         "--kernel",
-        "run the kernel's pft (examples/kernel_pft.rs's workload: one byte per page of a MADV_NOHUGEPAGE mapping) beside each table without the writer, and print each mode's rate over the kernel's",
+        "run the kernel's pft (examples/kernel_pft.rs's workload, aspace::workloads::pft on the kernel: a store to every page of a MADV_NOHUGEPAGE mapping) beside each table without the writer, and print each mode's rate over the kernel's",
         "off",
     ),
     (
@@ -596,8 +596,8 @@ fn thp(args: &Args) {
     let reps = args.reps.unwrap_or(3);
     let locking = aspace::Config::default().fault_locking;
     println!(
-        "\nTHP: per-thread, {MIB} MiB per thread per rep, 2 MiB-aligned MADV_HUGEPAGE, one byte \
-         stored per 4 KiB page; aspace: {locking:?}, {} (GB/s, Hmean of {reps})",
+        "\nTHP: per-thread, {MIB} MiB per thread per rep, 2 MiB-aligned MADV_HUGEPAGE, one store \
+         per 4 KiB page; aspace: {locking:?}, {} (GB/s, Hmean of {reps})",
         Frames::Used.describe()
     );
     println!(

@@ -1,11 +1,12 @@
 //! A design of one's own under the workloads (README: "Running the
 //! workloads against your own design"): a toy address space, one
 //! `RwLock<BTreeMap>` of regions holding their words, implements
-//! `aspace::workloads::Space` and runs the instantiation workload, checked.
+//! `aspace::workloads::Space` and runs the instantiation workload
+//! (checked) and pft.
 
 use aspace::workloads::instantiate::{self, Kind, Params, Until};
-use aspace::workloads::{Cpu, Space};
-use aspace::{MapFlags, Prot, PAGE_SIZE};
+use aspace::workloads::{pft, Cpu, Space};
+use aspace::{Advice, MapFlags, Prot, PAGE_SIZE};
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -63,14 +64,17 @@ impl Toy {
 impl Space for Toy {
     type Cpu<'a> = &'a Toy;
 
-    fn mmap(&self, len: u64, _prot: Prot, _flags: MapFlags) -> io::Result<u64> {
+    fn mmap(&self, len: u64, prot: Prot, _flags: MapFlags) -> io::Result<u64> {
         if len == 0 || len % PAGE_SIZE != 0 {
             return Err(errno(libc::EINVAL));
         }
         let start = self.next.fetch_add(len + PAGE_SIZE, Ordering::Relaxed);
         let r = Region {
             end: start + len,
-            rw: Vec::new(),
+            rw: match prot.contains(Prot::READ | Prot::WRITE) {
+                true => vec![(start, start + len)],
+                false => Vec::new(),
+            },
             words: HashMap::new(),
         };
         self.maps.write().expect("toy lock").insert(start, r);
@@ -99,9 +103,12 @@ impl Space for Toy {
         }
     }
 
-    fn madvise_dontneed(&self, addr: u64, len: u64) -> io::Result<()> {
+    fn madvise(&self, addr: u64, len: u64, advice: Advice) -> io::Result<()> {
         self.with(addr, len, |r| {
-            r.words.retain(|a, _| !(addr..addr + len).contains(a));
+            // No huge pages here: only DONTNEED does something.
+            if advice == Advice::DontNeed {
+                r.words.retain(|a, _| !(addr..addr + len).contains(a));
+            }
             Ok(())
         })
     }
@@ -141,6 +148,27 @@ fn the_toy_runs_the_instantiation_workload() {
         };
         let s = instantiate::run(&toy, &p).expect("toy instances");
         assert_eq!(s.instances, 16);
+        assert!(toy.maps.read().expect("toy lock").is_empty());
+    }
+}
+
+#[test]
+fn the_toy_runs_pft() {
+    let toy = Toy::new();
+    for layout in [
+        pft::Layout::Single,
+        pft::Layout::PerThread,
+        pft::Layout::Interleaved,
+    ] {
+        let p = pft::Params {
+            threads: 2,
+            layout,
+            bytes_per_thread: 64 * PAGE_SIZE,
+            huge: false,
+            pin: false,
+        };
+        let s = pft::run(&toy, &p).expect("toy pft");
+        assert_eq!(s.faults, 128, "{layout:?}");
         assert!(toy.maps.read().expect("toy lock").is_empty());
     }
 }

@@ -16,12 +16,11 @@
 //! [`Cpu`](super::Cpu) before a barrier, and times from the first
 //! thread's start to the last one's end.
 
-use super::{pin_to_cpu, thread_cpu_time, Cpu, Space};
-use crate::{MapFlags, Prot, PAGE_SIZE};
+use super::{timed_threads, Cpu, Space};
+use crate::{Advice, MapFlags, Prot, PAGE_SIZE};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Barrier;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// An instance's linear memory: 4 GiB, as a 32-bit wasm memory.
 pub const RESERVE: u64 = 4 << 30;
@@ -145,7 +144,7 @@ pub fn instance<'a, S: Space>(
             if check {
                 expect(cpu, base, |pg| pattern(seed, round, pg), "its store")?;
             }
-            space.madvise_dontneed(base, HEAP)?;
+            space.madvise(base, HEAP, Advice::DontNeed)?;
             if check {
                 expect(cpu, base, |_| 0, "MADV_DONTNEED")?;
             }
@@ -182,48 +181,32 @@ fn expect<C: Cpu>(
 /// [`Cpu`] before the clock starts) and returns what they did, or the
 /// first error a thread met.
 pub fn run<S: Space>(space: &S, p: &Params) -> io::Result<Sample> {
-    let go = Barrier::new(p.threads + 1);
     let stop = AtomicBool::new(false);
-    std::thread::scope(|sc| {
-        let handles: Vec<_> = (0..p.threads)
-            .map(|i| {
-                let (go, stop) = (&go, &stop);
-                sc.spawn(move || {
-                    if p.pin {
-                        pin_to_cpu(i);
-                    }
-                    let mut cpu = space.cpu();
-                    go.wait();
-                    let (c0, t0) = (thread_cpu_time(), Instant::now());
-                    let mut n = 0;
-                    let done = |n| match p.until {
-                        Until::Instances(k) => n >= k,
-                        Until::Seconds(_) => stop.load(Ordering::Relaxed),
-                    };
-                    while !done(n) {
-                        instance(space, &mut cpu, p.kind, p.check, i as u64)?;
-                        n += 1;
-                    }
-                    let t1 = Instant::now();
-                    Ok::<_, io::Error>((n, t0, t1, thread_cpu_time() - c0))
-                })
-            })
-            .collect();
-        go.wait();
-        if let Until::Seconds(s) = p.until {
-            std::thread::sleep(Duration::from_secs_f64(s.max(0.0)));
-            stop.store(true, Ordering::Relaxed);
-        }
-        let mut spans = Vec::new();
-        for h in handles {
-            spans.push(h.join().expect("an instantiating thread panicked")?);
-        }
-        let first = spans.iter().map(|s| s.1).min();
-        let last = spans.iter().map(|s| s.2).max();
-        Ok(Sample {
-            instances: spans.iter().map(|s| s.0).sum(),
-            wall: first.zip(last).map_or(0.0, |(a, b)| (b - a).as_secs_f64()),
-            cpu: spans.iter().map(|s| s.3).collect(),
-        })
+    let t = timed_threads(
+        space,
+        p.threads,
+        p.pin,
+        |i, cpu| {
+            let mut n = 0;
+            while !match p.until {
+                Until::Instances(k) => n >= k,
+                Until::Seconds(_) => stop.load(Ordering::Relaxed),
+            } {
+                instance(space, cpu, p.kind, p.check, i as u64)?;
+                n += 1;
+            }
+            Ok(n)
+        },
+        || {
+            if let Until::Seconds(s) = p.until {
+                std::thread::sleep(Duration::from_secs_f64(s.max(0.0)));
+                stop.store(true, Ordering::Relaxed);
+            }
+        },
+    )?;
+    Ok(Sample {
+        instances: t.count,
+        wall: t.wall,
+        cpu: t.cpu,
     })
 }

@@ -3,7 +3,7 @@
 //! unchanged on Linux beside aspace's modes.
 
 use super::{Cpu, Space};
-use crate::{MapFlags, Prot};
+use crate::{Advice, MapFlags, Prot};
 use std::io;
 
 /// This process's own address space, through libc. Its calls trust their
@@ -19,7 +19,7 @@ impl Kernel {
     ///
     /// # Safety
     ///
-    /// Every `mprotect`, `munmap` and `madvise_dontneed` made through it
+    /// Every `mprotect`, `munmap` and `madvise` made through it
     /// names only memory that its own `mmap` returned, which no Rust
     /// reference points into (the drivers of this module do so).
     pub unsafe fn new() -> Kernel {
@@ -84,10 +84,10 @@ impl Space for Kernel {
         check(unsafe { libc::munmap(addr as *mut _, size(len)?) })
     }
 
-    fn madvise_dontneed(&self, addr: u64, len: u64) -> io::Result<()> {
-        // SAFETY: as for `mprotect` (`Kernel::new`'s contract): private
-        // anonymous memory, whose pages then read zero.
-        check(unsafe { libc::madvise(addr as *mut _, size(len)?, libc::MADV_DONTNEED) })
+    fn madvise(&self, addr: u64, len: u64, advice: Advice) -> io::Result<()> {
+        // SAFETY: as for `mprotect` (`Kernel::new`'s contract): advice on
+        // anonymous memory of ours (DONTNEED's pages then read zero).
+        check(unsafe { libc::madvise(addr as *mut _, size(len)?, advice.to_raw()) })
     }
 
     fn cpu(&self) -> KernelCpu {

@@ -2,7 +2,7 @@
 //! (feature `workloads`, off by default).
 //!
 //! A driver runs against [`Space`], the few calls it needs from an address
-//! space (mmap without a hint, mprotect, munmap, `MADV_DONTNEED`) and a
+//! space (mmap without a hint, mprotect, munmap, madvise) and a
 //! per-thread [`Cpu`] that stores and loads words as a CPU would (faulting
 //! a page in on its first store). Implemented here for [`AddressSpace`]
 //! (every [`Mode`] in [`MODES`]: the stores go through a
@@ -13,16 +13,22 @@
 //! `tests/workloads_toy.rs` does it for an `RwLock<BTreeMap>` toy).
 //!
 //! Drivers: [`instantiate`], a wasm runtime instantiating instances in
-//! every thread (issue 28). pft stays in `benches/common/pft_workload.rs`
-//! for now (it needs aspace's own counters and frame set-up).
+//! every thread (issue 28), and [`pft`], the kernel's pft
+//! (will-it-scale's `page_fault1`: a first store to every page). The pft
+//! example's aspace side, with its used frames, concurrent writer and
+//! per-mode counters, stays in `benches/common/pft_workload.rs`: it needs
+//! aspace's own set-up; its kernel side is [`pft`] on [`Kernel`].
 
 pub mod instantiate;
 mod kernel;
+pub mod pft;
 
 pub use kernel::{Kernel, KernelCpu};
 
-use crate::{AddressSpace, Config, FaultLocking, MapFlags, Prot, Translator};
+use crate::{AddressSpace, Advice, Config, FaultLocking, MapFlags, Prot, Translator};
 use std::io;
+use std::sync::Barrier;
+use std::time::Instant;
 
 /// The address-space calls the drivers make. Addresses and lengths are
 /// Linux's (page multiples); errors carry Linux's errno
@@ -46,8 +52,10 @@ pub trait Space: Sync {
     /// `munmap(addr, len)`.
     fn munmap(&self, addr: u64, len: u64) -> io::Result<()>;
 
-    /// `madvise(addr, len, MADV_DONTNEED)`: the pages read zero afterwards.
-    fn madvise_dontneed(&self, addr: u64, len: u64) -> io::Result<()>;
+    /// `madvise(addr, len, advice)`. The drivers give `DontNeed` (the
+    /// pages read zero afterwards) and, in pft, `HugePage` or
+    /// `NoHugePage` (a design without huge pages may ignore those two).
+    fn madvise(&self, addr: u64, len: u64, advice: Advice) -> io::Result<()>;
 
     /// The calling thread's [`Cpu`].
     fn cpu(&self) -> Self::Cpu<'_>;
@@ -129,8 +137,8 @@ impl Space for AddressSpace {
         Ok(AddressSpace::munmap(self, addr, len)?)
     }
 
-    fn madvise_dontneed(&self, addr: u64, len: u64) -> io::Result<()> {
-        Ok(self.madvise(addr, len, crate::Advice::DontNeed)?)
+    fn madvise(&self, addr: u64, len: u64, advice: Advice) -> io::Result<()> {
+        Ok(AddressSpace::madvise(self, addr, len, advice)?)
     }
 
     fn cpu(&self) -> Translator<'_> {
@@ -189,4 +197,59 @@ pub fn pin_to_cpu(i: usize) {
     unsafe { libc::CPU_SET(cpu, &mut one) };
     // SAFETY: `one` is a valid cpu_set_t of `size` bytes; 0 is this thread.
     unsafe { libc::sched_setaffinity(0, size, &one) };
+}
+
+/// What the threads of a [`timed_threads`] run did together.
+pub(crate) struct Timed {
+    /// The sum of the threads' counts.
+    pub count: u64,
+    /// Seconds from the first thread's start to the last one's end.
+    pub wall: f64,
+    /// Each thread's CPU seconds.
+    pub cpu: Vec<f64>,
+}
+
+/// Runs `body(i, cpu)` on `threads` threads (thread `i` bound to the
+/// `i`-th CPU with `pin`), each with its [`Cpu`] made before a barrier
+/// that starts the clocks, while this thread runs `meanwhile`; returns the
+/// sum of what the bodies counted and their span, or the first error.
+pub(crate) fn timed_threads<'s, S: Space>(
+    space: &'s S,
+    threads: usize,
+    pin: bool,
+    body: impl Fn(usize, &mut S::Cpu<'s>) -> io::Result<u64> + Sync,
+    meanwhile: impl FnOnce(),
+) -> io::Result<Timed> {
+    let go = Barrier::new(threads + 1);
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..threads)
+            .map(|i| {
+                let (go, body) = (&go, &body);
+                sc.spawn(move || {
+                    if pin {
+                        pin_to_cpu(i);
+                    }
+                    let mut cpu = space.cpu();
+                    go.wait();
+                    let (c0, t0) = (thread_cpu_time(), Instant::now());
+                    let n = body(i, &mut cpu)?;
+                    let t1 = Instant::now();
+                    Ok::<_, io::Error>((n, t0, t1, thread_cpu_time() - c0))
+                })
+            })
+            .collect();
+        go.wait();
+        meanwhile();
+        let mut spans = Vec::new();
+        for h in handles {
+            spans.push(h.join().expect("a workload thread panicked")?);
+        }
+        let first = spans.iter().map(|s| s.1).min();
+        let last = spans.iter().map(|s| s.2).max();
+        Ok(Timed {
+            count: spans.iter().map(|s| s.0).sum(),
+            wall: first.zip(last).map_or(0.0, |(a, b)| (b - a).as_secs_f64()),
+            cpu: spans.iter().map(|s| s.3).collect(),
+        })
+    })
 }

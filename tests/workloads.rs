@@ -1,10 +1,11 @@
-//! The instantiation workload (`aspace::workloads::instantiate`) in every
-//! mode and on the kernel: each stored word reads back before
-//! `MADV_DONTNEED` and zero after it, and no VMA is left behind.
+//! The workloads (`aspace::workloads`) in every mode and on the kernel:
+//! the instantiation workload's stored words read back before
+//! `MADV_DONTNEED` and zero after it, pft faults every page, and no VMA
+//! or frame is left behind.
 
 use aspace::workloads::instantiate::{self, Kind, Params, Until};
-use aspace::workloads::{Kernel, Space, MODES};
-use aspace::{AddressSpace, MapFlags, Prot};
+use aspace::workloads::{pft, Kernel, Space, MODES};
+use aspace::{AddressSpace, Advice, MapFlags, Prot};
 use std::io;
 
 fn params(kind: Kind) -> Params {
@@ -80,7 +81,7 @@ impl Space for NoDontNeed {
     fn munmap(&self, addr: u64, len: u64) -> io::Result<()> {
         Space::munmap(&self.0, addr, len)
     }
-    fn madvise_dontneed(&self, _addr: u64, _len: u64) -> io::Result<()> {
+    fn madvise(&self, _addr: u64, _len: u64, _advice: Advice) -> io::Result<()> {
         Ok(())
     }
     fn cpu(&self) -> Self::Cpu<'_> {
@@ -95,4 +96,43 @@ fn the_check_catches_a_dontneed_that_keeps_the_pages() {
     assert!(e.to_string().contains("after MADV_DONTNEED"), "{e}");
     // The failed instances were unmapped all the same.
     assert_eq!(mm.0.map_count(), 0, "{}", mm.0.maps());
+}
+
+#[test]
+fn pft_faults_every_page_in_every_mode_and_on_the_kernel() {
+    for layout in [
+        pft::Layout::Single,
+        pft::Layout::PerThread,
+        pft::Layout::Interleaved,
+    ] {
+        for huge in [false, true] {
+            let p = pft::Params {
+                threads: 2,
+                layout,
+                bytes_per_thread: 4 << 20,
+                huge,
+                pin: false,
+            };
+            let pages = 2 * (4 << 20) / aspace::PAGE_SIZE;
+            for mode in MODES {
+                let mm = mode.space();
+                let s = pft::run(&mm, &p).expect("pft");
+                assert_eq!(s.faults, pages, "{} {layout:?}", mode.name);
+                let st = mm.stats();
+                // Huge: one fault per 2 MiB page the space mapped, the rest
+                // of the stores hit it.
+                let expect = if huge { st.thp_fault_alloc * 512 } else { 0 };
+                assert!(
+                    st.faults() + expect >= pages,
+                    "{} {layout:?}: {st}",
+                    mode.name
+                );
+                assert_eq!(mm.map_count(), 0, "{}", mm.maps());
+                assert_eq!(mm.frames_used(), 0, "{} {layout:?}", mode.name);
+            }
+            // SAFETY: only the driver uses it, on the mappings it makes.
+            let s = pft::run(&unsafe { Kernel::new() }, &p).expect("the kernel's pft");
+            assert_eq!(s.faults, pages);
+        }
+    }
 }
