@@ -41,8 +41,7 @@ pub mod tree;
 pub mod uffd;
 mod vma;
 pub mod vmap;
-/// Workload drivers to run against aspace's modes, the kernel, or a
-/// design of your own (feature `workloads`; not in loom builds).
+// Feature `workloads`; not in loom builds.
 #[cfg(all(feature = "workloads", not(aspace_loom)))]
 pub mod workloads;
 

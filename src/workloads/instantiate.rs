@@ -13,7 +13,7 @@
 //! threads meet.
 //!
 //! [`run`] starts the threads (bound to CPUs with `pin`), makes each its
-//! [`Cpu`](super::Cpu) before a barrier, and times from the first
+//! [`Cpu`] before a barrier, and times from the first
 //! thread's start to the last one's end.
 
 use super::{timed_threads, Cpu, Space};

@@ -6,7 +6,7 @@
 //! per-thread [`Cpu`] that stores and loads words as a CPU would (faulting
 //! a page in on its first store). Implemented here for [`AddressSpace`]
 //! (every [`Mode`] in [`MODES`]: the stores go through a
-//! [`Translator`](crate::Translator)) and for the running kernel
+//! [`Translator`]) and for the running kernel
 //! ([`Kernel`]: libc calls and plain stores), so one program measures both
 //! side by side; implement it for your own design and the same drivers run
 //! on it (README: "Running the workloads against your own design";
