@@ -12,6 +12,24 @@
 //! on it (README: "Running the workloads against your own design";
 //! `tests/workloads_toy.rs` does it for an `RwLock<BTreeMap>` toy).
 //!
+//! ```
+//! use aspace::workloads::instantiate::{self, Kind, Params, Until};
+//! use aspace::workloads::{Kernel, MODES};
+//!
+//! // Four checked instances per thread on two threads, in every mode.
+//! let p = Params { threads: 2, kind: Kind::Instances, until: Until::Instances(4), check: true, pin: false };
+//! for mode in MODES {
+//!     let mm = mode.space();
+//!     assert_eq!(instantiate::run(&mm, &p)?.instances, 8);
+//!     assert_eq!(mm.map_count(), 0);
+//! }
+//! // The same program on the running kernel.
+//! // SAFETY: only the driver uses it, on the mappings it makes.
+//! let kernel = unsafe { Kernel::new() };
+//! assert_eq!(instantiate::run(&kernel, &p)?.instances, 8);
+//! # Ok::<(), std::io::Error>(())
+//! ```
+//!
 //! Drivers: [`instantiate`], a wasm runtime instantiating instances in
 //! every thread (issue 28), and [`pft`], the kernel's pft
 //! (will-it-scale's `page_fault1`: a first store to every page). The pft
