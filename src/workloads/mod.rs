@@ -112,18 +112,9 @@ pub struct Mode {
 /// The modes every workload table has, baseline first. A new mode is one
 /// line here: its name and the `Config` that selects it.
 pub const MODES: &[Mode] = &[
-    Mode {
-        name: "MmapLock",
-        config: || locking(FaultLocking::MmapLock),
-    },
-    Mode {
-        name: "PerVma",
-        config: || locking(FaultLocking::PerVma),
-    },
-    Mode {
-        name: "Speculative",
-        config: || locking(FaultLocking::Speculative),
-    },
+    Mode::new("MmapLock", || locking(FaultLocking::MmapLock)),
+    Mode::new("PerVma", || locking(FaultLocking::PerVma)),
+    Mode::new("Speculative", || locking(FaultLocking::Speculative)),
 ];
 
 fn locking(fault_locking: FaultLocking) -> Config {
@@ -134,6 +125,11 @@ fn locking(fault_locking: FaultLocking) -> Config {
 }
 
 impl Mode {
+    /// A mode named `name`, whose spaces are made with `config()`.
+    pub const fn new(name: &'static str, config: fn() -> Config) -> Mode {
+        Mode { name, config }
+    }
+
     /// A fresh address space in this mode.
     pub fn space(&self) -> AddressSpace {
         AddressSpace::new((self.config)())
