@@ -7,7 +7,7 @@
 //!     [--workload single|per-thread|interleaved] [--thp] [--no-pin]
 //! ```
 //!
-//! Each thread writes one byte to every page of its share of a fresh
+//! Each thread writes a word to every page of its share of a fresh
 //! `MAP_PRIVATE | MAP_ANONYMOUS` mapping advised `MADV_NOHUGEPAGE`, bound
 //! to a CPU of its own, and the table gives faults/sec per thread count.
 //! With `--thp` the mapping is 2 MiB-aligned and advised `MADV_HUGEPAGE`,

@@ -59,11 +59,14 @@ mod machine;
 mod pft_sizing;
 #[path = "../benches/common/pft_workload.rs"]
 mod pft_workload;
+#[path = "../benches/common/report.rs"]
+mod report;
 
 use aspace::FaultLocking;
 use machine::{hmean, machine, parse_arg, parse_threads, thread_counts};
 use pft_sizing::{clamp_mib, probe};
 use pft_workload::{Frames, Params, Sample, Workers, Workload};
+use report::range;
 use std::fmt::Write as _;
 use std::io::{IsTerminal as _, Write as _};
 use std::time::Instant;
@@ -155,7 +158,7 @@ const OPTIONS: &[(&str, &str, &str)] = &[
     ),
     (
         "--kernel",
-        "run the kernel's pft (examples/kernel_pft.rs's workload: one byte per page of a MADV_NOHUGEPAGE mapping) beside each table without the writer, and print each mode's rate over the kernel's",
+        "run the kernel's pft (examples/kernel_pft.rs's workload, aspace::workloads::pft on the kernel: a store to every page of a MADV_NOHUGEPAGE mapping) beside each table without the writer, and print each mode's rate over the kernel's",
         "off",
     ),
     (
@@ -168,40 +171,16 @@ const OPTIONS: &[(&str, &str, &str)] = &[
 
 /// The options table, for `--help`.
 fn help_text() -> String {
-    let mut s = String::from(
-        "pft: page-fault scaling, PerVma and Speculative against MmapLock\n\n\
-         usage: cargo run --release --example pft -- [OPTIONS]\n\noptions:\n",
-    );
-    for (opt, what, default) in OPTIONS {
-        let _ = writeln!(s, "  {opt}");
-        wrap(&mut s, what);
-        if !default.is_empty() {
-            wrap(&mut s, &format!("default: {default}"));
-        }
-    }
-    s
-}
-
-/// Appends `text` to `s` in lines of at most 80 columns, indented by 6.
-fn wrap(s: &mut String, text: &str) {
-    let mut line = String::new();
-    for word in text.split(' ') {
-        if !line.is_empty() && 6 + line.len() + 1 + word.len() > 80 {
-            let _ = writeln!(s, "      {line}");
-            line.clear();
-        }
-        if !line.is_empty() {
-            line.push(' ');
-        }
-        line.push_str(word);
-    }
-    let _ = writeln!(s, "      {line}");
+    report::help_text(
+        "pft: page-fault scaling, PerVma and Speculative against MmapLock",
+        "pft",
+        OPTIONS,
+    )
 }
 
 /// A bad command line: the options table on stderr, exit status 2.
 fn usage() -> ! {
-    eprint!("pft: an unknown option or a bad value\n\n{}", help_text());
-    std::process::exit(2)
+    report::usage("pft", &help_text())
 }
 
 fn parse() -> Args {
@@ -285,12 +264,6 @@ fn parse() -> Args {
         }
     });
     a
-}
-
-fn range(xs: &[f64]) -> (f64, f64) {
-    let lo = xs.iter().cloned().fold(f64::INFINITY, f64::min);
-    let hi = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    (lo, hi)
 }
 
 /// The modes, in table order (the first is the baseline).
@@ -623,8 +596,8 @@ fn thp(args: &Args) {
     let reps = args.reps.unwrap_or(3);
     let locking = aspace::Config::default().fault_locking;
     println!(
-        "\nTHP: per-thread, {MIB} MiB per thread per rep, 2 MiB-aligned MADV_HUGEPAGE, one byte \
-         stored per 4 KiB page; aspace: {locking:?}, {} (GB/s, Hmean of {reps})",
+        "\nTHP: per-thread, {MIB} MiB per thread per rep, 2 MiB-aligned MADV_HUGEPAGE, one store \
+         per 4 KiB page; aspace: {locking:?}, {} (GB/s, Hmean of {reps})",
         Frames::Used.describe()
     );
     println!(
@@ -781,61 +754,11 @@ how to read the tables:
                 overlap, as * marks them)";
 
 /// One line per mode: how its faults/sec compare with every mode before
-/// it in `MODES`, at each thread count (the ratio of harmonic means, and
-/// whether the repetitions' ranges are apart), and how it scales.
+/// it in `MODES`, at each thread count, and how it scales
+/// (`report::verdicts`).
 fn verdicts(threads: &[usize], samples: &[[Vec<Sample>; MODES.len()]]) -> Vec<String> {
-    let rates = |ti: usize, m: usize| -> Vec<f64> {
+    let names = MODES.map(|m| format!("{m:?}"));
+    report::verdicts(&names, threads, |ti, m| {
         samples[ti][m].iter().map(Sample::faults_per_sec).collect()
-    };
-    let mut lines = Vec::new();
-    for (m, mode) in MODES.iter().enumerate() {
-        let mut parts = Vec::new();
-        if m == 0 {
-            parts.push("the baseline".to_string());
-        }
-        for (b, base) in MODES.iter().enumerate().take(m) {
-            let mut ratios = Vec::new();
-            let mut apart = 0;
-            for ti in 0..threads.len() {
-                let (x, y) = (rates(ti, m), rates(ti, b));
-                ratios.push(hmean(&x) / hmean(&y));
-                let ((xlo, xhi), (ylo, yhi)) = (range(&x), range(&y));
-                apart += usize::from(xlo > yhi || xhi < ylo);
-            }
-            // Within 3% counts as level: below the run-to-run noise here.
-            let word = if ratios.iter().all(|&r| r > 1.03) {
-                "faster than"
-            } else if ratios.iter().all(|&r| r < 0.97) {
-                "slower than"
-            } else if ratios.iter().all(|&r| (0.97..=1.03).contains(&r)) {
-                "level with"
-            } else {
-                "mixed against"
-            };
-            let each = threads
-                .iter()
-                .zip(&ratios)
-                .map(|(t, r)| format!("{r:.2}x at {t}"))
-                .collect::<Vec<_>>()
-                .join(", ");
-            parts.push(format!(
-                "{word} {base:?} ({each} thread{}; ranges apart at {apart} of {})",
-                if threads == [1] { "" } else { "s" },
-                threads.len()
-            ));
-        }
-        if let (Some(first), Some(last)) = (threads.first(), threads.last()) {
-            if last > first {
-                let (i, j) = (0, threads.len() - 1);
-                let scale = hmean(&rates(j, m)) / hmean(&rates(i, m));
-                parts.push(format!("scales {scale:.2}x from {first} to {last} threads"));
-            }
-        }
-        lines.push(format!(
-            "verdict {:<12} {}",
-            format!("{mode:?}:"),
-            parts.join("; ")
-        ));
-    }
-    lines
+    })
 }

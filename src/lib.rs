@@ -14,6 +14,11 @@
 //! results, and `docs/ARCHITECTURE.md` in the repository for the map of
 //! the code: one line per file, how a fault and an mmap flow, each
 //! protocol and the model that checks it, and the lock order.
+//!
+//! Feature `workloads` (off by default) adds the module `workloads`: the
+//! benchmarks' instantiation workload behind a small trait, implemented
+//! for [`AddressSpace`] in every mode and for the running kernel, to run
+//! against a design of your own.
 
 #![warn(missing_docs)]
 
@@ -36,6 +41,9 @@ pub mod tree;
 pub mod uffd;
 mod vma;
 pub mod vmap;
+// Feature `workloads`; not in loom builds.
+#[cfg(all(feature = "workloads", not(aspace_loom)))]
+pub mod workloads;
 
 pub use addr::{Range, PAGE_SIZE};
 pub use error::{Error, FaultError, MemoryFault, Result};

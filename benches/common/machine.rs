@@ -55,29 +55,6 @@ pub fn timed_runs(iters: u64, mut run: impl FnMut() -> f64) -> std::time::Durati
         .sum()
 }
 
-/// Binds the calling thread to the `i`-th CPU (modulo their number) of
-/// those the process may run on; leaves it unbound if that fails.
-pub fn pin_to_cpu(i: usize) {
-    // SAFETY: cpu_set_t is a plain bit array, valid when zeroed.
-    let mut allowed: libc::cpu_set_t = unsafe { core::mem::zeroed() };
-    let size = core::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: `allowed` is a writable cpu_set_t of `size` bytes.
-    if unsafe { libc::sched_getaffinity(0, size, &mut allowed) } != 0 {
-        return;
-    }
-    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-        .filter(|&c| {
-            // SAFETY: `c` is below CPU_SETSIZE, the set's capacity.
-            unsafe { libc::CPU_ISSET(c, &allowed) }
-        })
-        .collect();
-    let Some(&cpu) = cpus.get(i % cpus.len().max(1)) else {
-        return;
-    };
-    // SAFETY: as for `allowed`.
-    let mut one: libc::cpu_set_t = unsafe { core::mem::zeroed() };
-    // SAFETY: `cpu` came from the set, so it is below CPU_SETSIZE.
-    unsafe { libc::CPU_SET(cpu, &mut one) };
-    // SAFETY: `one` is a valid cpu_set_t of `size` bytes; 0 is this thread.
-    unsafe { libc::sched_setaffinity(0, size, &one) };
-}
+/// Binds the calling thread to the `i`-th CPU (the workloads module's).
+#[allow(unused_imports)] // each includer uses part of it
+pub use aspace::workloads::pin_to_cpu;

@@ -40,27 +40,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Instant;
 
-/// Memory layout of a run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Workload {
-    /// One large VMA; each thread faults its own slice.
-    Single,
-    /// One VMA per thread.
-    PerThread,
-    /// One large VMA; thread `i` of `n` faults pages `i`, `i + n`, ...
-    Interleaved,
-}
-
-impl Workload {
-    /// The name used on the command line and in tables.
-    pub fn name(self) -> &'static str {
-        match self {
-            Workload::Single => "single",
-            Workload::PerThread => "per-thread",
-            Workload::Interleaved => "interleaved",
-        }
-    }
-}
+/// Memory layout of a run (the workloads module's pft layouts).
+pub use aspace::workloads::pft::Layout as Workload;
 
 /// Which frames the faults get, and how they fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,30 +153,12 @@ impl Sample {
     /// pft's faults/cpu: faults per thread per second of that thread's CPU
     /// time, averaged over threads.
     pub fn faults_per_cpu(&self) -> f64 {
-        let per_thread = self.faults as f64 / self.cpu.len() as f64;
-        let n = self.cpu.len() as f64;
-        self.cpu
-            .iter()
-            .map(|&c| per_thread / c.max(1e-9))
-            .sum::<f64>()
-            / n
+        aspace::workloads::pft::faults_per_cpu(self.faults, &self.cpu)
     }
 }
 
-/// CPU time of the calling thread, seconds.
-pub fn thread_cpu_time() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into the valid pointer we
-    // pass; CLOCK_THREAD_CPUTIME_ID is supported on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return 0.0;
-    }
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
+/// CPU time of the calling thread, seconds (the workloads module's).
+pub use aspace::workloads::thread_cpu_time;
 
 /// Where the writer maps its scratch VMAs.
 const WRITER_HINT: u64 = 0x1000_0000;
