@@ -1064,3 +1064,58 @@ fn stores_survive_concurrent_splits_and_collapses() {
     let st = mm.stats();
     assert!(st.thp_split_pmd > 0 && st.thp_collapse_alloc > 0, "{st}");
 }
+
+/// A translator caches a PMD leaf as one 2 MiB entry: after the first
+/// access walks the table, every other page of the huge page is served
+/// from it (`translator_huge_hits`), with no walk; a split (mprotect of
+/// one page inside) and a munmap of part then invalidate it: the pages
+/// left read their patterns, the unmapped ones fault, the protected one
+/// refuses stores.
+#[test]
+fn a_translator_caches_a_huge_page_as_one_entry() {
+    let mm = space(ThpMode::Madvise);
+    let a = huge_region(&mm, HUGE);
+    let mut t = mm.translator();
+    t.store::<u64>(a, 1).unwrap();
+    assert_eq!(mm.stats().thp_fault_alloc, 1);
+    let before = mm.stats();
+    for pg in 0..512 {
+        t.store::<u64>(a + pg * PAGE_SIZE + 8, 0x1000 + pg).unwrap();
+    }
+    for pg in 0..512 {
+        assert_eq!(t.load::<u64>(a + pg * PAGE_SIZE + 8).unwrap(), 0x1000 + pg);
+    }
+    let d = mm.stats() - before;
+    assert_eq!(d.faults(), 0);
+    // Page 0 was cached by the first store (it walked once, and cached
+    // the leaf); every 4 KiB miss since (the other 511 pages, and the
+    // loads of pages whose 4 KiB entries the stores' evicted) came from
+    // the 2 MiB entry, with no walk.
+    assert_eq!(d.translator_walks, 0, "{d}");
+    assert!(d.translator_huge_hits >= 511, "{d}");
+    // Split it: one page read-only; then unmap the last quarter.
+    mm.mprotect(a + 100 * PAGE_SIZE, PAGE_SIZE, Prot::READ)
+        .unwrap();
+    assert_eq!(mm.stats().thp_split_pmd, 1);
+    assert_eq!(mm.anon_huge_pages(a), Some(0));
+    let e = t.store::<u64>(a + 100 * PAGE_SIZE + 8, 0).unwrap_err();
+    assert_eq!(e.kind, aspace::FaultError::AccessDenied);
+    mm.munmap(a + 384 * PAGE_SIZE, 128 * PAGE_SIZE).unwrap();
+    for pg in 0..512 {
+        let r = t.load::<u64>(a + pg * PAGE_SIZE + 8);
+        if pg < 384 {
+            assert_eq!(r.unwrap(), 0x1000 + pg, "page {pg} after the split");
+        } else {
+            let e = r.unwrap_err();
+            assert_eq!(e.kind, aspace::FaultError::NoMapping, "page {pg}");
+        }
+    }
+    // The split table's pages are walked again one by one (no leaf).
+    let before = mm.stats();
+    let mut t2 = mm.translator();
+    for pg in 0..4 {
+        t2.load::<u64>(a + pg * PAGE_SIZE).unwrap();
+    }
+    let d = mm.stats() - before;
+    assert_eq!((d.translator_walks, d.translator_huge_hits), (4, 0), "{d}");
+}

@@ -226,6 +226,15 @@ impl FrameAllocator {
         }
     }
 
+    /// The memory of the huge frame from `head` as one 2 MiB span (its
+    /// subframes' memory in order), if it is one: always outside loom
+    /// builds, whose chunks hold fewer than 512 frames. What
+    /// [`frame_ptr`](Self::frame_ptr) says of a frame holds of it.
+    pub(crate) fn huge_frame_ptr(&self, head: Pfn) -> Option<*mut u8> {
+        let one_chunk = CHUNK_FRAMES % HUGE_FRAMES == 0 && head.index() % HUGE_FRAMES == 0;
+        one_chunk.then(|| self.frame_ptr(head))
+    }
+
     /// Huge frames free in the physical memory's huge list.
     #[cfg(test)]
     pub(crate) fn free_huge_frames(&self) -> usize {

@@ -243,6 +243,20 @@ impl PageTable {
     /// page ([`Pte::subpage`]).
     #[inline]
     pub fn lookup(&self, va: u64, g: &Guard) -> Pte {
+        let p = self.lookup_entry(va, g);
+        if p.is_huge() {
+            p.subpage(index(va, 0) as u32)
+        } else {
+            p
+        }
+    }
+
+    /// The entry that maps `va` (lock-free), as it is: a PTE, or the PMD
+    /// leaf whose 2 MiB hold `va` (with [`PteFlags::HUGE`](super::PteFlags::HUGE)
+    /// and its first frame), for a reader that caches a leaf as one
+    /// translation (a translator); `Pte::NONE` if absent.
+    #[inline]
+    pub fn lookup_entry(&self, va: u64, g: &Guard) -> Pte {
         let Some(pmd) = self.table_at(va, 1, Make::No, g) else {
             return Pte::NONE;
         };
@@ -253,7 +267,7 @@ impl PageTable {
             let t = unsafe { &*((v & !TABLE_BIT) as *const Table) };
             Pte(t.entries[index(va, 0)].load(Ordering::Acquire))
         } else if v != 0 {
-            leaf_pte(v).subpage(index(va, 0) as u32)
+            leaf_pte(v)
         } else {
             Pte::NONE
         }
