@@ -222,7 +222,7 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("userfault waiter", "set_anon_name", Apart("a name changes no registration: it sleeps on until a fill or wake")),
     ("userfault waiter", "uffd register", Apart("a waiter exists only in a registered VMA; registering it again changes nothing it waits on")),
     ("userfault waiter", "uffd unregister", Model("uffd.rs", "missing_fault_vs_unregister")),
-    ("userfault waiter", "uffd write-protect", Apart("write-protect acts on present entries; the waiter's page is missing")),
+    ("userfault waiter", "uffd write-protect", Model("thp.rs", "wp_fault_on_a_leaf_vs_unprotect")),
     ("userfault waiter", "memfd shrink", Apart("asleep it holds no lock or snapshot, and the shrink leaves it waiting for the handler, as Linux does; woken, it is an ordinary fault racing the shrink (memfd.rs store_vs_shrink_*: the end re-checked under the PTE lock)")),
     ("userfault waiter", "fork", Apart("fork copies the registered VMA and leaves the parent's page missing: the waiter holds nothing fork waits on, and waits on for the handler")),
     // A forced access (`write_forced`/`read_forced`): looks up, checks and
@@ -272,7 +272,7 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("translator access", "THP split", Model("thp.rs", "translator_load_vs_split")),
     ("instruction fetch", "THP split", Shares("thp.rs", "translator_load_vs_split", FETCH)),
     ("device slice", "THP split", Apart("a pin splits the leaf first (its PTE update), and a split changes no frame or reference: the pinned page stays the one the slice named")),
-    ("userfault waiter", "THP split", Apart("the waiter's page is missing: no leaf maps it")),
+    ("userfault waiter", "THP split", Apart("a missing or minor waiter's page is missing (no leaf maps it); a write-protect waiter's leaf is split only by another writer of its VMA, and a split keeps every page's flags (UFFD_WP included): the waiter's second look sees the bit either way (pt/huge.rs)")),
     ("forced access", "THP split", Shares("thp.rs", "split_vs_zap_of_the_leaf", "a forced write splits a read-only leaf as a write fault does, under the mmap_lock read side, meeting DONTNEED's zap of the leaf under the same PMD lock")),
     ("file writeback", "THP split", WB_OWN_PAGES),
     ("speculative fault", "THP fault", Apart("the speculative fault never installs a leaf and falls back where one could be installed (eligible span, empty PMD slot); a table it links and a leaf are both made only into an empty slot under the PMD lock, so one of them finds the other")),
