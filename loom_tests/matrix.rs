@@ -271,7 +271,7 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("per-VMA fault", "THP split", Model("thp.rs", "two_write_faults_split_one_leaf")),
     ("translator access", "THP split", Model("thp.rs", "translator_load_vs_split")),
     ("instruction fetch", "THP split", Shares("thp.rs", "translator_load_vs_split", FETCH)),
-    ("device slice", "THP split", Apart("a pin splits the leaf first (its PTE update), and a split changes no frame or reference: the pinned page stays the one the slice named")),
+    ("device slice", "THP split", Apart("a pin inside a leaf takes the subframe's pin under the PMD lock, which a split takes too, with the leaf re-checked (translate/guest/pin.rs pin_in_leaf); a split changes no frame or reference: the pinned page stays the one the slice named")),
     ("userfault waiter", "THP split", Apart("a missing or minor waiter's page is missing (no leaf maps it); a write-protect waiter's leaf is split only by another writer of its VMA, and a split keeps every page's flags (UFFD_WP included): the waiter's second look sees the bit either way (pt/huge.rs)")),
     ("forced access", "THP split", Shares("thp.rs", "split_vs_zap_of_the_leaf", "a forced write splits a read-only leaf as a write fault does, under the mmap_lock read side, meeting DONTNEED's zap of the leaf under the same PMD lock")),
     ("file writeback", "THP split", WB_OWN_PAGES),

@@ -188,13 +188,13 @@ pub(crate) fn huge_wp_fault(mm: &AddressSpace, vma: &Vma, page: u64, leaf: Pte, 
         }
         return true;
     };
-    // Exclusive: no other mapping, copy-on-write sharer or pin. Counts
-    // only fall while we hold the VMA (fork and pins exclude us), so a
-    // stale read only sends us to the split.
-    let exclusive = (0..512).all(|i| {
-        let p = Pfn::new(head.get() + i);
-        mm.frames.refcount(p) == 1 && !mm.frames.maybe_pinned(p)
-    });
+    // Exclusive: no other mapping or copy-on-write sharer. A pinned
+    // subframe is the mapping's own (pins are taken only on owned pages,
+    // fork copies pinned ones, and `refcount` does not count pins), and
+    // is reused as the 4 KiB write fault reuses it (`mm::cow`). Counts
+    // only fall while we hold the VMA (fork excludes us), so a stale
+    // read only sends us to the split.
+    let exclusive = (0..512).all(|i| mm.frames.refcount(Pfn::new(head.get() + i)) == 1);
     if !exclusive {
         return false;
     }
