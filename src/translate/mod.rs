@@ -11,7 +11,9 @@
 //! A hit is a few instructions and writes one shared line: the
 //! translator's own slot (`busy` set and cleared around the access), which
 //! no other thread writes. It reads the space's flush generation (a line
-//! no one writes in steady state), the fence mode, and the frame.
+//! no one writes in steady state), the fence mode, and the frame. A miss
+//! also counts itself (`translator_walks` or `translator_huge_hits`) in
+//! the space's statistics slot of its CPU, a line no other CPU writes.
 //!
 //! Flushes (munmap, mprotect, mremap, madvise, copy-on-write breaks, fork)
 //! invalidate every translator before they return: see `tlb` for
