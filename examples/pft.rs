@@ -24,10 +24,12 @@
 //! `mm.fault` per page. `--kernel` runs the kernel's pft
 //! (`examples/kernel_pft.rs`'s workload) in the same process beside each
 //! table without the writer (after each point's aspace runs), and prints
-//! the kernel's faults/cpu and faults/sec and each mode's over them. `--thp` adds the kernel's 2 MiB faults (`MADV_HUGEPAGE`) in
-//! GB/s: aspace's 2 MiB faults into used huge frames (cleared on the
-//! fault) beside the kernel's `MADV_HUGEPAGE` ones, their ratio, and each
-//! side's THP fault and fallback counts.
+//! the kernel's faults/cpu and faults/sec and each mode's over them.
+//! `--thp` adds 2 MiB faults in GB/s: aspace's 2 MiB faults, one row per
+//! `--frames` policy (`used`: huge frames used before, cleared on the
+//! fault; `zeroed`: cleared when they were freed, `Config::zero_freed`;
+//! `fresh`: never used), beside the kernel's `MADV_HUGEPAGE` ones, their
+//! ratio, and each side's THP fault and fallback counts.
 //!
 //! By default (about a minute): threads 1 and the core count; both
 //! workloads; rows without and with a concurrent mmap/mprotect/munmap
@@ -163,7 +165,7 @@ const OPTIONS: &[(&str, &str, &str)] = &[
     ),
     (
         "--thp",
-        "also 2 MiB faults in GB/s, side by side: aspace's and the kernel's pft on 2 MiB-aligned MADV_HUGEPAGE mappings (per-thread, 64 MiB per thread, used frames, no writer), their ratio, and each side's thp_fault_alloc/thp_fault_fallback",
+        "also 2 MiB faults in GB/s, side by side: aspace's and the kernel's pft on 2 MiB-aligned MADV_HUGEPAGE mappings (per-thread, 64 MiB per thread, no writer), one row per --frames policy, their ratio, and each side's thp_fault_alloc/thp_fault_fallback",
         "off",
     ),
     ("-h, --help", "print this help", ""),
@@ -587,84 +589,103 @@ fn main() {
 }
 
 /// The 2 MiB runs, side by side: aspace's faults in 2 MiB-aligned
-/// `MADV_HUGEPAGE` regions (used huge frames, cleared on the fault; the
-/// config's default locking) against the kernel's pft on `MADV_HUGEPAGE`
-/// memory, GB/s per thread count (per-thread workload, 64 MiB per thread,
-/// `reps` times, alternating), with each side's THP fault counts.
+/// `MADV_HUGEPAGE` regions (one row per `--frames` policy: used huge
+/// frames cleared on the fault, or cleared when freed; the config's
+/// default locking) against the kernel's pft on `MADV_HUGEPAGE` memory,
+/// GB/s per thread count (per-thread workload, 64 MiB per thread, `reps`
+/// times, alternating), with each side's THP fault counts.
 fn thp(args: &Args) {
     const MIB: u64 = 64;
     let reps = args.reps.unwrap_or(3);
     let locking = aspace::Config::default().fault_locking;
     println!(
         "\nTHP: per-thread, {MIB} MiB per thread per rep, 2 MiB-aligned MADV_HUGEPAGE, one store \
-         per 4 KiB page; aspace: {locking:?}, {} (GB/s, Hmean of {reps})",
-        Frames::Used.describe()
+         per 4 KiB page; aspace: {locking:?} (GB/s, Hmean of {reps}, each row's kernel \
+         reps alternating with its aspace reps)"
     );
+    for &f in &args.frames {
+        println!("  frames {:<7} {}", f.name(), f.describe());
+    }
     println!(
-        "{:<8} {:>12} {:>13} {:>12} {:>13} {:>14} {:>11}",
+        "{:<8} {:<7} {:>12} {:>13} {:>12} {:>13} {:>14} {:>11} {:>14}",
         "threads",
+        "frames",
         "aspace GB/s",
         "(reps range)",
         "kernel GB/s",
         "(reps range)",
         "aspace/kernel",
-        "best/best"
+        "best/best",
+        "unmap us/2M"
     );
     let mut counts = Vec::new();
     for &threads in &args.threads {
         let pool = Workers::new(threads, false, args.pin);
-        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-        let mut thp = pft_workload::ThpCounts::default();
         // Frames used before on the kernel's side too: an untimed run
         // first, whose freed huge pages the timed ones can take again (as
         // aspace's scratch mapping does for its side).
         kernel_pft::run(threads, Workload::PerThread, MIB << 20, true, args.pin);
-        let host0 = kernel_pft::host_thp_faults();
-        for _ in 0..reps {
-            let s = pool.run(Params {
-                threads,
-                workload: Workload::PerThread,
-                writer: false,
-                locking,
-                bytes_per_thread: MIB << 20,
-                vma_bytes: None,
-                zero: args.zero,
-                frames: Frames::Used,
-                huge: true,
-            });
-            ours.push(kernel_pft::bytes_per_sec(&s) / 1e9);
-            thp.alloc += s.thp.alloc;
-            thp.fallback += s.thp.fallback;
-            thp.scratch_alloc += s.thp.scratch_alloc;
-            thp.scratch_fallback += s.thp.scratch_fallback;
-            let k = kernel_pft::run(threads, Workload::PerThread, MIB << 20, true, args.pin);
-            theirs.push(kernel_pft::bytes_per_sec(&k) / 1e9);
+        for &frames in &args.frames {
+            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+            let (mut free_s, mut pages) = (0.0, 0);
+            let mut thp = pft_workload::ThpCounts::default();
+            let host0 = kernel_pft::host_thp_faults();
+            for _ in 0..reps {
+                let s = pool.run(Params {
+                    threads,
+                    workload: Workload::PerThread,
+                    writer: false,
+                    locking,
+                    bytes_per_thread: MIB << 20,
+                    vma_bytes: None,
+                    zero: args.zero,
+                    frames,
+                    huge: true,
+                });
+                ours.push(kernel_pft::bytes_per_sec(&s) / 1e9);
+                (free_s, pages) = (free_s + s.free_s, pages + s.faults);
+                thp.alloc += s.thp.alloc;
+                thp.fallback += s.thp.fallback;
+                thp.scratch_alloc += s.thp.scratch_alloc;
+                thp.scratch_fallback += s.thp.scratch_fallback;
+                let k = kernel_pft::run(threads, Workload::PerThread, MIB << 20, true, args.pin);
+                theirs.push(kernel_pft::bytes_per_sec(&k) / 1e9);
+            }
+            let host1 = kernel_pft::host_thp_faults();
+            let (a, k) = (hmean(&ours), hmean(&theirs));
+            let ((alo, ahi), (klo, khi)) = (range(&ours), range(&theirs));
+            // The untimed scratch unmap's CPU time per huge frame it
+            // freed (with `zeroed`, the clearing moved there).
+            let unmap_us = free_s * 1e6 / (pages as f64 / 512.0).max(1.0);
+            println!(
+                "{threads:<8} {:<7} {a:>12.2} {:>13} {k:>12.2} {:>13} {:>13.2}x {:>10.2}x {unmap_us:>14.1}",
+                frames.name(),
+                format!("{alo:.2}-{ahi:.2}"),
+                format!("{klo:.2}-{khi:.2}"),
+                a / k,
+                ahi / khi
+            );
+            counts.push((threads, frames, thp, host1.0 - host0.0, host1.1 - host0.1));
         }
-        let host1 = kernel_pft::host_thp_faults();
-        let (a, k) = (hmean(&ours), hmean(&theirs));
-        let ((alo, ahi), (klo, khi)) = (range(&ours), range(&theirs));
-        println!(
-            "{threads:<8} {a:>12.2} {:>13} {k:>12.2} {:>13} {:>13.2}x {:>10.2}x",
-            format!("{alo:.2}-{ahi:.2}"),
-            format!("{klo:.2}-{khi:.2}"),
-            a / k,
-            ahi / khi
-        );
-        counts.push((threads, thp, host1.0 - host0.0, host1.1 - host0.1));
     }
     println!(
         "best/best: the fastest rep of each side over the other's (the kernel's reps were \
-         bimodal on the development VM, under 2 GB/s or over 4)"
+         bimodal on the development VM, under 2 GB/s or over 4); unmap us/2M: CPU time of the \
+         untimed scratch munmap per huge frame it freed (zeroed: the clearing is there)"
     );
     println!("THP faults over the {reps} reps (2 MiB each; a fallback maps 4 KiB pages instead):");
-    for (threads, c, host_alloc, host_fallback) in counts {
+    for (threads, frames, c, host_alloc, host_fallback) in counts {
         let expected = reps as u64 * threads as u64 * (MIB << 20) / (2 << 20);
         println!(
-            "  {threads} threads: aspace thp_fault_alloc {} of {expected}, thp_fault_fallback {}; \
+            "  {threads} threads, {}: aspace thp_fault_alloc {} of {expected}, thp_fault_fallback {}; \
              its used huge frames: {} made by the untimed scratch mappings ({} fell back); \
              host /proc/vmstat (kernel runs, system-wide): thp_fault_alloc {host_alloc}, \
              thp_fault_fallback {host_fallback}",
-            c.alloc, c.fallback, c.scratch_alloc, c.scratch_fallback
+            frames.name(),
+            c.alloc,
+            c.fallback,
+            c.scratch_alloc,
+            c.scratch_fallback
         );
         if c.fallback > 0 || c.scratch_fallback > 0 {
             // The budget is 16 times the run's memory: never the reason.

@@ -1,6 +1,8 @@
 //! Loom models of transparent huge pages: splitting a PMD leaf is a
 //! writer (src/pt/huge.rs), met by lock-free walks, by a zap of the
-//! whole leaf, and by a second split from another fault. Runs the real
+//! whole leaf, and by a second split from another fault; and a
+//! write-protect fault on a leaf, handed to a handler whole, met by the
+//! handler's un-protection of the leaf. Runs the real
 //! page table and address space through src/sync.rs; `./loom.sh thp`
 //! runs them at the bound it sets.
 //!
@@ -152,6 +154,12 @@ fn two_write_faults_split_one_leaf() {
 /// leaf, the split table or a fresh walk, never an empty entry (which
 /// would fault again) or another page.
 ///
+/// (Translators' 2 MiB entries are not seen here: loom's small chunks
+/// make no contiguous huge frame, and the huge zero page is never
+/// cached. They add no protocol: dropped with the 4 KiB entries at each
+/// flush; `tests/thp.rs`'s `a_translator_caches_a_huge_page_as_one_entry`
+/// fails when `drop_entries` keeps them.)
+///
 /// Mutation caught: `link_split`'s `Release` made `Relaxed`, as in
 /// `lookup_vs_split`: the translator's walk reads the new table's
 /// entries unordered with their stores (loom reports the causality
@@ -171,5 +179,37 @@ fn translator_load_vs_split() {
         assert_eq!(t.join().unwrap(), 0);
         // Only the write faulted: the load found its page mapped.
         assert_eq!(mm.stats().faults() - before, 1);
+    });
+}
+
+/// A write fault on a huge page write-protected whole for a handler
+/// (here the huge zero page, protected after its read fault) races the
+/// handler's un-protection of the whole 2 MiB with a wake, which may come
+/// before the fault has queued: the fault is handed over with the leaf
+/// whole (`mm/fault.rs`), and its waiter looks at the leaf again after
+/// queuing (`uffd::Waiter::wait`), so it never sleeps past the
+/// resolution; the write then lands.
+///
+/// Mutation caught: `Waiter::wait` sleeping without its second look
+/// (`needed` forced true in src/uffd/fault.rs): an un-protection and wake
+/// between the fault's look at the leaf and its queuing wake nobody, and
+/// the fault sleeps forever (loom reports the deadlock).
+#[test]
+fn wp_fault_on_a_leaf_vs_unprotect() {
+    use aspace::uffd::RegisterMode;
+    model(|| {
+        let mm = zero_huge_space();
+        let uffd = mm.userfaultfd();
+        uffd.register_with_mode(A, HUGE, RegisterMode::WRITE_PROTECT)
+            .unwrap();
+        uffd.write_protect(A, HUGE).unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.write(A + PAGE_SIZE, &[1]).unwrap());
+        uffd.remove_write_protection(A, HUGE, true).unwrap();
+        t.join().unwrap();
+        let mut b = [0u8; 1];
+        mm.read(A + PAGE_SIZE, &mut b).unwrap();
+        assert_eq!(b, [1]);
+        drop(uffd);
     });
 }

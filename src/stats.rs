@@ -116,6 +116,12 @@ counters! {
     /// invalidated (each one's entries dropped, its access in flight
     /// waited for).
     translator_shootdowns,
+    /// Translator misses that walked the page table (an access whose
+    /// page no cached entry covered with the rights it needed).
+    translator_walks,
+    /// Translator misses of a 4 KiB entry served by a cached 2 MiB entry
+    /// (a PMD leaf cached as one translation), with no walk.
+    translator_huge_hits,
     /// Page-table entries mremap moved one by one.
     mremap_ptes_moved,
     /// PTE tables mremap moved whole by relinking their PMD entry.

@@ -422,3 +422,62 @@ fn fork_fails_cleanly_when_no_frame_is_left_for_a_pinned_pages_copy() {
     child.read(a, &mut buf).unwrap();
     assert_eq!(&buf, b"pinned");
 }
+
+/// Pinning pages inside a 2 MiB page for a device keeps the huge page
+/// whole (Linux pins a THP's subpage through its PMD): read and write
+/// slices of three of its pages pin three subframes, write through to
+/// the page the guest sees, and set the leaf's one soft-dirty bit; no
+/// split. A huge page shared with a fork child is unshared by a 4 KiB copy
+/// (a split, as Linux's unsharing of a shared THP).
+#[test]
+fn pins_inside_a_huge_page_keep_it_whole() {
+    const HUGE: u64 = 2 << 20;
+    let mm = AddressSpace::new(Config {
+        thp: aspace::ThpMode::Madvise,
+        ..Config::default()
+    });
+    let m = mm.mmap(0, 2 * HUGE, RW, anon()).unwrap();
+    let a = m.next_multiple_of(HUGE);
+    mm.madvise(a, HUGE, Advice::HugePage).unwrap();
+    mm.write(a, &[1]).unwrap();
+    assert_eq!(mm.stats().thp_fault_alloc, 1);
+    mm.clear_refs(ClearRefs::SoftDirty);
+    assert!(!mm.pagemap(a + 511 * P, P).unwrap()[0].is_soft_dirty());
+    {
+        let mem = mm.guest_memory();
+        // A read pin first: the leaf is read-only and clean after the
+        // reset, so only the pin marks it (a write pin's fault would).
+        slice_of(&mem, a + 300 * P, Permissions::Read)
+            .write_obj(0x300u64, 0)
+            .unwrap();
+        assert_eq!(mm.stats().thp_split_pmd, 0);
+        assert!(mm.pagemap(a + 511 * P, P).unwrap()[0].is_soft_dirty());
+        slice_of(&mem, a + 7 * P, Permissions::Write)
+            .write_obj(0x77u64, 0)
+            .unwrap();
+        slice_of(&mem, a, Permissions::Read)
+            .read_obj::<u8>(0)
+            .unwrap();
+        assert_eq!(mem.pinned_frames(), 3);
+        assert_eq!(mm.stats().thp_split_pmd, 0, "pins split nothing");
+        assert_eq!(mm.anon_huge_pages(a), Some(HUGE));
+        assert_eq!(read_u64(&mm, a + 7 * P), 0x77);
+        assert_eq!(read_u64(&mm, a + 300 * P), 0x300);
+        // One bit for the whole leaf, as Linux's PMD.
+        assert!(mm.pagemap(a + 511 * P, P).unwrap()[0].is_soft_dirty());
+    }
+    // Pins released: the huge page is still one, and goes whole.
+    assert_eq!(mm.anon_huge_pages(a), Some(HUGE));
+    // Shared with a child: the pin unshares by a 4 KiB copy.
+    let child = mm.fork().unwrap();
+    {
+        let mem = mm.guest_memory();
+        slice_of(&mem, a + 9 * P, Permissions::Write)
+            .write_obj(0x99u64, 0)
+            .unwrap();
+    }
+    assert_eq!(mm.stats().thp_split_pmd, 1);
+    assert_eq!(read_u64(&mm, a + 9 * P), 0x99);
+    assert_eq!(read_u64(&child, a + 9 * P), 0);
+    assert_eq!(read_u64(&child, a + 7 * P), 0x77);
+}

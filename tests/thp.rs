@@ -1064,3 +1064,257 @@ fn stores_survive_concurrent_splits_and_collapses() {
     let st = mm.stats();
     assert!(st.thp_split_pmd > 0 && st.thp_collapse_alloc > 0, "{st}");
 }
+
+/// A translator caches a PMD leaf as one 2 MiB entry: after the first
+/// access walks the table, every other page of the huge page is served
+/// from it (`translator_huge_hits`), with no walk; a split (mprotect of
+/// one page inside) and a munmap of part then invalidate it: the pages
+/// left read their patterns, the unmapped ones fault, the protected one
+/// refuses stores.
+#[test]
+fn a_translator_caches_a_huge_page_as_one_entry() {
+    let mm = space(ThpMode::Madvise);
+    let a = huge_region(&mm, HUGE);
+    let mut t = mm.translator();
+    t.store::<u64>(a, 1).unwrap();
+    assert_eq!(mm.stats().thp_fault_alloc, 1);
+    let before = mm.stats();
+    for pg in 0..512 {
+        t.store::<u64>(a + pg * PAGE_SIZE + 8, 0x1000 + pg).unwrap();
+    }
+    for pg in 0..512 {
+        assert_eq!(t.load::<u64>(a + pg * PAGE_SIZE + 8).unwrap(), 0x1000 + pg);
+    }
+    let d = mm.stats() - before;
+    assert_eq!(d.faults(), 0);
+    // Page 0 was cached by the first store (it walked once, and cached
+    // the leaf); every 4 KiB miss since (the other 511 pages, and the
+    // loads of pages whose 4 KiB entries the stores' evicted) came from
+    // the 2 MiB entry, with no walk.
+    assert_eq!(d.translator_walks, 0, "{d}");
+    assert!(d.translator_huge_hits >= 511, "{d}");
+    // Split it: one page read-only; then unmap the last quarter.
+    mm.mprotect(a + 100 * PAGE_SIZE, PAGE_SIZE, Prot::READ)
+        .unwrap();
+    assert_eq!(mm.stats().thp_split_pmd, 1);
+    assert_eq!(mm.anon_huge_pages(a), Some(0));
+    let e = t.store::<u64>(a + 100 * PAGE_SIZE + 8, 0).unwrap_err();
+    assert_eq!(e.kind, aspace::FaultError::AccessDenied);
+    mm.munmap(a + 384 * PAGE_SIZE, 128 * PAGE_SIZE).unwrap();
+    for pg in 0..512 {
+        let r = t.load::<u64>(a + pg * PAGE_SIZE + 8);
+        if pg < 384 {
+            assert_eq!(r.unwrap(), 0x1000 + pg, "page {pg} after the split");
+        } else {
+            let e = r.unwrap_err();
+            assert_eq!(e.kind, aspace::FaultError::NoMapping, "page {pg}");
+        }
+    }
+    // The split table's pages are walked again one by one (no leaf).
+    let before = mm.stats();
+    let mut t2 = mm.translator();
+    for pg in 0..4 {
+        t2.load::<u64>(a + pg * PAGE_SIZE).unwrap();
+    }
+    let d = mm.stats() - before;
+    assert_eq!((d.translator_walks, d.translator_huge_hits), (4, 0), "{d}");
+}
+
+/// What a write-protected huge page went through: `AnonHugePages` of its
+/// VMA after `UFFDIO_WRITEPROTECT` over the whole 2 MiB, while a write
+/// into it waits for the handler, and after the handler un-protects the
+/// whole 2 MiB; the fault's offset in the page; whether the write landed
+/// (and only after the resolution).
+#[derive(Debug, PartialEq, Eq)]
+struct WpHuge {
+    after_wp: u64,
+    waiting: u64,
+    after: u64,
+    fault_off: u64,
+    written: bool,
+}
+
+/// The byte a [`WpHuge`] run's waiting write stores, and where.
+const WP_OFF: u64 = 5 * PAGE_SIZE + 100;
+
+fn aspace_wp_huge() -> WpHuge {
+    use aspace::uffd::{Event, FaultKind, ReadWrite, RegisterMode};
+    let mm = space(ThpMode::Madvise);
+    let a = huge_region(&mm, HUGE);
+    fill(&mm, a, HUGE);
+    assert_eq!(mm.stats().thp_fault_alloc, 1);
+    let uffd = mm.userfaultfd();
+    uffd.register_with_mode(a, HUGE, RegisterMode::WRITE_PROTECT)
+        .unwrap();
+    uffd.write_protect(a, HUGE).unwrap();
+    let huge = || mm.anon_huge_pages(a).unwrap();
+    let after_wp = huge();
+    let (fault_off, waiting, before) = std::thread::scope(|s| {
+        let w = s.spawn(|| mm.write(a + WP_OFF, &[0xee]).unwrap());
+        let off = match uffd.read_event() {
+            Event::Pagefault { kind, rw, addr, .. } => {
+                assert_eq!((kind, rw), (FaultKind::WriteProtect, ReadWrite::Write));
+                addr - a
+            }
+            e => panic!("unexpected {e:?}"),
+        };
+        let waiting = huge();
+        let mut b = [0u8];
+        mm.read(a + WP_OFF, &mut b).unwrap();
+        uffd.remove_write_protection(a, HUGE, true).unwrap();
+        w.join().unwrap();
+        (off, waiting, b[0])
+    });
+    assert_eq!(mm.stats().thp_split_pmd, 0, "never split");
+    let mut b = [0u8];
+    mm.read(a + WP_OFF, &mut b).unwrap();
+    // Writable whole again: more writes fault no more.
+    let faults = mm.stats().faults();
+    mm.write(a + 300 * PAGE_SIZE, &[1]).unwrap();
+    assert_eq!(mm.stats().faults(), faults);
+    assert!(uffd.try_read_event().is_none());
+    WpHuge {
+        after_wp,
+        waiting,
+        after: huge(),
+        fault_off,
+        written: before != 0xee && b[0] == 0xee,
+    }
+}
+
+/// The same on the running kernel (its userfaultfd on a `MADV_HUGEPAGE`
+/// page of this process); `None`, with the reason, where the kernel
+/// gives no huge page or no userfaultfd.
+#[cfg(target_os = "linux")]
+fn kernel_wp_huge() -> Option<WpHuge> {
+    const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
+    const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
+    const UFFDIO_WRITEPROTECT: libc::c_ulong = 0xc018_aa06;
+    const MODE_WP: u64 = 2;
+    const EVENT_PAGEFAULT: u8 = 0x12;
+    const PAGEFAULT_FLAG_WP: u64 = 2;
+    /// `AnonHugePages` of the VMA of this process holding `addr`, bytes.
+    fn smaps_huge(addr: u64) -> u64 {
+        let text = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in text.lines() {
+            if let Some((range, _)) = line.split_once(' ') {
+                if let Some((s, e)) = range.split_once('-') {
+                    if let (Ok(s), Ok(e)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16))
+                    {
+                        inside = (s..e).contains(&addr);
+                        continue;
+                    }
+                }
+            }
+            if let Some(kb) = line.strip_prefix("AnonHugePages:").filter(|_| inside) {
+                return kb
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap()
+                    << 10;
+            }
+        }
+        panic!("no VMA holds {addr:#x}")
+    }
+    let ioctl = |fd: i32, req: libc::c_ulong, arg: &mut [u64]| {
+        // SAFETY: `arg` is the ioctl's argument struct (all u64 fields).
+        unsafe { libc::ioctl(fd, req, arg.as_mut_ptr()) }
+    };
+    // SAFETY: a fresh private anonymous mapping, ours alone.
+    let m = unsafe {
+        libc::mmap(
+            core::ptr::null_mut(),
+            2 * HUGE as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(m, libc::MAP_FAILED);
+    let a = (m as u64).next_multiple_of(HUGE);
+    let p = a as *mut u8;
+    // SAFETY: `[a, a + HUGE)` is inside the mapping.
+    unsafe {
+        assert_eq!(
+            libc::madvise(p.cast(), HUGE as usize, libc::MADV_HUGEPAGE),
+            0
+        );
+        for pg in 0..HUGE / PAGE_SIZE {
+            p.add((pg * PAGE_SIZE) as usize).write_volatile(1);
+        }
+    }
+    let unmap = || {
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(m, 2 * HUGE as usize) };
+    };
+    if smaps_huge(a) != HUGE {
+        eprintln!("the kernel gave no huge page here: skipped");
+        unmap();
+        return None;
+    }
+    // SAFETY: plain syscall.
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC) } as i32;
+    if fd < 0 {
+        eprintln!("userfaultfd unavailable: skipped");
+        unmap();
+        return None;
+    }
+    assert_eq!(ioctl(fd, UFFDIO_API, &mut [0xaa, 0, 0]), 0);
+    assert_eq!(ioctl(fd, UFFDIO_REGISTER, &mut [a, HUGE, MODE_WP, 0]), 0);
+    assert_eq!(ioctl(fd, UFFDIO_WRITEPROTECT, &mut [a, HUGE, 1]), 0);
+    let after_wp = smaps_huge(a);
+    let (fault_off, waiting, before) = std::thread::scope(|s| {
+        let at = a + WP_OFF;
+        // SAFETY: inside the mapping; the store waits for the resolution.
+        let w = s.spawn(move || unsafe { (at as *mut u8).write_volatile(0xee) });
+        let mut msg = [0u64; 4];
+        // SAFETY: reads one 32-byte uffd_msg into `msg`.
+        let n = unsafe { libc::read(fd, msg.as_mut_ptr().cast(), 32) };
+        assert_eq!(n, 32);
+        assert_eq!(msg[0] as u8, EVENT_PAGEFAULT);
+        assert_ne!(msg[1] & PAGEFAULT_FLAG_WP, 0, "a write-protect fault");
+        let waiting = smaps_huge(a);
+        // SAFETY: inside the mapping.
+        let before = unsafe { (at as *const u8).read_volatile() };
+        assert_eq!(ioctl(fd, UFFDIO_WRITEPROTECT, &mut [a, HUGE, 0]), 0);
+        w.join().unwrap();
+        (msg[2] - a, waiting, before)
+    });
+    // SAFETY: inside the mapping.
+    let now = unsafe { ((a + WP_OFF) as *const u8).read_volatile() };
+    let r = WpHuge {
+        after_wp,
+        waiting,
+        after: smaps_huge(a),
+        fault_off,
+        written: before != 0xee && now == 0xee,
+    };
+    // SAFETY: our descriptor.
+    unsafe { libc::close(fd) };
+    unmap();
+    Some(r)
+}
+
+/// A huge page write-protected whole for a userfault handler stays one
+/// huge page through the protection, the write fault the handler gets,
+/// and the un-protection of the whole 2 MiB, as on the running kernel.
+#[test]
+fn a_write_protected_huge_page_is_kept_whole_as_the_kernel_keeps_it() {
+    let ours = aspace_wp_huge();
+    let want = WpHuge {
+        after_wp: HUGE,
+        waiting: HUGE,
+        after: HUGE,
+        fault_off: WP_OFF & !(PAGE_SIZE - 1),
+        written: true,
+    };
+    assert_eq!(ours, want);
+    #[cfg(target_os = "linux")]
+    if let Some(kernel) = kernel_wp_huge() {
+        assert_eq!(ours, kernel, "aspace against the kernel");
+    }
+}

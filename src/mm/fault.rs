@@ -254,6 +254,18 @@ pub(crate) fn do_fault(
             // a huge frame, an exclusive page is reused whole, else it is
             // split and 4 KiB copied, as Linux does (`mm::thp`).
             if let Some(leaf) = mm.pt.huge_at(page, &g) {
+                // Write-protected for a handler: it gets the fault with
+                // the leaf whole (Linux's `wp_huge_pmd`), and its
+                // un-protection of the whole leaf keeps it whole; an
+                // async context splits it (Linux too) and clears the
+                // bit of the 4 KiB page below.
+                if leaf.flags().contains(PteFlags::UFFD_WP)
+                    && flags.contains(VmFlags::UFFD_WP)
+                    && !uffd::wp_is_async(vma)
+                {
+                    uffd::wp_fault(mm, vma, page, pte, &g)?;
+                    continue;
+                }
                 if !super::thp::huge_wp_fault(mm, vma, page, leaf, &g) {
                     mm.pt.split_huge(page, &g);
                 }

@@ -17,9 +17,13 @@
 //! only this leaf references is reused whole (made writable: after a fork
 //! child is gone, after a soft-dirty reset), and a shared one is split and
 //! the fault goes on as a 4 KiB copy-on-write, as Linux does since 5.8 (it
-//! copies 4 KiB, not 2 MiB). A leaf write-protected for a userfault
-//! handler, and a forced write into a read-only VMA, are split and left to
-//! the 4 KiB paths; Linux hands the former to the handler whole.
+//! copies 4 KiB, not 2 MiB). A forced write into a read-only VMA splits
+//! the leaf and is left to the 4 KiB paths. A leaf write-protected for a
+//! userfault handler (`UFFDIO_WRITEPROTECT` over its whole 2 MiB keeps it
+//! one leaf) is handed to the handler whole by the fault path
+//! (`mm::fault`), as Linux's `wp_huge_pmd` does, and un-protecting the
+//! whole leaf makes it writable whole; with `wp_async` it is split (Linux
+//! too) and the 4 KiB page's bit cleared.
 //!
 //! Collapsing 4 KiB pages into huge pages is `mm::collapse`'s.
 //!
@@ -154,7 +158,8 @@ pub(crate) fn huge_fault(
 /// again); false: the caller splits it and copies 4 KiB.
 pub(crate) fn huge_wp_fault(mm: &AddressSpace, vma: &Vma, page: u64, leaf: Pte, g: &Guard) -> bool {
     let flags = vma.flags();
-    // Write-protected for a userfault handler, or a forced write into a
+    // Write-protected for an async userfault context (a handler's own
+    // are delivered before this, `mm::fault`), or a forced write into a
     // read-only VMA: the 4 KiB paths know those rules.
     if !flags.contains(VmFlags::WRITE)
         || leaf.flags().contains(PteFlags::UFFD_WP) && flags.contains(VmFlags::UFFD_WP)
@@ -183,13 +188,13 @@ pub(crate) fn huge_wp_fault(mm: &AddressSpace, vma: &Vma, page: u64, leaf: Pte, 
         }
         return true;
     };
-    // Exclusive: no other mapping, copy-on-write sharer or pin. Counts
-    // only fall while we hold the VMA (fork and pins exclude us), so a
-    // stale read only sends us to the split.
-    let exclusive = (0..512).all(|i| {
-        let p = Pfn::new(head.get() + i);
-        mm.frames.refcount(p) == 1 && !mm.frames.maybe_pinned(p)
-    });
+    // Exclusive: no other mapping or copy-on-write sharer. A pinned
+    // subframe is the mapping's own (pins are taken only on owned pages,
+    // fork copies pinned ones, and `refcount` does not count pins), and
+    // is reused as the 4 KiB write fault reuses it (`mm::cow`). Counts
+    // only fall while we hold the VMA (fork excludes us), so a stale
+    // read only sends us to the split.
+    let exclusive = (0..512).all(|i| mm.frames.refcount(Pfn::new(head.get() + i)) == 1);
     if !exclusive {
         return false;
     }

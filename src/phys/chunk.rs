@@ -247,6 +247,16 @@ impl FrameAllocator {
         (&c.refs[i], &c.account[i])
     }
 
+    /// The count words and account records of the `n` frames from
+    /// `first`, which lie in one chunk (`first % CHUNK_FRAMES + n` at most
+    /// `CHUNK_FRAMES`), from one directory walk: a huge frame's 512
+    /// subframes are set up and checked a chunk at a time.
+    #[inline]
+    pub(super) fn frame_run(&self, first: Pfn, n: usize) -> (&[AtomicU64], &[counter::AtomicU32]) {
+        let (c, i) = (self.chunk(first), first.index() % CHUNK_FRAMES);
+        (&c.refs[i..i + n], &c.account[i..i + n])
+    }
+
     /// Pins the frame for a device: a reference that
     /// [`refcount`](Self::refcount) does not count. The caller holds a
     /// reference (the entry mapping the frame, under its PTE lock).

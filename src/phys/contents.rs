@@ -41,30 +41,41 @@ impl FrameAllocator {
     pub(super) fn zero_batch(&self, frames: &[Pfn]) {
         for &pfn in frames {
             self.use_exclusive(pfn);
-            #[cfg(all(target_arch = "x86_64", not(aspace_loom)))]
             // SAFETY: the frame is free and in no list another thread can
             // take it from (the caller holds the list's lock): we are its
-            // only user; its 4096 bytes are in bounds of its chunk and
-            // 4096-aligned, so each 16-byte store below is aligned and in
-            // bounds. SSE2 is part of x86-64.
-            unsafe {
-                use core::arch::x86_64::{__m128i, _mm_setzero_si128, _mm_stream_si128};
-                let p = self.base(pfn).cast::<__m128i>();
-                for i in 0..PAGE_SIZE as usize / 16 {
-                    _mm_stream_si128(p.add(i), _mm_setzero_si128());
-                }
-            }
-            #[cfg(not(all(target_arch = "x86_64", not(aspace_loom))))]
-            // SAFETY: as above.
-            unsafe {
-                core::ptr::write_bytes(self.base(pfn), 0, PAGE_SIZE as usize)
-            };
+            // only user; its 4096 bytes are in bounds of its chunk.
+            unsafe { stream_zero(self.base(pfn), 1) };
         }
-        #[cfg(all(target_arch = "x86_64", not(aspace_loom)))]
-        // SAFETY: a fence has no preconditions.
-        unsafe {
-            core::arch::x86_64::_mm_sfence()
-        };
+        stream_fence();
+    }
+
+    /// Clears the `n` frames from `first` (in one chunk, so their memory
+    /// is contiguous), which are ours alone: a huge frame's subframes,
+    /// taken from the huge list (`stream`: false, the fault's store
+    /// follows) or freed whole and about to wait in it (`stream`: true,
+    /// written around the caches as `zero_batch` writes, fenced).
+    pub(super) fn zero_run(&self, first: Pfn, n: usize, stream: bool) {
+        debug_assert!(first.index() % CHUNK_FRAMES + n <= CHUNK_FRAMES);
+        for i in 0..n as u32 {
+            self.use_exclusive(Pfn::new(first.get() + i));
+        }
+        let p = self.base(first);
+        if stream {
+            // SAFETY: the frames are ours alone (the caller's contract);
+            // their `n` pages are in bounds of one chunk.
+            unsafe { stream_zero(p, n) };
+            stream_fence();
+        } else {
+            // A page at a time, as `zero` clears (`rep stosb` each): one
+            // 2 MiB `memset` may take glibc's streaming path, which leaves
+            // the lines the fault's store then reads outside the cache.
+            for i in 0..n {
+                // SAFETY: as above; page `i` is in bounds.
+                unsafe {
+                    core::ptr::write_bytes(p.add(i * PAGE_SIZE as usize), 0, PAGE_SIZE as usize)
+                };
+            }
+        }
     }
 
     /// Obtains and touches the memory of the next `bytes` (at most the
@@ -185,4 +196,41 @@ impl FrameAllocator {
     pub(crate) fn frame_ptr(&self, pfn: Pfn) -> *mut u8 {
         self.base(pfn)
     }
+}
+
+/// Clears the `pages` 4 KiB pages at `p`: with streaming stores on x86-64
+/// (no line read for ownership, none of the CPU's working set evicted),
+/// which need a [`stream_fence`] before the pages are published.
+///
+/// # Safety
+///
+/// `p` is 4096-aligned, the `pages * 4096` bytes from it are in bounds of
+/// one chunk, and nobody else reaches them until the caller publishes
+/// them.
+unsafe fn stream_zero(p: *mut u8, pages: usize) {
+    #[cfg(all(target_arch = "x86_64", not(aspace_loom)))]
+    // SAFETY: the caller's contract: each 16-byte store below is aligned
+    // (p is 4096-aligned) and in bounds. SSE2 is part of x86-64.
+    unsafe {
+        use core::arch::x86_64::{__m128i, _mm_setzero_si128, _mm_stream_si128};
+        let p = p.cast::<__m128i>();
+        for i in 0..pages * PAGE_SIZE as usize / 16 {
+            _mm_stream_si128(p.add(i), _mm_setzero_si128());
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(aspace_loom))))]
+    // SAFETY: as above.
+    unsafe {
+        core::ptr::write_bytes(p, 0, pages * PAGE_SIZE as usize)
+    };
+}
+
+/// Orders [`stream_zero`]'s stores before whatever publishes the pages
+/// (a lock's release).
+fn stream_fence() {
+    #[cfg(all(target_arch = "x86_64", not(aspace_loom)))]
+    // SAFETY: a fence has no preconditions.
+    unsafe {
+        core::arch::x86_64::_mm_sfence()
+    };
 }

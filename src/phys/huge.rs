@@ -4,9 +4,13 @@
 //!
 //! # Where they come from
 //!
-//! A huge frame is taken, in this order, from the physical memory's list
-//! of whole huge frames freed as such ([`FrameAllocator::put_huge`]), or
-//! from the never-used frames at the pool's `fresh` mark, advanced past
+//! A huge frame is taken, in this order, from the physical memory's lists
+//! of whole huge frames freed as such ([`FrameAllocator::put_huge`]):
+//! first those cleared when freed, by an allocator set to clear what it
+//! frees (`zero_freed`: the freeing thread clears the 2 MiB with
+//! streaming stores, and the fault that takes it clears nothing), then
+//! dirty ones (cleared by the fault that takes them); or from the
+//! never-used frames at the pool's `fresh` mark, advanced past
 //! the next 512-aligned run (frames skipped on the way, never used and
 //! so zero, go to the pool's `zeroed` list). Frames freed one by one are
 //! not gathered back into huge frames (Linux's compaction): when neither
@@ -27,7 +31,8 @@
 //! reach zero, like 4 KiB frames. This costs 512 count updates where
 //! Linux's folio has one, on the rare paths (fork, a zap of a huge
 //! page), and none on the fault path beyond the 512 stores of the
-//! allocation, against 2 MiB to clear.
+//! allocation (a chunk's run of count words and records at a time, one
+//! directory walk per huge frame), against 2 MiB to clear.
 //!
 //! The budget is charged 2 MiB at once; each subframe is uncharged by
 //! its own last `put` (4 KiB), or the whole by `put_huge`.
@@ -38,7 +43,7 @@
 //! frames from `fresh`), never under another lock of this module.
 
 use super::cache::Use;
-use super::{FrameAllocator, Pfn};
+use super::{FrameAllocator, Pfn, CHUNK_FRAMES};
 use crate::addr::PAGE_SIZE;
 use crate::percpu::cpu_id;
 use crate::sync::counter;
@@ -48,6 +53,34 @@ use crate::sync::Ordering;
 pub const HUGE_FRAMES: usize = 512;
 /// Bytes in a huge frame (2 MiB).
 pub const HUGE_BYTES: u64 = HUGE_FRAMES as u64 * PAGE_SIZE;
+
+/// Huge frames freed whole, waiting for [`FrameAllocator::alloc_huge`]:
+/// `dirty` ones may hold their last user's bytes, `cleared` ones were
+/// cleared when freed (`zero_freed`) and are taken first, by a fault that
+/// then clears nothing (as the 4 KiB caches keep zero frames apart).
+///
+/// Protected by: `Phys::huge`'s mutex (both lists).
+#[derive(Default)]
+pub(super) struct HugeFree {
+    /// First frame numbers of huge frames freed uncleared.
+    dirty: Vec<Pfn>,
+    /// First frame numbers of huge frames cleared when freed.
+    cleared: Vec<Pfn>,
+}
+
+impl HugeFree {
+    fn len(&self) -> usize {
+        self.dirty.len() + self.cleared.len()
+    }
+}
+
+/// The subframes of a huge frame a chunk at a time: each run's first
+/// frame and length (one run of 512 with 2 MiB chunks; several under
+/// loom's small ones).
+fn runs(head: Pfn) -> impl Iterator<Item = (Pfn, usize)> {
+    let n = CHUNK_FRAMES.min(HUGE_FRAMES);
+    (0..HUGE_FRAMES / n).map(move |r| (Pfn::new(head.get() + (r * n) as u32), n))
+}
 
 impl FrameAllocator {
     /// A huge frame: its first frame number, every subframe's reference
@@ -63,15 +96,18 @@ impl FrameAllocator {
             budget.uncharge(HUGE_BYTES);
             return None;
         };
-        for i in 0..HUGE_FRAMES as u32 {
-            let pfn = Pfn::new(head.get() + i);
+        // A chunk's run at a time: one directory walk per run, not per
+        // subframe.
+        for (first, n) in runs(head) {
             if self.zero_new && used_before {
-                self.zero(pfn);
+                self.zero_run(first, n, false);
             }
-            self.use_exclusive(pfn);
-            let (refs, owner) = self.frame_words(pfn);
-            owner.store(self.id, counter::Ordering::Relaxed);
-            refs.store(1, Ordering::Relaxed);
+            let (refs, owners) = self.frame_run(first, n);
+            for (i, (refs, owner)) in refs.iter().zip(owners).enumerate() {
+                self.use_exclusive(Pfn::new(first.get() + i as u32));
+                owner.store(self.id, counter::Ordering::Relaxed);
+                refs.store(1, Ordering::Relaxed);
+            }
         }
         self.count_huge(budget, false);
         Some(head)
@@ -92,10 +128,18 @@ impl FrameAllocator {
         budget.count_frames(cpu, out, HUGE_FRAMES as u64);
     }
 
-    /// A free huge frame, and whether it may hold someone's bytes.
+    /// A free huge frame, and whether it may hold someone's bytes: one
+    /// cleared when freed, else a dirty one, else one cut from the
+    /// never-used frames.
     fn take_huge(&self) -> Option<(Pfn, bool)> {
-        if let Some(head) = self.huge.lock().pop() {
-            return Some((head, true));
+        {
+            let mut huge = self.huge.lock();
+            if let Some(head) = huge.cleared.pop() {
+                return Some((head, false));
+            }
+            if let Some(head) = huge.dirty.pop() {
+                return Some((head, true));
+            }
         }
         let mut pool = self.pool.lock();
         let fresh = pool.fresh;
@@ -121,15 +165,20 @@ impl FrameAllocator {
     /// Drops the references a huge mapping held on the 512 subframes from
     /// `head`. If they were the last ones on every subframe (nobody else
     /// maps, shares or pins any of them) and the frame is this account's,
-    /// the huge frame is freed whole, kept for the next [`alloc_huge`];
-    /// otherwise each subframe is put as a 4 KiB frame.
+    /// the huge frame is freed whole, kept for the next [`alloc_huge`]
+    /// (cleared first if this allocator clears what it frees,
+    /// [`zeroes_freed`](Self::zeroes_freed)); otherwise each subframe is
+    /// put as a 4 KiB frame.
     ///
     /// [`alloc_huge`]: Self::alloc_huge
     pub(crate) fn put_huge(&self, head: Pfn) {
-        let whole = (0..HUGE_FRAMES as u32).all(|i| {
-            let (refs, owner) = self.frame_words(Pfn::new(head.get() + i));
-            // Acquire: the last user's accesses happen before our reuse.
-            refs.load(Ordering::Acquire) == 1 && owner.load(counter::Ordering::Relaxed) == self.id
+        let whole = runs(head).all(|(first, n)| {
+            let (refs, owners) = self.frame_run(first, n);
+            refs.iter().zip(owners).all(|(refs, owner)| {
+                // Acquire: the last user's accesses happen before our reuse.
+                refs.load(Ordering::Acquire) == 1
+                    && owner.load(counter::Ordering::Relaxed) == self.id
+            })
         });
         if !whole {
             for i in 0..HUGE_FRAMES as u32 {
@@ -140,33 +189,62 @@ impl FrameAllocator {
         // Every count is ours alone: no reference can be added to a frame
         // nobody else holds (`try_get` is for objects' pages, which huge
         // frames never are; pins need a mapping entry, and ours is gone).
-        for i in 0..HUGE_FRAMES as u32 {
-            let pfn = Pfn::new(head.get() + i);
-            self.use_exclusive(pfn);
-            self.refs(pfn).store(0, Ordering::Relaxed);
+        for (first, n) in runs(head) {
+            let (refs, _) = self.frame_run(first, n);
+            for (i, refs) in refs.iter().enumerate() {
+                self.use_exclusive(Pfn::new(first.get() + i as u32));
+                refs.store(0, Ordering::Relaxed);
+            }
         }
         let budget = &**self.memory();
         budget.uncharge(HUGE_BYTES);
         self.count_huge(budget, true);
-        let mut huge = self.huge.lock();
         // Beyond a sixteenth of the budget in huge frames kept resident,
         // the frame is broken up for the 4 KiB caches (which give memory
         // back to the system when they hold too much).
         let keep = (budget.limit() / HUGE_BYTES / 16).max(1) as usize;
-        if huge.len() < keep {
-            huge.push(head);
+        if self.huge.lock().len() >= keep {
+            for i in 0..HUGE_FRAMES as u32 {
+                self.give(Pfn::new(head.get() + i), Use::Table, false);
+            }
             return;
         }
-        drop(huge);
-        for i in 0..HUGE_FRAMES as u32 {
-            self.give(Pfn::new(head.get() + i), Use::Table, false);
+        let clear = self.zeroes_freed();
+        if clear {
+            // Free and in no list: ours alone while it is cleared, with
+            // no lock held (2 MiB of stores, on the freeing thread).
+            for (first, n) in runs(head) {
+                self.zero_run(first, n, true);
+            }
         }
+        // (Two frees racing past the check above keep one more: harmless.)
+        let mut huge = self.huge.lock();
+        if clear {
+            huge.cleared.push(head);
+        } else {
+            huge.dirty.push(head);
+        }
+    }
+
+    /// The memory of the huge frame from `head` as one 2 MiB span (its
+    /// subframes' memory in order), if it is one: always outside loom
+    /// builds, whose chunks hold fewer than 512 frames. What
+    /// [`frame_ptr`](Self::frame_ptr) says of a frame holds of it.
+    pub(crate) fn huge_frame_ptr(&self, head: Pfn) -> Option<*mut u8> {
+        let one_chunk = CHUNK_FRAMES % HUGE_FRAMES == 0 && head.index() % HUGE_FRAMES == 0;
+        one_chunk.then(|| self.frame_ptr(head))
     }
 
     /// Huge frames free in the physical memory's huge list.
     #[cfg(test)]
     pub(crate) fn free_huge_frames(&self) -> usize {
         self.huge.lock().len()
+    }
+
+    /// Huge frames free in the huge list that were cleared when freed.
+    #[cfg(test)]
+    pub(crate) fn cleared_huge_frames(&self) -> usize {
+        self.huge.lock().cleared.len()
     }
 }
 
@@ -214,6 +292,37 @@ mod tests {
         let (again, used) = a.take_huge().unwrap();
         assert!(used);
         assert_ne!(again, fresh);
+    }
+
+    #[test]
+    fn a_huge_frame_freed_by_a_zero_freed_allocator_is_cleared_then_taken_as_is() {
+        let a = FrameAllocator::new(8 << 20, true).with_zero_freed(true);
+        let head = a.alloc_huge().unwrap();
+        for i in [0, 7, 511] {
+            a.write(Pfn::new(head.get() + i), 4095, b"x");
+        }
+        a.put_huge(head);
+        assert_eq!(a.cleared_huge_frames(), 1);
+        // Cleared at the free: the bytes are gone while it waits.
+        for i in [0, 7, 511] {
+            let mut b = [1u8];
+            a.read(Pfn::new(head.get() + i), 4095, &mut b);
+            assert_eq!(b, [0], "subframe {i} not cleared at free");
+        }
+        // Taken first, and not cleared again (a byte planted in the free
+        // frame, which only this test writes, is still there).
+        a.write(Pfn::new(head.get() + 9), 0, b"y");
+        let again = a.alloc_huge().unwrap();
+        assert_eq!(again, head);
+        let mut b = [0u8];
+        a.read(Pfn::new(head.get() + 9), 0, &mut b);
+        assert_eq!(b, *b"y", "a cleared huge frame was cleared again");
+        assert_eq!(a.cleared_huge_frames(), 0);
+        // An allocator that does not clear at free keeps it dirty.
+        let d = FrameAllocator::new(8 << 20, true);
+        d.put_huge(d.alloc_huge().unwrap());
+        assert_eq!((d.free_huge_frames(), d.cleared_huge_frames()), (1, 0));
+        a.put_huge(again);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 use super::account::Registry;
 use super::cache::{CpuFrames, Pool};
 use super::chunk::{ChunkDir, DIR_CHUNKS};
+use super::huge::HugeFree;
 use super::{Pfn, CHUNK_FRAMES};
 use crate::addr::PAGE_SIZE;
 use crate::percpu::PerCpu;
@@ -58,11 +59,11 @@ pub struct Phys {
     ///
     /// Protected by: its own mutex (see `account`).
     pub(super) accounts: Registry,
-    /// Huge frames freed whole (first frame numbers; their memory may
-    /// hold their last user's bytes): see `huge`.
+    /// Huge frames freed whole (first frame numbers), dirty ones apart
+    /// from those cleared when freed: see `huge`.
     ///
     /// Protected by: its mutex.
-    pub(super) huge: Mutex<Vec<Pfn>>,
+    pub(super) huge: Mutex<HugeFree>,
 }
 
 // SAFETY: chunk memory is only reached through atomic word accesses or by
@@ -95,7 +96,7 @@ impl Phys {
             cpus: PerCpu::new(CpuFrames::new),
             reserved: CounterU64::new(0),
             accounts: Registry::new(),
-            huge: Mutex::new(Vec::new()),
+            huge: Mutex::new(HugeFree::default()),
         })
     }
 

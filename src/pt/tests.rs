@@ -380,3 +380,38 @@ fn checked_walk_makes_tables_only_while_valid() {
     // The sweep runs over tables and empty slots alike.
     p.sweep(Range::new(0, 1 << 47), &g);
 }
+
+#[test]
+fn update_inside_a_leaf_splits_it_only_for_a_change() {
+    let p = pt();
+    let g = p.pin();
+    let va = 0x7f00_0040_0000;
+    let leaf = Pte::new(
+        Pfn::new(512),
+        PteFlags::USER | PteFlags::WRITE | PteFlags::HUGE,
+    );
+    p.install_huge(va, leaf, &g, || true).unwrap();
+    let page = va + 5 * PAGE_SIZE;
+    let view = leaf.subpage(5);
+    // Nothing changed, or the same entry back: the leaf stays whole.
+    let mut seen = None;
+    assert_eq!(
+        p.update(page, &g, |cur| {
+            seen = Some(cur);
+            None
+        }),
+        None
+    );
+    assert_eq!(seen, Some(view), "the page's 4 KiB view");
+    assert_eq!(p.update(page, &g, Some), Some(view));
+    assert_eq!(p.huge_at(va, &g), Some(leaf));
+    assert_eq!(p.splits(), 0);
+    // A 4 KiB change: split, that page changed, the rest as they were.
+    let ro = Pte::new(view.pfn(), PteFlags::USER);
+    assert_eq!(p.update(page, &g, |_| Some(ro)), Some(ro));
+    assert_eq!(p.huge_at(va, &g), None);
+    assert_eq!(p.splits(), 1);
+    assert_eq!(p.lookup(page, &g), ro);
+    assert_eq!(p.lookup(va + 6 * PAGE_SIZE, &g), leaf.subpage(6));
+    assert_eq!(p.lookup(va, &g), leaf.subpage(0));
+}

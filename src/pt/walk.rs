@@ -243,6 +243,20 @@ impl PageTable {
     /// page ([`Pte::subpage`]).
     #[inline]
     pub fn lookup(&self, va: u64, g: &Guard) -> Pte {
+        let p = self.lookup_entry(va, g);
+        if p.is_huge() {
+            p.subpage(index(va, 0) as u32)
+        } else {
+            p
+        }
+    }
+
+    /// The entry that maps `va` (lock-free), as it is: a PTE, or the PMD
+    /// leaf whose 2 MiB hold `va` (with [`PteFlags::HUGE`](super::PteFlags::HUGE)
+    /// and its first frame), for a reader that caches a leaf as one
+    /// translation (a translator); `Pte::NONE` if absent.
+    #[inline]
+    pub fn lookup_entry(&self, va: u64, g: &Guard) -> Pte {
         let Some(pmd) = self.table_at(va, 1, Make::No, g) else {
             return Pte::NONE;
         };
@@ -253,7 +267,7 @@ impl PageTable {
             let t = unsafe { &*((v & !TABLE_BIT) as *const Table) };
             Pte(t.entries[index(va, 0)].load(Ordering::Acquire))
         } else if v != 0 {
-            leaf_pte(v).subpage(index(va, 0) as u32)
+            leaf_pte(v)
         } else {
             Pte::NONE
         }
@@ -335,15 +349,13 @@ impl PageTable {
 
     /// Under the PTE table's lock, replaces the entry for `va` with
     /// `f(current)` when that is `Some`. Returns the new entry, or `None`
-    /// if nothing changed (including when no table exists). A PMD leaf
-    /// covering `va` is split first (a 4 KiB change of a 2 MiB page).
+    /// if nothing changed (including when no table exists). Inside a PMD
+    /// leaf, `f` gets the page's 4 KiB view under the PMD table's lock,
+    /// and the leaf is split only if `f` changes it (a 4 KiB change of a
+    /// 2 MiB page, stored in the split's table under the same hold).
     pub fn update(&self, va: u64, g: &Guard, f: impl FnOnce(Pte) -> Option<Pte>) -> Option<Pte> {
-        let t = match self.pte_table(va, Make::No, g) {
-            Some(t) => t,
-            None => {
-                self.split_huge(va, g);
-                self.pte_table(va, Make::No, g)?
-            }
+        let Some(t) = self.pte_table(va, Make::No, g) else {
+            return self.update_in_leaf(va, g, f);
         };
         let e = &t.entries[index(va, 0)];
         let _l = t.lock.lock();
@@ -356,6 +368,48 @@ impl PageTable {
             _ => {}
         }
         Some(new)
+    }
+
+    /// [`update`](Self::update) where no PTE table covers `va`: a PMD
+    /// leaf's page (see there), or nothing. The split's table is made
+    /// before the PMD lock is taken (the lock order) and given back when
+    /// `f` changes nothing.
+    fn update_in_leaf(
+        &self,
+        va: u64,
+        g: &Guard,
+        f: impl FnOnce(Pte) -> Option<Pte>,
+    ) -> Option<Pte> {
+        let (pmd, e) = self.pmd_slot(va, g)?;
+        if !is_leaf(e.load(Ordering::Acquire)) {
+            // Split or linked since the walk: a table's entry now (or
+            // nothing at all).
+            self.pte_table(va, Make::No, g)?;
+            return self.update(va, g, f);
+        }
+        let Some((l, v, table)) = self.lock_leaf(pmd, e) else {
+            // Split or zapped since: `f` not called yet, so look again.
+            return self.update(va, g, f);
+        };
+        let leaf = leaf_pte(v);
+        let i = index(va, 0);
+        let cur = leaf.subpage(i as u32);
+        let new = f(cur);
+        match new {
+            Some(new) if new != cur => {
+                self.link_split(
+                    e,
+                    table,
+                    |j| if j == i { new } else { leaf.subpage(j as u32) },
+                );
+                drop(l);
+            }
+            _ => {
+                drop(l);
+                self.free_unlinked_table(table);
+            }
+        }
+        new
     }
 
     /// If no table maps `va` at some level above the PTEs, the bytes from

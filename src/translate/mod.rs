@@ -11,7 +11,9 @@
 //! A hit is a few instructions and writes one shared line: the
 //! translator's own slot (`busy` set and cleared around the access), which
 //! no other thread writes. It reads the space's flush generation (a line
-//! no one writes in steady state), the fence mode, and the frame.
+//! no one writes in steady state), the fence mode, and the frame. A miss
+//! also counts itself (`translator_walks` or `translator_huge_hits`) in
+//! the space's statistics slot of its CPU, a line no other CPU writes.
 //!
 //! Flushes (munmap, mprotect, mremap, madvise, copy-on-write breaks, fork)
 //! invalidate every translator before they return: see `tlb` for
@@ -27,6 +29,19 @@
 //! instructions, at any alignment inside a cache line (see `atomic` for
 //! what a misaligned one guarantees, and [`SplitLock`] for operands
 //! across lines and pages).
+//!
+//! A PMD leaf (a transparent huge page) is also cached as one 2 MiB
+//! entry, in a small direct-mapped array beside the 4 KiB one: a 4 KiB
+//! miss inside it fills the 4 KiB entry from it, with no walk
+//! (`translator_huge_hits`; misses that walk count `translator_walks`).
+//! It obeys the same flushes: dropped with the 4 KiB entries at every
+//! generation change. A split needs no flush (its 512 PTEs translate as
+//! the leaf did, see `pt::huge`), so a 2 MiB entry cached before a split
+//! stays right until a change of one of its pages, which flushes (a zap,
+//! mprotect, a copy-on-write break, a write-protection); a change that
+//! flushes nothing only adds rights, which the entry then lacks (its
+//! accesses miss and walk). Loom builds never cache one: their frame
+//! chunks are too small for a huge frame's 2 MiB to be contiguous.
 //!
 //! The shared zero page is never cached: a read of a never-written page
 //! walks the page table each time, so the write fault that replaces the
@@ -74,13 +89,19 @@ use crate::addr::PAGE_SIZE;
 use crate::error::{FaultError, MemoryFault};
 use crate::mm::{Access, AddressSpace};
 use crate::pt::PteFlags;
+use crate::stats::Event;
 use crate::sync::asymmetric;
 use crate::sync::{AtomicU64, Ordering};
 use crate::tlb::TranslatorRef;
 
 /// Entries in a translator (direct-mapped by page number).
 const ENTRIES: usize = 256;
+/// 2 MiB entries in a translator (direct-mapped by huge page number).
+const HUGE_ENTRIES: usize = 8;
 const PAGE_MASK: u64 = !(PAGE_SIZE - 1);
+/// Bytes a 2 MiB entry covers (a PMD leaf).
+const HUGE_SPAN: u64 = 2 << 20;
+const HUGE_MASK: u64 = !(HUGE_SPAN - 1);
 /// Permission bits of a tag, below the page number and above the
 /// alignment bits of an 8-byte access (which a tag keeps zero, so that
 /// the hit check also checks alignment). Write implies read (an entry is
@@ -116,6 +137,17 @@ const EMPTY: Entry = Entry {
 #[inline(always)]
 fn index(addr: u64) -> usize {
     (addr / PAGE_SIZE) as usize % ENTRIES
+}
+
+#[inline(always)]
+fn huge_index(addr: u64) -> usize {
+    (addr / HUGE_SPAN) as usize % HUGE_ENTRIES
+}
+
+/// The permission bits of a tag for what an entry allows.
+fn tag_bits((r, w, x): Perms) -> u64 {
+    let bit = |ok: bool, b: u64| if ok { b } else { 0 };
+    bit(r, R) | bit(w, W) | bit(x, X)
 }
 
 /// What a translation found inside an access.
@@ -178,6 +210,11 @@ pub struct Translator<'a> {
     /// The generation the entries belong to.
     gen: u64,
     entries: [Entry; ENTRIES],
+    /// PMD leaves cached as one translation each: `tag` is the 2 MiB
+    /// span's address | its permissions, `base` its first byte. A miss of
+    /// `entries` inside one fills the 4 KiB entry from it with no walk;
+    /// dropped with `entries` (same generation, same flushes).
+    huge: [Entry; HUGE_ENTRIES],
     /// An owned translator's space, which `mm` points into; declared last
     /// so that it is dropped after `Drop::drop` used `mm`.
     _owner: Option<std::sync::Arc<AddressSpace>>,
@@ -225,6 +262,7 @@ impl<'a> Translator<'a> {
             gen: slot.acked.load(Ordering::Relaxed),
             slot,
             entries: [EMPTY; ENTRIES],
+            huge: [EMPTY; HUGE_ENTRIES],
             _owner: owner,
         }
     }
@@ -259,6 +297,7 @@ impl<'a> Translator<'a> {
     #[cold]
     fn drop_entries(&mut self, gen: u64) {
         self.entries.fill(EMPTY);
+        self.huge.fill(EMPTY);
         self.gen = gen;
         self.slot.acked.store(gen, Ordering::Release);
     }
@@ -275,19 +314,40 @@ impl<'a> Translator<'a> {
         ((e.tag ^ (addr | need)) & (PAGE_MASK | need | (align - 1)) == 0).then_some(e.base)
     }
 
-    /// Inside an access: translates `page` from the cache, or walks the
-    /// page table and caches what it finds.
+    /// Inside an access: translates `page` from the cache (a 4 KiB
+    /// entry, or a 2 MiB one, from which the 4 KiB entry is filled), or
+    /// walks the page table and caches what it finds (a PMD leaf also as
+    /// a 2 MiB entry).
     fn translate(&mut self, page: u64, access: Access) -> Lookup {
-        if let Some(base) = self.hit(page, perm(access), 1) {
+        let need = perm(access);
+        if let Some(base) = self.hit(page, need, 1) {
             return Lookup::Frame(base);
         }
-        let (l, perms) = walk(self.mm, page, access);
+        let h = self.huge[huge_index(page)];
+        if (h.tag ^ (page | need)) & (HUGE_MASK | need) == 0 {
+            // SAFETY: a cached 2 MiB entry's base is the first byte of a
+            // huge frame's contiguous 2 MiB (`huge_frame_ptr`); the offset
+            // is below 2 MiB.
+            let base = unsafe { h.base.add((page & !HUGE_MASK) as usize) };
+            let tag = page | (h.tag & (R | W | X));
+            self.entries[index(page)] = Entry { tag, base };
+            self.mm.stats.inc(Event::translator_huge_hits);
+            return Lookup::Frame(base);
+        }
+        self.mm.stats.inc(Event::translator_walks);
+        let (l, perms, huge) = walk(self.mm, page, access);
         if let Lookup::Frame(base) = l {
-            let bit = |ok: bool, b: u64| if ok { b } else { 0 };
+            let tag = tag_bits(perms);
             self.entries[index(page)] = Entry {
-                tag: page | bit(perms.0, R) | bit(perms.1, W) | bit(perms.2, X),
+                tag: page | tag,
                 base,
             };
+            if let Some(span) = huge {
+                self.huge[huge_index(page)] = Entry {
+                    tag: (page & HUGE_MASK) | tag,
+                    base: span,
+                };
+            }
         }
         l
     }
@@ -351,10 +411,28 @@ impl<'a> Translator<'a> {
 type Perms = (bool, bool, bool);
 
 /// Walks `mm`'s page table for `page`: what it maps if that allows the
-/// access, and what the entry allows.
-fn walk(mm: &AddressSpace, page: u64, access: Access) -> (Lookup, Perms) {
+/// access, what the entry allows, and, if a PMD leaf of a huge frame maps
+/// it, the first byte of the leaf's 2 MiB.
+fn walk(mm: &AddressSpace, page: u64, access: Access) -> (Lookup, Perms, Option<*mut u8>) {
     let g = mm.pt.pin();
-    let pte = mm.pt.lookup(page, &g);
+    let entry = mm.pt.lookup_entry(page, &g);
+    let (pte, huge) = if entry.is_huge() {
+        let sub = ((page & !HUGE_MASK) / PAGE_SIZE) as u32;
+        (entry.subpage(sub), entry.frame())
+    } else {
+        (entry, None)
+    };
+    let (l, perms) = walk_entry(mm, pte, access);
+    let span = match l {
+        Lookup::Frame(_) => huge.and_then(|head| mm.frames.huge_frame_ptr(head)),
+        _ => None,
+    };
+    (l, perms, span)
+}
+
+/// What the 4 KiB entry `pte` maps if it allows the access, and what it
+/// allows.
+fn walk_entry(mm: &AddressSpace, pte: crate::pt::Pte, access: Access) -> (Lookup, Perms) {
     let f = pte.flags();
     if !pte.is_present() || !f.contains(PteFlags::USER) {
         return (Lookup::Fault, (false, false, false));
@@ -415,8 +493,10 @@ impl Drop for Translator<'_> {
 impl core::fmt::Debug for Translator<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         let cached = self.entries.iter().filter(|e| e.tag != 0).count();
+        let huge = self.huge.iter().filter(|e| e.tag != 0).count();
         f.debug_struct("Translator")
             .field("cached", &cached)
+            .field("cached_2m", &huge)
             .field("gen", &self.gen)
             .field("owned", &self._owner.is_some())
             .finish()

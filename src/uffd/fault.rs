@@ -137,6 +137,12 @@ pub(crate) fn missing_fault(
     }
 }
 
+/// Whether the context `vma` (held) is registered to resolves
+/// write-protect faults itself (`wp_async`), with no handler.
+pub(crate) fn wp_is_async(vma: &Vma) -> bool {
+    vma.uffd_arc().is_some_and(|c| c.wp_async)
+}
+
 /// A write to `pte`, write-protected for the handler of `vma` (held): an
 /// async context only clears the bit (the caller looks again and handles
 /// a plain write fault), else the fault waits for the handler.
@@ -147,8 +153,7 @@ pub(crate) fn wp_fault(
     pte: Pte,
     g: &Guard,
 ) -> Result<(), Step> {
-    let is_async = vma.uffd_arc().is_some_and(|c| c.wp_async);
-    if !is_async {
+    if !wp_is_async(vma) {
         return Err(deliver(
             mm,
             vma,

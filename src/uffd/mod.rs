@@ -73,7 +73,7 @@ mod wp;
 
 pub(crate) use crate::vma::userfault::UffdCtx;
 pub use crate::vma::userfault::{Event, FaultKind, ReadWrite};
-pub(crate) use fault::{missing_fault, wp_fault, Waiter};
+pub(crate) use fault::{missing_fault, wp_fault, wp_is_async, Waiter};
 pub use fill::FillError;
 pub use register::{IoctlFlags, RegisterMode};
 pub use scan::{PageCategories, PageRegion, ScanArgs, ScanFlags, ScanResult};

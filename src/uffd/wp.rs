@@ -14,6 +14,12 @@
 //! mprotect (never made writable by it) and in the parent of a fork; a
 //! fork child, an mremap'd copy and an unregistered range lose it.
 //!
+//! A 2 MiB page (PMD leaf) wholly inside the range is protected, and
+//! un-protected, as one leaf (`pt::range`'s rewrite of a leaf keeps it
+//! whole where its 512 new entries still form one), so a handler that
+//! protects and un-protects whole huge pages never splits them; one only
+//! partly inside is split first, as in Linux.
+//!
 //! # Locking
 //!
 //! The mmap_lock read side (the VMAs and their flags stay put), then

@@ -19,6 +19,14 @@
 //!   a write fault would (`uffd::scan` and `mm::soft_dirty` keep pinned
 //!   pages written at their resets).
 //!
+//! A page inside a 2 MiB page (a PMD leaf) that the mapping owns is
+//! pinned under the PMD table's lock with the leaf kept whole (its one
+//! soft-dirty bit set, as Linux's GUP dirties the PMD); one it does not
+//! own (the huge zero page, a huge page shared with a fork relative) is
+//! unshared by a 4 KiB copy, which splits the leaf, as Linux's unsharing
+//! of a shared THP does; an async write-protected leaf is split as the
+//! write fault Linux takes there would split it.
+//!
 //! A pinned page stays its mapping's own while pinned: a write fault
 //! reuses it (pins are not counted as sharers, see `phys::chunk`) and
 //! fork copies it for the child (`mm::fork`).
@@ -29,11 +37,12 @@
 //! frame allocator's and the TLB flush lock. Faulting a page in happens
 //! with no lock held, in the caller. Order: [`crate::mm`].
 
+use crate::addr::PAGE_SIZE;
 use crate::mm::anon_vma::anon_vma_prepare;
 use crate::mm::mmap_lock::MmapReadGuard;
 use crate::mm::{AddressSpace, MmState};
 use crate::phys::Pfn;
-use crate::pt::{Pte, PteFlags};
+use crate::pt::{Pte, PteFlags, HUGE_SIZE};
 use crate::reclaim::Guard;
 use crate::tlb::Gather;
 use crate::vma::{VmFlags, Vma};
@@ -71,6 +80,14 @@ pub(super) fn pin_page(
             continue;
         }
         let async_wp = f.contains(PteFlags::UFFD_WP) && vma.uffd_arc().is_some_and(|c| c.wp_async);
+        if !async_wp {
+            if let Some(leaf) = mm.pt.huge_at(page, &g) {
+                match pin_in_leaf(mm, page, leaf, write, &g) {
+                    Some(pfn) => return Ok(pfn),
+                    None => continue,
+                }
+            }
+        }
         let mut pinned = false;
         mm.pt.update(page, &g, |cur| {
             // Ownership changes only with the entry (fork, which would
@@ -91,6 +108,28 @@ pub(super) fn pin_page(
             return Ok(pte.pfn());
         }
     }
+}
+
+/// Pins the subframe of the PMD leaf `leaf` that maps `page` (a private
+/// mapping's own, writable if `write`: checked again), under the PMD
+/// table's lock, which every change of the leaf takes, and marks the
+/// whole leaf soft-dirty (one bit per PMD entry, as Linux's GUP dirties
+/// the PMD): the leaf stays whole. `None` if the leaf changed meanwhile
+/// (the caller looks again).
+fn pin_in_leaf(mm: &AddressSpace, page: u64, leaf: Pte, write: bool, g: &Guard) -> Option<Pfn> {
+    let sub = leaf.subpage(((page % HUGE_SIZE) / PAGE_SIZE) as u32).pfn();
+    let mut pinned = false;
+    mm.pt.update_huge(page, g, |cur| {
+        if cur != leaf || (write && !cur.is_writable()) || !owned(mm, sub) {
+            return None;
+        }
+        mm.frames.pin(sub);
+        pinned = true;
+        let nf = leaf.flags() | PteFlags::SOFT_DIRTY;
+        // Only a bit recorded: nothing to flush.
+        (nf != leaf.flags()).then(|| Pte::new(leaf.pfn(), nf))
+    });
+    pinned.then_some(sub)
 }
 
 /// Whether a private mapping's entry owns `pfn`: a frame of its own (the
