@@ -145,6 +145,9 @@ counters! {
     spec_abort_stamp,
     /// Speculative attempts abandoned: no free frame (PerVma retries).
     spec_abort_oom,
+    /// Speculative faults that gave their VMA its first anon_vma (its
+    /// first write), under the mmap_lock read side, try-locked.
+    spec_anon_vma_prepared,
     /// Faults handed to a userfault handler (events queued).
     userfaults,
     /// Writes to write-protected pages resolved without a handler (the

@@ -177,11 +177,11 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
     }
     // A missing page of a registered VMA is the handler's: only the
     // locked paths deliver userfaults.
-    if !v.is_anonymous()
-        || (access == Access::Write && !v.has_anon_vma())
-        || flags.contains(VmFlags::UFFD_MISSING)
-    {
+    if !v.is_anonymous() || flags.contains(VmFlags::UFFD_MISSING) {
         return Err(Event::spec_abort_needs_more);
+    }
+    if access == Access::Write && !v.has_anon_vma() {
+        prepare_anon_vma(mm, &v, stamp)?;
     }
     let page = page_align_down(addr);
     // Huge pages are installed only with the VMA held (`mm::thp`): where
@@ -263,4 +263,29 @@ fn candidate(mm: &AddressSpace, v: &VmaRef, addr: u64) -> Result<(u64, VmFlags, 
         return Err(Event::spec_abort_lookup);
     }
     Ok((stamp, flags, range))
+}
+
+/// Step 4a: the first write of a VMA gives it its anon_vma here, as the
+/// per-VMA path would (Linux's `vmf_anon_prepare`): under the mmap_lock
+/// read side, only try-locked, with the stamp validated under it. Every
+/// writer that reads or changes a VMA's anon_vma (merges, splits, fork,
+/// mremap, munmap, reuse) holds the write side and stamps the VMAs it
+/// changes, so a stamp still equal to the snapshot's under the read side
+/// means the VMA is the one we copied, attached, and stays so until we
+/// drop it: the same hold the per-VMA path's prepare has (its VMA read
+/// lock adds nothing once the mmap_lock is held). The stamp does not
+/// move (filling the pointer is no write section), so the install goes
+/// on with the same snapshot.
+fn prepare_anon_vma(mm: &AddressSpace, v: &VmaRef, stamp: u64) -> Result<(), Event> {
+    let Some(_st) = mm.mmap_lock.try_read() else {
+        return Err(Event::spec_abort_needs_more);
+    };
+    // The read side synchronized with the last writer's release: a stamp
+    // any writer stored since the snapshot is visible now.
+    if v.lock.stamp() != stamp {
+        return Err(Event::spec_abort_stamp);
+    }
+    crate::mm::anon_vma::anon_vma_prepare(mm, v, false)?;
+    mm.stats.inc(Event::spec_anon_vma_prepared);
+    Ok(())
 }
