@@ -315,28 +315,30 @@ fn spec_first_write_vs_neighbour_merge() {
 }
 
 /// The first write of `V = [A, A + 2 pages)` (no anon_vma yet) races
-/// munmap of `V` and an mmap at `C` that recycles `V`'s object. The
-/// prepare must act only on the VMA it snapshotted: a recycled object
-/// given an anon_vma from its old life would keep it, filed under its
-/// old start, in its new one. Afterwards the entries agree with the VMAs,
-/// every page of a VMA with an anon_vma is in its family's rmap, and,
-/// all unmapped, no frame is left. Catches: the stamp re-read under the
-/// mmap_lock in `prepare_anon_vma` deleted (`if v.lock.stamp() != stamp
-/// { return Err(..) }`): the prepare then links the detached object, and
-/// the VMA at `C` inherits that stale link.
+/// munmap of `V` and an mmap at `B`, below `A`, that recycles `V`'s
+/// object. The prepare must act only on the VMA it snapshotted: a freed
+/// object given an anon_vma would keep it, filed under its old start, in
+/// its next life. Afterwards the entries agree with the VMAs, every page
+/// of a VMA with an anon_vma is in its family's rmap, and, all unmapped,
+/// no frame is left. Catches: the stamp re-read under the mmap_lock in
+/// `prepare_anon_vma` deleted (`if v.lock.stamp() != stamp { return
+/// Err(..) }`): the prepare then links the freed object, and the VMA at
+/// `B` inherits that link under `A`'s key, above `B`'s page offset, where
+/// the walk does not look.
 #[test]
 fn spec_first_write_vs_munmap_reuse() {
+    const B: u64 = 0x2000_0000;
     model(|| {
         let mm = space();
         mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
         let t = spawn_spec(&mm, A);
         mm.munmap(A, 2 * PAGE_SIZE).unwrap();
-        mm.mmap(C, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.mmap(B, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
         t.join().unwrap();
         assert!(mm.stats().vma_reused >= 1, "the object was recycled");
         loom_door::check_ptes(&mm).unwrap();
         common::check_rmap(&mm);
-        mm.munmap(C, 2 * PAGE_SIZE).unwrap();
+        mm.munmap(B, 2 * PAGE_SIZE).unwrap();
         assert_eq!(mm.frames_used(), 0, "a frame leaked");
     });
 }
