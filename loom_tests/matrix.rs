@@ -15,9 +15,10 @@
 /// forced access, which writes pages no writable entry maps; and a file
 /// object's writeback, which reads the object's pages without its size
 /// lock.
-const READERS: [&str; 9] = [
+const READERS: [&str; 10] = [
     "speculative fault",
     "speculative fault via VMA hint",
+    "speculative first write (anon_vma prepare)",
     "per-VMA fault",
     "translator access",
     "instruction fetch",
@@ -87,6 +88,12 @@ const NEW_LEAF: Cell = Apart("a huge fault only fills an empty PMD slot (under t
 /// speculative fault's models.
 const HINT: &str = "a hinted VMA is validated as a tree result is (stamp below the sequence, space, range, attachment, then the stamp re-read under the PTE lock): the writer's stamp and sweep order it alike";
 
+/// A speculative first write prepares the anon_vma under the mmap_lock
+/// read side, stamp re-read under it.
+const PREPARE_LOCKED_OUT: Cell = Apart("serialized by the mmap_lock: the prepare holds its read side (try-locked) with the stamp re-read under it, the writer its write side from its anon_vma reads to its end; its install afterwards is the speculative fault's cell");
+/// Why a first write's install shares the speculative fault's models.
+const PREPARE_THEN_INSTALL: &str = "runs under the mmap_lock read side beside the prepare but reads and changes no anon_vma; the install after the prepare is the speculative fault's, ordered by the same stamp and PTE lock";
+
 /// File writeback reads the object's own pages, never entries or VMA fields.
 const WB_OWN_PAGES: Cell = Apart("writeback holds the object (its Arc) and reads the object's pages through its tree, each under a frame reference taken while the frame lives; this writer changes entries or VMAs, never the object's slots");
 
@@ -133,6 +140,29 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("speculative fault via VMA hint", "uffd write-protect", Apart("write-protect rewrites present entries under the PTE lock; the speculative fault installs only into an empty entry under the same lock, so each sees the other's result")),
     ("speculative fault via VMA hint", "memfd shrink", SPEC_NO_OBJECT),
     ("speculative fault via VMA hint", "fork", Shares("spec_writers.rs", "spec_fault_vs_fork", HINT)),
+    // The speculative fault's first write in a VMA: its anon_vma prepared
+    // under the mmap_lock read side (try-locked), the stamp re-read under
+    // it (mm/spec_fault.rs, "The first write"), then the install above.
+    ("speculative first write (anon_vma prepare)", "munmap", Model("spec_writers.rs", "spec_first_write_vs_munmap_reuse")),
+    ("speculative first write (anon_vma prepare)", "mprotect", Model("spec_writers.rs", "spec_first_write_vs_neighbour_merge")),
+    ("speculative first write (anon_vma prepare)", "mremap move", PREPARE_LOCKED_OUT),
+    ("speculative first write (anon_vma prepare)", "mremap grow", PREPARE_LOCKED_OUT),
+    ("speculative first write (anon_vma prepare)", "mremap shrink", PREPARE_LOCKED_OUT),
+    ("speculative first write (anon_vma prepare)", "mremap DONTUNMAP", PREPARE_LOCKED_OUT),
+    ("speculative first write (anon_vma prepare)", "madvise DONTNEED", Shares("spec_writers.rs", "spec_fault_vs_dontneed", PREPARE_THEN_INSTALL)),
+    ("speculative first write (anon_vma prepare)", "madvise REMOVE", SPEC_NO_OBJECT),
+    ("speculative first write (anon_vma prepare)", "madvise FREE", Shares("spec_writers.rs", "spec_fault_vs_madv_free", PREPARE_THEN_INSTALL)),
+    ("speculative first write (anon_vma prepare)", "brk", PREPARE_LOCKED_OUT),
+    ("speculative first write (anon_vma prepare)", "mlock", PREPARE_LOCKED_OUT),
+    ("speculative first write (anon_vma prepare)", "set_anon_name", PREPARE_LOCKED_OUT),
+    ("speculative first write (anon_vma prepare)", "uffd register", PREPARE_LOCKED_OUT),
+    ("speculative first write (anon_vma prepare)", "uffd unregister", PREPARE_LOCKED_OUT),
+    ("speculative first write (anon_vma prepare)", "uffd write-protect", Apart("write-protect rewrites present entries (under the mmap_lock read side and the PTE lock) and reads no anon_vma; the install after the prepare fills only an empty entry under the same lock")),
+    ("speculative first write (anon_vma prepare)", "memfd shrink", SPEC_NO_OBJECT),
+    ("speculative first write (anon_vma prepare)", "fork", Model("spec_writers.rs", "spec_first_write_vs_fork")),
+    ("speculative first write (anon_vma prepare)", "THP split", Shares("thp.rs", "lookup_vs_split", "a split rewrites a leaf's entries under the PMD lock and reads no anon_vma, so it cannot meet the prepare; the install after it is the speculative fault's against a split")),
+    ("speculative first write (anon_vma prepare)", "THP fault", Apart("a huge fault prepares the anon_vma the same way (mmap_lock read side, compare-exchange under the family's lock): one links it, the other adopts it")),
+    ("speculative first write (anon_vma prepare)", "THP collapse", PREPARE_LOCKED_OUT),
     // The per-VMA fault: holds the VMA's read lock.
     ("per-VMA fault", "munmap", Model("fault.rs", "fault_vs_munmap_same_page")),
     ("per-VMA fault", "mprotect", Model("fault.rs", "write_vs_mprotect_read")),

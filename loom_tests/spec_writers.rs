@@ -285,3 +285,92 @@ fn spec_fault_in_shared_table_vs_mremap() {
         assert_eq!(mm.mremap(A, 2 * PAGE_SIZE, 2 * PAGE_SIZE, flags, C), Ok(C));
     });
 }
+
+/// The first write of a small VMA `V = [A + 2 pages, A + 4 pages)`, which
+/// has no anon_vma yet, prepares one on the speculative path
+/// (`spec_fault::prepare_anon_vma`) and installs its page. `N = [A, A +
+/// 2 pages)` below is read-only; `mprotect` makes it writable, so it
+/// merges into `V` (V's start moves down, re-keyed in the rmap only if V
+/// had an anon_vma when the merge decided, which it reads before it
+/// stamps V). Afterwards the entries agree with the VMAs and every page of
+/// the merged VMA is in its family's rmap. Catches: the mmap_lock
+/// try-lock in `prepare_anon_vma` deleted (`let Some(_st) =
+/// mm.mmap_lock.try_read() else ...`): the anon_vma then appears between
+/// the merge's decision and its move, filed under V's old start, and the
+/// walk misses the merged pages.
+#[test]
+fn spec_first_write_vs_neighbour_merge() {
+    model(|| {
+        let mm = space();
+        mm.mmap(A, 2 * PAGE_SIZE, Prot::READ, fixed()).unwrap();
+        mm.mmap(A + 2 * PAGE_SIZE, 2 * PAGE_SIZE, rw(), fixed())
+            .unwrap();
+        let t = spawn_spec(&mm, A + 2 * PAGE_SIZE);
+        mm.mprotect(A, 2 * PAGE_SIZE, rw()).unwrap();
+        t.join().unwrap();
+        assert_eq!(mm.vmas().len(), 1, "N merged into V");
+        loom_door::check_ptes(&mm).unwrap();
+        common::check_rmap(&mm);
+    });
+}
+
+/// The first write of `V = [A, A + 2 pages)` (no anon_vma yet) races
+/// munmap of `V` and an mmap at `B`, below `A`, that recycles `V`'s
+/// object. The prepare must act only on the VMA it snapshotted: a freed
+/// object given an anon_vma would keep it, filed under its old start, in
+/// its next life. Afterwards the entries agree with the VMAs, every page
+/// of a VMA with an anon_vma is in its family's rmap, and, all unmapped,
+/// no frame is left. Catches: the stamp re-read under the mmap_lock in
+/// `prepare_anon_vma` deleted (`if v.lock.stamp() != stamp { return
+/// Err(..) }`): the prepare then links the freed object, and the VMA at
+/// `B` inherits that link under `A`'s key, above `B`'s page offset, where
+/// the walk does not look.
+#[test]
+fn spec_first_write_vs_munmap_reuse() {
+    const B: u64 = 0x2000_0000;
+    model(|| {
+        let mm = space();
+        mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+        let t = spawn_spec(&mm, A);
+        mm.munmap(A, 2 * PAGE_SIZE).unwrap();
+        mm.mmap(B, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+        t.join().unwrap();
+        assert!(mm.stats().vma_reused >= 1, "the object was recycled");
+        loom_door::check_ptes(&mm).unwrap();
+        common::check_rmap(&mm);
+        mm.munmap(B, 2 * PAGE_SIZE).unwrap();
+        assert_eq!(mm.frames_used(), 0, "a frame leaked");
+    });
+}
+
+/// The first write of `V = [A, A + 2 pages)` (no anon_vma yet) races
+/// fork. Either the prepare and the install come first (the child gets a
+/// chained anon_vma and the page copy-on-write: it reads 0 after the
+/// parent stores 0x77, and the parent's walk lists the child) or fork
+/// does (the install fails on fork's stamp; the child has no entry).
+/// Afterwards both spaces' entries agree with their VMAs and both rmaps
+/// are exact. Catches: fork's `link_anon_vmas(&dups, &self.stats)`
+/// deleted (src/mm/fork.rs): a page installed before fork is copied into
+/// a child VMA with no anon_vma.
+#[test]
+fn spec_first_write_vs_fork() {
+    model(|| {
+        let mm = space();
+        mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+        let t = spawn_spec(&mm, A);
+        let child = mm.fork().unwrap();
+        t.join().unwrap();
+        if child.translate(A).is_some() {
+            let hits = mm.rmap_walk(A);
+            assert!(hits.iter().any(|h| h.mm_id == child.id()), "{hits:?}");
+        }
+        mm.write(A, &[0x77]).unwrap();
+        let mut x = [9u8; 1];
+        child.read(A, &mut x).unwrap();
+        assert_eq!(x, [0], "the parent's store reached the child");
+        loom_door::check_ptes(&mm).unwrap();
+        loom_door::check_ptes(&child).unwrap();
+        common::check_rmap(&mm);
+        common::check_rmap(&child);
+    });
+}

@@ -141,7 +141,8 @@ counters! {
     /// space covered the address, or the access was not allowed.
     spec_abort_lookup,
     /// Speculative attempts abandoned: the fault needs more than an
-    /// install (no anon_vma yet, a shared object, a copy-on-write).
+    /// install (a shared object, a copy-on-write, a huge page), or a first
+    /// write found the mmap_lock taken for its anon_vma.
     spec_abort_needs_more,
     /// Speculative attempts abandoned: the PTE table was missing, or its
     /// span is not wholly inside the VMA (a neighbour could have made it).
@@ -151,6 +152,9 @@ counters! {
     spec_abort_stamp,
     /// Speculative attempts abandoned: no free frame (PerVma retries).
     spec_abort_oom,
+    /// Speculative faults that gave their VMA its first anon_vma (its
+    /// first write), under the mmap_lock read side, try-locked.
+    spec_anon_vma_prepared,
     /// Faults handed to a userfault handler (events queued).
     userfaults,
     /// Writes to write-protected pages resolved without a handler (the

@@ -649,7 +649,7 @@ fn speculative_faults_record_writes() {
     let anon = aspace::MapFlags::PRIVATE | aspace::MapFlags::ANONYMOUS;
     let base = mm.mmap(0, len, rw, anon).unwrap();
     // A span of one PTE table inside the VMA; its first write gives the
-    // VMA its anon_vma and the span its table (per-VMA path).
+    // VMA its anon_vma and the span its table.
     let span = (base + (2 << 20) - 1) & !((2 << 20) - 1);
     mm.write(span, b"a").unwrap();
     mm.clear_refs(ClearRefs::SoftDirty);

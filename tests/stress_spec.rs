@@ -6,7 +6,12 @@
 //! KiB, several sharing each PTE table) while a thread mprotects, unmaps,
 //! remaps and moves the small VMAs between them. Zero lost bytes, no frame
 //! or table leaked, and the speculative path carries the faults of small
-//! VMAs (exactly all but the one per VMA that gives it its anon_vma).
+//! VMAs (all of them, the first write of each preparing its anon_vma).
+//! Last, first writes of many small VMAs (each remapped now and then, so
+//! it needs its anon_vma again) while their neighbours merge into them and
+//! split off again and fork runs: every pattern reads back in the parent
+//! and, exactly as it was at fork, in each child, whose reverse map must
+//! list both spaces.
 
 #[path = "common/rng.rs"]
 mod rng;
@@ -16,8 +21,8 @@ use aspace::{
     PAGE_SIZE,
 };
 use rng::XorShift;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, RwLock};
 use std::time::{Duration, Instant};
 
 const RW: Prot = Prot::READ.union(Prot::WRITE);
@@ -124,8 +129,9 @@ fn speculative_faults_lose_nothing() {
 /// Prints where faults went, and why speculative attempts fell back.
 fn print_faults(what: &str, s: &Stats) {
     println!(
-        "{what}: speculative {} per-VMA {} mmap_lock {}; aborts: locked {} lookup {} needs-more {} table {} stamp {} oom {}",
+        "{what}: speculative {} (anon_vma prepared {}) per-VMA {} mmap_lock {}; aborts: locked {} lookup {} needs-more {} table {} stamp {} oom {}",
         s.fault_speculative,
+        s.spec_anon_vma_prepared,
         s.fault_per_vma,
         s.fault_mmap_lock,
         s.spec_abort_locked,
@@ -169,10 +175,10 @@ fn aligned_area(mm: &AddressSpace, bytes: u64) -> u64 {
     (r + PMD - 1) & !(PMD - 1)
 }
 
-/// Single-threaded faults in small VMAs go speculative: reads all (the
-/// zero page needs nothing), writes all but the first of each VMA (which
-/// gives it its anon_vma on the per-VMA path), in fresh spans (the
-/// speculative path makes the PTE table) and in spans other VMAs share.
+/// Single-threaded faults in small VMAs all go speculative: reads (the
+/// zero page needs nothing) and writes, the first of each VMA giving it
+/// its anon_vma on the speculative path, in fresh spans (the speculative
+/// path makes the PTE table) and in spans other VMAs share.
 #[test]
 fn small_vma_faults_are_speculative() {
     let mm = AddressSpace::new(Config::with_locking(FaultLocking::Speculative));
@@ -190,15 +196,19 @@ fn small_vma_faults_are_speculative() {
             }
         }
         let s1 = mm.stats();
-        let locked = if access == Access::Write {
+        let prepared = if access == Access::Write {
             vmas.len() as u64
         } else {
             0
         };
         assert_eq!(s1.faults() - s0.faults(), pages, "{s1:?}");
-        assert_eq!(s1.fault_per_vma - s0.fault_per_vma, locked, "{s1:?}");
-        let spec = s1.fault_speculative - s0.fault_speculative;
-        assert_eq!(spec, pages - locked, "{access:?}: {s1:?}");
+        assert_eq!(
+            s1.fault_speculative - s0.fault_speculative,
+            pages,
+            "{access:?}: {s1:?}"
+        );
+        let got = s1.spec_anon_vma_prepared - s0.spec_anon_vma_prepared;
+        assert_eq!(got, prepared, "{access:?}: {s1:?}");
     }
 }
 
@@ -331,4 +341,171 @@ fn small_vmas_under_neighbour_churn() {
     mm.munmap(base, BYTES).unwrap();
     assert_eq!(mm.frames_used(), 0, "frames leaked");
     assert_eq!(mm.page_table_bytes(), PAGE_SIZE, "a table outlived munmap");
+}
+
+/// Pages of each worker-owned VMA in [`first_writes_under_merge_split_fork`].
+const FW_PAGES: u64 = 4;
+/// Worker-owned VMAs per worker there.
+const FW_SLOTS: u64 = 24;
+
+/// The first write of a small VMA prepares its anon_vma on the speculative
+/// path; this races it with everything that reads or moves anon_vmas.
+/// Slot `i` is a hole, a neighbour `N` of 2 pages, then `W` of 4 pages
+/// right above it, owned by worker `i % 2`. Workers remap
+/// their `W` now and then (fresh: no anon_vma, the next write is a first
+/// write again), write a pattern into each page and read them back. The
+/// churner makes `N` writable (`W` absorbs it, its start moving down,
+/// unless their anon_vmas differ) and read-only again (a split), writes
+/// `N` now and then (so it has an anon_vma of its own), and remaps it. A
+/// forker forks while no worker or churner is inside a call (a gate): each
+/// child must read exactly the recorded pattern of every page, every page
+/// of every parent VMA with an anon_vma must be in its family's reverse
+/// map, and each written page's walk must list it in both spaces (the
+/// child's anon_vma chained to the parent's).
+#[test]
+fn first_writes_under_merge_split_fork() {
+    let slot = (FW_PAGES + 3) * PAGE_SIZE;
+    // N, then W: a merge moves W's start (its rmap key).
+    let slots = 2 * FW_SLOTS;
+    let mm = Arc::new(AddressSpace::new(Config::with_locking(
+        FaultLocking::Speculative,
+    )));
+    let base = aligned_area(&mm, slots * slot);
+    let n = move |i: u64| base + i * slot + PAGE_SIZE;
+    let w = move |i: u64| n(i) + 2 * PAGE_SIZE;
+    for i in 0..slots {
+        mm.mmap(w(i), FW_PAGES * PAGE_SIZE, RW, FIXED).unwrap();
+        mm.mmap(n(i), 2 * PAGE_SIZE, Prot::READ, FIXED).unwrap();
+    }
+    // What each worker page holds (0: nothing written since its remap),
+    // changed only under the gate's read side, together with the page.
+    let expect: Arc<Vec<AtomicU64>> =
+        Arc::new((0..slots * FW_PAGES).map(|_| AtomicU64::new(0)).collect());
+    let gate = Arc::new(RwLock::new(()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(5));
+    let mut hs = Vec::new();
+    for t in 0..2u64 {
+        let (mm, stop, start) = (mm.clone(), stop.clone(), start.clone());
+        let (expect, gate) = (expect.clone(), gate.clone());
+        hs.push(std::thread::spawn(move || {
+            let mut rng = XorShift::new(0xf1f1 + t);
+            let mut gen = 0u64;
+            start.wait();
+            while !stop.load(Ordering::Relaxed) {
+                let i = 2 * (rng.next_u64() % FW_SLOTS) + t;
+                if rng.next_u64() % 2 == 0 {
+                    let _g = gate.read().unwrap();
+                    mm.munmap(w(i), FW_PAGES * PAGE_SIZE).unwrap();
+                    mm.mmap(w(i), FW_PAGES * PAGE_SIZE, RW, FIXED).unwrap();
+                    for p in 0..FW_PAGES {
+                        expect[(i * FW_PAGES + p) as usize].store(0, Ordering::Relaxed);
+                    }
+                }
+                gen += 1;
+                for p in 0..FW_PAGES {
+                    let x = pattern(t, i as usize, p, gen);
+                    let _g = gate.read().unwrap();
+                    mm.write(w(i) + p * PAGE_SIZE + 8 * p, &x.to_le_bytes())
+                        .unwrap();
+                    expect[(i * FW_PAGES + p) as usize].store(x, Ordering::Relaxed);
+                }
+                for p in 0..FW_PAGES {
+                    let mut x = [0u8; 8];
+                    mm.read(w(i) + p * PAGE_SIZE + 8 * p, &mut x).unwrap();
+                    let want = pattern(t, i as usize, p, gen);
+                    assert_eq!(u64::from_le_bytes(x), want, "worker {t} slot {i} page {p}");
+                }
+            }
+        }));
+    }
+    {
+        let (mm, stop, start) = (mm.clone(), stop.clone(), start.clone());
+        let gate = gate.clone();
+        hs.push(std::thread::spawn(move || {
+            let mut rng = XorShift::new(0x3e3e);
+            start.wait();
+            while !stop.load(Ordering::Relaxed) {
+                let i = rng.next_u64() % slots;
+                let len = 2 * PAGE_SIZE;
+                let _g = gate.read().unwrap();
+                match rng.next_u64() % 4 {
+                    0 => {
+                        mm.munmap(n(i), len).unwrap();
+                        mm.mmap(n(i), len, Prot::READ, FIXED).unwrap();
+                    }
+                    1 => {
+                        mm.mprotect(n(i), len, RW).unwrap();
+                        mm.write(n(i), &[0xee]).unwrap();
+                        mm.mprotect(n(i), len, Prot::READ).unwrap();
+                    }
+                    _ => {
+                        mm.mprotect(n(i), len, RW).unwrap();
+                        std::thread::yield_now();
+                        mm.mprotect(n(i), len, Prot::READ).unwrap();
+                    }
+                }
+            }
+        }));
+    }
+    let forks = Arc::new(AtomicU64::new(0));
+    {
+        let (mm, stop, start) = (mm.clone(), stop.clone(), start.clone());
+        let forks = forks.clone();
+        hs.push(std::thread::spawn(move || {
+            start.wait();
+            while !stop.load(Ordering::Relaxed) {
+                let (child, want) = {
+                    let _g = gate.write().unwrap();
+                    let child = mm.fork().unwrap();
+                    let want: Vec<u64> = expect.iter().map(|e| e.load(Ordering::Relaxed)).collect();
+                    for v in mm.vmas().into_iter().filter(|v| v.anon_vma) {
+                        for a in (v.start..v.end).step_by(PAGE_SIZE as usize) {
+                            let hits = mm.rmap_walk(a);
+                            assert!(
+                                hits.iter().any(|h| h.mm_id == mm.id() && h.addr == a),
+                                "{a:#x} of {:#x}..{:#x} not in its family's rmap: {hits:?}",
+                                v.start,
+                                v.end
+                            );
+                        }
+                    }
+                    for (k, &x) in want.iter().enumerate().filter(|(_, &x)| x != 0) {
+                        let (i, p) = (k as u64 / FW_PAGES, k as u64 % FW_PAGES);
+                        let a = w(i) + p * PAGE_SIZE;
+                        let hits = mm.rmap_walk(a);
+                        for id in [mm.id(), child.id()] {
+                            assert!(
+                                hits.iter().any(|h| h.mm_id == id && h.addr == a),
+                                "page {a:#x} ({x:#x}) of space {id} not in the rmap: {hits:?}"
+                            );
+                        }
+                    }
+                    (child, want)
+                };
+                for (k, &x) in want.iter().enumerate() {
+                    let (i, p) = (k as u64 / FW_PAGES, k as u64 % FW_PAGES);
+                    let mut got = [0u8; 8];
+                    child.read(w(i) + p * PAGE_SIZE + 8 * p, &mut got).unwrap();
+                    assert_eq!(u64::from_le_bytes(got), x, "child: slot {i} page {p}");
+                }
+                forks.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    start.wait();
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    for h in hs {
+        h.join().unwrap();
+    }
+    let s = mm.stats();
+    print_faults("first writes", &s);
+    assert!(forks.load(Ordering::Relaxed) > 0, "no fork ran");
+    assert!(
+        s.spec_anon_vma_prepared > 100,
+        "first writes must prepare their anon_vma speculatively: {s:?}"
+    );
+    mm.munmap(base, slots * slot).unwrap();
+    assert_eq!(mm.frames_used(), 0, "frames leaked");
 }

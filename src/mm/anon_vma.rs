@@ -7,8 +7,10 @@
 //! The caller holds the VMA (its read lock, or the mmap_lock). A fault on
 //! the per-VMA path only try-locks the mmap_lock read side here (to see
 //! the neighbours stay put), and retries under the mmap_lock if it cannot;
-//! the install itself is a compare-exchange under the family's lock. Order:
-//! [`crate::mm`].
+//! a speculative fault try-locks it itself and validates its snapshot's
+//! stamp under it before calling (`spec_fault::prepare_anon_vma`). The
+//! install itself is a compare-exchange under the family's lock, so
+//! concurrent prepares of one VMA link it once. Order: [`crate::mm`].
 
 use crate::addr::pages;
 use crate::mm::{next_id, AddressSpace};

@@ -21,7 +21,9 @@
 //!    address space forked from one another): taken by writers that insert
 //!    a VMA with an anon_vma, split one, move its start or merge across
 //!    VMAs, by `fork`, by a fault that gives a VMA its anon_vma (under the
-//!    VMA read lock) and by `rmap_walk` (under the mmap_lock read side).
+//!    mmap_lock read side, try-locked: with the VMA read lock on the
+//!    per-VMA path, with the VMA's stamp validated on the speculative
+//!    one) and by `rmap_walk` (under the mmap_lock read side).
 //!    Never held while waiting for a VMA lock. Not taken when only a VMA's
 //!    end moves (brk), unless `Config::brk_fast_path` is off.
 //!
@@ -53,7 +55,9 @@
 //!
 //! A page fault on the per-VMA path holds only a VMA *read* lock; it may
 //! try-lock the mmap_lock (to give the VMA its anon_vma) but never blocks
-//! on it, because an mmap_lock writer may be waiting for that VMA.
+//! on it, because an mmap_lock writer may be waiting for that VMA. A
+//! speculative fault holds no lock but the PTE table's, and try-locks the
+//! mmap_lock read side for the same first anon_vma.
 //!
 //! What protects what:
 //! - `tree`: written under the mmap_lock write side; read lock-free by

@@ -22,9 +22,8 @@
 //! 3. Snapshot: address space id, range, flags, "has an anon_vma", "has a
 //!    shared object", "attached". The fault needs no more for anonymous
 //!    private memory: a read maps the zero page, a write a zeroed frame.
-//! 4. Bail out when the fault needs more than an install: no anon_vma yet
-//!    (attaching one changes the VMA), an object (a shared mapping or a
-//!    private mapping of a memfd), a write to a
+//! 4. Bail out when the fault needs more than an install: an object (a
+//!    shared mapping or a private mapping of a memfd), a write to a
 //!    present read-only entry (copy-on-write: the reliability fixes live in
 //!    the per-VMA path), a VMA registered for missing-page userfaults
 //!    (only the locked paths deliver them), an access the flags refuse
@@ -33,6 +32,15 @@
 //!    installed only with the VMA held, see `mm::thp`). A span a PMD leaf
 //!    maps is an entry present: the walk reports it `Taken`, a spurious
 //!    fault if it satisfies the access.
+//!
+//!    A write in a VMA with no anon_vma yet (its first write) prepares
+//!    one first, as the per-VMA path would (Linux's `vmf_anon_prepare`):
+//!    try-lock the mmap_lock read side (else fall back), re-read the
+//!    stamp under it (else fall back), run `anon_vma_prepare` (reuse a
+//!    mergeable neighbour's anon_vma or make one, publish it by
+//!    compare-exchange under the family's lock), drop the read side, and
+//!    go on with the same snapshot: filling the pointer is no write
+//!    section, so the stamp stays `s`. See "The first write" below.
 //! 5. Walk to the PTE table, making each missing table on the way: it is
 //!    linked under the lock of the table that holds its slot, after an
 //!    `Acquire` fence and a re-read of the stamp (else fall back; see
@@ -90,7 +98,33 @@
 //! | fork | stamp and sweep the parent's VMAs, then write-protect and copy table by table under the locks (hazard 10) | `spec_fault_vs_fork` |
 //! | THP split | a split publishes a filled table of the leaf's own translations under the PMD lock: the walk reads the leaf (`Taken`) or the table, whose entries are all present, so there is nothing to install into | `lookup_vs_split` (`thp.rs`, shared) |
 //! | THP fault | we never install a leaf, and fall back where one could be installed; a table we link and a leaf both go only into an empty slot under the PMD lock | matrix reason |
+//! | anon_vma readers (merge decisions, fork's chains, mremap's offset choice, splits, brk, munmap's unlink) | a first write prepares under the mmap_lock read side, so every writer, all of which hold the write side, sees the anon_vma as it was before the prepare or after it, never in between (see "The first write") | `spec_first_write_vs_neighbour_merge`, `spec_first_write_vs_fork`, `spec_first_write_vs_munmap_reuse` |
 //! | VMA reuse | a recycled object is stamped before any field changes and when detached; in another space of the fork family its stamp is that space's, never ours (hazard 5); one reached through a stale hint, taken back for another range, fails the range check | `spec_fault_vs_vma_reuse`, `spec_fault_vs_vma_reused_by_fork_child`, `spec_fault_through_hint_vs_vma_reuse_elsewhere` |
+//!
+//! # The first write
+//!
+//! A VMA's anon_vma goes from none to one without a write section, under
+//! a read hold; it goes back (or changes) only while the VMA is
+//! write-locked or detached. Writers read it before they claim the VMA:
+//! a merge decides from its neighbours' anon_vmas (`merge::Proto`) and
+//! only then stamps them, so a pointer filled between the decision and
+//! the stamp would be filed in the reverse map under the VMA's old start
+//! (and a merge that moves that start would not re-key it). The stamp
+//! and sweep cannot order that, but the mmap_lock does: every writer
+//! holds its write side from its decision to its end, and the prepare
+//! holds the read side (as Linux's per-VMA fault does), try-locked, since
+//! a writer may be waiting for it. Under it, the stamp re-read equal to
+//! the snapshot's says that no writer has touched the object since
+//! (stamps never repeat), so it is still this space's attached VMA,
+//! over the range we copied, and stays so until we drop the read side:
+//! the neighbour lookups and the link into the reverse map see a quiet
+//! tree. A failed try-lock or stamp falls back with nothing changed.
+//! Concurrent prepares of the same VMA (another speculative fault, a
+//! per-VMA one, a huge fault) meet at the compare-exchange under the
+//! family's lock: one links, the others adopt its anon_vma. After the
+//! read side is dropped, a writer may run before our install; it stamps
+//! the VMA, and the install's re-read under the PTE lock fails as for
+//! any other writer.
 //!
 //! We also compare the address space id and the range: an object taken
 //! back for a VMA at the same address (MAP_FIXED over part of the VMA)
@@ -130,8 +164,9 @@
 //! | frame zeroing | the frame | private until installed |
 //! | PTE lock, entry, `used` | the table's 128-byte-aligned header and its entry | shared only by threads faulting in the same 2 MiB span (the `interleaved` workload measures that case) |
 //! | stats | the per-CPU counter slot | per-CPU line |
+//! | first write of a VMA: mmap_lock read side (try), the family's lock, its reverse-map index, the anon_vma's refcount, the VMA's anon_vma pointer | once per VMA, its first write (the per-VMA path wrote the same lines before, plus the VMA's refcount) | amortized over the VMA's pages: once per 64 faults in 256 KiB VMAs |
 //!
-//! Nothing is written in the VMA, the tree or the mm sequence. Finding
+//! Nothing else is written in the VMA, the tree or the mm sequence. Finding
 //! the CPU for the per-CPU slots writes nothing: it reads the thread's
 //! rseq area ([`crate::percpu`]).
 //!
@@ -139,8 +174,10 @@
 //!
 //! No lock but the PTE table's, taken once to install (and, to make a
 //! missing table, the lock of the table holding its slot); the VMA is neither
-//! read-locked nor referenced (its stamp is validated instead). Order:
-//! [`crate::mm`].
+//! read-locked nor referenced (its stamp is validated instead). A first
+//! write also try-locks the mmap_lock read side, and under it takes the
+//! anon_vma family's lock, before any PTE lock, as the per-VMA path does.
+//! Order: [`crate::mm`].
 
 use crate::addr::{page_align_down, Range};
 use crate::mm::{Access, AddressSpace};
@@ -177,11 +214,11 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
     }
     // A missing page of a registered VMA is the handler's: only the
     // locked paths deliver userfaults.
-    if !v.is_anonymous()
-        || (access == Access::Write && !v.has_anon_vma())
-        || flags.contains(VmFlags::UFFD_MISSING)
-    {
+    if !v.is_anonymous() || flags.contains(VmFlags::UFFD_MISSING) {
         return Err(Event::spec_abort_needs_more);
+    }
+    if access == Access::Write && !v.has_anon_vma() {
+        prepare_anon_vma(mm, &v, stamp)?;
     }
     let page = page_align_down(addr);
     // Huge pages are installed only with the VMA held (`mm::thp`): where
@@ -263,4 +300,29 @@ fn candidate(mm: &AddressSpace, v: &VmaRef, addr: u64) -> Result<(u64, VmFlags, 
         return Err(Event::spec_abort_lookup);
     }
     Ok((stamp, flags, range))
+}
+
+/// Step 4a: the first write of a VMA gives it its anon_vma here, as the
+/// per-VMA path would (Linux's `vmf_anon_prepare`): under the mmap_lock
+/// read side, only try-locked, with the stamp validated under it. Every
+/// writer that reads or changes a VMA's anon_vma (merges, splits, fork,
+/// mremap, munmap, reuse) holds the write side and stamps the VMAs it
+/// changes, so a stamp still equal to the snapshot's under the read side
+/// means the VMA is the one we copied, attached, and stays so until we
+/// drop it: the same hold the per-VMA path's prepare has (its VMA read
+/// lock adds nothing once the mmap_lock is held). The stamp does not
+/// move (filling the pointer is no write section), so the install goes
+/// on with the same snapshot.
+fn prepare_anon_vma(mm: &AddressSpace, v: &VmaRef, stamp: u64) -> Result<(), Event> {
+    let Some(_st) = mm.mmap_lock.try_read() else {
+        return Err(Event::spec_abort_needs_more);
+    };
+    // The read side synchronized with the last writer's release: a stamp
+    // any writer stored since the snapshot is visible now.
+    if v.lock.stamp() != stamp {
+        return Err(Event::spec_abort_stamp);
+    }
+    crate::mm::anon_vma::anon_vma_prepare(mm, v, false)?;
+    mm.stats.inc(Event::spec_anon_vma_prepared);
+    Ok(())
 }
