@@ -33,14 +33,26 @@ pub(crate) struct Edit<'a> {
     /// The mmap_lock's write side, and the state it guards.
     state: MmapWriteGuard<'a, MmState>,
     /// The tree's writer (its mutex is uncontended: only mmap_lock
-    /// writers take it).
-    tree: TreeWriter<'a, VmaRef>,
+    /// writers take it), held for the whole edit; `None` for a range
+    /// writer, which takes it for each store only (`with_tree`).
+    tree: Option<TreeWriter<'a, VmaRef>>,
     /// An epoch pin for the tree reads the edit makes.
     pin: Guard,
 }
 
+/// What a range writer's neighbourhood includes beyond its range widened
+/// by a page on each side and the VMAs overlapping that.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Reach {
+    /// Nothing more (mprotect, an mmap into free space).
+    Vmas,
+    /// The hole around the range up to the VMAs on either side, where an
+    /// unmap frees page tables (munmap, an mmap over mapped pages).
+    Hole,
+}
+
 impl<'a> Edit<'a> {
-    /// Takes the mmap_lock for write.
+    /// Takes the mmap_lock for write (in range mode: the whole space).
     pub(crate) fn begin(mm: &'a AddressSpace) -> Self {
         let st = mm.mmap_lock.write();
         let w = mm.tree.writer();
@@ -48,9 +60,121 @@ impl<'a> Edit<'a> {
         Edit {
             mm,
             state: st,
-            tree: w,
+            tree: Some(w),
             pin: g,
         }
+    }
+
+    /// A writer of `r` and its neighbourhood (`range_lock`'s module docs):
+    /// in range mode, only that is locked; otherwise the mmap_lock's write
+    /// side, as [`begin`](Self::begin). The neighbourhood is computed, locked,
+    /// then computed again under the lock; if it grew, the writer starts
+    /// over with the larger one.
+    pub(crate) fn begin_range(mm: &'a AddressSpace, r: Range, reach: Reach) -> Self {
+        if !mm.mmap_lock.is_range_mode() {
+            return Self::begin(mm);
+        }
+        let mut want = neighbourhood(mm, r, reach, &mm.tree.pin());
+        loop {
+            let st = mm
+                .mmap_lock
+                .write_range(want)
+                .expect("range mode has a range lock");
+            let pin = mm.tree.pin();
+            let now = neighbourhood(mm, r, reach, &pin);
+            if want.start <= now.start && now.end <= want.end {
+                return Edit {
+                    mm,
+                    state: st,
+                    tree: None,
+                    pin,
+                };
+            }
+            drop(st);
+            want = Range::new(want.start.min(now.start), want.end.max(now.end));
+        }
+    }
+
+    /// A range writer at an address that `search` (mmap's placement)
+    /// chooses, `len` bytes there and their neighbourhood (range mode only,
+    /// else `None`). The search runs on a [`View`] that skips the ranges
+    /// other writers hold or wait for; its choice is then try-locked and
+    /// checked again under the lock (still free, neighbourhood inside the
+    /// hold); if another writer got there first, it runs again. A search
+    /// that fails while others hold ranges waits for one to be released.
+    pub(crate) fn begin_placed(
+        mm: &'a AddressSpace,
+        len: u64,
+        mut search: impl FnMut(&View<'_>) -> Result<u64>,
+    ) -> Option<Result<(u64, Self)>> {
+        let ranges = mm.mmap_lock.ranges()?;
+        Some(loop {
+            let (avoid, gen) = ranges.busy();
+            let pin = mm.tree.pin();
+            let view = View {
+                mm,
+                pin: &pin,
+                avoid: &avoid,
+            };
+            let addr = match search(&view) {
+                Ok(a) => a,
+                Err(e) if avoid.is_empty() => break Err(e),
+                Err(_) => {
+                    ranges.wait_release(gen);
+                    continue;
+                }
+            };
+            let Some(r) = Range::from_len(addr, len) else {
+                break Err(Error::NoMem);
+            };
+            let want = neighbourhood(mm, r, Reach::Vmas, &pin);
+            drop(pin);
+            let Some(st) = mm.mmap_lock.try_write_range(want) else {
+                // Taken since the snapshot (or a hint on a busy range):
+                // wait for a release, then look again.
+                ranges.wait_release(gen);
+                continue;
+            };
+            let pin = mm.tree.pin();
+            let now = neighbourhood(mm, r, Reach::Vmas, &pin);
+            let view = View {
+                mm,
+                pin: &pin,
+                avoid: &[],
+            };
+            let usable = mm.range_usable(&view, r);
+            if usable && want.start <= now.start && now.end <= want.end {
+                break Ok((
+                    addr,
+                    Edit {
+                        mm,
+                        state: st,
+                        tree: None,
+                        pin,
+                    },
+                ));
+            }
+        })
+    }
+
+    /// Runs `f` with the tree's writer: the edit's own, or (range writer)
+    /// one taken for this store only.
+    pub(crate) fn with_tree<R>(&mut self, f: impl FnOnce(&mut TreeWriter<'a, VmaRef>) -> R) -> R {
+        match &mut self.tree {
+            Some(w) => f(w),
+            None => f(&mut self.mm.tree.writer()),
+        }
+    }
+
+    /// The range this edit may change: the whole space except for a range
+    /// writer.
+    pub(crate) fn held(&self) -> Range {
+        self.state.range()
+    }
+
+    /// True for a range writer.
+    pub(crate) fn is_range_writer(&self) -> bool {
+        self.state.is_range_writer()
     }
 
     /// The state the mmap_lock guards (break, start stack, map count,
@@ -72,22 +196,21 @@ impl<'a> Edit<'a> {
     /// Removes `r` from the tree in one store (readers see all of it
     /// unmapped at once); the caller has write-locked the VMAs in it.
     pub(super) fn erase(&mut self, r: Range) {
-        self.tree.erase(r);
+        self.with_tree(|t| t.erase(r));
     }
 
     /// The number of VMAs (`mm->map_count`).
     pub(crate) fn map_count(&self) -> usize {
-        self.state.map_count
+        self.state.map_count()
     }
 
-    /// The lowest (or, with `top_down`, the highest) page-aligned free
-    /// range of `len` bytes inside `[low, high)` (Linux's
-    /// `unmapped_area` and `unmapped_area_topdown`).
-    pub(crate) fn free_area(&self, low: u64, high: u64, len: u64, top_down: bool) -> Option<u64> {
-        if top_down {
-            self.tree.gap_highest(low, high, len, PAGE_SIZE, &self.pin)
-        } else {
-            self.tree.gap_lowest(low, high, len, PAGE_SIZE, &self.pin)
+    /// What a placement reads, for this edit (nothing to avoid: the
+    /// ranges it may change are its own).
+    pub(crate) fn view(&self) -> View<'_> {
+        View {
+            mm: self.mm,
+            pin: &self.pin,
+            avoid: &[],
         }
     }
 
@@ -95,7 +218,7 @@ impl<'a> Edit<'a> {
     /// that has none, building its tree in one pass (the maple tree's
     /// `__mt_dup`: no insert per VMA).
     pub(crate) fn attach_all_sorted(&mut self, vmas: &[VmaRef]) {
-        debug_assert_eq!(self.state.map_count, 0);
+        debug_assert_eq!(self.state.map_count(), 0);
         if vmas.is_empty() {
             // The tree is empty already: building an empty one would only
             // make its node cache (an idle space's fork allocates nothing).
@@ -104,25 +227,26 @@ impl<'a> Edit<'a> {
         for v in vmas {
             v.lock.mark_attached();
         }
-        self.tree
-            .replace_all(vmas.iter().map(|&v| (v.range(), v)))
-            .expect("the VMAs are sorted and disjoint");
-        self.state.map_count = vmas.len();
+        self.with_tree(|t| {
+            t.replace_all(vmas.iter().map(|&v| (v.range(), v)))
+                .expect("the VMAs are sorted and disjoint")
+        });
+        self.state.add_map_count(vmas.len() as isize);
     }
 
     /// The VMA containing `addr`.
     pub(crate) fn find(&self, addr: u64) -> Option<VmaRef> {
-        self.tree.find(addr, &self.pin).map(|(_, v)| *v)
+        self.mm.tree.find(addr, &self.pin).map(|(_, v)| *v)
     }
 
     /// The first VMA ending above `addr` (Linux's `find_vma`).
     pub(crate) fn find_after(&self, addr: u64) -> Option<VmaRef> {
-        self.tree.find_after(addr, &self.pin).map(|(_, v)| *v)
+        self.mm.tree.find_after(addr, &self.pin).map(|(_, v)| *v)
     }
 
     /// The last VMA ending at or below `addr`.
     pub(crate) fn prev(&self, addr: u64) -> Option<VmaRef> {
-        self.tree.prev(addr, &self.pin).map(|(_, v)| *v)
+        self.mm.tree.prev(addr, &self.pin).map(|(_, v)| *v)
     }
 
     /// The VMA ending exactly at `addr`.
@@ -137,7 +261,7 @@ impl<'a> Edit<'a> {
 
     /// The VMAs intersecting `r`, in order.
     pub(crate) fn vmas_in(&self, r: Range) -> Vec<VmaRef> {
-        self.tree.range(r, &self.pin).map(|(_, v)| *v).collect()
+        self.mm.tree.range(r, &self.pin).map(|(_, v)| *v).collect()
     }
 
     /// Write-locks `v`: waits for its readers, and keeps new ones out until
@@ -156,6 +280,15 @@ impl<'a> Edit<'a> {
     /// can be outrun by a fault that read the VMA before it: the sweep is
     /// not each writer's to remember.
     pub(crate) fn lock(&self, v: VmaRef) {
+        // The range protocol's invariant: a range writer changes only VMAs
+        // inside the neighbourhood it holds (new ones are not attached yet).
+        debug_assert!(
+            !self.is_range_writer() || !v.lock.is_attached() || {
+                let (h, r) = (self.held(), v.range());
+                h.start <= r.start && r.end <= h.end
+            },
+            "a range writer locked a VMA outside its range"
+        );
         if !v.lock.write_lock(self.state.seq()) || !v.lock.is_attached() {
             // Locked already in this section (and swept then), or a new or
             // detached object: no fault can reach it through this tree.
@@ -224,7 +357,7 @@ impl<'a> Edit<'a> {
             !(start_moves && v.has_anon_vma() && idx.is_none()),
             "moving the start of a VMA with an anon_vma needs the rmap lock"
         );
-        self.tree.store(Range::new(start, end), v);
+        self.with_tree(|t| t.store(Range::new(start, end), v));
         // A shrink: the lost parts were overwritten by the caller's stores,
         // or must be erased now.
         if old.start < start {
@@ -253,14 +386,17 @@ impl<'a> Edit<'a> {
             return;
         }
         let parts: Vec<Range> = self
+            .mm
             .tree
             .range(r, &self.pin)
             .filter(|(_, x)| **x == v)
             .map(|(p, _)| p.intersect(&r).unwrap_or(p))
             .collect();
-        for p in parts {
-            self.tree.erase(p);
-        }
+        self.with_tree(|t| {
+            for p in parts {
+                t.erase(p);
+            }
+        });
     }
 
     /// True if the budget has room for the metadata of `n` more VMAs
@@ -274,7 +410,7 @@ impl<'a> Edit<'a> {
     /// `split_vma` limit (`map_count >= max_map_count` fails).
     pub(crate) fn split(&mut self, v: VmaRef, at: u64, check_count: bool) -> Result<VmaRef> {
         debug_assert!(v.start() < at && at < v.end());
-        if check_count && self.state.map_count >= self.mm.cfg.max_map_count {
+        if check_count && self.state.map_count() >= self.mm.cfg.max_map_count {
             return Err(Error::NoMem);
         }
         if !self.vma_room(1) {
@@ -296,8 +432,8 @@ impl<'a> Edit<'a> {
             let n = ed.new_vma_in(VmaSpec::like(&v, upper, v.pgoff_of(at)), idx);
             n.lock.mark_attached();
             // One store moves [at, end) from v to n atomically for readers.
-            ed.tree.store(upper, n);
-            ed.state.map_count += 1;
+            ed.with_tree(|t| t.store(upper, n));
+            ed.state.add_map_count(1);
             v.set_end(at);
             // `n` was filed first: the two cover the range throughout.
             if let Some(obj) = v.shmem_arc() {
@@ -328,6 +464,109 @@ impl<'a> Edit<'a> {
     /// A gather bound to this address space.
     pub(crate) fn gather(&self) -> Gather<'a> {
         Gather::new(&self.mm.tlb, &self.mm.stats, &self.mm.frames)
+    }
+}
+
+/// The lowest (or highest) free range of `len` bytes in `[low, high)`.
+fn free_area_in(
+    tree: &crate::tree::RangeTree<VmaRef>,
+    pin: &Guard,
+    low: u64,
+    high: u64,
+    len: u64,
+    top_down: bool,
+) -> Option<u64> {
+    if top_down {
+        tree.gap_highest(low, high, len, PAGE_SIZE, pin)
+    } else {
+        tree.gap_lowest(low, high, len, PAGE_SIZE, pin)
+    }
+}
+
+/// A range writer's neighbourhood of `r` (`range_lock`'s module docs): `r`
+/// widened by a page on each side, every VMA overlapping that, and with
+/// [`Reach::Hole`] the hole around `r` up to the VMAs on either side.
+pub(crate) fn neighbourhood(mm: &AddressSpace, r: Range, reach: Reach, pin: &Guard) -> Range {
+    let mut lo = r.start.saturating_sub(PAGE_SIZE);
+    let mut hi = r.end.saturating_add(PAGE_SIZE);
+    let wide = Range::new(lo, hi);
+    for (vr, _) in mm.tree.range(wide, pin) {
+        lo = lo.min(vr.start);
+        hi = hi.max(vr.end);
+    }
+    if reach == Reach::Hole {
+        lo = lo.min(mm.tree.prev(r.start, pin).map_or(0, |(p, _)| p.end));
+        hi = hi.max(
+            mm.tree
+                .find_after(r.start, pin)
+                .map_or(u64::MAX, |(_, n)| n.start()),
+        );
+        // The VMA after `r`'s start may lie inside `r`: the hole reaches
+        // past `r`'s end up to the first VMA at or after it.
+        hi = hi.max(mm.tree.find_after(r.end, pin).map_or(u64::MAX, |(n, _)| {
+            if n.start >= r.end {
+                n.start
+            } else {
+                n.end
+            }
+        }));
+    }
+    Range::new(lo, hi)
+}
+
+/// What a placement reads (Linux's `get_unmapped_area` needs only the
+/// tree): an edit's view, or a range writer's before it holds anything,
+/// whose gap searches skip candidates that ranges in `avoid` (held or
+/// waited for by other writers) make busy.
+pub(crate) struct View<'v> {
+    mm: &'v AddressSpace,
+    pin: &'v Guard,
+    avoid: &'v [Range],
+}
+
+impl<'v> View<'v> {
+    /// A view of `mm`'s tree with nothing to avoid.
+    pub(crate) fn new(mm: &'v AddressSpace, pin: &'v Guard) -> Self {
+        View {
+            mm,
+            pin,
+            avoid: &[],
+        }
+    }
+
+    /// The first VMA ending above `addr` (Linux's `find_vma`).
+    pub(crate) fn find_after(&self, addr: u64) -> Option<VmaRef> {
+        self.mm.tree.find_after(addr, self.pin).map(|(_, v)| *v)
+    }
+
+    /// The lowest (or, with `top_down`, the highest) page-aligned free
+    /// range of `len` bytes inside `[low, high)` (Linux's
+    /// `unmapped_area` and `unmapped_area_topdown`) whose range, a page
+    /// wider on each side, meets no range in `avoid`.
+    pub(crate) fn free_area(
+        &self,
+        mut low: u64,
+        mut high: u64,
+        len: u64,
+        top_down: bool,
+    ) -> Option<u64> {
+        loop {
+            let s = free_area_in(&self.mm.tree, self.pin, low, high, len, top_down)?;
+            let lo = s.saturating_sub(PAGE_SIZE);
+            let hi = s.saturating_add(len).saturating_add(PAGE_SIZE);
+            let Some(a) = self.avoid.iter().find(|a| a.start < hi && lo < a.end) else {
+                return Some(s);
+            };
+            // Each step moves the window past `a`: it ends.
+            if top_down {
+                high = high.min(a.start.checked_sub(PAGE_SIZE)?);
+            } else {
+                low = low.max(a.end.checked_add(PAGE_SIZE)?);
+            }
+            if high < low {
+                return None;
+            }
+        }
     }
 }
 
