@@ -483,12 +483,16 @@ fn free_area_in(
     }
 }
 
+/// How far a neighbourhood reaches past its range on each side: a page,
+/// so that two writers whose ranges touch (and may merge) conflict.
+const MARGIN: u64 = PAGE_SIZE;
+
 /// A range writer's neighbourhood of `r` (`range_lock`'s module docs): `r`
 /// widened by a page on each side, every VMA overlapping that, and with
 /// [`Reach::Hole`] the hole around `r` up to the VMAs on either side.
 pub(crate) fn neighbourhood(mm: &AddressSpace, r: Range, reach: Reach, pin: &Guard) -> Range {
-    let mut lo = r.start.saturating_sub(PAGE_SIZE);
-    let mut hi = r.end.saturating_add(PAGE_SIZE);
+    let mut lo = r.start.saturating_sub(MARGIN);
+    let mut hi = r.end.saturating_add(MARGIN);
     let wide = Range::new(lo, hi);
     for (vr, _) in mm.tree.range(wide, pin) {
         lo = lo.min(vr.start);
