@@ -422,17 +422,10 @@ impl AddressSpace {
         let placed = if fixed {
             let addr = {
                 let pin = self.tree.pin();
-                match self.get_unmapped_area(
-                    &View::new(self, &pin),
-                    hint,
-                    len,
-                    true,
-                    flags,
-                    backing,
-                ) {
-                    Ok(a) => a,
-                    Err(e) => return Some(Err(e)),
-                }
+                self.get_unmapped_area(&View::new(self, &pin), hint, len, true, flags, backing)
+                    // An error takes the whole-space path, which checks the
+                    // map count first, as Linux does.
+                    .ok()?
             };
             let r = Range::from_len(addr, len)?;
             Ok((addr, Edit::begin_range(self, r, Reach::Hole)))

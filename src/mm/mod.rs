@@ -17,7 +17,8 @@
 //! 2. VMA write locks (`vma::lock::VmaLock`) — taken only by the
 //!    mmap_lock writer, on every VMA it changes, before changing it. They
 //!    are all released together when the writer drops the mmap_lock (the
-//!    sequence advances).
+//!    sequence advances; with range writers, when the last writer of a
+//!    shared write section leaves it).
 //! 3. The tree's writer mutex (uncontended with one writer: only mmap_lock
 //!    writers take it; range writers take it for each tree store only).
 //! 4. An anon_vma family's lock (`vma::anon`, shared by every
@@ -59,9 +60,12 @@
 //! on it, because an mmap_lock writer may be waiting for that VMA.
 //!
 //! What protects what:
-//! - `tree`: written under the mmap_lock write side; read lock-free by
-//!   anyone pinned to the epoch.
-//! - `MmState` (map count, brk): inside the mmap_lock.
+//! - `tree`: written under the mmap_lock write side (with range writers:
+//!   by the holder of a range covering what it writes, each store under
+//!   the tree's writer mutex); read lock-free by anyone pinned to the
+//!   epoch.
+//! - `MmState` (map count, brk): inside the mmap_lock (range writers only
+//!   read it, and change the map count, an atomic).
 //! - each VMA's fields: the `vma` module's `# Locking` section, and the
 //!   `Protected by:` line on each field of `Vma`.
 //! - page-table entries: PTE-page locks for changes; lock-free walks;

@@ -12,7 +12,11 @@
 //!
 //! An `Edit` holds the mmap_lock write side for its whole life, and takes
 //! the tree's writer, VMA write locks, family locks and PTE-table locks
-//! inside it, in the order [`crate::mm`] states.
+//! inside it, in the order [`crate::mm`] states. A range writer
+//! (`WriterLocking::Range`: [`Edit::begin_range`], [`Edit::begin_placed`])
+//! holds its neighbourhood of the range lock instead, changes only VMAs
+//! inside it (checked in debug builds by [`Edit::lock`]), and takes the
+//! tree's writer for each store only; see `range_lock`'s module docs.
 
 use super::mmap_lock::MmapWriteGuard;
 use super::{AddressSpace, MmState};
