@@ -13,7 +13,7 @@ mod common;
 use common::{cfg, fixed, model, rw};
 
 use aspace::{
-    loom_door, Access, AddressSpace, Config, FaultError, FaultLocking, MapFlags, Prot,
+    loom_door, Access, AddressSpace, Advice, Config, FaultError, FaultLocking, MapFlags, Prot,
     WriterLocking, PAGE_SIZE,
 };
 use loom::sync::atomic::{AtomicBool, Ordering};
@@ -21,6 +21,7 @@ use loom::sync::Arc;
 use loom::thread;
 
 const A: u64 = 0x4000_0000;
+const B: u64 = 0x5000_0000;
 const C: u64 = 0x8000_0000;
 
 fn space(fault_locking: FaultLocking) -> Arc<AddressSpace> {
@@ -130,24 +131,34 @@ fn range_placements_race_for_one_gap() {
     });
 }
 
-/// A range-locked mprotect(PROT_READ) of `A` races a speculative write
-/// fault at `A`: once mprotect has returned, no writable entry maps the
-/// read-only VMA (`check_ptes`).
+/// A range-locked mprotect(PROT_READ) of `[A, A+2P)` races a speculative
+/// write fault at `A`, in a PTE table shared with the VMA at `A + 3P`:
+/// once mprotect has returned, no writable entry maps the read-only VMA
+/// (`check_ptes`).
 ///
-/// Catches: the sweep in `Edit::lock` deleted (`pt.sweep(v.range(),
-/// &pt.pin());`, src/mm/edit/mod.rs): range writers stamp and sweep as
-/// the mmap_lock writer does, and without the sweep a fault that
-/// validated the old stamp installs after mprotect rewrote the entries.
+/// Catches: the fault's re-read of the stamp under the PTE lock made
+/// `true` (`v.lock.stamp() == stamp` in `spec_fault::handle`,
+/// src/mm/spec_fault.rs): the fault installs a writable entry after the
+/// range writer stamped the VMA and rewrote its entries. (Deleting the
+/// sweep in `Edit::lock` or the stamp store in `VmaLock::write_lock` is
+/// not caught here: mprotect's own pass takes this table's lock, and the
+/// uffd-register model catches the sweep.)
 #[test]
 fn spec_fault_vs_range_mprotect() {
     model(|| {
+        // `common::shared_table_space` with range writers: `[A, A+2P)`
+        // with its anon_vma and an emptied PTE table, which a VMA at
+        // `A + 3P` shares.
         let mm = space(FaultLocking::Speculative);
         mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
-        // The VMA gets its anon_vma and PTE table; A itself stays empty.
         mm.write(A + PAGE_SIZE, &[1]).unwrap();
+        mm.madvise(A + PAGE_SIZE, PAGE_SIZE, Advice::DontNeed)
+            .unwrap();
+        mm.mmap(A + 3 * PAGE_SIZE, PAGE_SIZE, rw(), fixed())
+            .unwrap();
         let m2 = mm.clone();
         let t = thread::spawn(move || loom_door::speculative_fault(&m2, A, Access::Write));
-        mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
+        mm.mprotect(A, 2 * PAGE_SIZE, Prot::READ).unwrap();
         loom_door::check_ptes(&mm).unwrap();
         t.join().unwrap();
         loom_door::check_ptes(&mm).unwrap();
@@ -156,11 +167,14 @@ fn spec_fault_vs_range_mprotect() {
 
 /// A translator's store through a cached writable entry of `A` races a
 /// range-locked munmap of `A`: a store that begins after munmap returned
-/// fails, and no store lands in the frame once it is reused at `C`.
+/// fails, and no store lands in the frame once it is reused at `B`.
 ///
-/// Catches: deleting the wait in `TlbState::shoot_translators` (`if
-/// !done() { wait_until(done) }`, src/tlb/mod.rs): range writers flush
-/// their own range through the same shootdown.
+/// Catches: replacing `gen.fetch_add` in `TlbState::shoot_translators`
+/// by a load (`self.gen.load(Ordering::Relaxed) + 1`, src/tlb/mod.rs): no
+/// translator drops its entries, and a store after munmap returned goes
+/// through the stale one. (Deleting the wait there, `wait_until(done)`,
+/// is caught neither here nor by `translator.rs`'s
+/// `translator_store_vs_munmap`, whose comment claims it.)
 #[test]
 fn translator_store_vs_range_munmap() {
     model(|| {
@@ -180,11 +194,11 @@ fn translator_store_vs_range_munmap() {
         });
         mm.munmap(A, PAGE_SIZE).unwrap();
         done.store(true, Ordering::SeqCst);
-        mm.mmap(C, PAGE_SIZE, rw(), fixed()).unwrap();
-        mm.write(C, &[0]).unwrap();
+        mm.mmap(B, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(B, &[0]).unwrap(); // takes the frame A had
         t.join().unwrap();
         let mut x = [0xffu8; 1];
-        mm.read(C, &mut x).unwrap();
+        mm.read(B, &mut x).unwrap();
         assert_eq!(x, [0], "a store landed in a freed frame");
     });
 }
