@@ -50,8 +50,9 @@ pub(crate) struct Edit<'a> {
 pub(crate) enum Reach {
     /// Nothing more (mprotect, an mmap into free space).
     Vmas,
-    /// The hole around the range up to the VMAs on either side, where an
-    /// unmap frees page tables (munmap, an mmap over mapped pages).
+    /// The hole around the range up to the VMAs on either side, within
+    /// the 2 MiB spans the range meets, where an unmap frees page tables
+    /// (munmap, an mmap over mapped pages).
     Hole,
 }
 
@@ -457,8 +458,18 @@ impl<'a> Edit<'a> {
     /// it any more): from the end of the VMA before to the start of the one
     /// after.
     pub(crate) fn free_pgtables(&self, r: Range) {
-        let floor = self.prev(r.start).map_or(0, |p| p.end());
-        let ceiling = self.find_after(r.start).map_or(u64::MAX, |n| n.start());
+        // A range writer frees only tables inside the range it holds: no
+        // other writer maps there meanwhile (its neighbourhood reaches the
+        // PTE tables `r` meets: `Reach::Hole`).
+        let held = self.held();
+        let floor = self
+            .prev(r.start)
+            .map_or(0, |p| p.end())
+            .max(held.start.min(r.start));
+        let ceiling = self
+            .find_after(r.start)
+            .map_or(u64::MAX, |n| n.start())
+            .min(held.end.max(r.end));
         let g = self.mm.pt.pin();
         self.mm
             .pt
@@ -503,21 +514,18 @@ pub(crate) fn neighbourhood(mm: &AddressSpace, r: Range, reach: Reach, pin: &Gua
         hi = hi.max(vr.end);
     }
     if reach == Reach::Hole {
-        lo = lo.min(mm.tree.prev(r.start, pin).map_or(0, |(p, _)| p.end));
-        hi = hi.max(
-            mm.tree
-                .find_after(r.start, pin)
-                .map_or(u64::MAX, |(_, n)| n.start()),
-        );
-        // The VMA after `r`'s start may lie inside `r`: the hole reaches
-        // past `r`'s end up to the first VMA at or after it.
-        hi = hi.max(mm.tree.find_after(r.end, pin).map_or(u64::MAX, |(n, _)| {
-            if n.start >= r.end {
-                n.start
-            } else {
-                n.end
-            }
-        }));
+        // The hole around `r` (up to the VMAs on either side), as far as
+        // the 2 MiB spans `r` meets: every PTE table the unmap may free
+        // lies there. Upper-level tables are freed only inside the
+        // neighbourhood (`free_pgtables`).
+        let span = crate::pt::HUGE_SIZE;
+        let floor = mm.tree.prev(r.start, pin).map_or(0, |(p, _)| p.end);
+        let ceiling = mm
+            .tree
+            .find_after(r.end, pin)
+            .map_or(u64::MAX, |(n, _)| n.start.max(r.end));
+        lo = lo.min(floor.max(r.start - r.start % span));
+        hi = hi.max(ceiling.min(r.end.checked_next_multiple_of(span).unwrap_or(u64::MAX)));
     }
     Range::new(lo, hi)
 }
