@@ -265,9 +265,11 @@ mod tests {
         assert!(l.try_lock(r(5, 6), false).is_none());
         drop(a);
         let s1 = l.try_lock(r(0, 5), false).expect("free");
-        let _s2 = l.try_lock(r(0, 5), false).expect("shared with shared");
+        let s2 = l.try_lock(r(0, 5), false).expect("shared with shared");
         assert!(l.try_lock(r(4, 5), true).is_none());
         drop(s1);
+        assert!(l.try_lock(r(0, 10), true).is_none(), "s2 still holds");
+        drop(s2);
         assert_eq!(
             l.try_lock(r(0, 10), true).map(|g| g.range()),
             Some(r(0, 10))
