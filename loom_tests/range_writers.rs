@@ -81,7 +81,7 @@ fn range_writers_on_disjoint_ranges() {
 /// and `[A+P, A+2P)` read-write as two VMAs; so must any interleaving.
 ///
 /// Catches: the one-page widening of a neighbourhood made zero
-/// (`const MARGIN: u64 = PAGE_SIZE;` made `0`, src/mm/edit/mod.rs): each
+/// (`const MARGIN: u64 = PAGE_SIZE;` made `0`, src/mm/edit/range.rs): each
 /// writer then locks only its own VMA and both rewrite the neighbour the
 /// other holds.
 #[test]
@@ -110,7 +110,7 @@ fn range_writers_whose_neighbourhoods_touch() {
 /// and each keeps its own protection.
 ///
 /// Catches: the re-check under the lock skipped (`let usable =
-/// mm.range_usable(&view, r);` made `let usable = true;`, src/mm/edit/mod.rs
+/// mm.range_usable(&view, r);` made `let usable = true;`, src/mm/edit/range.rs
 /// `begin_placed`): a placement that searched before the other mapped
 /// and locked after it released maps over it.
 #[test]

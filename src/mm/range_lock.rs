@@ -19,15 +19,13 @@
 //!   mappings that would touch conflict, so they merge as one writer after
 //!   the other would have.
 //! - munmap, and an mmap over mapped pages (which unmaps them first): also
-//!   the hole around `r` up to the VMAs on either side, as far as the
-//!   2 MiB spans `r` meets: the PTE tables it may free lie there, and it
-//!   frees only tables inside what it holds (`Edit::free_pgtables` clamps
-//!   the limits of `free_tables_within`). So PTE tables go as with the
-//!   mmap_lock; an upper-level table (1 GiB or 512 GiB) that a range
-//!   munmap leaves empty stays linked until an unmap whose neighbourhood
-//!   covers it, or the space's drop: the one difference of this mode, in
-//!   page-table memory only.
-//! - an mmap without a hint (`Edit::begin_placed`): the gap search skips
+//!   the hole around `r` up to the VMAs on either side, where it frees page
+//!   tables of every level (`Edit::free_pgtables` also clamps the limits
+//!   of `free_tables_within` to what it holds). A 2 MiB-aligned clamp of
+//!   the hole was tried: it left upper-level tables linked (more
+//!   page-table memory than the mmap_lock mode, which
+//!   `tests/semantics/munmap.rs` catches), so the hole stays whole.
+//! - an mmap without a hint (`Edit::begin_placed`, `mm/edit/range.rs`): the gap search skips
 //!   candidates that, a page wider on each side, meet a range held or
 //!   waited for ([`RangeLock::busy`]); the choice's neighbourhood is then
 //!   try-locked (exclusive, so two placements never both hold one gap)

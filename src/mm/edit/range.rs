@@ -16,9 +16,8 @@ use crate::vma::VmaRef;
 pub(crate) enum Reach {
     /// Nothing more (mprotect, an mmap into free space).
     Vmas,
-    /// The hole around the range up to the VMAs on either side, within
-    /// the 2 MiB spans the range meets, where an unmap frees page tables
-    /// (munmap, an mmap over mapped pages).
+    /// The hole around the range up to the VMAs on either side, where an
+    /// unmap frees page tables (munmap, an mmap over mapped pages).
     Hole,
 }
 
@@ -148,18 +147,15 @@ fn neighbourhood(mm: &AddressSpace, r: Range, reach: Reach, pin: &Guard) -> Rang
         hi = hi.max(vr.end);
     }
     if reach == Reach::Hole {
-        // The hole around `r` (up to the VMAs on either side), as far as
-        // the 2 MiB spans `r` meets: every PTE table the unmap may free
-        // lies there. Upper-level tables are freed only inside the
-        // neighbourhood (`free_pgtables`).
-        let span = crate::pt::HUGE_SIZE;
+        // The hole around `r`, up to the VMAs on either side: the unmap
+        // frees the page tables inside it, of every level.
         let floor = mm.tree.prev(r.start, pin).map_or(0, |(p, _)| p.end);
         let ceiling = mm
             .tree
             .find_after(r.end, pin)
             .map_or(u64::MAX, |(n, _)| n.start.max(r.end));
-        lo = lo.min(floor.max(r.start - r.start % span));
-        hi = hi.max(ceiling.min(r.end.checked_next_multiple_of(span).unwrap_or(u64::MAX)));
+        lo = lo.min(floor);
+        hi = hi.max(ceiling);
     }
     Range::new(lo, hi)
 }
