@@ -38,7 +38,10 @@ pub enum WriterLocking {
     /// VMAs they may split or merge with (and, for munmap, the hole whose
     /// page tables it may free), so writers on disjoint ranges run at
     /// once; every other writer, and every mmap_lock reader, takes the
-    /// whole address space.
+    /// whole address space. Linux's results are kept (placement aside:
+    /// two mmaps placed at once leave a page or two between them). Not yet
+    /// faster: on 2 cores a writers-only loop ran slower at 2 threads than
+    /// at 1, and 16% slower than `MmapLock` at 1 (`docs/RESULTS.md`).
     Range,
 }
 
