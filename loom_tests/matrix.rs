@@ -31,7 +31,7 @@ const READERS: [&str; 10] = [
 /// The writers: every change of a VMA's range, flags, backing or
 /// registration (all through `Edit::lock`, which stamps and sweeps), and
 /// the calls that change entries under the mmap_lock read side.
-const WRITERS: [&str; 20] = [
+const WRITERS: [&str; 23] = [
     "munmap",
     "mprotect",
     "mremap move",
@@ -52,6 +52,11 @@ const WRITERS: [&str; 20] = [
     "THP split",
     "THP fault",
     "THP collapse",
+    // `WriterLocking::Range` (mm/range_lock.rs): the same edits under a
+    // range lock, in a write section shared with other range writers.
+    "range munmap",
+    "range mprotect",
+    "range mmap",
 ];
 
 enum Cell {
@@ -96,6 +101,13 @@ const PREPARE_THEN_INSTALL: &str = "runs under the mmap_lock read side beside th
 
 /// File writeback reads the object's own pages, never entries or VMA fields.
 const WB_OWN_PAGES: Cell = Apart("writeback holds the object (its Arc) and reads the object's pages through its tree, each under a frame reference taken while the frame lives; this writer changes entries or VMAs, never the object's slots");
+
+/// Why a range writer shares the mmap_lock writer's model.
+const RANGE_SAME: &str = "a range writer runs the mmap_lock writer's edit (Edit::lock stamps and sweeps each VMA, the same zap, free and flush), only under its range lock; a VMA stamped in a write section shared with other range writers reads write-locked until every writer has left (range_writers.rs: range_writers_on_disjoint_ranges)";
+/// A range mmap changes no existing VMA's entries.
+const RANGE_MMAP_NEW: Cell = Apart("a new VMA is attached write-locked in the writer's section, a merge stamps and sweeps the neighbour it grows as mprotect's merge does, and an mmap over mapped pages unmaps them with munmap's code (the range munmap row): no entry a reader uses changes otherwise");
+/// Range writers and the forced access exclude each other.
+const RANGE_LOCKED_OUT: Cell = Apart("serialized by the range lock: a forced access takes the mmap_lock read side, which with range writers is the whole space shared (mm/mmap_lock.rs), from the VMA lookup to the end of the copy");
 
 #[rustfmt::skip]
 const MATRIX: &[(&str, &str, Cell)] = &[
@@ -326,6 +338,34 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("userfault waiter", "THP collapse", Apart("a VMA registered for userfaults is not collapsed (mm/thp.rs vma_allows)")),
     ("forced access", "THP collapse", MMAP_LOCKED_OUT),
     ("file writeback", "THP collapse", Apart("only anonymous memory is collapsed: an object's pages are never touched")),
+    // Range-locked writers (mm/range_lock.rs).
+    ("speculative fault", "range munmap", Shares("spec_fault.rs", "spec_fault_without_table_vs_munmap", RANGE_SAME)),
+    ("speculative fault", "range mprotect", Model("range_writers.rs", "spec_fault_vs_range_mprotect")),
+    ("speculative fault", "range mmap", RANGE_MMAP_NEW),
+    ("speculative fault via VMA hint", "range munmap", Shares("spec_fault.rs", "spec_fault_through_hint_vs_vma_reuse_elsewhere", RANGE_SAME)),
+    ("speculative fault via VMA hint", "range mprotect", Shares("range_writers.rs", "spec_fault_vs_range_mprotect", HINT)),
+    ("speculative fault via VMA hint", "range mmap", RANGE_MMAP_NEW),
+    ("per-VMA fault", "range munmap", Shares("fault.rs", "fault_vs_munmap_same_page", RANGE_SAME)),
+    ("per-VMA fault", "range mprotect", Shares("fault.rs", "write_vs_mprotect_read", RANGE_SAME)),
+    ("per-VMA fault", "range mmap", RANGE_MMAP_NEW),
+    ("translator access", "range munmap", Model("range_writers.rs", "translator_store_vs_range_munmap")),
+    ("translator access", "range mprotect", Shares("translator.rs", "translator_store_vs_mprotect_read", RANGE_SAME)),
+    ("translator access", "range mmap", RANGE_MMAP_NEW),
+    ("instruction fetch", "range munmap", Shares("range_writers.rs", "translator_store_vs_range_munmap", FETCH)),
+    ("instruction fetch", "range mprotect", Shares("translator.rs", "translator_fetch_vs_mprotect_noexec", RANGE_SAME)),
+    ("instruction fetch", "range mmap", RANGE_MMAP_NEW),
+    ("device slice", "range munmap", Apart("the slice's frame holds a pin taken under its PTE lock, and no writer frees a pinned frame (phys/chunk.rs): the slice reaches the page it named, orphaned, never another (tests/device_slices.rs)")),
+    ("device slice", "range mprotect", Apart("changes no frame: the pinned page stays the one the slice named")),
+    ("device slice", "range mmap", RANGE_MMAP_NEW),
+    ("userfault waiter", "range munmap", Shares("uffd.rs", "missing_fault_vs_munmap", RANGE_SAME)),
+    ("userfault waiter", "range mprotect", Apart("asleep it holds no lock or snapshot, and mprotect leaves the registration: it sleeps on until a fill or wake, then faults afresh")),
+    ("userfault waiter", "range mmap", RANGE_MMAP_NEW),
+    ("forced access", "range munmap", RANGE_LOCKED_OUT),
+    ("forced access", "range mprotect", RANGE_LOCKED_OUT),
+    ("forced access", "range mmap", RANGE_LOCKED_OUT),
+    ("file writeback", "range munmap", Apart("munmap's own writeback runs in the writer (under its range lock as under the mmap_lock), after it unregistered the VMA; a concurrent msync holds the object and reads its pages, not the entries munmap zaps")),
+    ("file writeback", "range mprotect", WB_OWN_PAGES),
+    ("file writeback", "range mmap", Apart("a range mmap maps anonymous memory only (an object's mmap takes the whole space)")),
 ];
 
 fn source(file: &str) -> &'static str {
@@ -334,6 +374,7 @@ fn source(file: &str) -> &'static str {
         "fault.rs" => include_str!("fault.rs"),
         "forced.rs" => include_str!("forced.rs"),
         "memfd.rs" => include_str!("memfd.rs"),
+        "range_writers.rs" => include_str!("range_writers.rs"),
         "spec_fault.rs" => include_str!("spec_fault.rs"),
         "spec_writers.rs" => include_str!("spec_writers.rs"),
         "thp.rs" => include_str!("thp.rs"),

@@ -52,7 +52,7 @@ pub use memfd::{Memfd, MemfdFlags};
 pub use mm::{
     Access, AddressSpace, Advice, Budget, Config, ConfigError, FaultLocking, FrameAllocator,
     MapFlags, MlockAllFlags, MlockFlags, MremapExtent, MremapFlags, MsyncFlags, Prot, ThpMode,
-    VmaInfo,
+    VmaInfo, WriterLocking,
 };
 pub use mm::{ClearRefs, PagemapEntry};
 pub use phys::Pfn;

@@ -21,6 +21,30 @@ pub enum FaultLocking {
     Speculative,
 }
 
+/// How writers of the address space (mmap, munmap, mprotect, ...) exclude
+/// each other and the readers that take the mmap_lock read side.
+///
+/// Combines with any [`FaultLocking`] mode: the lock-free fault paths
+/// validate VMA stamps the same way in both (see `mm/range_lock.rs`'s
+/// module docs for the protocol).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum WriterLocking {
+    /// Every writer takes the mmap_lock write side: one writer at a time
+    /// (Linux). The default.
+    #[default]
+    MmapLock,
+    /// munmap, mprotect and mmap (anonymous, without `MAP_LOCKED` or
+    /// `MAP_GROWSDOWN`) lock only the range they change, widened to the
+    /// VMAs they may split or merge with (and, for munmap, the hole whose
+    /// page tables it may free), so writers on disjoint ranges run at
+    /// once; every other writer, and every mmap_lock reader, takes the
+    /// whole address space. Linux's results are kept (placement aside:
+    /// two mmaps placed at once leave a page or two between them). Not yet
+    /// faster: on 2 cores a writers-only loop ran slower at 2 threads than
+    /// at 1, and 16% slower than `MmapLock` at 1 (`docs/RESULTS.md`).
+    Range,
+}
+
 /// How mremap moves page-table entries and when it flushes the TLB.
 ///
 /// Entries always move in extents bounded by the next PMD (2 MiB) boundary
@@ -120,6 +144,10 @@ pub struct Config {
     pub zero_freed: bool,
     /// How faults lock.
     pub fault_locking: FaultLocking,
+    /// How writers lock (default [`WriterLocking::MmapLock`]; with the
+    /// `range-writers-default` feature, a testing aid that runs the
+    /// existing tests in the other mode, [`WriterLocking::Range`]).
+    pub writer_locking: WriterLocking,
     /// How mremap moves page-table entries and batches TLB flushes.
     pub mremap_extent: MremapExtent,
     /// Simulated cost of one TLB shootdown, in nanoseconds: a flush spins
@@ -198,6 +226,11 @@ impl Default for Config {
             zero_pages: true,
             zero_freed: false,
             fault_locking: FaultLocking::Speculative,
+            writer_locking: if cfg!(feature = "range-writers-default") {
+                WriterLocking::Range
+            } else {
+                WriterLocking::MmapLock
+            },
             mremap_extent: MremapExtent::Batched,
             shootdown_cost_ns: 0,
             deferred_reclaim: false,

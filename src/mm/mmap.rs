@@ -6,7 +6,7 @@
 //! MAP_LOCKED) after it is released, as ordinary faults. Order:
 //! [`crate::mm`].
 
-use super::edit::{Edit, VmaSpec};
+use super::edit::{Edit, Reach, View, VmaSpec};
 use super::placement::Backing;
 use super::{next_id, AddressSpace, MapFlags, Prot};
 use crate::addr::{page_align_up, Range, PAGE_SHIFT, PAGE_SIZE};
@@ -201,12 +201,6 @@ impl AddressSpace {
         } else {
             self.round_hint_to_min(addr)
         };
-        let mut ed = Edit::begin(self);
-        // Linux checks `map_count > max`; we keep the inclusive rule
-        // (the count never exceeds the limit), as Linux since late 2025.
-        if ed.map_count() >= self.cfg.max_map_count {
-            return Err(Error::NoMem);
-        }
         // Anonymous memory without MAP_SHARED goes to the THP-aligning
         // search (Linux tests the bit: MAP_SHARED_VALIDATE counts, and any
         // other type is refused below anyway); an object by its file
@@ -217,7 +211,22 @@ impl AddressSpace {
             Some(o) if o.pages.aligns_placement() => Backing::File(o.pgoff << PAGE_SHIFT),
             Some(_) => Backing::Plain,
         };
-        let addr = self.get_unmapped_area(&ed, hint, len, fixed, flags, backing)?;
+        let (addr, mut ed) =
+            match self.begin_range_mmap(hint, len, fixed, flags, backing, obj.is_some()) {
+                Some(placed) => placed?,
+                None => {
+                    let ed = Edit::begin(self);
+                    // Linux checks `map_count > max`; we keep the inclusive rule
+                    // (the count never exceeds the limit), as Linux since late 2025.
+                    if ed.map_count() >= self.cfg.max_map_count {
+                        return Err(Error::NoMem);
+                    }
+                    (
+                        self.get_unmapped_area(&ed.view(), hint, len, fixed, flags, backing)?,
+                        ed,
+                    )
+                }
+            };
         if addr < self.cfg.mmap_min_addr {
             return Err(Error::Perm);
         }
@@ -388,6 +397,57 @@ impl AddressSpace {
             self.populate(r, vf);
         }
         Ok(addr)
+    }
+
+    /// With range-locked writers, an mmap of anonymous memory without
+    /// `MAP_LOCKED` or `MAP_GROWSDOWN` (and no `mlockall(MCL_FUTURE)` in
+    /// force) as a range writer: a fixed one over its range and the hole
+    /// around it (it may unmap), any other placed by
+    /// [`Edit::begin_placed`]. `None`: take the whole space.
+    fn begin_range_mmap(
+        &self,
+        hint: u64,
+        len: u64,
+        fixed: bool,
+        flags: MapFlags,
+        backing: Backing,
+        has_obj: bool,
+    ) -> Option<Result<(u64, Edit<'_>)>> {
+        if !self.mmap_lock.is_range_mode()
+            || has_obj
+            || flags.intersects(MapFlags::LOCKED | MapFlags::GROWSDOWN)
+        {
+            return None;
+        }
+        let placed = if fixed {
+            let addr = {
+                let pin = self.tree.pin();
+                self.get_unmapped_area(&View::new(self, &pin), hint, len, true, flags, backing)
+                    // An error takes the whole-space path, which checks the
+                    // map count first, as Linux does.
+                    .ok()?
+            };
+            let r = Range::from_len(addr, len)?;
+            Ok((addr, Edit::begin_range(self, r, Reach::Hole)))
+        } else {
+            Edit::begin_placed(self, len, |view| {
+                self.get_unmapped_area(view, hint, len, false, flags, backing)
+            })?
+        };
+        let (addr, ed) = match placed {
+            Ok(p) => p,
+            Err(e) => return Some(Err(e)),
+        };
+        if !ed.state().def_flags.is_empty() {
+            // mlockall(MCL_FUTURE): the locked-memory limit counts every
+            // VMA, so this mmap takes the whole space (`ed` is dropped).
+            return None;
+        }
+        // Linux checks `map_count > max`; we keep the inclusive rule.
+        if ed.map_count() >= self.cfg.max_map_count {
+            return Some(Err(Error::NoMem));
+        }
+        Some(Ok((addr, ed)))
     }
 
     /// Faults in every page of `r` as `MAP_POPULATE` does: write faults for

@@ -11,12 +11,16 @@
 //! 1. `mmap_lock` (`mmap_lock::MmapLock`) — writers (mmap, munmap,
 //!    mprotect, mremap, brk) take it for write; the fault fallback path,
 //!    madvise, `vmas()` and forced accesses (`forced.rs`, a page at a
-//!    time) take it for read.
+//!    time) take it for read. With `WriterLocking::Range` its range lock
+//!    (`range_lock`) comes first: munmap, mprotect and most mmaps lock
+//!    only their neighbourhood; every other user the whole space.
 //! 2. VMA write locks (`vma::lock::VmaLock`) — taken only by the
 //!    mmap_lock writer, on every VMA it changes, before changing it. They
 //!    are all released together when the writer drops the mmap_lock (the
-//!    sequence advances).
-//! 3. The tree's writer mutex (uncontended: only mmap_lock writers take it).
+//!    sequence advances; with range writers, when the last writer of a
+//!    shared write section leaves it).
+//! 3. The tree's writer mutex (uncontended with one writer: only mmap_lock
+//!    writers take it; range writers take it for each tree store only).
 //! 4. An anon_vma family's lock (`vma::anon`, shared by every
 //!    address space forked from one another): taken by writers that insert
 //!    a VMA with an anon_vma, split one, move its start or merge across
@@ -60,9 +64,12 @@
 //! mmap_lock read side for the same first anon_vma.
 //!
 //! What protects what:
-//! - `tree`: written under the mmap_lock write side; read lock-free by
-//!   anyone pinned to the epoch.
-//! - `MmState` (map count, brk): inside the mmap_lock.
+//! - `tree`: written under the mmap_lock write side (with range writers:
+//!   by the holder of a range covering what it writes, each store under
+//!   the tree's writer mutex); read lock-free by anyone pinned to the
+//!   epoch.
+//! - `MmState` (map count, brk): inside the mmap_lock (range writers only
+//!   read it, and change the map count, an atomic).
 //! - each VMA's fields: the `vma` module's `# Locking` section, and the
 //!   `Protected by:` line on each field of `Vma`.
 //! - page-table entries: PTE-page locks for changes; lock-free walks;
@@ -76,6 +83,7 @@
 pub mod config;
 pub mod flags;
 pub(crate) mod mmap_lock;
+pub(crate) mod range_lock;
 
 mod access;
 pub(crate) mod anon_vma;
@@ -108,7 +116,7 @@ pub(crate) mod stack;
 pub(crate) mod thp;
 mod vma_hint;
 
-pub use config::{Config, ConfigError, FaultLocking, MremapExtent, ThpMode};
+pub use config::{Config, ConfigError, FaultLocking, MremapExtent, ThpMode, WriterLocking};
 pub use flags::{Access, Advice, MapFlags, MremapFlags, Prot};
 pub use inspect::MsyncFlags;
 pub use maps::VmaInfo;
@@ -131,8 +139,10 @@ use mmap_lock::MmapLock;
 /// State protected by the mmap_lock.
 pub(crate) struct MmState {
     /// Number of VMAs (`mm->map_count`).
-    /// Protected by: the mmap_lock (written under its write side).
-    pub(crate) map_count: usize,
+    /// Protected by: written by mmap_lock writers; an atomic (relaxed)
+    /// because range-locked writers change it at once (it is a count: its
+    /// value after every writer is what one writer after another makes).
+    pub(crate) map_count: crate::sync::counter::AtomicUsize,
     /// Start of the heap (`mm->start_brk`).
     /// Protected by: the mmap_lock (written under its write side).
     pub(crate) start_brk: u64,
@@ -148,6 +158,23 @@ pub(crate) struct MmState {
     /// without them.
     /// Protected by: the mmap_lock (written under its write side).
     pub(crate) def_flags: crate::vma::VmFlags,
+}
+
+impl MmState {
+    /// [`map_count`](Self::map_count)'s value.
+    pub(crate) fn map_count(&self) -> usize {
+        self.map_count.load(crate::sync::counter::Ordering::Relaxed)
+    }
+
+    /// Adds `n` (may be negative) to the map count.
+    pub(crate) fn add_map_count(&self, n: isize) {
+        use crate::sync::counter::Ordering::Relaxed;
+        if n >= 0 {
+            self.map_count.fetch_add(n.unsigned_abs(), Relaxed);
+        } else {
+            self.map_count.fetch_sub(n.unsigned_abs(), Relaxed);
+        }
+    }
 }
 
 pub(crate) use crate::sync::counter::next_id;
@@ -329,13 +356,16 @@ impl AddressSpace {
         let memlock_limit = cfg.memlock_limit;
         AddressSpace {
             tree: RangeTree::with_reclaimer(reclaimer()),
-            mmap_lock: MmapLock::new(MmState {
-                map_count: 0,
-                start_brk,
-                brk: start_brk,
-                start_stack: 0,
-                def_flags: crate::vma::VmFlags::empty(),
-            }),
+            mmap_lock: MmapLock::with_ranges(
+                MmState {
+                    map_count: crate::sync::counter::AtomicUsize::new(0),
+                    start_brk,
+                    brk: start_brk,
+                    start_stack: 0,
+                    def_flags: crate::vma::VmFlags::empty(),
+                },
+                cfg.writer_locking == WriterLocking::Range,
+            ),
             pt: LazyWith::new(
                 (cfg.deferred_reclaim, frames.clone()),
                 |(deferred, frames)| {
@@ -415,7 +445,7 @@ impl AddressSpace {
 
     /// Number of VMAs.
     pub fn map_count(&self) -> usize {
-        self.mmap_lock.read().map_count
+        self.mmap_lock.read().map_count()
     }
 
     /// VMA objects allocated from the system by this address space's
@@ -441,7 +471,7 @@ impl core::fmt::Debug for AddressSpace {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         let (map_count, brk) = {
             let st = self.mmap_lock.read();
-            (st.map_count, st.brk)
+            (st.map_count(), st.brk)
         };
         f.debug_struct("AddressSpace")
             .field("id", &self.id)

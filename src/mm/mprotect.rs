@@ -6,7 +6,7 @@
 //! entries it changes; one TLB flush before the lock is released. Order:
 //! [`crate::mm`].
 
-use super::edit::Edit;
+use super::edit::{Edit, Reach};
 use super::{AddressSpace, Prot};
 use crate::addr::{is_page_aligned, page_align_up, Range};
 use crate::error::{Error, Result};
@@ -66,7 +66,12 @@ impl AddressSpace {
             return Err(Error::Inval);
         }
         let want = VmFlags::from_prot_in(self, prot);
-        let mut ed = Edit::begin(self);
+        let mut ed = if grows.is_empty() {
+            // `addr < end` (a zero length returned above).
+            Edit::begin_range(self, Range::new(addr, end), Reach::Vmas)
+        } else {
+            Edit::begin(self)
+        };
         let Some(mut vma) = ed.find_after(addr) else {
             return Err(Error::NoMem);
         };

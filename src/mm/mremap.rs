@@ -203,7 +203,7 @@ impl AddressSpace {
             MapFlags::PRIVATE
         };
         let backing = Backing::of_vma(&vma, old_addr);
-        let dst = self.get_unmapped_area(&ed, 0, new_len, false, mflags, backing)?;
+        let dst = self.get_unmapped_area(&ed.view(), 0, new_len, false, mflags, backing)?;
         self.move_vma(&mut ed, &mut gather, vma, req, dst)
     }
 
@@ -307,7 +307,7 @@ impl AddressSpace {
                 MapFlags::PRIVATE
             };
             let backing = Backing::of_vma(&vma, old_addr);
-            self.get_unmapped_area(ed, new_addr, new_len, false, mflags, backing)?
+            self.get_unmapped_area(&ed.view(), new_addr, new_len, false, mflags, backing)?
         };
         // Linux checks every placement against `mmap_min_addr`
         // (`security_mmap_addr`); unlike mmap, mremap does not first raise

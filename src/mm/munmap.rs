@@ -6,7 +6,7 @@
 //!
 //! The mmap_lock write side through `Edit`; see [`crate::mm`].
 
-use super::edit::Edit;
+use super::edit::{Edit, Reach};
 use super::AddressSpace;
 use crate::addr::{is_page_aligned, page_align_up, Range};
 use crate::error::{Error, Result};
@@ -21,7 +21,7 @@ impl AddressSpace {
     /// would exceed `max_map_count`.
     pub fn munmap(&self, addr: u64, len: u64) -> Result<()> {
         let r = self.munmap_range(addr, len)?;
-        let mut ed = Edit::begin(self);
+        let mut ed = Edit::begin_range(self, r, Reach::Hole);
         ed.unmap(r)
     }
 

@@ -44,7 +44,7 @@
 //!
 //! Called by mmap_lock writers with their `Edit`. Order: [`crate::mm`].
 
-use super::edit::Edit;
+use super::edit::View;
 use super::{AddressSpace, MapFlags};
 use crate::addr::{is_page_aligned, page_align_down, page_align_up, Range, PAGE_SHIFT, PAGE_SIZE};
 use crate::error::{Error, Result};
@@ -99,7 +99,7 @@ impl AddressSpace {
     /// The result `a` has `a + len <= task_size`.
     pub(crate) fn get_unmapped_area(
         &self,
-        ed: &Edit<'_>,
+        ed: &View<'_>,
         hint: u64,
         len: u64,
         fixed: bool,
@@ -145,7 +145,7 @@ impl AddressSpace {
     /// nowhere.
     fn huge_aligned(
         &self,
-        ed: &Edit<'_>,
+        ed: &View<'_>,
         hint: u64,
         len: u64,
         offset: u64,
@@ -178,7 +178,7 @@ impl AddressSpace {
     /// The search itself (Linux's `mm_get_unmapped_area`): the 32-bit
     /// window, a usable hint, top-down below `mmap_base`, then bottom-up
     /// above it.
-    fn search(&self, ed: &Edit<'_>, hint: u64, len: u64, flags: MapFlags) -> Result<u64> {
+    fn search(&self, ed: &View<'_>, hint: u64, len: u64, flags: MapFlags) -> Result<u64> {
         let task = self.cfg.task_size;
         if len > task {
             return Err(Error::NoMem);
@@ -203,7 +203,7 @@ impl AddressSpace {
 
     /// True if `r` is free and respects the stack guard gaps of its
     /// neighbours (`vm_start_gap(next)` / `vm_end_gap(prev)`).
-    pub(super) fn range_usable(&self, ed: &Edit<'_>, r: Range) -> bool {
+    pub(super) fn range_usable(&self, ed: &View<'_>, r: Range) -> bool {
         match ed.find_after(r.start) {
             Some(next) => r.end <= self.vm_start_gap(next) && next.start() >= r.end,
             None => true,
@@ -219,7 +219,7 @@ impl AddressSpace {
         }
     }
 
-    pub(super) fn unmapped_area_topdown(&self, ed: &Edit<'_>, len: u64, low: u64) -> Option<u64> {
+    pub(super) fn unmapped_area_topdown(&self, ed: &View<'_>, len: u64, low: u64) -> Option<u64> {
         let mut high = self.cfg.mmap_base.min(self.cfg.task_size);
         loop {
             if high < low || high - low < len {
@@ -240,7 +240,7 @@ impl AddressSpace {
     /// `MAP_32BIT` without a fixed address (x86-64's `find_start_end`
     /// without randomization): a hint that ends at or below 2 GiB and is
     /// free, else the lowest fit in `[1 GiB, 2 GiB)`.
-    pub(super) fn unmapped_area_32bit(&self, ed: &Edit<'_>, hint: u64, len: u64) -> Result<u64> {
+    pub(super) fn unmapped_area_32bit(&self, ed: &View<'_>, hint: u64, len: u64) -> Result<u64> {
         const BEGIN: u64 = 0x4000_0000;
         const END: u64 = 0x8000_0000;
         if len > END {
@@ -265,7 +265,7 @@ impl AddressSpace {
     /// gaps.
     pub(super) fn unmapped_area_bottomup(
         &self,
-        ed: &Edit<'_>,
+        ed: &View<'_>,
         len: u64,
         low: u64,
         high: u64,

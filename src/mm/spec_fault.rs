@@ -78,6 +78,13 @@
 //! ([`crate::vma::seq`]), so a stamp re-read equal to the snapshot's
 //! names the same write section of the same space.
 //!
+//! With `WriterLocking::Range` the writers are the same edits under a range
+//! lock: each still stamps and sweeps what it claims, and writers that
+//! overlap in time share one write section, so a stamp equal to the
+//! sequence still means "a writer may be changing this VMA" until every
+//! one of them has left (`mm/range_lock.rs`; the "range" rows of the
+//! matrix).
+//!
 //! One row per writer; each points at its cell of the loom matrix
 //! (`loom_tests/matrix.rs`, reader "speculative fault"):
 //!

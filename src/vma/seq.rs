@@ -20,13 +20,24 @@
 //! jumps to the next block when one runs out. A space's sequence still
 //! only grows, which is all the VMA lock's comparisons need.
 //!
+//! # Shared write sections (range-locked writers)
+//!
+//! With `WriterLocking::Range`, writers on disjoint ranges run at once and
+//! share one write section: [`join`](MmLockSeq::join) begins it if no
+//! writer is in one, [`leave`](MmLockSeq::leave) ends it when the last
+//! writer leaves. Every VMA any of them stamps stays write-locked until
+//! then, and the ending store comes after every writer's changes (each
+//! leaves under the section mutex, which the last one takes before it
+//! stores). See `mm/range_lock.rs` for why each reader stays correct.
+//!
 //! # Locking
 //!
-//! Only the holder of the mmap_lock's write side moves the sequence; any
-//! thread reads it. The lock order is in [`crate::mm`].
+//! Only the holder of the mmap_lock's write side moves the sequence (with
+//! range-locked writers: under the section mutex, a leaf); any thread
+//! reads it. The lock order is in [`crate::mm`].
 
 use crate::sync::counter;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Mutex, Ordering};
 
 /// Sequence values a space takes from the global counter at a time.
 pub(crate) const BLOCK: u64 = 1 << 12;
@@ -57,6 +68,9 @@ pub struct MmLockSeq {
     /// Protected by: the mmap_lock's write side (only the writer reads or
     /// stores it; an atomic only to be `Sync`, invisible to loom).
     block_end: counter::AtomicU64,
+    /// Writers in the current shared section (`join`/`leave` only).
+    /// Protected by: itself (a leaf mutex); the sequence moves under it.
+    writers: Mutex<u32>,
 }
 
 impl Default for MmLockSeq {
@@ -71,6 +85,32 @@ impl MmLockSeq {
         MmLockSeq {
             seq: AtomicU64::new(0),
             block_end: counter::AtomicU64::new(0),
+            writers: Mutex::new(0),
+        }
+    }
+
+    /// Joins the shared write section of range-locked writers, beginning
+    /// one ([`write_begin`](Self::write_begin)) if no writer is in one.
+    /// The caller holds its range (or the whole space) exclusive.
+    pub fn join(&self) {
+        let mut n = self.writers.lock();
+        if *n == 0 {
+            self.write_begin();
+        }
+        *n += 1;
+    }
+
+    /// Leaves the shared write section; the last writer out ends it
+    /// ([`write_end`](Self::write_end)), unlocking every VMA stamped in it.
+    /// Each writer's changes precede its unlock of the section mutex, which
+    /// the last writer takes before its `Release` store: a reader that
+    /// reads the even value sees every writer's changes.
+    pub fn leave(&self) {
+        let mut n = self.writers.lock();
+        debug_assert!(*n > 0, "leave without join");
+        *n -= 1;
+        if *n == 0 {
+            self.write_end();
         }
     }
 
@@ -133,6 +173,7 @@ impl MmLockSeq {
         MmLockSeq {
             seq: AtomicU64::new(seq),
             block_end: counter::AtomicU64::new(seq.saturating_add(BLOCK)),
+            writers: Mutex::new(0),
         }
     }
 
@@ -145,6 +186,25 @@ impl MmLockSeq {
 #[cfg(all(test, not(aspace_loom)))]
 mod tests {
     use super::*;
+
+    /// Overlapping writers share one odd value; the sequence becomes even
+    /// only when the last one leaves, and the next section is new.
+    #[test]
+    fn joined_writers_share_a_section_until_the_last_leaves() {
+        let s = MmLockSeq::new();
+        s.join();
+        let v = s.current();
+        assert!(v & 1 == 1);
+        s.join();
+        assert_eq!(s.current(), v, "the second writer shares the section");
+        s.leave();
+        assert!(s.is_write_locked(), "one writer is still in");
+        s.leave();
+        assert_eq!(s.current(), v + 1);
+        s.join();
+        assert!(s.current() > v + 1 && s.is_write_locked());
+        s.leave();
+    }
 
     /// Two spaces' write sections never take the same value, however
     /// their sections interleave and across block boundaries (a fork

@@ -43,7 +43,9 @@ pub mod pft;
 
 pub use kernel::{Kernel, KernelCpu};
 
-use crate::{AddressSpace, Advice, Config, FaultLocking, MapFlags, Prot, Translator};
+use crate::{
+    AddressSpace, Advice, Config, FaultLocking, MapFlags, Prot, Translator, WriterLocking,
+};
 use std::io;
 use std::sync::Barrier;
 use std::time::Instant;
@@ -115,11 +117,16 @@ pub const MODES: &[Mode] = &[
     Mode::new("MmapLock", || locking(FaultLocking::MmapLock)),
     Mode::new("PerVma", || locking(FaultLocking::PerVma)),
     Mode::new("Speculative", || locking(FaultLocking::Speculative)),
+    Mode::new("Range", || Config {
+        writer_locking: WriterLocking::Range,
+        ..locking(FaultLocking::Speculative)
+    }),
 ];
 
 fn locking(fault_locking: FaultLocking) -> Config {
     Config {
         fault_locking,
+        writer_locking: WriterLocking::MmapLock,
         ..Config::default()
     }
 }

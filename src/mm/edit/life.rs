@@ -119,8 +119,8 @@ impl Edit<'_> {
     /// Attaches a new VMA over a range no VMA covers.
     pub(crate) fn insert(&mut self, v: VmaRef) {
         v.lock.mark_attached();
-        self.tree.store(v.range(), v);
-        self.state.map_count += 1;
+        self.with_tree(|t| t.store(v.range(), v));
+        self.state.add_map_count(1);
     }
 
     /// Removes VMAs whose ranges are no longer in the tree: unlinks them
@@ -135,7 +135,7 @@ impl Edit<'_> {
             v.set_uffd(None);
         }
         crate::vma::unlink_all(vs, &self.mm.stats);
-        self.state.map_count -= vs.len();
+        self.state.add_map_count(-(vs.len() as isize));
         for &v in vs {
             self.mm.pool.get().free(v);
         }
@@ -155,14 +155,17 @@ impl Edit<'_> {
             // Erase only what still maps to `v`: a survivor may already
             // have been stored over part of it.
             let parts: Vec<Range> = self
+                .mm
                 .tree
                 .range(r, &self.pin)
                 .filter(|(_, x)| **x == v)
                 .map(|(r, _)| r)
                 .collect();
-            for p in parts {
-                self.tree.erase(p);
-            }
+            self.with_tree(|t| {
+                for p in parts {
+                    t.erase(p);
+                }
+            });
         }
         v.lock.mark_detached();
         v.set_uffd(None);
@@ -170,7 +173,7 @@ impl Edit<'_> {
             Some(idx) => v.unlink_anon_held(idx),
             None => v.set_anon_vma_counted(None, Some(&self.mm.stats)),
         }
-        self.state.map_count -= 1;
+        self.state.add_map_count(-1);
         self.mm.pool.get().free(v);
         self.mm.frames.memory().uncharge(VMA_BYTES);
     }

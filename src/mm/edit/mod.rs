@@ -12,11 +12,15 @@
 //!
 //! An `Edit` holds the mmap_lock write side for its whole life, and takes
 //! the tree's writer, VMA write locks, family locks and PTE-table locks
-//! inside it, in the order [`crate::mm`] states.
+//! inside it, in the order [`crate::mm`] states. A range writer
+//! (`WriterLocking::Range`: [`Edit::begin_range`], [`Edit::begin_placed`])
+//! holds its neighbourhood of the range lock instead, changes only VMAs
+//! inside it (checked in debug builds by [`Edit::lock`]), and takes the
+//! tree's writer for each store only; see `range_lock`'s module docs.
 
 use super::mmap_lock::MmapWriteGuard;
 use super::{AddressSpace, MmState};
-use crate::addr::{Range, PAGE_SIZE};
+use crate::addr::Range;
 use crate::error::{Error, Result};
 use crate::reclaim::Guard;
 use crate::sync::Arc;
@@ -25,7 +29,9 @@ use crate::tree::TreeWriter;
 use crate::vma::{AnonVma, RmapIndex, VmaRef, VMA_BYTES};
 
 mod life;
+mod range;
 pub(crate) use life::VmaSpec;
+pub(crate) use range::{Reach, View};
 
 /// An mmap_lock writer's view of the address space.
 pub(crate) struct Edit<'a> {
@@ -33,14 +39,15 @@ pub(crate) struct Edit<'a> {
     /// The mmap_lock's write side, and the state it guards.
     state: MmapWriteGuard<'a, MmState>,
     /// The tree's writer (its mutex is uncontended: only mmap_lock
-    /// writers take it).
-    tree: TreeWriter<'a, VmaRef>,
+    /// writers take it), held for the whole edit; `None` for a range
+    /// writer, which takes it for each store only (`with_tree`).
+    tree: Option<TreeWriter<'a, VmaRef>>,
     /// An epoch pin for the tree reads the edit makes.
     pin: Guard,
 }
 
 impl<'a> Edit<'a> {
-    /// Takes the mmap_lock for write.
+    /// Takes the mmap_lock for write (in range mode: the whole space).
     pub(crate) fn begin(mm: &'a AddressSpace) -> Self {
         let st = mm.mmap_lock.write();
         let w = mm.tree.writer();
@@ -48,9 +55,29 @@ impl<'a> Edit<'a> {
         Edit {
             mm,
             state: st,
-            tree: w,
+            tree: Some(w),
             pin: g,
         }
+    }
+
+    /// Runs `f` with the tree's writer: the edit's own, or (range writer)
+    /// one taken for this store only.
+    pub(crate) fn with_tree<R>(&mut self, f: impl FnOnce(&mut TreeWriter<'a, VmaRef>) -> R) -> R {
+        match &mut self.tree {
+            Some(w) => f(w),
+            None => f(&mut self.mm.tree.writer()),
+        }
+    }
+
+    /// The range this edit may change: the whole space except for a range
+    /// writer.
+    pub(crate) fn held(&self) -> Range {
+        self.state.range()
+    }
+
+    /// True for a range writer.
+    pub(crate) fn is_range_writer(&self) -> bool {
+        self.state.is_range_writer()
     }
 
     /// The state the mmap_lock guards (break, start stack, map count,
@@ -72,30 +99,25 @@ impl<'a> Edit<'a> {
     /// Removes `r` from the tree in one store (readers see all of it
     /// unmapped at once); the caller has write-locked the VMAs in it.
     pub(super) fn erase(&mut self, r: Range) {
-        self.tree.erase(r);
+        self.with_tree(|t| t.erase(r));
     }
 
     /// The number of VMAs (`mm->map_count`).
     pub(crate) fn map_count(&self) -> usize {
-        self.state.map_count
+        self.state.map_count()
     }
 
-    /// The lowest (or, with `top_down`, the highest) page-aligned free
-    /// range of `len` bytes inside `[low, high)` (Linux's
-    /// `unmapped_area` and `unmapped_area_topdown`).
-    pub(crate) fn free_area(&self, low: u64, high: u64, len: u64, top_down: bool) -> Option<u64> {
-        if top_down {
-            self.tree.gap_highest(low, high, len, PAGE_SIZE, &self.pin)
-        } else {
-            self.tree.gap_lowest(low, high, len, PAGE_SIZE, &self.pin)
-        }
+    /// What a placement reads, for this edit (nothing to avoid: the
+    /// ranges it may change are its own).
+    pub(crate) fn view(&self) -> View<'_> {
+        View::new(self.mm, &self.pin)
     }
 
     /// Attaches `vmas` (sorted, disjoint, write-locked) to an address space
     /// that has none, building its tree in one pass (the maple tree's
     /// `__mt_dup`: no insert per VMA).
     pub(crate) fn attach_all_sorted(&mut self, vmas: &[VmaRef]) {
-        debug_assert_eq!(self.state.map_count, 0);
+        debug_assert_eq!(self.state.map_count(), 0);
         if vmas.is_empty() {
             // The tree is empty already: building an empty one would only
             // make its node cache (an idle space's fork allocates nothing).
@@ -104,25 +126,26 @@ impl<'a> Edit<'a> {
         for v in vmas {
             v.lock.mark_attached();
         }
-        self.tree
-            .replace_all(vmas.iter().map(|&v| (v.range(), v)))
-            .expect("the VMAs are sorted and disjoint");
-        self.state.map_count = vmas.len();
+        self.with_tree(|t| {
+            t.replace_all(vmas.iter().map(|&v| (v.range(), v)))
+                .expect("the VMAs are sorted and disjoint")
+        });
+        self.state.add_map_count(vmas.len() as isize);
     }
 
     /// The VMA containing `addr`.
     pub(crate) fn find(&self, addr: u64) -> Option<VmaRef> {
-        self.tree.find(addr, &self.pin).map(|(_, v)| *v)
+        self.mm.tree.find(addr, &self.pin).map(|(_, v)| *v)
     }
 
     /// The first VMA ending above `addr` (Linux's `find_vma`).
     pub(crate) fn find_after(&self, addr: u64) -> Option<VmaRef> {
-        self.tree.find_after(addr, &self.pin).map(|(_, v)| *v)
+        self.mm.tree.find_after(addr, &self.pin).map(|(_, v)| *v)
     }
 
     /// The last VMA ending at or below `addr`.
     pub(crate) fn prev(&self, addr: u64) -> Option<VmaRef> {
-        self.tree.prev(addr, &self.pin).map(|(_, v)| *v)
+        self.mm.tree.prev(addr, &self.pin).map(|(_, v)| *v)
     }
 
     /// The VMA ending exactly at `addr`.
@@ -137,7 +160,7 @@ impl<'a> Edit<'a> {
 
     /// The VMAs intersecting `r`, in order.
     pub(crate) fn vmas_in(&self, r: Range) -> Vec<VmaRef> {
-        self.tree.range(r, &self.pin).map(|(_, v)| *v).collect()
+        self.mm.tree.range(r, &self.pin).map(|(_, v)| *v).collect()
     }
 
     /// Write-locks `v`: waits for its readers, and keeps new ones out until
@@ -156,6 +179,15 @@ impl<'a> Edit<'a> {
     /// can be outrun by a fault that read the VMA before it: the sweep is
     /// not each writer's to remember.
     pub(crate) fn lock(&self, v: VmaRef) {
+        // The range protocol's invariant: a range writer changes only VMAs
+        // inside the neighbourhood it holds (new ones are not attached yet).
+        debug_assert!(
+            !self.is_range_writer() || !v.lock.is_attached() || {
+                let (h, r) = (self.held(), v.range());
+                h.start <= r.start && r.end <= h.end
+            },
+            "a range writer locked a VMA outside its range"
+        );
         if !v.lock.write_lock(self.state.seq()) || !v.lock.is_attached() {
             // Locked already in this section (and swept then), or a new or
             // detached object: no fault can reach it through this tree.
@@ -224,7 +256,7 @@ impl<'a> Edit<'a> {
             !(start_moves && v.has_anon_vma() && idx.is_none()),
             "moving the start of a VMA with an anon_vma needs the rmap lock"
         );
-        self.tree.store(Range::new(start, end), v);
+        self.with_tree(|t| t.store(Range::new(start, end), v));
         // A shrink: the lost parts were overwritten by the caller's stores,
         // or must be erased now.
         if old.start < start {
@@ -253,14 +285,17 @@ impl<'a> Edit<'a> {
             return;
         }
         let parts: Vec<Range> = self
+            .mm
             .tree
             .range(r, &self.pin)
             .filter(|(_, x)| **x == v)
             .map(|(p, _)| p.intersect(&r).unwrap_or(p))
             .collect();
-        for p in parts {
-            self.tree.erase(p);
-        }
+        self.with_tree(|t| {
+            for p in parts {
+                t.erase(p);
+            }
+        });
     }
 
     /// True if the budget has room for the metadata of `n` more VMAs
@@ -274,7 +309,7 @@ impl<'a> Edit<'a> {
     /// `split_vma` limit (`map_count >= max_map_count` fails).
     pub(crate) fn split(&mut self, v: VmaRef, at: u64, check_count: bool) -> Result<VmaRef> {
         debug_assert!(v.start() < at && at < v.end());
-        if check_count && self.state.map_count >= self.mm.cfg.max_map_count {
+        if check_count && self.state.map_count() >= self.mm.cfg.max_map_count {
             return Err(Error::NoMem);
         }
         if !self.vma_room(1) {
@@ -296,8 +331,8 @@ impl<'a> Edit<'a> {
             let n = ed.new_vma_in(VmaSpec::like(&v, upper, v.pgoff_of(at)), idx);
             n.lock.mark_attached();
             // One store moves [at, end) from v to n atomically for readers.
-            ed.tree.store(upper, n);
-            ed.state.map_count += 1;
+            ed.with_tree(|t| t.store(upper, n));
+            ed.state.add_map_count(1);
             v.set_end(at);
             // `n` was filed first: the two cover the range throughout.
             if let Some(obj) = v.shmem_arc() {
@@ -317,8 +352,18 @@ impl<'a> Edit<'a> {
     /// it any more): from the end of the VMA before to the start of the one
     /// after.
     pub(crate) fn free_pgtables(&self, r: Range) {
-        let floor = self.prev(r.start).map_or(0, |p| p.end());
-        let ceiling = self.find_after(r.start).map_or(u64::MAX, |n| n.start());
+        // A range writer frees only tables inside the range it holds: no
+        // other writer maps there meanwhile (its neighbourhood reaches the
+        // PTE tables `r` meets: `Reach::Hole`).
+        let held = self.held();
+        let floor = self
+            .prev(r.start)
+            .map_or(0, |p| p.end())
+            .max(held.start.min(r.start));
+        let ceiling = self
+            .find_after(r.start)
+            .map_or(u64::MAX, |n| n.start())
+            .min(held.end.max(r.end));
         let g = self.mm.pt.pin();
         self.mm
             .pt

@@ -1,0 +1,204 @@
+//! Range-locked writers (`WriterLocking::Range`, `mm/range_lock.rs`):
+//! two writers at once on disjoint ranges, on ranges whose neighbourhoods
+//! touch, two placements racing for one gap, and a range writer against
+//! the speculative fault and a translator access. The real AddressSpace
+//! runs through src/sync.rs (deferred reclamation, as the other models).
+//! Each names the one-line mutation it catches (checked by breaking that
+//! line, running the model and restoring it).
+//!
+//! `./loom.sh --test loom_range_writers` runs them.
+#![cfg(aspace_loom)]
+
+mod common;
+use common::{cfg, fixed, model, rw};
+
+use aspace::{
+    loom_door, Access, AddressSpace, Advice, Config, FaultError, FaultLocking, MapFlags, Prot,
+    WriterLocking, PAGE_SIZE,
+};
+use loom::sync::atomic::{AtomicBool, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+
+const A: u64 = 0x4000_0000;
+const B: u64 = 0x5000_0000;
+const C: u64 = 0x8000_0000;
+
+fn space(fault_locking: FaultLocking) -> Arc<AddressSpace> {
+    Arc::new(AddressSpace::new(Config {
+        writer_locking: WriterLocking::Range,
+        fault_locking,
+        ..cfg()
+    }))
+}
+
+/// `(start, end, prot)` of every VMA.
+fn spans(mm: &AddressSpace) -> Vec<(u64, u64, Prot)> {
+    mm.vmas().iter().map(|v| (v.start, v.end, v.prot)).collect()
+}
+
+/// mprotect of a VMA at `A` and munmap of one at `C` run at once (their
+/// neighbourhoods are disjoint): both take effect, the written page at
+/// `A` keeps its byte and refuses writes, and no entry outlives its VMA.
+///
+/// Catches: the last writer out of a shared section not ending it
+/// (`if *n == 0 {` in `MmLockSeq::leave` made `if *n == u32::MAX {`,
+/// src/vma/seq.rs): the VMA at `A` stays write-locked to readers, and the
+/// per-VMA fault at `A` after both writers falls back to the mmap_lock.
+/// (A writer that begins a new section while another is in one is a
+/// three-thread race, writer, writer and reader, left to
+/// tests/range_writers.rs.)
+#[test]
+fn range_writers_on_disjoint_ranges() {
+    model(|| {
+        let mm = space(FaultLocking::PerVma);
+        mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(A, &[1]).unwrap();
+        mm.mmap(C, PAGE_SIZE, rw(), fixed()).unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.mprotect(A, PAGE_SIZE, Prot::READ).unwrap());
+        mm.munmap(C, PAGE_SIZE).unwrap();
+        t.join().unwrap();
+        assert_eq!(spans(&mm), vec![(A, A + PAGE_SIZE, Prot::READ)]);
+        let mut b = [0u8; 1];
+        mm.read(A, &mut b).unwrap();
+        assert_eq!(b, [1]);
+        assert!(mm.write(A, &[2]).is_err());
+        let before = mm.stats().fault_mmap_lock;
+        mm.fault(A, Access::Read).unwrap();
+        assert_eq!(
+            mm.stats().fault_mmap_lock,
+            before,
+            "a VMA stayed write-locked after every writer left"
+        );
+        loom_door::check_ptes(&mm).unwrap();
+    });
+}
+
+/// Two mprotects on VMAs that touch at `A + PAGE_SIZE`: the first merges
+/// its page into the second VMA, the second merges its page into the
+/// first. One after the other (either order) leaves `[A, A+P)` read-only
+/// and `[A+P, A+2P)` read-write as two VMAs; so must any interleaving.
+///
+/// Catches: the one-page widening of a neighbourhood made zero
+/// (`const MARGIN: u64 = PAGE_SIZE;` made `0`, src/mm/edit/range.rs): each
+/// writer then locks only its own VMA and both rewrite the neighbour the
+/// other holds.
+#[test]
+fn range_writers_whose_neighbourhoods_touch() {
+    model(|| {
+        let mm = space(FaultLocking::PerVma);
+        mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.mmap(A + PAGE_SIZE, PAGE_SIZE, Prot::READ, fixed())
+            .unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.mprotect(A, PAGE_SIZE, Prot::READ).unwrap());
+        mm.mprotect(A + PAGE_SIZE, PAGE_SIZE, rw()).unwrap();
+        t.join().unwrap();
+        assert_eq!(
+            spans(&mm),
+            vec![
+                (A, A + PAGE_SIZE, Prot::READ),
+                (A + PAGE_SIZE, A + 2 * PAGE_SIZE, rw())
+            ]
+        );
+    });
+}
+
+/// Two mmaps without a hint race for the top of the space, where one
+/// gap is first choice for both: they get different pages, both mapped,
+/// and each keeps its own protection.
+///
+/// Catches: the re-check under the lock skipped (`let usable =
+/// mm.range_usable(&view, r);` made `let usable = true;`, src/mm/edit/range.rs
+/// `begin_placed`): a placement that searched before the other mapped
+/// and locked after it released maps over it.
+#[test]
+fn range_placements_race_for_one_gap() {
+    model(|| {
+        let mm = space(FaultLocking::PerVma);
+        let anon = MapFlags::PRIVATE | MapFlags::ANONYMOUS;
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.mmap(0, PAGE_SIZE, Prot::READ, anon).unwrap());
+        let a = mm.mmap(0, PAGE_SIZE, rw(), anon).unwrap();
+        let b = t.join().unwrap();
+        assert_ne!(a, b, "two placements took one gap");
+        let mut s = spans(&mm);
+        s.sort_by_key(|x| x.0);
+        let mut want = vec![(a, a + PAGE_SIZE, rw()), (b, b + PAGE_SIZE, Prot::READ)];
+        want.sort_by_key(|x| x.0);
+        assert_eq!(s, want);
+    });
+}
+
+/// A range-locked mprotect(PROT_READ) of `[A, A+2P)` races a speculative
+/// write fault at `A`, in a PTE table shared with the VMA at `A + 3P`:
+/// once mprotect has returned, no writable entry maps the read-only VMA
+/// (`check_ptes`).
+///
+/// Catches: the fault's re-read of the stamp under the PTE lock made
+/// `true` (`v.lock.stamp() == stamp` in `spec_fault::handle`,
+/// src/mm/spec_fault.rs): the fault installs a writable entry after the
+/// range writer stamped the VMA and rewrote its entries. (Deleting the
+/// sweep in `Edit::lock` or the stamp store in `VmaLock::write_lock` is
+/// not caught here: mprotect's own pass takes this table's lock, and the
+/// uffd-register model catches the sweep.)
+#[test]
+fn spec_fault_vs_range_mprotect() {
+    model(|| {
+        // `common::shared_table_space` with range writers: `[A, A+2P)`
+        // with its anon_vma and an emptied PTE table, which a VMA at
+        // `A + 3P` shares.
+        let mm = space(FaultLocking::Speculative);
+        mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(A + PAGE_SIZE, &[1]).unwrap();
+        mm.madvise(A + PAGE_SIZE, PAGE_SIZE, Advice::DontNeed)
+            .unwrap();
+        mm.mmap(A + 3 * PAGE_SIZE, PAGE_SIZE, rw(), fixed())
+            .unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || loom_door::speculative_fault(&m2, A, Access::Write));
+        mm.mprotect(A, 2 * PAGE_SIZE, Prot::READ).unwrap();
+        loom_door::check_ptes(&mm).unwrap();
+        t.join().unwrap();
+        loom_door::check_ptes(&mm).unwrap();
+    });
+}
+
+/// A translator's store through a cached writable entry of `A` races a
+/// range-locked munmap of `A`: a store that begins after munmap returned
+/// fails, and no store lands in the frame once it is reused at `B`.
+///
+/// Catches: replacing `gen.fetch_add` in `TlbState::shoot_translators`
+/// by a load (`self.gen.load(Ordering::Relaxed) + 1`, src/tlb/mod.rs): no
+/// translator drops its entries, and a store after munmap returned goes
+/// through the stale one. (Deleting the wait there, `wait_until(done)`,
+/// is caught neither here nor by `translator.rs`'s
+/// `translator_store_vs_munmap`, whose comment claims it.)
+#[test]
+fn translator_store_vs_range_munmap() {
+    model(|| {
+        let mm = space(FaultLocking::PerVma);
+        mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(A, &[1]).unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let (m2, d2) = (mm.clone(), done.clone());
+        let t = thread::spawn(move || {
+            let mut tr = m2.translator();
+            let _ = tr.load::<u8>(A);
+            let flushed = d2.load(Ordering::SeqCst);
+            let r = tr.store::<u8>(A, 7);
+            if flushed {
+                assert_eq!(r.map_err(|e| e.kind), Err(FaultError::NoMapping));
+            }
+        });
+        mm.munmap(A, PAGE_SIZE).unwrap();
+        done.store(true, Ordering::SeqCst);
+        mm.mmap(B, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(B, &[0]).unwrap(); // takes the frame A had
+        t.join().unwrap();
+        let mut x = [0xffu8; 1];
+        mm.read(B, &mut x).unwrap();
+        assert_eq!(x, [0], "a store landed in a freed frame");
+    });
+}

@@ -1,0 +1,217 @@
+//! Range-locked writers (`WriterLocking::Range`): how an [`Edit`] begins
+//! over a neighbourhood instead of the whole space, the neighbourhood
+//! itself, and the placement's view that skips busy ranges. The protocol
+//! is in `range_lock`'s module docs.
+
+use super::Edit;
+use crate::addr::{Range, PAGE_SIZE};
+use crate::error::{Error, Result};
+use crate::mm::AddressSpace;
+use crate::reclaim::Guard;
+use crate::vma::VmaRef;
+
+/// What a range writer's neighbourhood includes beyond its range widened
+/// by a page on each side and the VMAs overlapping that.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Reach {
+    /// Nothing more (mprotect, an mmap into free space).
+    Vmas,
+    /// The hole around the range up to the VMAs on either side, where an
+    /// unmap frees page tables (munmap, an mmap over mapped pages).
+    Hole,
+}
+
+impl<'a> Edit<'a> {
+    /// A writer of `r` and its neighbourhood (`range_lock`'s module docs):
+    /// in range mode, only that is locked; otherwise the mmap_lock's write
+    /// side, as [`begin`](Self::begin). The neighbourhood is computed, locked,
+    /// then computed again under the lock; if it grew, the writer starts
+    /// over with the larger one.
+    pub(crate) fn begin_range(mm: &'a AddressSpace, r: Range, reach: Reach) -> Self {
+        if !mm.mmap_lock.is_range_mode() {
+            return Self::begin(mm);
+        }
+        let mut want = neighbourhood(mm, r, reach, &mm.tree.pin());
+        loop {
+            let st = mm
+                .mmap_lock
+                .write_range(want)
+                .expect("range mode has a range lock");
+            let pin = mm.tree.pin();
+            let now = neighbourhood(mm, r, reach, &pin);
+            if want.start <= now.start && now.end <= want.end {
+                return Edit {
+                    mm,
+                    state: st,
+                    tree: None,
+                    pin,
+                };
+            }
+            drop(st);
+            want = Range::new(want.start.min(now.start), want.end.max(now.end));
+        }
+    }
+
+    /// A range writer at an address that `search` (mmap's placement)
+    /// chooses, `len` bytes there and their neighbourhood (range mode only,
+    /// else `None`). The search runs on a [`View`] that skips the ranges
+    /// other writers hold or wait for; its choice is then try-locked and
+    /// checked again under the lock (still free, neighbourhood inside the
+    /// hold); if another writer got there first, it runs again. A search
+    /// that fails while others hold ranges waits for one to be released.
+    pub(crate) fn begin_placed(
+        mm: &'a AddressSpace,
+        len: u64,
+        mut search: impl FnMut(&View<'_>) -> Result<u64>,
+    ) -> Option<Result<(u64, Self)>> {
+        let ranges = mm.mmap_lock.ranges()?;
+        Some(loop {
+            let (avoid, gen) = ranges.busy();
+            let pin = mm.tree.pin();
+            let view = View {
+                mm,
+                pin: &pin,
+                avoid: &avoid,
+            };
+            let addr = match search(&view) {
+                Ok(a) => a,
+                Err(e) if avoid.is_empty() => break Err(e),
+                Err(_) => {
+                    ranges.wait_release(gen);
+                    continue;
+                }
+            };
+            let Some(r) = Range::from_len(addr, len) else {
+                break Err(Error::NoMem);
+            };
+            let want = neighbourhood(mm, r, Reach::Vmas, &pin);
+            drop(pin);
+            let Some(st) = mm.mmap_lock.try_write_range(want) else {
+                // Taken since the snapshot (or a hint on a busy range):
+                // wait for a release, then look again.
+                ranges.wait_release(gen);
+                continue;
+            };
+            let pin = mm.tree.pin();
+            let now = neighbourhood(mm, r, Reach::Vmas, &pin);
+            let view = View {
+                mm,
+                pin: &pin,
+                avoid: &[],
+            };
+            let usable = mm.range_usable(&view, r);
+            if usable && want.start <= now.start && now.end <= want.end {
+                break Ok((
+                    addr,
+                    Edit {
+                        mm,
+                        state: st,
+                        tree: None,
+                        pin,
+                    },
+                ));
+            }
+        })
+    }
+}
+
+/// The lowest (or highest) free range of `len` bytes in `[low, high)`.
+fn free_area_in(
+    tree: &crate::tree::RangeTree<VmaRef>,
+    pin: &Guard,
+    low: u64,
+    high: u64,
+    len: u64,
+    top_down: bool,
+) -> Option<u64> {
+    if top_down {
+        tree.gap_highest(low, high, len, PAGE_SIZE, pin)
+    } else {
+        tree.gap_lowest(low, high, len, PAGE_SIZE, pin)
+    }
+}
+
+/// How far a neighbourhood reaches past its range on each side: a page,
+/// so that two writers whose ranges touch (and may merge) conflict.
+const MARGIN: u64 = PAGE_SIZE;
+
+/// A range writer's neighbourhood of `r` (`range_lock`'s module docs): `r`
+/// widened by a page on each side, every VMA overlapping that, and with
+/// [`Reach::Hole`] the hole around `r` up to the VMAs on either side.
+fn neighbourhood(mm: &AddressSpace, r: Range, reach: Reach, pin: &Guard) -> Range {
+    let mut lo = r.start.saturating_sub(MARGIN);
+    let mut hi = r.end.saturating_add(MARGIN);
+    let wide = Range::new(lo, hi);
+    for (vr, _) in mm.tree.range(wide, pin) {
+        lo = lo.min(vr.start);
+        hi = hi.max(vr.end);
+    }
+    if reach == Reach::Hole {
+        // The hole around `r`, up to the VMAs on either side: the unmap
+        // frees the page tables inside it, of every level.
+        let floor = mm.tree.prev(r.start, pin).map_or(0, |(p, _)| p.end);
+        let ceiling = mm
+            .tree
+            .find_after(r.end, pin)
+            .map_or(u64::MAX, |(n, _)| n.start.max(r.end));
+        lo = lo.min(floor);
+        hi = hi.max(ceiling);
+    }
+    Range::new(lo, hi)
+}
+
+/// What a placement reads (Linux's `get_unmapped_area` needs only the
+/// tree): an edit's view, or a range writer's before it holds anything,
+/// whose gap searches skip candidates that ranges in `avoid` (held or
+/// waited for by other writers) make busy.
+pub(crate) struct View<'v> {
+    mm: &'v AddressSpace,
+    pin: &'v Guard,
+    avoid: &'v [Range],
+}
+
+impl<'v> View<'v> {
+    /// A view of `mm`'s tree with nothing to avoid.
+    pub(crate) fn new(mm: &'v AddressSpace, pin: &'v Guard) -> Self {
+        View {
+            mm,
+            pin,
+            avoid: &[],
+        }
+    }
+
+    /// The first VMA ending above `addr` (Linux's `find_vma`).
+    pub(crate) fn find_after(&self, addr: u64) -> Option<VmaRef> {
+        self.mm.tree.find_after(addr, self.pin).map(|(_, v)| *v)
+    }
+
+    /// The lowest (or, with `top_down`, the highest) page-aligned free
+    /// range of `len` bytes inside `[low, high)` (Linux's
+    /// `unmapped_area` and `unmapped_area_topdown`) whose range, a page
+    /// wider on each side, meets no range in `avoid`.
+    pub(crate) fn free_area(
+        &self,
+        mut low: u64,
+        mut high: u64,
+        len: u64,
+        top_down: bool,
+    ) -> Option<u64> {
+        loop {
+            let s = free_area_in(&self.mm.tree, self.pin, low, high, len, top_down)?;
+            let lo = s.saturating_sub(PAGE_SIZE);
+            let hi = s.saturating_add(len).saturating_add(PAGE_SIZE);
+            let Some(a) = self.avoid.iter().find(|a| a.start < hi && lo < a.end) else {
+                return Some(s);
+            };
+            // Each step moves the window past `a`: it ends.
+            if top_down {
+                high = high.min(a.start.checked_sub(PAGE_SIZE)?);
+            } else {
+                low = low.max(a.end.checked_add(PAGE_SIZE)?);
+            }
+            if high < low {
+                return None;
+            }
+        }
+    }
+}

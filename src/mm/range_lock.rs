@@ -1,0 +1,313 @@
+//! The range lock of [`WriterLocking::Range`](crate::WriterLocking::Range):
+//! a reader-writer lock over half-open address ranges.
+//!
+//! A holder locks a range shared or exclusive; two holds conflict when
+//! their ranges overlap and one of them is exclusive. Requests are served
+//! in arrival order among those they conflict with (a request waits for
+//! every conflicting hold and every conflicting earlier request), so a
+//! stream of writers on one part of the space never starves a reader of the
+//! whole of it, and disjoint requests never wait for each other.
+//!
+//! # The protocol of range-locked writers
+//!
+//! What each writer locks (its *neighbourhood*, computed from the tree,
+//! then re-validated with the lock held: if the neighbourhood grew, the
+//! writer unlocks and retries with the larger range):
+//! - mprotect and an mmap into free space: its range `r` widened by one
+//!   page on each side, plus the whole of every VMA overlapping that: the
+//!   VMAs it may split or merge with. The page on each side makes two new
+//!   mappings that would touch conflict, so they merge as one writer after
+//!   the other would have.
+//! - munmap, and an mmap over mapped pages (which unmaps them first): also
+//!   the hole around `r` up to the VMAs on either side, where it frees page
+//!   tables of every level (`Edit::free_pgtables` also clamps the limits
+//!   of `free_tables_within` to what it holds). A 2 MiB-aligned clamp of
+//!   the hole was tried: it left upper-level tables linked (more
+//!   page-table memory than the mmap_lock mode, which
+//!   `tests/semantics/munmap.rs` catches), so the hole stays whole.
+//! - an mmap without a hint (`Edit::begin_placed`, `mm/edit/range.rs`): the gap search skips
+//!   candidates that, a page wider on each side, meet a range held or
+//!   waited for ([`RangeLock::busy`]); the choice's neighbourhood is then
+//!   try-locked (exclusive, so two placements never both hold one gap)
+//!   and checked again under the lock (still free of VMAs and stack guard
+//!   gaps, neighbourhood inside the hold), else the search runs again. No
+//!   writer holds the whole space for it. A candidate skipped for a
+//!   conflict may put the result one hold away from where a serial run
+//!   would (a kernel makes no promise on placement); with no other writer
+//!   the result is exactly the serial one.
+//! - every other writer (mremap, brk, madvise that changes VMAs, mlock,
+//!   mlockall, fork, exec reset, the stack, userfault registration, the
+//!   space's drop) and every mmap_lock reader (the fault fallback, forced
+//!   access, pinning, `vmas()`, madvise's zaps) locks the whole space:
+//!   correct and not scalable, the `MmapLock` behaviour.
+//!
+//! Why it is enough: every tree store, VMA change and page-table free of a
+//! writer lies inside its neighbourhood, and every VMA it reads to decide
+//! lies wholly inside it; a neighbourhood is validated under the lock, and
+//! only a holder of an overlapping range could change what it validated.
+//! So two holders of disjoint ranges touch disjoint VMAs, tree ranges and
+//! page tables, and each sees the tree (outside its range) as some serial
+//! order would.
+//!
+//! The tree's commits stay serialized: each store takes the tree's writer
+//! mutex for one path copy and root swap (a few hundred nanoseconds), and
+//! is the one critical section range writers still share, beside this
+//! lock's own mutex (one short acquisition at lock and unlock, and the gap
+//! search of a placement). Zaps, page-table frees, TLB flushes, frame frees
+//! and VMA setup run under the range lock only.
+//!
+//! Why each lock-free reader stays correct: writers that overlap in time
+//! share one write section of the mm sequence ([`MmLockSeq::join`]): it
+//! becomes odd when the first writer starts and even when the last one
+//! leaves, so a VMA stamped by any of them reads write-locked until all of
+//! them are done, and the even value's `Release` store follows every
+//! writer's changes (each leaves under the section's mutex, the last store
+//! comes after). The per-VMA read lock, the speculative fault and the
+//! prechecks compare stamps with the sequence exactly as with one writer:
+//! the argument of `spec_fault` holds writer by writer, since each one
+//! stamps and sweeps a VMA before changing it, and a VMA already stamped
+//! in the shared section has had no reader since (a second writer may
+//! then skip the stamp and sweep, as one writer does the second time).
+//! The cost is liveness, not safety: while writers keep overlapping, a
+//! VMA one of them changed stays write-locked for the lock-free readers,
+//! which fall back to the locked paths (whole space, shared). Translators
+//! and device slices rely on the TLB flush each writer issues for its own
+//! range (flushes serialize on the TLB's flush lock as before).
+//!
+//! [`MmLockSeq::join`]: crate::vma::seq::MmLockSeq::join
+//!
+//! # Locking
+//!
+//! The range lock replaces the mmap_lock as level 1 of the order in
+//! [`crate::mm`]; its mutex is a leaf (never held while waiting for
+//! anything but itself, except the gap search's lock-free tree reads).
+
+use crate::addr::Range;
+use crate::sync::{Condvar, Mutex, MutexGuard};
+
+/// The whole address space, as a lockable range.
+pub(crate) const WHOLE: Range = Range {
+    start: 0,
+    end: u64::MAX,
+};
+
+/// One hold or waiting request.
+#[derive(Clone, Copy, Debug)]
+struct Hold {
+    /// Arrival order (waiting requests) and identity (holds).
+    ticket: u64,
+    r: Range,
+    exclusive: bool,
+}
+
+impl Hold {
+    fn conflicts(&self, r: Range, exclusive: bool) -> bool {
+        (self.exclusive || exclusive) && self.r.start < r.end && r.start < self.r.end
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    next: u64,
+    /// Releases so far (a placement waits for the next one).
+    releases: u64,
+    held: Vec<Hold>,
+    waiting: Vec<Hold>,
+}
+
+impl State {
+    fn grantable(&self, me: &Hold) -> bool {
+        !self.held.iter().any(|h| h.conflicts(me.r, me.exclusive))
+            && !self
+                .waiting
+                .iter()
+                .any(|w| w.ticket < me.ticket && w.conflicts(me.r, me.exclusive))
+    }
+
+    fn ticket(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+}
+
+/// A reader-writer lock over address ranges (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct RangeLock {
+    /// Protected by: itself.
+    state: Mutex<State>,
+    /// Signalled when a hold is released.
+    released: Condvar,
+}
+
+/// A held range; dropping it releases the range.
+#[derive(Debug)]
+pub(crate) struct RangeGuard<'a> {
+    lock: &'a RangeLock,
+    ticket: u64,
+    range: Range,
+}
+
+impl RangeGuard<'_> {
+    /// The range held.
+    pub(crate) fn range(&self) -> Range {
+        self.range
+    }
+}
+
+impl Drop for RangeGuard<'_> {
+    fn drop(&mut self) {
+        let mut st = self.lock.state.lock();
+        if let Some(i) = st.held.iter().position(|h| h.ticket == self.ticket) {
+            st.held.swap_remove(i);
+        }
+        st.releases += 1;
+        drop(st);
+        self.lock.released.notify_all();
+    }
+}
+
+impl RangeLock {
+    /// An unlocked range lock.
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    /// Locks `r`, exclusive or shared, waiting for conflicting holds and
+    /// earlier conflicting requests.
+    pub(crate) fn lock(&self, r: Range, exclusive: bool) -> RangeGuard<'_> {
+        let mut st = self.state.lock();
+        let me = Hold {
+            ticket: st.ticket(),
+            r,
+            exclusive,
+        };
+        if st.grantable(&me) {
+            return self.grant(st, me);
+        }
+        st.waiting.push(me);
+        loop {
+            st = self.released.wait(st);
+            if st.grantable(&me) {
+                let i = st
+                    .waiting
+                    .iter()
+                    .position(|w| w.ticket == me.ticket)
+                    .expect("a waiter stays queued until granted");
+                st.waiting.remove(i);
+                // Requests behind this one may have waited only for it as
+                // a request; now it is a hold, which they wait for anyway.
+                return self.grant(st, me);
+            }
+        }
+    }
+
+    /// Locks `r` if no hold or earlier request conflicts.
+    pub(crate) fn try_lock(&self, r: Range, exclusive: bool) -> Option<RangeGuard<'_>> {
+        let mut st = self.state.lock();
+        let me = Hold {
+            ticket: st.ticket(),
+            r,
+            exclusive,
+        };
+        st.grantable(&me).then(|| self.grant(st, me))
+    }
+
+    fn grant<'a>(&'a self, mut st: MutexGuard<'_, State>, me: Hold) -> RangeGuard<'a> {
+        st.held.push(me);
+        RangeGuard {
+            lock: self,
+            ticket: me.ticket,
+            range: me.r,
+        }
+    }
+
+    /// The ranges held or waited for now (every one conflicts with an
+    /// exclusive request), and the count of releases so far.
+    pub(crate) fn busy(&self) -> (Vec<Range>, u64) {
+        let st = self.state.lock();
+        let v = st
+            .held
+            .iter()
+            .chain(st.waiting.iter())
+            .map(|h| h.r)
+            .collect();
+        (v, st.releases)
+    }
+
+    /// Waits until some hold is released after [`busy`](Self::busy) said
+    /// `releases`.
+    pub(crate) fn wait_release(&self, releases: u64) {
+        let mut st = self.state.lock();
+        while st.releases == releases {
+            st = self.released.wait(st);
+        }
+    }
+}
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    fn r(a: u64, b: u64) -> Range {
+        Range::new(a, b)
+    }
+
+    #[test]
+    fn disjoint_and_shared_holds_coexist_overlapping_exclusive_ones_do_not() {
+        let l = RangeLock::new();
+        let a = l.lock(r(0, 10), true);
+        let _b = l.lock(r(10, 20), true);
+        assert!(l.try_lock(r(9, 11), true).is_none());
+        assert!(l.try_lock(r(5, 6), false).is_none());
+        drop(a);
+        let s1 = l.try_lock(r(0, 5), false).expect("free");
+        let s2 = l.try_lock(r(0, 5), false).expect("shared with shared");
+        assert!(l.try_lock(r(4, 5), true).is_none());
+        drop(s1);
+        assert!(l.try_lock(r(0, 10), true).is_none(), "s2 still holds");
+        drop(s2);
+        assert_eq!(
+            l.try_lock(r(0, 10), true).map(|g| g.range()),
+            Some(r(0, 10))
+        );
+    }
+
+    #[test]
+    fn a_waiter_blocks_later_conflicting_requests() {
+        let l = Arc::new(RangeLock::new());
+        let g = l.lock(r(0, 10), true);
+        let got = Arc::new(AtomicBool::new(false));
+        let t = {
+            let (l, got) = (l.clone(), got.clone());
+            std::thread::spawn(move || {
+                let _w = l.lock(WHOLE, false);
+                got.store(true, Ordering::SeqCst);
+            })
+        };
+        // Wait until the whole-space reader is queued.
+        while l.state.lock().waiting.is_empty() {
+            std::thread::yield_now();
+        }
+        // A later writer far from the hold still queues behind the reader.
+        assert!(l.try_lock(r(100, 200), true).is_none());
+        assert!(!got.load(Ordering::SeqCst));
+        drop(g);
+        t.join().unwrap();
+        assert!(got.load(Ordering::SeqCst));
+        assert!(l.try_lock(r(100, 200), true).is_some());
+    }
+
+    #[test]
+    fn busy_lists_holds_and_waiters_and_counts_releases() {
+        let l = RangeLock::new();
+        let g = l.lock(r(0, 10), true);
+        let (busy, n) = l.busy();
+        assert_eq!(busy, vec![r(0, 10)]);
+        drop(g);
+        let (busy, m) = l.busy();
+        assert!(busy.is_empty() && m == n + 1);
+        l.wait_release(n); // returns at once: a release happened
+    }
+}

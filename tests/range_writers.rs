@@ -1,0 +1,262 @@
+//! Range-locked writers (`WriterLocking::Range`) through the public API:
+//! writers on disjoint ranges from several threads, placements racing for
+//! gaps, merges where neighbourhoods touch, and writers against faults.
+//! Each check would fail if two writers could change one VMA at once, if
+//! two placements could pick one gap, or if a fault could act on a VMA a
+//! writer is changing.
+
+use aspace::{AddressSpace, Config, FaultLocking, MapFlags, Prot, WriterLocking, PAGE_SIZE};
+use std::sync::{Arc, Barrier, Mutex};
+
+const RW: Prot = Prot::READ.union(Prot::WRITE);
+const MODES: [FaultLocking; 3] = [
+    FaultLocking::Speculative,
+    FaultLocking::PerVma,
+    FaultLocking::MmapLock,
+];
+
+fn anon() -> MapFlags {
+    MapFlags::PRIVATE | MapFlags::ANONYMOUS
+}
+
+fn space(fault_locking: FaultLocking) -> Arc<AddressSpace> {
+    Arc::new(AddressSpace::new(Config {
+        fault_locking,
+        writer_locking: WriterLocking::Range,
+        ..Config::default()
+    }))
+}
+
+fn pat(t: u64, i: u64, page: u64) -> u8 {
+    (t.wrapping_mul(31) ^ i.wrapping_mul(7) ^ page.wrapping_mul(13)) as u8
+}
+
+/// Each thread: mmap without a hint, write a pattern, mprotect its middle
+/// read-only (a split), read everything back, check the middle refuses a
+/// write, munmap. Live ranges never overlap; nothing is left at the end.
+#[test]
+fn disjoint_writers_keep_their_patterns() {
+    for mode in MODES {
+        let mm = space(mode);
+        let live: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+        let threads = 4u64;
+        let pages = 16u64;
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let (mm, live) = (mm.clone(), live.clone());
+                std::thread::spawn(move || {
+                    for i in 0..200u64 {
+                        let len = pages * PAGE_SIZE;
+                        let a = mm.mmap(0, len, RW, anon()).unwrap();
+                        {
+                            let mut l = live.lock().unwrap();
+                            assert!(
+                                l.iter().all(|&(s, e)| a + len <= s || e <= a),
+                                "placement overlapped a live mapping"
+                            );
+                            l.push((a, a + len));
+                        }
+                        for p in 0..pages {
+                            mm.write(a + p * PAGE_SIZE, &[pat(t, i, p); 64]).unwrap();
+                        }
+                        let mid = a + 4 * PAGE_SIZE;
+                        mm.mprotect(mid, 4 * PAGE_SIZE, Prot::READ).unwrap();
+                        for p in 0..pages {
+                            let mut b = [0u8; 64];
+                            mm.read(a + p * PAGE_SIZE, &mut b).unwrap();
+                            assert_eq!(b, [pat(t, i, p); 64], "thread {t} page {p}");
+                        }
+                        assert!(mm.write(mid, &[1]).is_err(), "the middle is read-only");
+                        live.lock().unwrap().retain(|&(s, _)| s != a);
+                        mm.munmap(a, len).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert_eq!(mm.map_count(), 0, "{mode:?}");
+        assert!(mm.vmas().is_empty());
+        assert_eq!(mm.frames_used(), 0);
+    }
+}
+
+/// Placements race for gaps and keep what they got: every mapping is
+/// distinct, and the space holds exactly their pages.
+#[test]
+fn concurrent_placements_never_overlap() {
+    let mm = space(FaultLocking::Speculative);
+    let threads = 4;
+    let per = 300;
+    let start = Arc::new(Barrier::new(threads));
+    let hs: Vec<_> = (0..threads)
+        .map(|t| {
+            let (mm, start) = (mm.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                // Different protections: neighbours never merge, so every
+                // mapping stays one VMA.
+                let prot = if t % 2 == 0 { RW } else { Prot::READ };
+                (0..per)
+                    .map(|_| (mm.mmap(0, 3 * PAGE_SIZE, prot, anon()).unwrap(), prot))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut all: Vec<(u64, Prot)> = hs.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    all.sort_by_key(|&(a, _)| a);
+    for w in all.windows(2) {
+        assert!(w[0].0 + 3 * PAGE_SIZE <= w[1].0, "two placements overlap");
+    }
+    let mapped: u64 = mm.vmas().iter().map(|v| v.end - v.start).sum();
+    assert_eq!(mapped, all.len() as u64 * 3 * PAGE_SIZE);
+    for &(a, prot) in &all {
+        let v = mm
+            .vmas()
+            .into_iter()
+            .find(|v| v.start <= a && a < v.end)
+            .unwrap();
+        assert_eq!(v.prot, prot);
+    }
+}
+
+/// Two writers whose neighbourhoods touch: each maps its half of a region
+/// with `MAP_FIXED` at once; whichever goes second merges, so the region
+/// is one VMA every round, as one writer after the other leaves it.
+#[test]
+fn fixed_mappings_that_touch_merge() {
+    let mm = space(FaultLocking::Speculative);
+    let half = 8 * PAGE_SIZE;
+    let base = mm.mmap(0, 2 * half, RW, anon()).unwrap();
+    mm.munmap(base, 2 * half).unwrap();
+    let rounds = 300;
+    let bar = Arc::new(Barrier::new(2));
+    let hs: Vec<_> = (0..2u64)
+        .map(|t| {
+            let (mm, bar) = (mm.clone(), bar.clone());
+            std::thread::spawn(move || {
+                let a = base + t * half;
+                for _ in 0..rounds {
+                    bar.wait();
+                    let got = mm.mmap(a, half, RW, anon() | MapFlags::FIXED).unwrap();
+                    assert_eq!(got, a);
+                    mm.write(a, &[t as u8 + 1]).unwrap();
+                    bar.wait();
+                    if t == 0 {
+                        let vs = mm.vmas();
+                        assert_eq!(vs.len(), 1, "the halves merged: {vs:?}");
+                        assert_eq!((vs[0].start, vs[0].end), (base, base + 2 * half));
+                        let mut b = [0u8; 1];
+                        mm.read(base + half, &mut b).unwrap();
+                        assert_eq!(b, [2]);
+                        mm.munmap(base, 2 * half).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    assert_eq!(mm.map_count(), 0);
+}
+
+/// Two writers split and re-merge adjacent halves of one VMA at once
+/// (mprotect to read-only and back): the VMA is whole again at the end.
+#[test]
+fn mprotects_on_touching_halves_remerge() {
+    let mm = space(FaultLocking::Speculative);
+    let half = 8 * PAGE_SIZE;
+    let base = mm.mmap(0, 2 * half, RW, anon()).unwrap();
+    let hs: Vec<_> = (0..2u64)
+        .map(|t| {
+            let mm = mm.clone();
+            std::thread::spawn(move || {
+                let a = base + t * half;
+                for i in 0..500u64 {
+                    let p = a + (i % 8) * PAGE_SIZE;
+                    mm.mprotect(p, PAGE_SIZE, Prot::READ).unwrap();
+                    mm.mprotect(p, PAGE_SIZE, RW).unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let vs = mm.vmas();
+    assert_eq!(vs.len(), 1, "{vs:?}");
+    assert_eq!(
+        (vs[0].start, vs[0].end, vs[0].prot),
+        (base, base + 2 * half, RW)
+    );
+}
+
+/// Faulting threads write and check patterns in their own VMA while
+/// writers split and re-merge those VMAs (mprotect adding and removing
+/// `PROT_EXEC`) and churn mappings beside them: no byte is lost, in every
+/// fault mode.
+#[test]
+fn writers_against_faults() {
+    for mode in MODES {
+        let mm = space(mode);
+        let pages = 32u64;
+        let faulters = 2u64;
+        let regions: Vec<u64> = (0..faulters)
+            .map(|_| mm.mmap(0, pages * PAGE_SIZE, RW, anon()).unwrap())
+            .collect();
+        let vmas_before = mm.vmas();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut hs = Vec::new();
+        for (t, &base) in regions.iter().enumerate() {
+            let (mm, stop) = (mm.clone(), stop.clone());
+            hs.push(std::thread::spawn(move || {
+                let t = t as u64;
+                let mut i = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) || i < 50 {
+                    let p = i % pages;
+                    mm.write(base + p * PAGE_SIZE + 8, &[pat(t, i, p); 32])
+                        .unwrap();
+                    let mut b = [0u8; 32];
+                    mm.read(base + p * PAGE_SIZE + 8, &mut b).unwrap();
+                    assert_eq!(b, [pat(t, i, p); 32], "{mode:?} thread {t} page {p}");
+                    i += 1;
+                }
+            }));
+        }
+        let writers: Vec<_> = regions
+            .iter()
+            .map(|&base| {
+                let mm = mm.clone();
+                std::thread::spawn(move || {
+                    for i in 0..300u64 {
+                        let p = base + (i % 30) * PAGE_SIZE;
+                        mm.mprotect(p, 2 * PAGE_SIZE, RW | Prot::EXEC).unwrap();
+                        mm.mprotect(p, 2 * PAGE_SIZE, RW).unwrap();
+                        let a = mm.mmap(0, 4 * PAGE_SIZE, RW, anon()).unwrap();
+                        mm.write(a, &[7]).unwrap();
+                        mm.munmap(a, 4 * PAGE_SIZE).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for h in hs {
+            h.join().unwrap();
+        }
+        let spans = |v: Vec<aspace::VmaInfo>| {
+            v.iter()
+                .map(|v| (v.start, v.end, v.prot))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            spans(mm.vmas()),
+            spans(vmas_before),
+            "{mode:?}: merged back"
+        );
+    }
+}
