@@ -64,6 +64,14 @@ fn run(mode: WriterLocking, threads: usize, secs: f64) -> f64 {
     total.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64()
 }
 
+const USAGE: &str = "usage: cargo run --release --example range_writers -- [OPTIONS]
+
+options:
+  --threads 1,2   writing thread counts, comma-separated (default: 1,2)
+  --secs S        seconds per run (default: 1)
+  --reps N        repetitions of every point; the median is printed (default: 5)
+  -h, --help      print this help";
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -75,12 +83,23 @@ fn main() {
     let mut reps = 5;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        let v = args.next().unwrap_or_else(|| panic!("{a} needs a value"));
-        match a.as_str() {
-            "--threads" => threads = v.split(',').map(|t| t.parse().expect("count")).collect(),
-            "--secs" => secs = v.parse().expect("seconds"),
-            "--reps" => reps = v.parse().expect("repetitions"),
-            _ => panic!("usage: range_writers [--threads 1,2] [--secs S] [--reps N]"),
+        if a == "--help" || a == "-h" {
+            println!("{USAGE}");
+            return;
+        }
+        let parsed = args.next().and_then(|v| match a.as_str() {
+            "--threads" => v
+                .split(',')
+                .map(|t| t.parse().ok().filter(|&n| n > 0))
+                .collect::<Option<Vec<usize>>>()
+                .map(|t| threads = t),
+            "--secs" => v.parse().ok().filter(|&s: &f64| s > 0.0).map(|s| secs = s),
+            "--reps" => v.parse().ok().filter(|&n| n > 0).map(|n| reps = n),
+            _ => None,
+        });
+        if parsed.is_none() {
+            eprintln!("range_writers: bad option or value at {a}\n\n{USAGE}");
+            std::process::exit(2);
         }
     }
     let modes = [WriterLocking::MmapLock, WriterLocking::Range];
