@@ -96,6 +96,8 @@ const HINT: &str = "a hinted VMA is validated as a tree result is (stamp below t
 /// A speculative first write prepares the anon_vma under the mmap_lock
 /// read side, stamp re-read under it.
 const PREPARE_LOCKED_OUT: Cell = Apart("serialized by the mmap_lock: the prepare holds its read side (try-locked) with the stamp re-read under it, the writer its write side from its anon_vma reads to its end; its install afterwards is the speculative fault's cell");
+/// With range writers the prepare's try-read is the whole space shared.
+const PREPARE_RANGE_LOCKED_OUT: Cell = Apart("serialized by the range lock: the prepare's mmap_lock try-read is, with range writers, a try-lock of the whole space shared (mm/mmap_lock.rs), which no range writer's exclusive hold overlaps, and a range writer holds its range from its neighbours' anon_vma reads to its end; its install afterwards is the speculative fault's cell");
 /// Why a first write's install shares the speculative fault's models.
 const PREPARE_THEN_INSTALL: &str = "runs under the mmap_lock read side beside the prepare but reads and changes no anon_vma; the install after the prepare is the speculative fault's, ordered by the same stamp and PTE lock";
 
@@ -175,6 +177,9 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("speculative first write (anon_vma prepare)", "THP split", Shares("thp.rs", "lookup_vs_split", "a split rewrites a leaf's entries under the PMD lock and reads no anon_vma, so it cannot meet the prepare; the install after it is the speculative fault's against a split")),
     ("speculative first write (anon_vma prepare)", "THP fault", Apart("a huge fault prepares the anon_vma the same way (mmap_lock read side, compare-exchange under the family's lock): one links it, the other adopts it")),
     ("speculative first write (anon_vma prepare)", "THP collapse", PREPARE_LOCKED_OUT),
+    ("speculative first write (anon_vma prepare)", "range munmap", PREPARE_RANGE_LOCKED_OUT),
+    ("speculative first write (anon_vma prepare)", "range mprotect", PREPARE_RANGE_LOCKED_OUT),
+    ("speculative first write (anon_vma prepare)", "range mmap", PREPARE_RANGE_LOCKED_OUT),
     // The per-VMA fault: holds the VMA's read lock.
     ("per-VMA fault", "munmap", Model("fault.rs", "fault_vs_munmap_same_page")),
     ("per-VMA fault", "mprotect", Model("fault.rs", "write_vs_mprotect_read")),
