@@ -310,7 +310,7 @@ fn spec_first_write_vs_neighbour_merge() {
         t.join().unwrap();
         assert_eq!(mm.vmas().len(), 1, "N merged into V");
         loom_door::check_ptes(&mm).unwrap();
-        common::check_rmap(&mm);
+        common::rmap::check_rmap(&mm);
     });
 }
 
@@ -337,7 +337,7 @@ fn spec_first_write_vs_munmap_reuse() {
         t.join().unwrap();
         assert!(mm.stats().vma_reused >= 1, "the object was recycled");
         loom_door::check_ptes(&mm).unwrap();
-        common::check_rmap(&mm);
+        common::rmap::check_rmap(&mm);
         mm.munmap(B, 2 * PAGE_SIZE).unwrap();
         assert_eq!(mm.frames_used(), 0, "a frame leaked");
     });
@@ -370,7 +370,7 @@ fn spec_first_write_vs_fork() {
         assert_eq!(x, [0], "the parent's store reached the child");
         loom_door::check_ptes(&mm).unwrap();
         loom_door::check_ptes(&child).unwrap();
-        common::check_rmap(&mm);
-        common::check_rmap(&child);
+        common::rmap::check_rmap(&mm);
+        common::rmap::check_rmap(&child);
     });
 }

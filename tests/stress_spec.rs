@@ -13,6 +13,8 @@
 //! and, exactly as it was at fork, in each child, whose reverse map must
 //! list both spaces.
 
+#[path = "common/rmap.rs"]
+mod rmap;
 #[path = "common/rng.rs"]
 mod rng;
 
@@ -459,17 +461,7 @@ fn first_writes_under_merge_split_fork() {
                     let _g = gate.write().unwrap();
                     let child = mm.fork().unwrap();
                     let want: Vec<u64> = expect.iter().map(|e| e.load(Ordering::Relaxed)).collect();
-                    for v in mm.vmas().into_iter().filter(|v| v.anon_vma) {
-                        for a in (v.start..v.end).step_by(PAGE_SIZE as usize) {
-                            let hits = mm.rmap_walk(a);
-                            assert!(
-                                hits.iter().any(|h| h.mm_id == mm.id() && h.addr == a),
-                                "{a:#x} of {:#x}..{:#x} not in its family's rmap: {hits:?}",
-                                v.start,
-                                v.end
-                            );
-                        }
-                    }
+                    rmap::check_rmap(&mm);
                     for (k, &x) in want.iter().enumerate().filter(|(_, &x)| x != 0) {
                         let (i, p) = (k as u64 / FW_PAGES, k as u64 % FW_PAGES);
                         let a = w(i) + p * PAGE_SIZE;

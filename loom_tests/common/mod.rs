@@ -7,6 +7,10 @@
 use aspace::{
     loom_door, Access, AddressSpace, Advice, Config, Error, FaultLocking, MapFlags, Prot, PAGE_SIZE,
 };
+/// The reverse-map check (`rmap::check_rmap`), shared with `tests/stress_spec.rs`.
+#[path = "../../tests/common/rmap.rs"]
+pub mod rmap;
+
 use loom::sync::Arc;
 use loom::thread;
 
@@ -114,23 +118,4 @@ pub fn spec_vs_uffd_register(mm: Arc<AddressSpace>, a: u64, len: u64) {
     }
     loom_door::check_ptes(&mm).unwrap();
     drop(uffd);
-}
-
-/// The reverse map is exact for `mm`: every page of every VMA with an
-/// anon_vma is found by a walk of its family (`rmap_walk` lists this
-/// space at that address). A VMA filed under a stale key (its start moved
-/// without a re-key) or not filed at all fails. Call it with no writer of
-/// `mm` running.
-pub fn check_rmap(mm: &AddressSpace) {
-    for v in mm.vmas().into_iter().filter(|v| v.anon_vma) {
-        for a in (v.start..v.end).step_by(PAGE_SIZE as usize) {
-            let hits = mm.rmap_walk(a);
-            assert!(
-                hits.iter().any(|h| h.mm_id == mm.id() && h.addr == a),
-                "{a:#x} of {:#x}..{:#x} not in its family's rmap: {hits:?}",
-                v.start,
-                v.end
-            );
-        }
-    }
 }
