@@ -10,13 +10,12 @@
 #![cfg(aspace_loom)]
 
 mod common;
-use common::{cfg, fixed, model, rw};
+use common::{cfg, fixed, model, rw, store_vs_flush};
 
 use aspace::{
     loom_door, Access, AddressSpace, Advice, Config, FaultError, FaultLocking, MapFlags, Prot,
     WriterLocking, PAGE_SIZE,
 };
-use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -177,28 +176,22 @@ fn spec_fault_vs_range_mprotect() {
 /// `translator_store_vs_munmap`, whose comment claims it.)
 #[test]
 fn translator_store_vs_range_munmap() {
-    model(|| {
-        let mm = space(FaultLocking::PerVma);
-        mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
-        mm.write(A, &[1]).unwrap();
-        let done = Arc::new(AtomicBool::new(false));
-        let (m2, d2) = (mm.clone(), done.clone());
-        let t = thread::spawn(move || {
-            let mut tr = m2.translator();
-            let _ = tr.load::<u8>(A);
-            let flushed = d2.load(Ordering::SeqCst);
-            let r = tr.store::<u8>(A, 7);
-            if flushed {
-                assert_eq!(r.map_err(|e| e.kind), Err(FaultError::NoMapping));
-            }
-        });
-        mm.munmap(A, PAGE_SIZE).unwrap();
-        done.store(true, Ordering::SeqCst);
-        mm.mmap(B, PAGE_SIZE, rw(), fixed()).unwrap();
-        mm.write(B, &[0]).unwrap(); // takes the frame A had
-        t.join().unwrap();
-        let mut x = [0xffu8; 1];
-        mm.read(B, &mut x).unwrap();
-        assert_eq!(x, [0], "a store landed in a freed frame");
-    });
+    store_vs_flush(
+        || Config {
+            writer_locking: WriterLocking::Range,
+            ..cfg()
+        },
+        A,
+        |mm| mm.munmap(A, PAGE_SIZE).unwrap(),
+        FaultError::NoMapping,
+        |mm| {
+            mm.mmap(B, PAGE_SIZE, rw(), fixed()).unwrap();
+            mm.write(B, &[0]).unwrap(); // takes the frame A had
+        },
+        |mm, ()| {
+            let mut x = [0xffu8; 1];
+            mm.read(B, &mut x).unwrap();
+            assert_eq!(x, [0], "a store landed in a freed frame");
+        },
+    );
 }

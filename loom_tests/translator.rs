@@ -8,7 +8,7 @@
 #![cfg(aspace_loom)]
 
 mod common;
-use common::{cfg, fixed, rw};
+use common::{cfg, fixed, rw, store_vs_flush};
 
 use aspace::{AddressSpace, FaultError, Prot, PAGE_SIZE};
 use loom::sync::atomic::{AtomicBool, Ordering};
@@ -17,40 +17,6 @@ use loom::thread;
 
 const A: u64 = 0x4000_0000;
 const B: u64 = 0x5000_0000;
-
-/// The race both models run: a thread's translator caches A's writable
-/// entry, then stores 7 through it, while the main thread runs `flush`.
-/// A store that begins after `flush` returned must fail with `denied`.
-/// Then the main thread runs `after` (whose result is a snapshot), joins
-/// the translator's thread and hands the snapshot to `check`.
-fn store_vs_flush<S: 'static>(
-    flush: fn(&AddressSpace),
-    denied: FaultError,
-    after: fn(&AddressSpace) -> S,
-    check: fn(&AddressSpace, S),
-) {
-    loom::model(move || {
-        let mm = Arc::new(AddressSpace::new(cfg()));
-        mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
-        mm.write(A, &[1]).unwrap();
-        let done = Arc::new(AtomicBool::new(false));
-        let (m2, d2) = (mm.clone(), done.clone());
-        let t = thread::spawn(move || {
-            let mut tr = m2.translator();
-            let _ = tr.load::<u8>(A); // fills the entry (unless flushed)
-            let flushed = d2.load(Ordering::SeqCst);
-            let r = tr.store::<u8>(A, 7);
-            if flushed {
-                assert_eq!(r.map_err(|e| e.kind), Err(denied), "a stale entry was used");
-            }
-        });
-        flush(&mm);
-        done.store(true, Ordering::SeqCst);
-        let snap = after(&mm);
-        t.join().unwrap();
-        check(&mm, snap);
-    });
-}
 
 /// Against munmap of A, after which A's freed frame goes to a new page at
 /// B: a store that starts after munmap returned fails (the flush dropped
@@ -65,6 +31,8 @@ fn store_vs_flush<S: 'static>(
 #[test]
 fn translator_store_vs_munmap() {
     store_vs_flush(
+        cfg,
+        A,
         |mm| mm.munmap(A, PAGE_SIZE).unwrap(),
         FaultError::NoMapping,
         |mm| {
@@ -90,6 +58,8 @@ fn translator_store_vs_munmap() {
 #[test]
 fn translator_store_vs_mprotect_read() {
     store_vs_flush(
+        cfg,
+        A,
         |mm| mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap(),
         FaultError::AccessDenied,
         |mm| {

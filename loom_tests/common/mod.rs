@@ -5,14 +5,16 @@
 #![allow(dead_code)]
 
 use aspace::{
-    loom_door, Access, AddressSpace, Advice, Config, Error, FaultLocking, MapFlags, Prot, PAGE_SIZE,
+    loom_door, Access, AddressSpace, Advice, Config, Error, FaultError, FaultLocking, MapFlags,
+    Prot, PAGE_SIZE,
 };
+use loom::sync::atomic::{AtomicBool, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+
 /// The reverse-map check (`rmap::check_rmap`), shared with `tests/stress_spec.rs`.
 #[path = "../../tests/common/rmap.rs"]
 pub mod rmap;
-
-use loom::sync::Arc;
-use loom::thread;
 
 /// Runs `f` under loom at the bound `loom.sh` sets.
 pub fn model(f: impl Fn() + Sync + Send + 'static) {
@@ -118,4 +120,41 @@ pub fn spec_vs_uffd_register(mm: Arc<AddressSpace>, a: u64, len: u64) {
     }
     loom_door::check_ptes(&mm).unwrap();
     drop(uffd);
+}
+
+/// A translator against a flush (`translator.rs`, `range_writers.rs`): in
+/// a space made with `config`, a thread's translator caches `a`'s writable
+/// entry, then stores 7 through it, while the main thread runs `flush`.
+/// A store that begins after `flush` returned must fail with `denied`.
+/// Then the main thread runs `after` (whose result is a snapshot), joins
+/// the translator's thread and hands the snapshot to `check`.
+pub fn store_vs_flush<S: 'static>(
+    config: fn() -> Config,
+    a: u64,
+    flush: fn(&AddressSpace),
+    denied: FaultError,
+    after: fn(&AddressSpace) -> S,
+    check: fn(&AddressSpace, S),
+) {
+    loom::model(move || {
+        let mm = Arc::new(AddressSpace::new(config()));
+        mm.mmap(a, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(a, &[1]).unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let (m2, d2) = (mm.clone(), done.clone());
+        let t = thread::spawn(move || {
+            let mut tr = m2.translator();
+            let _ = tr.load::<u8>(a); // fills the entry (unless flushed)
+            let flushed = d2.load(Ordering::SeqCst);
+            let r = tr.store::<u8>(a, 7);
+            if flushed {
+                assert_eq!(r.map_err(|e| e.kind), Err(denied), "a stale entry was used");
+            }
+        });
+        flush(&mm);
+        done.store(true, Ordering::SeqCst);
+        let snap = after(&mm);
+        t.join().unwrap();
+        check(&mm, snap);
+    });
 }
