@@ -5,6 +5,26 @@ use core::fmt;
 /// An error from an address-space call, with the errno Linux returns for the
 /// same call ([`Error::errno`]). Convert it into a [`std::io::Error`] with
 /// `?` or `From` (the raw errno).
+///
+/// # Matching errors
+///
+/// Equality compares variants and their contents, so two errors with the
+/// same errno can differ: a user-mode access that faults is
+/// [`Error::Memory`] (with where and how much was done), while an
+/// argument check that finds no mapping is [`Error::Fault`]; both are
+/// `EFAULT`. To ask "which errno", compare errnos, or use
+/// [`same_errno`](Error::same_errno):
+///
+/// ```
+/// use aspace::{AddressSpace, Config, Error};
+///
+/// let mm = AddressSpace::new(Config::default());
+/// let e = mm.write(0x10000, b"x").unwrap_err(); // nothing mapped there
+/// assert!(matches!(e, Error::Memory(m) if m.addr == 0x10000 && m.done == 0));
+/// assert_ne!(e, Error::Fault);                 // not the same variant,
+/// assert!(e.same_errno(Error::Fault));         // but the same errno
+/// assert_eq!(e.errno(), 14);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Error {
@@ -78,6 +98,14 @@ impl Error {
             Error::BadFd => 9,
             Error::CrossDevice => 18,
         }
+    }
+
+    /// Whether `self` and `other` carry the same errno, whatever else
+    /// they say: `Error::Memory(..)` and `Error::PageFault(..)` of a
+    /// mapping error are both [`Error::Fault`] by this test (see
+    /// "Matching errors" above).
+    pub const fn same_errno(self, other: Error) -> bool {
+        self.errno() == other.errno()
     }
 
     /// The error with Linux errno value `errno`, if it is one of ours.

@@ -15,6 +15,31 @@
 //! the code: one line per file, how a fault and an mmap flow, each
 //! protocol and the model that checks it, and the lock order.
 //!
+//! # Example
+//!
+//! A space of its own, a mapping, a store through the page-fault path, a
+//! guest-style access through a soft TLB, and the maps line Linux would
+//! print:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use aspace::{AddressSpace, Config, MapFlags, Prot, Translator};
+//!
+//! let mm = Arc::new(AddressSpace::new(Config::default()));
+//! let a = mm.mmap(0, 1 << 20, Prot::READ | Prot::WRITE,
+//!                 MapFlags::PRIVATE | MapFlags::ANONYMOUS)?;
+//! mm.write(a, b"hello")?;                  // faults the page in
+//! let mut cpu = Translator::new_owned(mm.clone()); // 'static, Send
+//! assert_eq!(cpu.load::<u8>(a)?, b'h');    // walks once, then hits
+//! cpu.store::<u32>(a + 8, 7)?;
+//! mm.mprotect(a, 4096, Prot::READ)?;       // flushes every translator
+//! let f = cpu.store::<u32>(a + 8, 0).unwrap_err();
+//! assert_eq!(f.addr, a + 8);               // si_addr, with si_code
+//! assert_eq!(mm.vmas().len(), 2);          // the mprotect split the VMA
+//! print!("{}", mm.maps());                 // /proc/pid/maps format
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! Feature `workloads` (off by default) adds the module `workloads`: the
 //! benchmarks' instantiation workload behind a small trait, implemented
 //! for [`AddressSpace`] in every mode and for the running kernel, to run

@@ -159,8 +159,11 @@ pub struct Config {
     /// 2009 vma_adjust fast path. `false` takes the lock for every
     /// adjustment of a VMA with an anon_vma, as Linux since 2012.
     pub brk_fast_path: bool,
-    /// Use deferred-to-drop reclamation instead of epochs (loom models only;
-    /// leaks until the address space is dropped).
+    /// Use deferred-to-drop reclamation instead of epochs (leaks until the
+    /// address space is dropped). Loom builds only, where epochs would
+    /// explode the state space; ordinary builds have no such field, so it
+    /// appears in no user's struct literal.
+    #[cfg(aspace_loom)]
     #[doc(hidden)]
     pub deferred_reclaim: bool,
     /// Initial stack limit in bytes (`RLIMIT_STACK`'s soft limit; default
@@ -233,6 +236,7 @@ impl Default for Config {
             },
             mremap_extent: MremapExtent::Batched,
             shootdown_cost_ns: 0,
+            #[cfg(aspace_loom)]
             deferred_reclaim: false,
             brk_fast_path: true,
             stack_limit: 8 << 20,

@@ -344,8 +344,13 @@ impl AddressSpace {
         frames: Arc<FrameAllocator>,
         pool: Option<Arc<VmaPool>>,
     ) -> Self {
+        // Deferred reclamation exists only for loom models (see `Config`).
+        #[cfg(aspace_loom)]
+        let deferred_reclaim = cfg.deferred_reclaim;
+        #[cfg(not(aspace_loom))]
+        let deferred_reclaim = false;
         let reclaimer = || {
-            if cfg.deferred_reclaim {
+            if deferred_reclaim {
                 Reclaimer::deferred()
             } else {
                 Reclaimer::epoch()
@@ -366,17 +371,14 @@ impl AddressSpace {
                 },
                 cfg.writer_locking == WriterLocking::Range,
             ),
-            pt: LazyWith::new(
-                (cfg.deferred_reclaim, frames.clone()),
-                |(deferred, frames)| {
-                    let r = if *deferred {
-                        Reclaimer::deferred()
-                    } else {
-                        Reclaimer::epoch()
-                    };
-                    PageTable::with_frames(r, frames.clone())
-                },
-            ),
+            pt: LazyWith::new((deferred_reclaim, frames.clone()), |(deferred, frames)| {
+                let r = if *deferred {
+                    Reclaimer::deferred()
+                } else {
+                    Reclaimer::epoch()
+                };
+                PageTable::with_frames(r, frames.clone())
+            }),
             frames,
             tlb: LazyWith::new(cfg.shootdown_cost_ns, |&ns| TlbState::new(ns)),
             stats: StatCounters::new(),

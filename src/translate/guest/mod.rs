@@ -9,6 +9,12 @@
 //! without a translation, as a device does, and the view is what keeps
 //! those frames from being freed or reused under them.
 //!
+//! Guest RAM usually starts at guest-physical address 0, below a default
+//! space's `mmap_min_addr` (64 KiB, as Linux's `vm.mmap_min_addr`, which
+//! makes a fixed mapping there `EPERM`): a VMM's space is made with
+//! `Config { mmap_min_addr: 0, ..Config::default() }` and maps its RAM at 0
+//! with `MapFlags::FIXED` (the README's vm-memory section has the example).
+//!
 //! It is the IOMMU-aware trait: every access names its [`Permissions`],
 //! and, as an IOMMU would, [`check_range`](GuestMemory::check_range) and
 //! [`get_slices`](GuestMemory::get_slices) translate page by page through
