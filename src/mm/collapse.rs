@@ -103,7 +103,7 @@ fn collapse_span(
             fail = CollapseFail::Pinned;
             return false;
         }
-        head = frames.alloc_huge();
+        head = super::thp::alloc_huge(mm);
         if head.is_none() {
             fail = CollapseFail::NoMemory;
         }
