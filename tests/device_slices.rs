@@ -481,3 +481,38 @@ fn pins_inside_a_huge_page_keep_it_whole() {
     assert_eq!(read_u64(&child, a + 9 * P), 0);
     assert_eq!(read_u64(&child, a + 7 * P), 0x77);
 }
+
+/// `clear_refs` (soft-dirty) over a 2 MiB page with a pinned subpage
+/// resets the leaf whole, as Linux 6.x's `clear_soft_dirty_pmd` (which
+/// looks at no pin): no split, every page clean, and the device's pin
+/// still reaches the page the guest sees, whose next write reuses the
+/// huge page whole. (The running kernel has no `CONFIG_MEM_SOFT_DIRTY`:
+/// not compared.)
+#[test]
+fn clear_refs_over_a_pinned_huge_page_resets_the_leaf_whole() {
+    const HUGE: u64 = 2 << 20;
+    let mm = AddressSpace::new(Config {
+        thp: aspace::ThpMode::Madvise,
+        ..Config::default()
+    });
+    let m = mm.mmap(0, 2 * HUGE, RW, anon()).unwrap();
+    let a = m.next_multiple_of(HUGE);
+    mm.madvise(a, HUGE, Advice::HugePage).unwrap();
+    mm.write(a, &[1]).unwrap();
+    let mem = mm.guest_memory();
+    let dev = slice_of(&mem, a + 7 * P, Permissions::Write);
+    assert_eq!(mem.pinned_frames(), 1);
+    mm.clear_refs(ClearRefs::SoftDirty);
+    assert_eq!(mm.stats().thp_split_pmd, 0, "the reset split the leaf");
+    assert_eq!(mm.anon_huge_pages(a), Some(HUGE));
+    let pm = mm.pagemap(a, HUGE).unwrap();
+    assert!(pm.iter().all(|e| !e.is_soft_dirty()), "the pinned page too");
+    dev.write_obj(0x77u64, 0).unwrap();
+    assert_eq!(read_u64(&mm, a + 7 * P), 0x77);
+    // The guest's write faults, reuses the pinned huge page whole.
+    mm.write(a + 9 * P, &[9]).unwrap();
+    assert_eq!(mm.stats().thp_split_pmd, 0);
+    assert!(mm.pagemap(a + 7 * P, P).unwrap()[0].is_soft_dirty());
+    dev.write_obj(0x78u64, 0).unwrap();
+    assert_eq!(read_u64(&mm, a + 7 * P), 0x78, "the pin reaches the page");
+}
