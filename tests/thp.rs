@@ -636,6 +636,56 @@ fn khugepaged_collapses_spans_within_max_ptes_none() {
     check(&child, a, HUGE);
 }
 
+#[test]
+fn khugepaged_collapses_spans_within_max_ptes_shared() {
+    let mm = AddressSpace::new(Config {
+        thp: ThpMode::Madvise,
+        thp_max_ptes_shared: 100,
+        ..Config::default()
+    });
+    let a = mm.mmap(BASE, 3 * HUGE, RW, anon()).unwrap();
+    fill(&mm, a, 3 * HUGE);
+    // Shared copy-on-write with a child, then the parent's own copy of
+    // every page but the last 100, 101 and 0 of each span.
+    let child = mm.fork().unwrap();
+    for (span, shared) in [(0, 100), (1, 101), (2, 0)] {
+        let s = a + span * HUGE;
+        fill(&mm, s, HUGE - shared * PAGE_SIZE);
+    }
+    mm.madvise(a, 3 * HUGE, Advice::HugePage).unwrap();
+    assert_eq!(mm.khugepaged_scan(), 2);
+    assert_eq!(mm.anon_huge_pages(a), Some(2 * HUGE));
+    check(&mm, a, 3 * HUGE);
+    check(&child, a, 3 * HUGE);
+    // MADV_COLLAPSE ignores the limit, as Linux's: the span left (101
+    // shared pages) is collapsed now.
+    mm.madvise(a + HUGE, HUGE, Advice::Collapse).unwrap();
+    assert_eq!(mm.anon_huge_pages(a), Some(3 * HUGE));
+    check(&mm, a, 3 * HUGE);
+    check(&child, a, 3 * HUGE);
+}
+
+#[test]
+fn khugepaged_wants_a_referenced_page() {
+    let mm = space(ThpMode::Madvise);
+    let a = mm.mmap(BASE, 2 * HUGE, RW, anon()).unwrap();
+    fill(&mm, a, 2 * HUGE);
+    mm.madvise(a, 2 * HUGE, Advice::HugePage).unwrap();
+    // Every entry old: nothing referenced since the reset.
+    mm.clear_refs(aspace::ClearRefs::Anon);
+    assert_eq!(mm.khugepaged_scan(), 0);
+    // A fault makes one entry of the first span young.
+    let p = a + 5 * PAGE_SIZE;
+    mm.madvise(p, PAGE_SIZE, Advice::DontNeed).unwrap();
+    mm.write(p + 8, &[byte_at(p)]).unwrap();
+    assert_eq!(mm.khugepaged_scan(), 1);
+    assert_eq!(mm.anon_huge_pages(a), Some(HUGE));
+    // MADV_COLLAPSE wants none, as Linux's.
+    mm.madvise(a + HUGE, HUGE, Advice::Collapse).unwrap();
+    assert_eq!(mm.anon_huge_pages(a), Some(2 * HUGE));
+    check(&mm, a, 2 * HUGE);
+}
+
 /// The same calls on a region of this process and on a space, with
 /// `AnonHugePages` of every VMA of the window compared between
 /// `/proc/self/smaps` and [`AddressSpace::anon_huge_pages`].
