@@ -710,6 +710,8 @@ mod against_the_kernel {
         Move(u64, u64, u64),
         /// fork, the child kept alive to the end.
         Fork,
+        /// `clear_refs` 1: every accessed bit cleared (no page referenced).
+        ClearAccessed,
     }
 
     /// The kernel's mode, if it has THP at all (`None`: skip).
@@ -928,6 +930,10 @@ mod against_the_kernel {
                         libc::close(fds[0]);
                         children.push((pid, fds[1], mm.fork().unwrap()));
                     }
+                    Op::ClearAccessed => {
+                        std::fs::write("/proc/self/clear_refs", "1").unwrap();
+                        mm.clear_refs(aspace::ClearRefs::All);
+                    }
                 }
             }
             let (kv, av) = (kernel_huge(kb), aspace_huge(&mm));
@@ -1058,6 +1064,29 @@ mod against_the_kernel {
                     Op::Map(HUGE, 2 * HUGE),
                     Op::WriteAll(HUGE, 2 * HUGE),
                     Op::Advise(HUGE + p, 2 * HUGE - p, Advice::Collapse),
+                ],
+            ),
+            (
+                // Linux's MADV_COLLAPSE ignores khugepaged's
+                // max_ptes_shared (510 pages shared with the child here)
+                // and referenced rules.
+                "MADV_COLLAPSE of pages shared with a fork child",
+                vec![
+                    Op::Map(HUGE, 2 * HUGE),
+                    Op::WriteAll(HUGE, 2 * HUGE),
+                    Op::Fork,
+                    Op::Write(HUGE + 5 * p),
+                    Op::Write(HUGE + 9 * p),
+                    Op::Advise(HUGE, 2 * HUGE, Advice::Collapse),
+                ],
+            ),
+            (
+                "MADV_COLLAPSE with no page referenced",
+                vec![
+                    Op::Map(HUGE, 2 * HUGE),
+                    Op::WriteAll(HUGE, 2 * HUGE),
+                    Op::ClearAccessed,
+                    Op::Advise(HUGE, 2 * HUGE, Advice::Collapse),
                 ],
             ),
             (

@@ -129,6 +129,9 @@
 //! - the `releasing` lock and the `grow` lock, when the pool holds too
 //!   many resident frames (every `2 * keep` spilled) or a chunk is
 //!   obtained.
+//! - every CPU slot's cache and the pool, when a huge allocation finds
+//!   no huge frame free whole and rebuilds one from free 4 KiB frames
+//!   (`reassemble`; not retried before 512 more frees after a failure).
 //!
 //! # Locking
 //!
