@@ -11,10 +11,10 @@
 //! which know nothing of blocks. A rebuild first lets in the frames on
 //! their way back (`settle`: page-table pages retired to the epoch),
 //! then holds the `releasing` lock (no frame is then out of the lists
-//! for a release), moves every CPU
-//! cache's frames (dirty, zero and its never-used range) to the pool,
-//! counts the pool's free frames per 512-aligned block, and takes the
-//! lowest block whose 512 frames are all free out of the lists. The
+//! for a release), moves every CPU cache's frames (dirty, zero and its
+//! never-used range) to the pool, counts the pool's free frames per
+//! 512-aligned block, and takes the lowest block whose 512 frames are
+//! all free out of the lists. The
 //! rebuilt frame may hold someone's bytes if any of its frames came from
 //! a dirty list: the allocation then clears all 2 MiB (on a memory that
 //! zeroes frames), as for a huge frame freed dirty; made only of frames
@@ -31,9 +31,10 @@
 //! on the rare path of a huge allocation that found nothing else. It
 //! empties the CPU caches, whose next takes refill from the pool. A
 //! rebuild that finds no whole block is not tried again before 512 more
-//! data frames were freed (the CPU slots' free counts, which `used_in_memory`
-//! sums already), so a fault storm with no block to rebuild pays one pass
-//! per 512 frees, not one per fault.
+//! data frames were freed (the CPU slots' free counts, which
+//! `used_in_memory` sums already), so a fault storm with no block to
+//! rebuild pays one pass per 512 frees, not one per fault. (A block made
+//! whole by fewer frees after a failure waits for the count too.)
 //!
 //! On the process's shared memory, whose never-used frames reach 1 TiB,
 //! a huge allocation takes never-used frames first and rebuilds only
