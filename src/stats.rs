@@ -174,6 +174,13 @@ counters! {
     thp_split_pmd,
     /// 2 MiB spans collapsed into a huge page (`thp_collapse_alloc`).
     thp_collapse_alloc,
+    /// Huge frames rebuilt for a THP fault or collapse from the 512 free
+    /// 4 KiB frames of one aligned block, freed one by one, when no huge
+    /// frame was free whole (see `phys::reassemble`). Linux's buddy
+    /// allocator merges freed pages as they are freed, uncounted; its
+    /// counterpart of a rebuild that needs work is a successful
+    /// compaction (`compact_success`).
+    thp_frame_rebuilt,
 }
 
 pub(crate) struct StatCounters {

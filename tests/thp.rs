@@ -26,7 +26,12 @@ fn space(mode: ThpMode) -> AddressSpace {
 
 /// `len` bytes at BASE, advised MADV_HUGEPAGE.
 fn huge_region(mm: &AddressSpace, len: u64) -> u64 {
-    let a = mm.mmap(BASE, len, RW, anon()).unwrap();
+    huge_region_at(mm, BASE, len)
+}
+
+/// `len` bytes at `at`, advised MADV_HUGEPAGE.
+fn huge_region_at(mm: &AddressSpace, at: u64, len: u64) -> u64 {
+    let a = mm.mmap(at, len, RW, anon()).unwrap();
     mm.madvise(a, len, Advice::HugePage).unwrap();
     a
 }
@@ -252,6 +257,80 @@ fn no_contiguous_memory_falls_back_to_4k_pages_counted() {
     mm.madvise(b2, HUGE, Advice::HugePage).unwrap();
     mm.write(b2, b"d").unwrap();
     assert_eq!(mm.stats().thp_fault_alloc, 2);
+}
+
+/// Checks the counts of huge faults, rebuilt huge frames and fallbacks,
+/// and that the huge page at `b` reads what [`check_written_once`] wrote.
+fn check_rebuilt(mm: &AddressSpace, b: u64, (alloc, rebuilt, fallback): (u64, u64, u64)) {
+    let st = mm.stats();
+    let got = (
+        st.thp_fault_alloc,
+        st.thp_frame_rebuilt,
+        st.thp_fault_fallback,
+    );
+    assert_eq!(got, (alloc, rebuilt, fallback), "{st}");
+    assert_eq!(mm.anon_huge_pages(b), Some(HUGE));
+    check_written_once(mm, b);
+}
+
+/// Reads every page of the huge page at `b`, whose first byte only was
+/// written: a huge frame rebuilt from dirty 4 KiB frames must be cleared.
+fn check_written_once(mm: &AddressSpace, b: u64) {
+    let mut got = vec![1u8; HUGE as usize];
+    mm.read(b, &mut got).unwrap();
+    assert_eq!(got[0], b'd');
+    got[0] = 0;
+    let kept = got.iter().position(|&x| x != 0);
+    assert_eq!(kept, None, "a rebuilt huge frame kept someone's bytes");
+}
+
+#[test]
+fn a_huge_page_split_and_unmapped_page_by_page_is_rebuilt() {
+    // 3 MiB of memory: one 512-aligned block, taken by the first huge
+    // fault; the second span falls back to 4 KiB.
+    let pool = Arc::new(FrameAllocator::new(3 << 20, true));
+    let mm = AddressSpace::with_pool(Config::default(), pool);
+    let a = huge_region(&mm, 2 * HUGE);
+    fill(&mm, a, HUGE);
+    mm.write(a + HUGE, b"b").unwrap();
+    assert_eq!(mm.anon_huge_pages(a), Some(HUGE));
+    assert_eq!(mm.stats().thp_fault_fallback, 1);
+    // Split by the first munmap, then freed one 4 KiB frame at a time.
+    for p in (a..a + HUGE).step_by(PAGE_SIZE as usize) {
+        mm.munmap(p, PAGE_SIZE).unwrap();
+    }
+    assert_eq!(mm.stats().thp_split_pmd, 1);
+    // The next huge fault gets the block back, rebuilt (Linux's buddy
+    // allocator merges the freed pages into an order-9 block again).
+    let b = huge_region_at(&mm, BASE + 4 * HUGE, HUGE);
+    mm.write(b, b"d").unwrap();
+    check_rebuilt(&mm, b, (2, 1, 1));
+    let mut kept = [0u8];
+    mm.read(a + HUGE, &mut kept).unwrap();
+    assert_eq!(&kept, b"b");
+}
+
+#[test]
+fn memory_churned_in_4k_pages_gets_a_huge_page_again() {
+    // 8 MiB of memory (4 blocks of 512 frames), every block used by
+    // 4 KiB pages (6 MiB faulted with no advice, in madvise mode, and
+    // their tables), then the last 2 MiB freed: the frames of the last
+    // block are all free again, those of the others are not.
+    let pool = Arc::new(FrameAllocator::new(8 << 20, true));
+    let mm = AddressSpace::with_pool(Config::default(), pool);
+    let a = mm.mmap(BASE, 3 * HUGE, RW, anon()).unwrap();
+    fill(&mm, a, 3 * HUGE);
+    assert_eq!(mm.anon_huge_pages(a), Some(0));
+    mm.munmap(a + 2 * HUGE, HUGE).unwrap();
+    // Two huge faults: the first gets the free block, rebuilt; the
+    // second finds none (every other block holds mapped pages) and falls
+    // back to 4 KiB.
+    let b = huge_region_at(&mm, BASE + 4 * HUGE, 2 * HUGE);
+    mm.write(b, b"d").unwrap();
+    mm.write(b + HUGE, b"d").unwrap();
+    check_rebuilt(&mm, b, (1, 1, 1));
+    // The 4 KiB pages still mapped kept their bytes.
+    check(&mm, a, 2 * HUGE);
 }
 
 #[test]
@@ -557,6 +636,56 @@ fn khugepaged_collapses_spans_within_max_ptes_none() {
     check(&child, a, HUGE);
 }
 
+#[test]
+fn khugepaged_collapses_spans_within_max_ptes_shared() {
+    let mm = AddressSpace::new(Config {
+        thp: ThpMode::Madvise,
+        thp_max_ptes_shared: 100,
+        ..Config::default()
+    });
+    let a = mm.mmap(BASE, 3 * HUGE, RW, anon()).unwrap();
+    fill(&mm, a, 3 * HUGE);
+    // Shared copy-on-write with a child, then the parent's own copy of
+    // every page but the last 100, 101 and 0 of each span.
+    let child = mm.fork().unwrap();
+    for (span, shared) in [(0, 100), (1, 101), (2, 0)] {
+        let s = a + span * HUGE;
+        fill(&mm, s, HUGE - shared * PAGE_SIZE);
+    }
+    mm.madvise(a, 3 * HUGE, Advice::HugePage).unwrap();
+    assert_eq!(mm.khugepaged_scan(), 2);
+    assert_eq!(mm.anon_huge_pages(a), Some(2 * HUGE));
+    check(&mm, a, 3 * HUGE);
+    check(&child, a, 3 * HUGE);
+    // MADV_COLLAPSE ignores the limit, as Linux's: the span left (101
+    // shared pages) is collapsed now.
+    mm.madvise(a + HUGE, HUGE, Advice::Collapse).unwrap();
+    assert_eq!(mm.anon_huge_pages(a), Some(3 * HUGE));
+    check(&mm, a, 3 * HUGE);
+    check(&child, a, 3 * HUGE);
+}
+
+#[test]
+fn khugepaged_wants_a_referenced_page() {
+    let mm = space(ThpMode::Madvise);
+    let a = mm.mmap(BASE, 2 * HUGE, RW, anon()).unwrap();
+    fill(&mm, a, 2 * HUGE);
+    mm.madvise(a, 2 * HUGE, Advice::HugePage).unwrap();
+    // Every entry old: nothing referenced since the reset.
+    mm.clear_refs(aspace::ClearRefs::Anon);
+    assert_eq!(mm.khugepaged_scan(), 0);
+    // A fault makes one entry of the first span young.
+    let p = a + 5 * PAGE_SIZE;
+    mm.madvise(p, PAGE_SIZE, Advice::DontNeed).unwrap();
+    mm.write(p + 8, &[byte_at(p)]).unwrap();
+    assert_eq!(mm.khugepaged_scan(), 1);
+    assert_eq!(mm.anon_huge_pages(a), Some(HUGE));
+    // MADV_COLLAPSE wants none, as Linux's.
+    mm.madvise(a + HUGE, HUGE, Advice::Collapse).unwrap();
+    assert_eq!(mm.anon_huge_pages(a), Some(2 * HUGE));
+    check(&mm, a, 2 * HUGE);
+}
+
 /// The same calls on a region of this process and on a space, with
 /// `AnonHugePages` of every VMA of the window compared between
 /// `/proc/self/smaps` and [`AddressSpace::anon_huge_pages`].
@@ -581,6 +710,8 @@ mod against_the_kernel {
         Move(u64, u64, u64),
         /// fork, the child kept alive to the end.
         Fork,
+        /// `clear_refs` 1: every accessed bit cleared (no page referenced).
+        ClearAccessed,
     }
 
     /// The kernel's mode, if it has THP at all (`None`: skip).
@@ -799,6 +930,10 @@ mod against_the_kernel {
                         libc::close(fds[0]);
                         children.push((pid, fds[1], mm.fork().unwrap()));
                     }
+                    Op::ClearAccessed => {
+                        std::fs::write("/proc/self/clear_refs", "1").unwrap();
+                        mm.clear_refs(aspace::ClearRefs::All);
+                    }
                 }
             }
             let (kv, av) = (kernel_huge(kb), aspace_huge(&mm));
@@ -929,6 +1064,29 @@ mod against_the_kernel {
                     Op::Map(HUGE, 2 * HUGE),
                     Op::WriteAll(HUGE, 2 * HUGE),
                     Op::Advise(HUGE + p, 2 * HUGE - p, Advice::Collapse),
+                ],
+            ),
+            (
+                // Linux's MADV_COLLAPSE ignores khugepaged's
+                // max_ptes_shared (510 pages shared with the child here)
+                // and referenced rules.
+                "MADV_COLLAPSE of pages shared with a fork child",
+                vec![
+                    Op::Map(HUGE, 2 * HUGE),
+                    Op::WriteAll(HUGE, 2 * HUGE),
+                    Op::Fork,
+                    Op::Write(HUGE + 5 * p),
+                    Op::Write(HUGE + 9 * p),
+                    Op::Advise(HUGE, 2 * HUGE, Advice::Collapse),
+                ],
+            ),
+            (
+                "MADV_COLLAPSE with no page referenced",
+                vec![
+                    Op::Map(HUGE, 2 * HUGE),
+                    Op::WriteAll(HUGE, 2 * HUGE),
+                    Op::ClearAccessed,
+                    Op::Advise(HUGE, 2 * HUGE, Advice::Collapse),
                 ],
             ),
             (

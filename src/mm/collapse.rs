@@ -8,10 +8,18 @@
 //! translator store can land on an old page after it is copied), its
 //! pages copied into a huge frame and the leaf installed; the old table
 //! goes through the epoch, the old frames back to the pool.
-//! `MADV_COLLAPSE` ignores the THP mode and `max_ptes_none` (it fills any
-//! number of empty entries, as Linux's does); khugepaged honours both.
-//! Linux's khugepaged also wants a recently referenced page and at most
-//! `max_ptes_shared` shared ones; this scan looks at neither.
+//!
+//! khugepaged's heuristics (`Limits::khugepaged`) are Linux's: a span
+//! is collapsed only with at most `max_ptes_none` empty entries (or the
+//! zero page), at most `max_ptes_shared` pages shared with another
+//! mapping (a fork relative's copy-on-write share: a frame referenced
+//! more than once), and at least one referenced page (an entry with the
+//! accessed bit, which faults set and `clear_refs` clears: aspace has no
+//! hardware setting it on access, nor swap, whose pages Linux wants half
+//! referenced). `MADV_COLLAPSE` ignores the THP mode and all three (it
+//! fills any number of empty entries and copies shared pages, as Linux's
+//! does since 6.1, `collapse_control::is_khugepaged`). Both refuse a
+//! span with a userfault-protected or pinned page.
 //!
 //! # Locking
 //!
@@ -25,7 +33,7 @@ use super::thp::{mode_allows, vma_allows};
 use super::AddressSpace;
 use crate::addr::Range;
 use crate::error::{Error, Result};
-use crate::phys::Pfn;
+use crate::phys::{FrameAllocator, Pfn};
 use crate::pt::{Pte, PteFlags, HUGE_SIZE};
 use crate::stats::Event;
 use crate::tlb::Gather;
@@ -45,6 +53,11 @@ enum CollapseFail {
     UffdWp,
     /// A page pinned by a device (`SCAN_PAGE_COUNT`): `EINVAL`.
     Pinned,
+    /// More shared pages than allowed (`SCAN_EXCEED_SHARED_PTE`,
+    /// khugepaged only).
+    TooShared,
+    /// No page referenced (`SCAN_LACK_REFERENCED_PAGE`, khugepaged only).
+    NotReferenced,
     /// No huge frame free (`SCAN_ALLOC_HUGE_PAGE_FAIL`): `ENOMEM`.
     NoMemory,
 }
@@ -59,21 +72,81 @@ impl CollapseFail {
     fn errno(self) -> Error {
         match self {
             CollapseFail::TooEmpty | CollapseFail::NoMemory => Error::NoMem,
-            CollapseFail::NoTable | CollapseFail::UffdWp | CollapseFail::Pinned => Error::Inval,
+            CollapseFail::NoTable
+            | CollapseFail::UffdWp
+            | CollapseFail::Pinned
+            | CollapseFail::TooShared
+            | CollapseFail::NotReferenced => Error::Inval,
         }
     }
 }
 
+/// What a collapse allows of a span's 512 entries.
+#[derive(Clone, Copy)]
+struct Limits {
+    /// Empty entries (or the zero page) at most.
+    max_none: usize,
+    /// Pages shared with another mapping at most.
+    max_shared: usize,
+    /// At least one entry must have the accessed bit.
+    referenced: bool,
+}
+
+impl Limits {
+    /// `MADV_COLLAPSE`'s: none.
+    const MADVISE: Limits = Limits {
+        max_none: 511,
+        max_shared: 512,
+        referenced: false,
+    };
+
+    /// khugepaged's: the space's `thp_max_ptes_none` and
+    /// `thp_max_ptes_shared`, and a referenced page.
+    fn khugepaged(mm: &AddressSpace) -> Limits {
+        Limits {
+            max_none: mm.cfg.thp_max_ptes_none.min(511) as usize,
+            max_shared: mm.cfg.thp_max_ptes_shared.min(512) as usize,
+            referenced: true,
+        }
+    }
+
+    /// Why the span's old entries `old` may not be collapsed within
+    /// these limits, or `None`: the rules of the module docs, pins
+    /// looked up in `frames`, in Linux's order (`hpage_collapse_scan_pmd`).
+    fn refuse(self, old: &[Pte], frames: &FrameAllocator) -> Option<CollapseFail> {
+        let none = old.iter().filter(|p| p.frame().is_none()).count();
+        if none > self.max_none {
+            return Some(CollapseFail::TooEmpty);
+        }
+        if old.iter().any(|p| p.flags().contains(PteFlags::UFFD_WP)) {
+            return Some(CollapseFail::UffdWp);
+        }
+        let pages = || old.iter().filter_map(|p| p.frame());
+        // Pins are not counted by `refcount`: a frame referenced more
+        // than once is mapped elsewhere too.
+        if pages().filter(|&f| frames.refcount(f) > 1).count() > self.max_shared {
+            return Some(CollapseFail::TooShared);
+        }
+        if pages().any(|f| frames.maybe_pinned(f)) {
+            return Some(CollapseFail::Pinned);
+        }
+        let young = |p: &Pte| p.flags().contains(PteFlags::ACCESSED);
+        if self.referenced && !old.iter().filter(|p| p.frame().is_some()).any(young) {
+            return Some(CollapseFail::NotReferenced);
+        }
+        None
+    }
+}
+
 /// Collapses the 2 MiB span at `start` of `v` (locked by `ed`'s caller)
-/// into a huge page: its 4 KiB pages copied into a huge frame, at most
-/// `max_none` of its 512 entries empty (or the zero page): the table
-/// unlinked, the span's translations flushed, the pages copied, the leaf
-/// installed, the old frames freed. Already huge: done.
+/// into a huge page within `limits`: its 4 KiB pages copied into a huge
+/// frame, the table unlinked, the span's translations flushed, the pages
+/// copied, the leaf installed, the old frames freed. Already huge: done.
 fn collapse_span(
     mm: &AddressSpace,
     v: &Vma,
     start: u64,
-    max_none: u32,
+    limits: Limits,
 ) -> core::result::Result<(), CollapseFail> {
     let Some(pt) = mm.pt.peek() else {
         return Err(CollapseFail::NoTable);
@@ -86,24 +159,11 @@ fn collapse_span(
     let mut fail = CollapseFail::NoTable;
     let mut head = None;
     let old = pt.collapse_unlink(start, &g, |old| {
-        let none = old.iter().filter(|p| p.frame().is_none()).count();
-        if none > max_none as usize {
-            fail = CollapseFail::TooEmpty;
+        if let Some(f) = limits.refuse(old, frames) {
+            fail = f;
             return false;
         }
-        if old.iter().any(|p| p.flags().contains(PteFlags::UFFD_WP)) {
-            fail = CollapseFail::UffdWp;
-            return false;
-        }
-        if old
-            .iter()
-            .filter_map(|p| p.frame())
-            .any(|f| frames.maybe_pinned(f))
-        {
-            fail = CollapseFail::Pinned;
-            return false;
-        }
-        head = frames.alloc_huge();
+        head = super::thp::alloc_huge(mm);
         if head.is_none() {
             fail = CollapseFail::NoMemory;
         }
@@ -175,7 +235,7 @@ impl AddressSpace {
             }
             ed.lock(v);
             for start in spans(&v, r) {
-                if let Err(f) = collapse_span(self, &v, start, 511) {
+                if let Err(f) = collapse_span(self, &v, start, Limits::MADVISE) {
                     last_fail = Some(f);
                     // Linux goes on past a page it cannot take now and
                     // stops at anything else (`madvise_collapse`).
@@ -192,9 +252,14 @@ impl AddressSpace {
     }
 
     /// One pass of khugepaged over the whole space: in every VMA the THP
-    /// mode gives huge pages to, each 2 MiB-aligned span with a page table
-    /// and at most [`Config::thp_max_ptes_none`](crate::Config::thp_max_ptes_none)
-    /// empty entries is collapsed into a huge page. Returns how many were.
+    /// mode gives huge pages to, each 2 MiB-aligned span with a page table,
+    /// at most [`Config::thp_max_ptes_none`](crate::Config::thp_max_ptes_none)
+    /// empty entries, at most
+    /// [`Config::thp_max_ptes_shared`](crate::Config::thp_max_ptes_shared)
+    /// pages shared with another mapping and at least one referenced page
+    /// (accessed since the last [`clear_refs`](Self::clear_refs) of the
+    /// accessed bits) is collapsed into a huge page, as Linux's khugepaged
+    /// chooses. Returns how many were.
     /// Runs under the mmap_lock write side (Linux's khugepaged takes it
     /// for each collapse); call it when the space is idle, or from a
     /// thread of your own.
@@ -213,12 +278,11 @@ impl AddressSpace {
             }
             ed.lock(v);
             for start in todo {
-                let max = self.cfg.thp_max_ptes_none.min(511);
                 let already = self
                     .pt
                     .peek()
                     .is_some_and(|pt| pt.huge_at(start, &pt.pin()).is_some());
-                if !already && collapse_span(self, &v, start, max).is_ok() {
+                if !already && collapse_span(self, &v, start, Limits::khugepaged(self)).is_ok() {
                     n += 1;
                 }
             }

@@ -209,6 +209,12 @@ pub struct Config {
     /// entries may be empty for a collapse to fill them (default 511, as
     /// Linux's).
     pub thp_max_ptes_none: u32,
+    /// `khugepaged/max_ptes_shared`: how many of a 2 MiB span's pages may
+    /// be shared with another mapping (a fork relative, copy-on-write)
+    /// for [`khugepaged_scan`](crate::AddressSpace::khugepaged_scan) to
+    /// collapse it (default 256, half of 512, as Linux's;
+    /// `MADV_COLLAPSE` ignores it, as Linux's does).
+    pub thp_max_ptes_shared: u32,
 }
 
 /// Linux x86-64 `TASK_SIZE` with 4-level paging.
@@ -246,6 +252,7 @@ impl Default for Config {
             split_lock: crate::translate::SplitLock::Warn,
             thp: ThpMode::Madvise,
             thp_max_ptes_none: 511,
+            thp_max_ptes_shared: 256,
         }
     }
 }

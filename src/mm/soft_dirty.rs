@@ -24,7 +24,15 @@
 //!   is written without a fault: pinning sets its entry's bit, and the
 //!   reset leaves a pinned page's entry as it is, so it reads soft-dirty
 //!   until the first reset after its last pin is dropped (as VFIO reports
-//!   every pinned page dirty).
+//!   every pinned page dirty; Linux's `clear_soft_dirty` skips such a
+//!   PTE, `pte_is_pinned`).
+//! - a 2 MiB page (a PMD leaf) is reset whole, its one bit cleared and
+//!   the leaf write-protected, pinned subpages or not: Linux 6.x's
+//!   `clear_soft_dirty_pmd` looks at no pin, and skipping the pinned
+//!   subpages alone would split the leaf. As in Linux, a device's writes
+//!   through a pin held across the reset then leave the huge page reading
+//!   clean until the guest writes it (a fault that reuses the page whole,
+//!   pins and all: `mm::thp::huge_wp_fault`).
 //!
 //! Invariant: a writable present entry has `SOFT_DIRTY`, or lies in a VMA
 //! with `VM_SOFTDIRTY`. So a write that needs no fault is already
@@ -197,8 +205,11 @@ impl AddressSpace {
         let frames = &self.frames;
         for v in &vmas {
             self.pt.change_range(v.range(), &g, |va, pte| {
-                // Pins are taken under the read side we exclude.
-                if frames.maybe_pinned(pte.pfn()) {
+                // Pins are taken under the read side we exclude. A pinned
+                // page of a PMD leaf (whose lock `change_range` holds
+                // while it asks) is cleared with the leaf, as Linux's
+                // `clear_soft_dirty_pmd`, which looks at no pin: no split.
+                if frames.maybe_pinned(pte.pfn()) && self.pt.huge_at(va, &g).is_none() {
                     return pte;
                 }
                 if pte.is_writable() {

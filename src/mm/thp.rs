@@ -8,8 +8,9 @@
 //! keeps them until a collapse). A write gets a huge frame
 //! (`phys::huge`), cleared, mapped writable with one PMD leaf; a read
 //! gets the huge zero page (a read-only leaf of the zero page). A write
-//! fault that finds no huge frame falls back to a 4 KiB page and counts
-//! `thp_fault_fallback`.
+//! fault that finds no huge frame (none free whole, none to rebuild from
+//! free 4 KiB frames: `thp_frame_rebuilt` counts those rebuilt) falls
+//! back to a 4 KiB page and counts `thp_fault_fallback`.
 //!
 //! A write to a read-only leaf ([`huge_wp_fault`], Linux's
 //! `do_huge_pmd_wp_page`): the huge zero page gets a huge frame of its own
@@ -46,6 +47,16 @@ use crate::stats::Event;
 use crate::sync::Ordering;
 use crate::vma::{VmFlags, Vma};
 use crate::ThpMode;
+
+/// A huge frame for `mm` (see `phys::huge`), one rebuilt from free 4 KiB
+/// frames counted `thp_frame_rebuilt`.
+pub(crate) fn alloc_huge(mm: &AddressSpace) -> Option<Pfn> {
+    let (head, rebuilt) = mm.frames.alloc_huge_noting()?;
+    if rebuilt {
+        mm.stats.inc(Event::thp_frame_rebuilt);
+    }
+    Some(head)
+}
 
 /// Whether a fault at `addr` in a VMA with `flags` and `range` (anonymous
 /// and private if `anon_private`) may map the 2 MiB page around it.
@@ -114,7 +125,7 @@ pub(crate) fn huge_fault(
         return Ok(false);
     }
     let leaf = if access == Access::Write {
-        let Some(head) = mm.frames.alloc_huge() else {
+        let Some(head) = alloc_huge(mm) else {
             mm.stats.inc(Event::thp_fault_fallback);
             return Ok(false);
         };
@@ -172,7 +183,7 @@ pub(crate) fn huge_wp_fault(mm: &AddressSpace, vma: &Vma, page: u64, leaf: Pte, 
         if !eligible(mm, flags, vma.range(), vma.is_anonymous(), page) {
             return false;
         }
-        let Some(head) = mm.frames.alloc_huge() else {
+        let Some(head) = alloc_huge(mm) else {
             mm.stats.inc(Event::thp_fault_fallback);
             return false;
         };

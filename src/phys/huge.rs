@@ -12,10 +12,13 @@
 //! dirty ones (cleared by the fault that takes them); or from the
 //! never-used frames at the pool's `fresh` mark, advanced past
 //! the next 512-aligned run (frames skipped on the way, never used and
-//! so zero, go to the pool's `zeroed` list). Frames freed one by one are
-//! not gathered back into huge frames (Linux's compaction): when neither
-//! source has one, the allocation fails and the fault falls back to
-//! 4 KiB pages, counted (`thp_fault_fallback`).
+//! so zero, go to the pool's `zeroed` list); or, when those run out,
+//! rebuilt from the 512 free 4 KiB frames of one aligned block, freed
+//! one by one (`reassemble`: what Linux's buddy allocator gets by
+//! merging freed pages; counted `thp_frame_rebuilt` by the address
+//! space). When no source has one (no block has all its frames free),
+//! the allocation fails and the fault falls back to 4 KiB pages,
+//! counted (`thp_fault_fallback`).
 //!
 //! # References: one count per subframe
 //!
@@ -43,6 +46,7 @@
 //! frames from `fresh`), never under another lock of this module.
 
 use super::cache::Use;
+use super::reassemble::RebuildGate;
 use super::{FrameAllocator, Pfn, CHUNK_FRAMES};
 use crate::addr::PAGE_SIZE;
 use crate::percpu::cpu_id;
@@ -66,12 +70,24 @@ pub(super) struct HugeFree {
     dirty: Vec<Pfn>,
     /// First frame numbers of huge frames cleared when freed.
     cleared: Vec<Pfn>,
+    /// When a rebuild from 4 KiB frames may be tried again.
+    pub(super) gate: RebuildGate,
 }
 
 impl HugeFree {
     fn len(&self) -> usize {
         self.dirty.len() + self.cleared.len()
     }
+}
+
+/// A huge frame taken from the free lists.
+struct Taken {
+    /// Its first frame.
+    head: Pfn,
+    /// It may hold someone's bytes.
+    used_before: bool,
+    /// It was rebuilt from free 4 KiB frames.
+    rebuilt: bool,
 }
 
 /// The subframes of a huge frame a chunk at a time: each run's first
@@ -86,13 +102,27 @@ impl FrameAllocator {
     /// A huge frame: its first frame number, every subframe's reference
     /// count 1, charged 2 MiB, zero if the allocator zeroes frames.
     /// `None` if the budget has no 2 MiB of room or no huge frame is free
-    /// (see the module docs: freed 4 KiB frames are not reassembled).
+    /// and none can be rebuilt from free 4 KiB frames (see the module
+    /// docs).
+    #[cfg(test)]
     pub(crate) fn alloc_huge(&self) -> Option<Pfn> {
+        self.alloc_huge_noting().map(|(head, _)| head)
+    }
+
+    /// [`alloc_huge`](Self::alloc_huge), saying whether the huge frame
+    /// was rebuilt from free 4 KiB frames (`reassemble`), for the caller's
+    /// statistics.
+    pub(crate) fn alloc_huge_noting(&self) -> Option<(Pfn, bool)> {
         let budget = &**self.memory();
         if !budget.try_charge(HUGE_BYTES) {
             return None;
         }
-        let Some((head, used_before)) = self.take_huge() else {
+        let Some(Taken {
+            head,
+            used_before,
+            rebuilt,
+        }) = self.take_huge()
+        else {
             budget.uncharge(HUGE_BYTES);
             return None;
         };
@@ -110,7 +140,7 @@ impl FrameAllocator {
             }
         }
         self.count_huge(budget, false);
-        Some(head)
+        Some((head, rebuilt))
     }
 
     /// Counts a huge frame's 512 data frames in (`out` false) or out, in
@@ -128,19 +158,33 @@ impl FrameAllocator {
         budget.count_frames(cpu, out, HUGE_FRAMES as u64);
     }
 
-    /// A free huge frame, and whether it may hold someone's bytes: one
-    /// cleared when freed, else a dirty one, else one cut from the
-    /// never-used frames.
-    fn take_huge(&self) -> Option<(Pfn, bool)> {
+    /// A free huge frame: one cleared when freed, else a dirty one, else
+    /// one cut from the never-used frames, else one rebuilt from free
+    /// 4 KiB frames.
+    fn take_huge(&self) -> Option<Taken> {
+        let taken = |(head, used_before), rebuilt| Taken {
+            head,
+            used_before,
+            rebuilt,
+        };
         {
             let mut huge = self.huge.lock();
             if let Some(head) = huge.cleared.pop() {
-                return Some((head, false));
+                return Some(taken((head, false), false));
             }
             if let Some(head) = huge.dirty.pop() {
-                return Some((head, true));
+                return Some(taken((head, true), false));
             }
         }
+        if let Some(head) = self.cut_fresh() {
+            return Some(taken((head, false), false));
+        }
+        self.rebuild_huge().map(|t| taken(t, true))
+    }
+
+    /// The first 512-aligned run of never-used frames, the pool's `fresh`
+    /// mark advanced past it.
+    fn cut_fresh(&self) -> Option<Pfn> {
         let mut pool = self.pool.lock();
         let fresh = pool.fresh;
         let first = fresh.checked_next_multiple_of(HUGE_FRAMES as u64)?;
@@ -159,7 +203,7 @@ impl FrameAllocator {
         pool.zeroed
             .extend((fresh..first).map(|p| Pfn::new(p as u32)));
         pool.fresh = end;
-        Some((Pfn::new(first as u32), false))
+        Some(Pfn::new(first as u32))
     }
 
     /// Drops the references a huge mapping held on the 512 subframes from
@@ -286,12 +330,12 @@ mod tests {
         // one freed whole (its bytes are someone's), clear for one cut
         // from the never-used frames (known zero: no 2 MiB to clear).
         let a = FrameAllocator::new(8 << 20, true);
-        let (fresh, used) = a.take_huge().unwrap();
-        assert!(!used);
+        let fresh = a.take_huge().unwrap();
+        assert!(!fresh.used_before && !fresh.rebuilt);
         a.put_huge(a.alloc_huge().unwrap());
-        let (again, used) = a.take_huge().unwrap();
-        assert!(used);
-        assert_ne!(again, fresh);
+        let again = a.take_huge().unwrap();
+        assert!(again.used_before && !again.rebuilt);
+        assert_ne!(again.head, fresh.head);
     }
 
     #[test]

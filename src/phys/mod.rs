@@ -91,7 +91,8 @@
 //! `cache` keeps the free frames (per-CPU
 //! caches, the global pool); `release` gives cached frames' memory back;
 //! `table` makes frames page-table pages; `huge` hands out and takes
-//! back huge frames (512 aligned frames for a transparent huge page); `chunk` obtains the memory
+//! back huge frames (512 aligned frames for a transparent huge page);
+//! `reassemble` rebuilds them from free 4 KiB frames; `chunk` obtains the memory
 //! behind them; `contents` reads and writes it; `budget` charges it.
 //!
 //! # Lines an allocation and a free write
@@ -128,6 +129,9 @@
 //! - the `releasing` lock and the `grow` lock, when the pool holds too
 //!   many resident frames (every `2 * keep` spilled) or a chunk is
 //!   obtained.
+//! - every CPU slot's cache and the pool, when a huge allocation finds
+//!   no huge frame free whole and rebuilds one from free 4 KiB frames
+//!   (`reassemble`; not retried before 512 more frees after a failure).
 //!
 //! # Locking
 //!
@@ -150,6 +154,7 @@ mod chunk;
 mod contents;
 mod huge;
 mod memory;
+mod reassemble;
 mod release;
 mod table;
 
