@@ -162,9 +162,10 @@ fn two_write_faults_split_one_leaf() {
 /// leaf, the split table or a fresh walk, never an empty entry (which
 /// would fault again) or another page.
 ///
-/// (Translators' 2 MiB entries are not seen here: loom's small chunks
-/// make no contiguous huge frame, and the huge zero page is never
-/// cached. They add no protocol: dropped with the 4 KiB entries at each
+/// (Translators' 2 MiB entries are not seen in any model: a loom huge
+/// frame's memory is 64 chunks, not one 2 MiB span
+/// (`FrameAllocator::huge_frame_ptr`), so translators cache its pages
+/// 4 KiB at a time, and the huge zero page is never cached. They add no protocol: dropped with the 4 KiB entries at each
 /// flush; `tests/thp.rs`'s `a_translator_caches_a_huge_page_as_one_entry`
 /// fails when `drop_entries` keeps them.)
 ///
