@@ -89,6 +89,9 @@ const SPEC_NO_OBJECT: Cell = Apart("acts on shared objects' pages only, and the 
 const SAME_TRANSLATIONS: &str = "a split stores, in one Release under the PMD lock, a filled table translating every page as the leaf did: the reader's walk reads the leaf or the table and gets the same page and rights (pt/huge.rs)";
 /// A huge fault fills an empty PMD slot.
 const NEW_LEAF: Cell = Apart("a huge fault only fills an empty PMD slot (under the PMD lock, the VMA held): no translation existed there to go stale, and a walker sees the slot empty or the whole leaf");
+/// Why a translator's refill (and a fetch's) shares the lock-free read's
+/// model of a huge fault.
+const NEW_LEAF_READ: &str = "a translator's refill walks the table lock-free as read does (the same Acquire load of the PMD slot, then the frame): it sees the slot empty and faults, or the whole leaf ordered after its frame's allocation";
 /// Why the speculative fault through a CPU's VMA hint shares the
 /// speculative fault's models.
 const HINT: &str = "a hinted VMA is validated as a tree result is (stamp below the sequence, space, range, attachment, then the stamp re-read under the PTE lock): the writer's stamp and sweep order it alike";
@@ -324,9 +327,9 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("file writeback", "THP split", WB_OWN_PAGES),
     ("speculative fault", "THP fault", Apart("the speculative fault never installs a leaf and falls back where one could be installed (eligible span, empty PMD slot); a table it links and a leaf are both made only into an empty slot under the PMD lock, so one of them finds the other")),
     ("speculative fault via VMA hint", "THP fault", Apart("a hinted VMA takes the speculative fault's walk, which never installs a leaf and falls back where one could be installed")),
-    ("per-VMA fault", "THP fault", NEW_LEAF),
-    ("translator access", "THP fault", NEW_LEAF),
-    ("instruction fetch", "THP fault", NEW_LEAF),
+    ("per-VMA fault", "THP fault", Model("thp.rs", "huge_fault_vs_fault_in_span")),
+    ("translator access", "THP fault", Shares("thp.rs", "read_vs_huge_fault", NEW_LEAF_READ)),
+    ("instruction fetch", "THP fault", Shares("thp.rs", "read_vs_huge_fault", NEW_LEAF_READ)),
     ("device slice", "THP fault", NEW_LEAF),
     ("userfault waiter", "THP fault", Apart("a VMA registered for userfaults gets no huge page (mm/thp.rs eligible)")),
     ("forced access", "THP fault", NEW_LEAF),
@@ -334,11 +337,11 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     // MADV_COLLAPSE and khugepaged: under the mmap_lock write side, the
     // VMA claimed by Edit::lock; the table unlinked, the span flushed,
     // the pages copied, the leaf installed (mm/thp.rs).
-    ("speculative fault", "THP collapse", Shares("spec_writers.rs", "spec_fault_in_shared_table_vs_mprotect", "collapse claims the VMA with Edit::lock's stamp and sweep as mprotect does, and unlinks the table under its PTE lock and slot lock: a fault still inside it fails its stamp check")),
-    ("speculative fault via VMA hint", "THP collapse", Shares("spec_writers.rs", "spec_fault_in_shared_table_vs_mprotect", HINT)),
+    ("speculative fault", "THP collapse", Model("thp.rs", "spec_write_vs_collapse")),
+    ("speculative fault via VMA hint", "THP collapse", Shares("thp.rs", "spec_write_vs_collapse", HINT)),
     ("per-VMA fault", "THP collapse", LOCKED_OUT),
-    ("translator access", "THP collapse", Shares("translator_writers.rs", "translator_store_vs_dontneed", "collapse empties the span and flushes before it reads the pages, DONTNEED's zap-then-flush order: no store through an old translation lands after the copy")),
-    ("instruction fetch", "THP collapse", Shares("translator_writers.rs", "translator_store_vs_dontneed", FETCH)),
+    ("translator access", "THP collapse", Model("thp.rs", "translator_store_vs_collapse")),
+    ("instruction fetch", "THP collapse", Shares("thp.rs", "translator_store_vs_collapse", FETCH)),
     ("device slice", "THP collapse", Apart("a span with a pinned page is not collapsed: the slice's frame stays mapped")),
     ("userfault waiter", "THP collapse", Apart("a VMA registered for userfaults is not collapsed (mm/thp.rs vma_allows)")),
     ("forced access", "THP collapse", MMAP_LOCKED_OUT),

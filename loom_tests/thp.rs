@@ -1,23 +1,31 @@
 //! Loom models of transparent huge pages: splitting a PMD leaf is a
 //! writer (src/pt/huge.rs), met by lock-free walks, by a zap of the
-//! whole leaf, and by a second split from another fault; and a
+//! whole leaf, and by a second split from another fault; a
 //! write-protect fault on a leaf, handed to a handler whole, met by the
-//! handler's un-protection of the leaf. Runs the real
-//! page table and address space through src/sync.rs; `./loom.sh thp`
-//! runs them at the bound it sets.
+//! handler's un-protection of the leaf; a huge fault (a huge frame
+//! allocated, a PMD leaf installed) met by another fault in its span, by
+//! a lock-free read and by munmap; and a collapse (`MADV_COLLAPSE`) met by
+//! a translator's store and by a write through the speculative fault.
+//! Runs the real page table, frame allocator and address space through
+//! src/sync.rs; `./loom.sh thp` runs them at the bound it sets.
 //!
-//! The loom frame pool is too small for a huge frame (64 pages), so the
-//! address-space models use the huge zero page (a read fault in a
-//! `MADV_HUGEPAGE` span), and a write into it, which finds no huge frame,
-//! splits it and copies 4 KiB, as a write to a shared huge page does.
+//! Huge frames under loom: loom's chunks hold 8 frames (`phys/mod.rs`),
+//! and `phys::huge` already sets up a huge frame a chunk's run at a time,
+//! so the real allocation runs here once the space's budget holds 512
+//! aligned frames ([`thp_cfg`]: 6 MiB, two huge frames and the 4 KiB
+//! pages beside them). A huge frame then costs 64 chunks' loom objects
+//! (a count word, a memory witness and a touch witness per frame), made
+//! only by the models that allocate one: the other models' pools and
+//! costs are unchanged. Each model's time at `loom.sh`'s bound is in
+//! its comment (measured on a loaded 2-core machine).
 #![cfg(aspace_loom)]
 
 mod common;
 use common::{cfg, fixed, model, rw};
 
-use aspace::loom_door::{PageTable, Pte, PteFlags};
+use aspace::loom_door::{self, PageTable, Pte, PteFlags};
 use aspace::reclaim::Reclaimer;
-use aspace::{AddressSpace, Advice, Pfn, Range, PAGE_SIZE};
+use aspace::{AddressSpace, Advice, Config, FaultLocking, Pfn, Range, PAGE_SIZE};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -154,9 +162,10 @@ fn two_write_faults_split_one_leaf() {
 /// leaf, the split table or a fresh walk, never an empty entry (which
 /// would fault again) or another page.
 ///
-/// (Translators' 2 MiB entries are not seen here: loom's small chunks
-/// make no contiguous huge frame, and the huge zero page is never
-/// cached. They add no protocol: dropped with the 4 KiB entries at each
+/// (Translators' 2 MiB entries are not seen in any model: a loom huge
+/// frame's memory is 64 chunks, not one 2 MiB span
+/// (`FrameAllocator::huge_frame_ptr`), so translators cache its pages
+/// 4 KiB at a time, and the huge zero page is never cached. They add no protocol: dropped with the 4 KiB entries at each
 /// flush; `tests/thp.rs`'s `a_translator_caches_a_huge_page_as_one_entry`
 /// fails when `drop_entries` keeps them.)
 ///
@@ -211,5 +220,210 @@ fn wp_fault_on_a_leaf_vs_unprotect() {
         mm.read(A + PAGE_SIZE, &mut b).unwrap();
         assert_eq!(b, [1]);
         drop(uffd);
+    });
+}
+
+/// [`cfg`] with room for huge frames: 6 MiB of budget is 1536 frames,
+/// two aligned huge frames (the two faults of
+/// `huge_fault_vs_fault_in_span` may each take one before one installs)
+/// with the 4 KiB pages, tables and metadata beside them.
+fn thp_cfg() -> Config {
+    Config {
+        memory_budget: 6 << 20,
+        ..cfg()
+    }
+}
+
+/// A space whose `[A, A + 2 MiB)` is one VMA, `MADV_HUGEPAGE` if `huge`
+/// (its faults then map 2 MiB pages), with `faults` as its fault path.
+///
+/// A huge span is written once and emptied again (`MADV_DONTNEED`): its
+/// anon_vma and page tables are made, and its huge frame (with its 64
+/// loom chunks) waits in the huge list, so a race there does not also
+/// explore the first write's anon_vma prepare and the chunks' creation
+/// (each a lock both faults would take: thousands of interleavings more,
+/// none of them about huge pages).
+fn huge_space(huge: bool, faults: FaultLocking) -> Arc<AddressSpace> {
+    let mm = Arc::new(AddressSpace::new(Config {
+        fault_locking: faults,
+        ..thp_cfg()
+    }));
+    mm.mmap(A, HUGE, rw(), fixed()).unwrap();
+    if huge {
+        mm.madvise(A, HUGE, Advice::HugePage).unwrap();
+        mm.write(A, &[9]).unwrap();
+        assert_eq!(mm.stats().thp_fault_alloc, 1);
+        mm.madvise(A, HUGE, Advice::DontNeed).unwrap();
+        assert_eq!(mm.frames_used(), 0);
+    }
+    mm
+}
+
+/// Reads one byte.
+fn byte(mm: &AddressSpace, at: u64) -> u8 {
+    let mut x = [0u8; 1];
+    mm.read(at, &mut x).unwrap();
+    x[0]
+}
+
+/// Unmaps the span and checks that every frame went back once (a frame
+/// put twice panics in the allocator; one never put stays used).
+fn unmap_and_check_frames(mm: &AddressSpace) {
+    loom_door::check_ptes(mm).unwrap();
+    mm.munmap(A, HUGE).unwrap();
+    assert_eq!(mm.frames_used(), 0, "a frame leaked");
+}
+
+/// Two write faults in one empty `MADV_HUGEPAGE` span race: both find
+/// the PMD slot empty and may each allocate a huge frame; one installs
+/// its leaf, the other finds the slot taken, gives its frame back whole
+/// and writes through the winner's leaf. Both bytes are there, one huge
+/// page was mapped, and every frame is released once at the munmap.
+///
+/// Mutation caught: deleting the slot check in `PageTable::install_huge`
+/// (`if cur != 0 { return Err(Taken(..)) }`, src/pt/huge.rs): the second
+/// leaf replaces the first, whose 512 frames are lost (seen failing:
+/// both installs counted, `thp_fault_alloc` 3 where 2 is right).
+#[test]
+fn huge_fault_vs_fault_in_span() {
+    model(|| {
+        let mm = huge_space(true, FaultLocking::PerVma);
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.write(A + PAGE_SIZE, &[1]).unwrap());
+        mm.write(A + 2 * PAGE_SIZE, &[2]).unwrap();
+        t.join().unwrap();
+        assert_eq!(byte(&mm, A + PAGE_SIZE), 1);
+        assert_eq!(byte(&mm, A + 2 * PAGE_SIZE), 2);
+        assert_eq!(mm.anon_huge_pages(A), Some(HUGE));
+        assert_eq!(
+            mm.stats().thp_fault_alloc,
+            2,
+            "the setup's and one of the race's"
+        );
+        unmap_and_check_frames(&mm);
+    });
+}
+
+/// A lock-free read in a `MADV_HUGEPAGE` span races a write fault there
+/// that allocates a huge frame and installs its leaf (or, after the
+/// read's own fault mapped the huge zero page, replaces it): the read
+/// sees zero, or the byte, through a leaf whose frame it is ordered
+/// after.
+///
+/// Mutation caught: `install_huge`'s `Release` store of the leaf made
+/// `Relaxed` (src/pt/huge.rs): the read's walk reaches the new frame
+/// unordered with its allocation's exclusive use, and loom reports the
+/// causality violation on the frame's witness (`phys/chunk.rs`; seen
+/// failing: "Causality violation: Concurrent read and write accesses").
+#[test]
+fn read_vs_huge_fault() {
+    model(|| {
+        let mm = huge_space(true, FaultLocking::PerVma);
+        let m2 = mm.clone();
+        let t = thread::spawn(move || byte(&m2, A + 2 * PAGE_SIZE));
+        mm.write(A + 2 * PAGE_SIZE, &[2]).unwrap();
+        let seen = t.join().unwrap();
+        assert!(seen == 0 || seen == 2, "{seen}");
+        assert_eq!(byte(&mm, A + 2 * PAGE_SIZE), 2);
+        unmap_and_check_frames(&mm);
+    });
+}
+
+/// A write fault that maps a huge page races munmap of its span: the
+/// write lands first (and munmap frees the 2 MiB page whole), or fails
+/// with EFAULT; no frame leaks, and no entry is left outside a VMA.
+///
+/// Mutation caught: as `fault.rs`'s `fault_vs_munmap_same_page`,
+/// dropping the `self.lock(v)` loop over `victims` in `Edit::unmap_into`
+/// (src/mm/munmap.rs): the huge fault installs its leaf after the zap,
+/// and its 512 frames leak (seen failing: `check_ptes` reports the leaf
+/// at `A` where no VMA is).
+#[test]
+fn huge_fault_vs_munmap() {
+    model(|| {
+        let mm = huge_space(true, FaultLocking::PerVma);
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.write(A + PAGE_SIZE, &[1]));
+        mm.munmap(A, HUGE).unwrap();
+        let r = t.join().unwrap();
+        assert!(
+            matches!(r.map_err(|e| e.errno()), Ok(()) | Err(14)),
+            "{r:?}"
+        );
+        loom_door::check_ptes(&mm).unwrap();
+        assert_eq!(mm.frames_used(), 0, "a frame leaked");
+    });
+}
+
+/// A span of 4 KiB pages (not `MADV_HUGEPAGE`: its faults map 4 KiB),
+/// its first two pages written 1 and 2: what `MADV_COLLAPSE` collapses.
+fn small_pages_space(faults: FaultLocking) -> Arc<AddressSpace> {
+    let mm = huge_space(false, faults);
+    mm.write(A, &[1]).unwrap();
+    mm.write(A + PAGE_SIZE, &[2]).unwrap();
+    mm
+}
+
+/// `MADV_COLLAPSE` of the span, which must succeed.
+fn collapse(mm: &AddressSpace) {
+    mm.madvise(A, HUGE, Advice::Collapse).unwrap();
+    assert_eq!(mm.anon_huge_pages(A), Some(HUGE));
+}
+
+/// A translator's store through its cached 4 KiB entry races a collapse
+/// of the span: the store lands in the old page before the copy, or, its
+/// entry flushed, faults after the collapse and lands in the huge page;
+/// it is never lost, and the other page's byte is copied.
+///
+/// Mutation caught: moving `collapse_span`'s flush (`flush.add_range`,
+/// `flush.flush()`) after the copy loop (src/mm/collapse.rs): a store
+/// through the stale entry lands in the old page after it was copied
+/// (seen failing: "a store was lost", 1 read where 7 was stored; the
+/// mutation also fails `spec_write_vs_collapse`: "a write was lost").
+#[test]
+fn translator_store_vs_collapse() {
+    model(|| {
+        let mm = small_pages_space(FaultLocking::PerVma);
+        let m2 = mm.clone();
+        let t = thread::spawn(move || {
+            let mut tr = m2.translator();
+            assert_eq!(tr.load::<u8>(A).unwrap(), 1); // caches the entry
+            tr.store::<u8>(A, 7).unwrap();
+        });
+        collapse(&mm);
+        t.join().unwrap();
+        assert_eq!(byte(&mm, A), 7, "a store was lost");
+        assert_eq!(byte(&mm, A + PAGE_SIZE), 2);
+        unmap_and_check_frames(&mm);
+    });
+}
+
+/// A write to an empty page of the span, through the speculative fault
+/// (the default path, lock-free), races a collapse: the fault's page is
+/// installed before the collapse reads the table (and copied), or its
+/// stamp check fails and the fault, retried under the mmap_lock, finds
+/// the huge page; the bytes written before and during the collapse are
+/// all there, and no frame leaks.
+///
+/// Mutation caught: deleting `ed.lock(v)` in
+/// `AddressSpace::madvise_collapse` (src/mm/collapse.rs): the VMA is not
+/// stamped, so the speculative fault is not stopped by its stamp check
+/// and links a new PTE table into the slot the collapse emptied (seen
+/// failing: the collapse's install panics, "the slot we emptied, with
+/// the VMA locked: Taken(Pte::NONE)").
+#[test]
+fn spec_write_vs_collapse() {
+    model(|| {
+        let mm = small_pages_space(FaultLocking::Speculative);
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.write(A + 2 * PAGE_SIZE, &[3]).unwrap());
+        collapse(&mm);
+        t.join().unwrap();
+        assert_eq!(
+            [A, A + PAGE_SIZE, A + 2 * PAGE_SIZE].map(|a| byte(&mm, a)),
+            [1, 2, 3],
+            "a write was lost"
+        );
+        unmap_and_check_frames(&mm);
     });
 }

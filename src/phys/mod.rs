@@ -205,6 +205,12 @@ impl core::fmt::Display for Pfn {
 }
 
 /// Frames per chunk obtained from the system (2 MiB; smaller under loom).
+///
+/// Under loom each frame of a chunk is three loom objects (its count word
+/// and two witnesses, see `chunk`), made with the chunk: 8 keeps a model
+/// that touches a few frames cheap. A huge frame there spans 64 chunks,
+/// which `huge` sets up a chunk's run at a time (`loom_tests/thp.rs`
+/// allocates real ones in a pool of 6 MiB).
 #[cfg(not(aspace_loom))]
 const CHUNK_FRAMES: usize = 512;
 #[cfg(aspace_loom)]
