@@ -121,6 +121,13 @@ pub const MODES: &[Mode] = &[
         writer_locking: WriterLocking::Range,
         ..locking(FaultLocking::Speculative)
     }),
+    // Range with per-CPU placement windows of 256 GiB (placement departs
+    // from Linux's: `Config::placement_window`).
+    Mode::new("Range+windows", || Config {
+        writer_locking: WriterLocking::Range,
+        placement_window: 256 << 30,
+        ..locking(FaultLocking::Speculative)
+    }),
 ];
 
 fn locking(fault_locking: FaultLocking) -> Config {
