@@ -5,9 +5,9 @@
 
 use super::Edit;
 use crate::addr::{Range, PAGE_SIZE};
-use crate::pt::ROOT_ENTRY_SPAN;
 use crate::error::{Error, Result};
 use crate::mm::AddressSpace;
+use crate::pt::ROOT_ENTRY_SPAN;
 use crate::reclaim::Guard;
 use crate::vma::VmaRef;
 
