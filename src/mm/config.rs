@@ -42,6 +42,9 @@ pub enum WriterLocking {
     /// two mmaps placed at once leave a page or two between them). Not yet
     /// faster: on 2 cores a writers-only loop ran slower at 2 threads than
     /// at 1, and 16% slower than `MmapLock` at 1 (`docs/RESULTS.md`).
+    /// Linux's placement puts concurrent threads' mappings side by side,
+    /// so their writers meet; [`Config::placement_window`] keeps them
+    /// apart.
     Range,
 }
 
