@@ -36,6 +36,33 @@ fn spans(mm: &AddressSpace) -> Vec<(u64, u64, Prot)> {
     mm.vmas().iter().map(|v| (v.start, v.end, v.prot)).collect()
 }
 
+/// Two munmaps, each of the only page mapped in its own 512 GiB slot, run
+/// at once: their holes (clamped to a root entry's span) do not meet, so
+/// neither waits, and together they free every table below the root, as
+/// one after the other under the mmap_lock would.
+///
+/// Catches: the hole clamped to less than a root entry's span
+/// (`ROOT_ENTRY_SPAN` made `crate::pt::HUGE_SIZE` in `neighbourhood`,
+/// src/mm/edit/range.rs): the PUD and PMD tables of each slot stay linked.
+#[test]
+fn range_munmaps_in_different_slots_free_their_tables() {
+    const S1: u64 = 0x100_0000_0000;
+    const S2: u64 = 0x180_0000_0000;
+    model(|| {
+        let mm = space(FaultLocking::PerVma);
+        for s in [S1, S2] {
+            mm.mmap(s, PAGE_SIZE, rw(), fixed()).unwrap();
+            mm.write(s, &[1]).unwrap();
+        }
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.munmap(S2, PAGE_SIZE).unwrap());
+        mm.munmap(S1, PAGE_SIZE).unwrap();
+        t.join().unwrap();
+        assert!(spans(&mm).is_empty());
+        assert_eq!(mm.page_table_bytes(), PAGE_SIZE, "only the root is left");
+    });
+}
+
 /// mprotect of a VMA at `A` and munmap of one at `C` run at once (their
 /// neighbourhoods are disjoint): both take effect, the written page at
 /// `A` keeps its byte and refuses writes, and no entry outlives its VMA.

@@ -42,6 +42,9 @@ pub enum WriterLocking {
     /// two mmaps placed at once leave a page or two between them). Not yet
     /// faster: on 2 cores a writers-only loop ran slower at 2 threads than
     /// at 1, and 16% slower than `MmapLock` at 1 (`docs/RESULTS.md`).
+    /// Linux's placement puts concurrent threads' mappings side by side,
+    /// so their writers meet; [`Config::placement_window`] keeps them
+    /// apart.
     Range,
 }
 
@@ -197,6 +200,27 @@ pub struct Config {
     /// behaviour of the kernel this crate is compared with; off: the plain
     /// top-down fit of older kernels or kernels without THP.
     pub thp_placement: bool,
+    /// Per-CPU placement windows: the size in bytes of each window (0, the
+    /// default: off, Linux's placement). When non-zero, a placement that
+    /// searches for room (mmap without a usable hint, a moving mremap)
+    /// first searches top-down inside the calling thread's window: the
+    /// window of per-CPU slot `k` is `[mmap_base - (k + 1) * size,
+    /// mmap_base - k * size)`. Only when the window has no room (or lies
+    /// partly below `mmap_min_addr`) does it search the whole area as
+    /// Linux does. Threads on different CPUs thus place side by side only
+    /// with themselves, and with
+    /// [`WriterLocking::Range`] their writers' neighbourhoods do not meet
+    /// (two reservations placed at once by Linux's top-down search are
+    /// adjacent, and each writer's neighbourhood is the other's range).
+    ///
+    /// **This changes where mappings land compared with Linux**: a
+    /// mapping made on CPU 1 lands `size` bytes below one made on CPU 0,
+    /// not next to it; fewer adjacent VMAs merge; the windows of slots
+    /// above 0 take address space below the usual top-down area (keep
+    /// `nr_cpus * size` well clear of the heap, `brk_start`). Semantics
+    /// tests and the kernel comparisons run with it off. Must be a
+    /// multiple of the page size.
+    pub placement_window: u64,
     /// What a translator's atomic operation whose operand splits a 64-byte
     /// cache line or a page does: succeed ([`SplitLock::Warn`](crate::SplitLock::Warn), the
     /// default) or fail with `SIGBUS`/`BUS_ADRALN` ([`SplitLock::Fatal`](crate::SplitLock::Fatal)),
@@ -249,6 +273,7 @@ impl Default for Config {
             memlock_limit: 8 << 20,
             exec_only_pkey: false,
             thp_placement: true,
+            placement_window: 0,
             split_lock: crate::translate::SplitLock::Warn,
             thp: ThpMode::Madvise,
             thp_max_ptes_none: 511,
@@ -346,6 +371,9 @@ impl Config {
         }
         if self.max_map_count == 0 {
             return err("max_map_count", "must be at least 1");
+        }
+        if !aligned(self.placement_window) {
+            return err("placement_window", "must be a multiple of the page size");
         }
         Ok(())
     }

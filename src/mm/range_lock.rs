@@ -21,10 +21,16 @@
 //! - munmap, and an mmap over mapped pages (which unmaps them first): also
 //!   the hole around `r` up to the VMAs on either side, where it frees page
 //!   tables of every level (`Edit::free_pgtables` also clamps the limits
-//!   of `free_tables_within` to what it holds). A 2 MiB-aligned clamp of
-//!   the hole was tried: it left upper-level tables linked (more
-//!   page-table memory than the mmap_lock mode, which
-//!   `tests/semantics/munmap.rs` catches), so the hole stays whole.
+//!   of `free_tables_within` to what it holds). The hole is clamped to
+//!   `r` rounded out to 512 GiB (a root entry's span,
+//!   `pt::ROOT_ENTRY_SPAN`): the largest table freeing unlinks (a PUD
+//!   table) covers one such aligned span and the root is never freed, so
+//!   every table the whole hole would let it free lies inside the clamp,
+//!   and is freed by it. A 2 MiB-aligned clamp was tried: it left
+//!   upper-level tables linked (more page-table memory than the mmap_lock
+//!   mode, which `tests/semantics/munmap.rs` catches). Without the clamp
+//!   an unmap's hole reached the next thread's mapping wherever it was,
+//!   so two threads unmapping alone in the space always met.
 //! - an mmap without a hint (`Edit::begin_placed`, `mm/edit/range.rs`): the gap search skips
 //!   candidates that, a page wider on each side, meet a range held or
 //!   waited for ([`RangeLock::busy`]); the choice's neighbourhood is then

@@ -141,6 +141,12 @@ impl Table {
 /// every frame has.
 pub const TABLE_BYTES: u64 = PAGE_SIZE;
 
+/// Span of one entry of the root table (512 GiB): the largest table page
+/// that freeing ([`PageTable::free_tables_within`]) unlinks covers this
+/// much, aligned; the root itself is never freed. So freeing the tables of
+/// a range `r` touches nothing outside `r` rounded out to this alignment.
+pub(crate) const ROOT_ENTRY_SPAN: u64 = entry_span(LEVELS - 1);
+
 /// Span of one entry at `level` (level 0: a page).
 const fn entry_span(level: u32) -> u64 {
     1 << (PAGE_SHIFT + 9 * level)

@@ -12,6 +12,19 @@
 //! from which it builds new nodes before it asks the allocator. The node
 //! memory is thus only ever written by the writer's core.
 //!
+//! # How much is kept
+//!
+//! Ready batches come back in bursts, when the epoch moves on: as many
+//! nodes as were retired during a grace period. A fixed cap below that
+//! burst (512 nodes, first) made every burst free its surplus and every
+//! gap between bursts allocate afresh: with two range-locked writers
+//! instantiating, malloc and free took a third of the cycles. So `spare`
+//! counts the nodes in flight (retired, not back yet) and keeps, at a
+//! refill, up to the most that were in flight since the previous refill
+//! (at least [`CACHE_MIN`], at most [`CACHE_LIMIT`]): what the next burst
+//! may bring back. A tree that churns keeps about what the epoch already
+//! held for it; one that stops keeps what its last burst brought.
+//!
 //! # Locking
 //!
 //! `ready` is a lock-free stack (any thread pushes, the writer takes it
@@ -29,10 +42,39 @@ pub(super) struct NodeCache<V> {
     /// Protected by: lock-free (pushes publish with a Release CAS, the
     /// writer takes the list with an Acquire swap).
     ready: AtomicPtr<Batch<V>>,
-    /// Free node memory (contents already dropped).
+    /// Free node memory (contents already dropped) and the counts that
+    /// bound it.
     /// Protected by: its own mutex, locked only under the tree's writer
     /// mutex (or by the cache's drop).
-    spare: Mutex<Vec<*mut Node<V>>>,
+    spare: Mutex<Spare<V>>,
+}
+
+/// The writer's free node memory (module docs, `# How much is kept`).
+pub(super) struct Spare<V> {
+    /// Free node memory (contents already dropped).
+    nodes: Vec<*mut Node<V>>,
+    /// Nodes retired by publishes and not back through `ready` yet.
+    in_flight: usize,
+    /// The most `in_flight` reached since the last refill.
+    peak: usize,
+}
+
+impl<V> Spare<V> {
+    /// Free memory for one node, if any is kept.
+    pub(super) fn pop(&mut self) -> Option<*mut Node<V>> {
+        self.nodes.pop()
+    }
+
+    /// True if no free memory is kept.
+    pub(super) fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Counts `n` nodes just retired (handed to the reclaimer).
+    pub(super) fn retired(&mut self, n: usize) {
+        self.in_flight += n;
+        self.peak = self.peak.max(self.in_flight);
+    }
 }
 
 /// The nodes one edit unlinked, retired together.
@@ -67,10 +109,15 @@ pub(super) struct BatchPtr<V>(
 // (needs `V: Send`).
 unsafe impl<V: Send> Send for BatchPtr<V> {}
 
-/// Free nodes kept at most per tree (about 270 KiB with 16-slot nodes):
-/// enough for the garbage of a few hundred edits in flight, small enough
-/// that many idle address spaces (fork children) hold little.
-const CACHE_MAX: usize = 512;
+/// Free nodes a refill may always keep (about 270 KiB with 16-slot
+/// nodes): enough for the garbage of a few hundred edits in flight, small
+/// enough that many idle address spaces (fork children) hold little.
+const CACHE_MIN: usize = 512;
+
+/// Free nodes a refill keeps at most, however many were in flight (about
+/// 4 MiB): a reader that held the epoch back for long does not leave its
+/// whole backlog cached.
+const CACHE_LIMIT: usize = 8192;
 
 /// Releases the memory of a node whose contents were dropped.
 ///
@@ -93,13 +140,17 @@ impl<V> NodeCache<V> {
     pub(super) fn new() -> Self {
         NodeCache {
             ready: AtomicPtr::new(core::ptr::null_mut()),
-            spare: Mutex::new(Vec::new()),
+            spare: Mutex::new(Spare {
+                nodes: Vec::new(),
+                in_flight: 0,
+                peak: 0,
+            }),
         }
     }
 
     /// Locks the free node memory. Only the holder of the tree's writer
     /// mutex calls this (the editor), so it never waits.
-    pub(super) fn spare(&self) -> MutexGuard<'_, Vec<*mut Node<V>>> {
+    pub(super) fn spare(&self) -> MutexGuard<'_, Spare<V>> {
         self.spare.lock()
     }
 
@@ -125,8 +176,11 @@ impl<V> NodeCache<V> {
         }
     }
 
-    /// Moves every ready batch into `spare`, dropping the nodes' contents.
-    pub(super) fn refill(&self, spare: &mut Vec<*mut Node<V>>) {
+    /// Moves every ready batch into `spare`, dropping the nodes' contents,
+    /// and keeps up to the most nodes in flight since the last refill
+    /// (module docs).
+    pub(super) fn refill(&self, spare: &mut Spare<V>) {
+        let keep = spare.peak.clamp(CACHE_MIN, CACHE_LIMIT);
         // Acquire: pairs with the Release of `push_ready`.
         let mut b = self.ready.swap(core::ptr::null_mut(), Ordering::Acquire);
         while !b.is_null() {
@@ -141,22 +195,28 @@ impl<V> NodeCache<V> {
                 // then its memory is kept or released.
                 unsafe {
                     core::ptr::drop_in_place(p);
-                    if spare.len() < CACHE_MAX {
-                        spare.push(p);
+                    if spare.nodes.len() < keep {
+                        spare.nodes.push(p);
                     } else {
                         dealloc_node(p);
                     }
                 }
+                spare.in_flight = spare.in_flight.saturating_sub(1);
             }
         }
+        spare.peak = spare.in_flight;
     }
 }
 
 impl<V> Drop for NodeCache<V> {
     fn drop(&mut self) {
-        let mut spare = core::mem::take(&mut *self.spare.lock());
+        let mut spare = Spare {
+            nodes: core::mem::take(&mut self.spare.lock().nodes),
+            in_flight: 0,
+            peak: 0,
+        };
         self.refill(&mut spare);
-        for p in spare {
+        for p in spare.nodes {
             // SAFETY: spare memory holds dropped nodes owned by the cache.
             unsafe { dealloc_node(p) };
         }
@@ -169,3 +229,59 @@ impl<V> Drop for NodeCache<V> {
 unsafe impl<V: Send> Send for NodeCache<V> {}
 // SAFETY: as for Send.
 unsafe impl<V: Send> Sync for NodeCache<V> {}
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests {
+    use super::*;
+    use crate::tree::node::Leaf;
+
+    /// `n` retired leaves, back from the reclaimer as one ready batch.
+    fn burst(cache: &NodeCache<u64>, spare: &mut Spare<u64>, n: usize) {
+        let nodes: Vec<NodePtr<u64>> = (0..n)
+            .map(|_| Box::into_raw(Box::new(Node::Leaf(Leaf::from_entries(&[])))) as NodePtr<u64>)
+            .collect();
+        spare.retired(n);
+        // SAFETY: the nodes were never linked into a tree: nobody else
+        // can reach them.
+        unsafe { cache.push_ready(Batch::boxed(nodes)) };
+    }
+
+    fn free_all(spare: &mut Spare<u64>) {
+        for p in spare.nodes.drain(..) {
+            // SAFETY: spare memory holds dropped nodes owned by the cache.
+            unsafe { dealloc_node(p) };
+        }
+    }
+
+    /// A burst larger than `CACHE_MIN` is kept whole when that many nodes
+    /// were in flight (a fixed cap freed the surplus, and the writer then
+    /// allocated afresh); once the churn stops, a refill keeps no more
+    /// than the last peak, and never more than `CACHE_LIMIT`.
+    #[test]
+    fn a_refill_keeps_what_was_in_flight_within_the_limits() {
+        let cache = NodeCache::<u64>::new();
+        let mut spare = cache.spare();
+        burst(&cache, &mut spare, 3 * CACHE_MIN);
+        cache.refill(&mut spare);
+        assert_eq!(spare.nodes.len(), 3 * CACHE_MIN);
+        assert_eq!((spare.in_flight, spare.peak), (0, 0));
+        free_all(&mut spare);
+        burst(&cache, &mut spare, 10);
+        cache.refill(&mut spare);
+        assert_eq!(spare.nodes.len(), 10);
+        // Nothing counted in flight (the peak reset at the last refill):
+        // only `CACHE_MIN` is kept of an unexpected burst.
+        let nodes: Vec<NodePtr<u64>> = (0..CACHE_MIN + 5)
+            .map(|_| Box::into_raw(Box::new(Node::Leaf(Leaf::from_entries(&[])))) as NodePtr<u64>)
+            .collect();
+        // SAFETY: as in `burst`.
+        unsafe { cache.push_ready(Batch::boxed(nodes)) };
+        cache.refill(&mut spare);
+        assert_eq!(spare.nodes.len(), CACHE_MIN);
+        // However many were in flight, at most `CACHE_LIMIT` stay.
+        free_all(&mut spare);
+        burst(&cache, &mut spare, CACHE_LIMIT + 7);
+        cache.refill(&mut spare);
+        assert_eq!(spare.nodes.len(), CACHE_LIMIT);
+    }
+}

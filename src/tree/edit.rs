@@ -15,10 +15,13 @@
 //! the current tree under the writer's pin: every node it borrows lives
 //! as long as that pin.
 
-use super::cache::NodeCache;
+use super::cache::{NodeCache, Spare};
 use super::node::{node, Internal, Leaf, Node, NodePtr, Summary, B, MIN};
 use crate::reclaim::Guard;
 use crate::sync::MutexGuard;
+
+/// Replaced nodes an edit has room for before its garbage list grows.
+const GARBAGE_ROOM: usize = 16;
 
 /// What an insert below a node produced: one replacement, or two after a
 /// split.
@@ -39,7 +42,7 @@ pub(super) struct Editor<'e, V> {
     /// The cache's free node memory, locked for the whole edit.
     /// Protected by: the cache's spare mutex (held), under the tree's
     /// writer mutex.
-    spare: MutexGuard<'e, Vec<*mut Node<V>>>,
+    spare: MutexGuard<'e, Spare<V>>,
     /// The writer's pin: bounds every node this edit borrows.
     /// Protected by: immutable (a shared borrow of the writer's guard).
     pin: &'e Guard,
@@ -50,15 +53,19 @@ impl<'e, V: Clone> Editor<'e, V> {
     /// under `pin`.
     pub(super) fn new(cache: &'e NodeCache<V>, pin: &'e Guard) -> Self {
         Editor {
-            garbage: Vec::new(),
+            // Room for the paths of a few edits (an overwrite removes and
+            // inserts): one allocation, not a few regrowths per edit.
+            garbage: Vec::with_capacity(GARBAGE_ROOM),
             cache,
             spare: cache.spare(),
             pin,
         }
     }
 
-    /// Ends the edit: the nodes it replaced.
-    pub(super) fn finish(self) -> Vec<NodePtr<V>> {
+    /// Ends the edit: the nodes it replaced, which the caller retires (the
+    /// cache counts them in flight).
+    pub(super) fn finish(mut self) -> Vec<NodePtr<V>> {
+        self.spare.retired(self.garbage.len());
         self.garbage
     }
 

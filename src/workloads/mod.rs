@@ -121,6 +121,15 @@ pub const MODES: &[Mode] = &[
         writer_locking: WriterLocking::Range,
         ..locking(FaultLocking::Speculative)
     }),
+    // Range with per-CPU placement windows of 1 TiB (placement departs
+    // from Linux's: `Config::placement_window`): two threads' mappings
+    // then lie in different 512 GiB slots, where their unmaps' holes do
+    // not meet (`range_lock`'s module docs).
+    Mode::new("Range+windows", || Config {
+        writer_locking: WriterLocking::Range,
+        placement_window: 1 << 40,
+        ..locking(FaultLocking::Speculative)
+    }),
 ];
 
 fn locking(fault_locking: FaultLocking) -> Config {

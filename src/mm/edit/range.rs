@@ -7,6 +7,7 @@ use super::Edit;
 use crate::addr::{Range, PAGE_SIZE};
 use crate::error::{Error, Result};
 use crate::mm::AddressSpace;
+use crate::pt::ROOT_ENTRY_SPAN;
 use crate::reclaim::Guard;
 use crate::vma::VmaRef;
 
@@ -148,12 +149,25 @@ fn neighbourhood(mm: &AddressSpace, r: Range, reach: Reach, pin: &Guard) -> Rang
     }
     if reach == Reach::Hole {
         // The hole around `r`, up to the VMAs on either side: the unmap
-        // frees the page tables inside it, of every level.
-        let floor = mm.tree.prev(r.start, pin).map_or(0, |(p, _)| p.end);
+        // frees the page tables inside it, of every level. Clamped to `r`
+        // rounded out to a root entry's span: no table it may free lies
+        // beyond, so the clamp frees exactly what the whole hole would
+        // (`range_lock`'s module docs), and two unmaps in different
+        // 512 GiB slots do not meet.
+        let floor = mm
+            .tree
+            .prev(r.start, pin)
+            .map_or(0, |(p, _)| p.end)
+            .max(r.start - r.start % ROOT_ENTRY_SPAN);
         let ceiling = mm
             .tree
             .find_after(r.end, pin)
-            .map_or(u64::MAX, |(n, _)| n.start.max(r.end));
+            .map_or(u64::MAX, |(n, _)| n.start.max(r.end))
+            .min(
+                r.end
+                    .checked_next_multiple_of(ROOT_ENTRY_SPAN)
+                    .unwrap_or(u64::MAX),
+            );
         lo = lo.min(floor);
         hi = hi.max(ceiling);
     }
