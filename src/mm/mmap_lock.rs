@@ -26,17 +26,12 @@ use crate::addr::Range;
 use crate::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub(crate) use crate::vma::seq::MmLockSeq;
 use core::ops::{Deref, DerefMut};
-use crossbeam_utils::CachePadded;
 
 /// The mmap_lock: a reader-writer lock over `T` plus an [`MmLockSeq`]
 /// (and, with range-locked writers, a [`RangeLock`]).
 #[derive(Debug)]
 pub struct MmapLock<T> {
-    /// On cache lines of its own: a fault's try-lock (the first write of
-    /// a VMA, `spec_fault`) writes the lock word, which must not take
-    /// away the line of the sequence, or of the space's other fields,
-    /// that every other CPU's fault reads.
-    rw: CachePadded<RwLock<T>>,
+    rw: RwLock<T>,
     seq: MmLockSeq,
     /// `Some` with `WriterLocking::Range`.
     ranges: Option<RangeLock>,
@@ -75,7 +70,7 @@ impl<T> MmapLock<T> {
     /// Wraps `v`, with a range lock for range-locked writers if `ranges`.
     pub fn with_ranges(v: T, ranges: bool) -> Self {
         MmapLock {
-            rw: CachePadded::new(RwLock::new(v)),
+            rw: RwLock::new(v),
             seq: MmLockSeq::new(),
             ranges: ranges.then(RangeLock::new),
         }

@@ -172,7 +172,7 @@
 //! | frame zeroing | the frame | private until installed |
 //! | PTE lock, entry, `used` | the table's 128-byte-aligned header and its entry | shared only by threads faulting in the same 2 MiB span (the `interleaved` workload measures that case) |
 //! | stats | the per-CPU counter slot | per-CPU line |
-//! | first write of a VMA: mmap_lock read side (try), the family's lock, its reverse-map index, the anon_vma's refcount, the VMA's anon_vma pointer | once per VMA, its first write (the per-VMA path wrote the same lines before, plus the VMA's refcount) | amortized over the VMA's pages: once per 64 faults in 256 KiB VMAs; the mmap_lock's lock word has cache lines of its own, so the try-lock takes no line (the sequence, the space's fields) that other CPUs' faults read |
+//! | first write of a VMA: mmap_lock read side (try), the family's lock, its reverse-map index, the anon_vma's refcount, the VMA's anon_vma pointer | once per VMA, its first write (the per-VMA path wrote the same lines before, plus the VMA's refcount) | amortized over the VMA's pages: once per 64 faults in 256 KiB VMAs |
 //!
 //! Nothing else is written in the VMA, the tree or the mm sequence. Finding
 //! the CPU for the per-CPU slots writes nothing: it reads the thread's
