@@ -57,17 +57,30 @@ pub(crate) fn anon_vma_prepare<'v>(
     // would tie this VMA to their family.
     let singular = |a: Option<Arc<AnonVma>>| a.filter(|a| a.chain_len() == 1);
     // Only adjacent neighbours qualify, so each is the entry holding the
-    // byte just past or just before the VMA: a point lookup, not a
-    // neighbour search.
+    // byte just past or just before the VMA. One descent to the VMA's own
+    // leaf usually finds both there (Linux's `vma_next`/`vma_prev` of one
+    // iterator); one outside that leaf is a point lookup. Under our hold
+    // the tree is quiet, so the leaf's entries beside the VMA are its
+    // neighbours in the tree.
+    let around = mm
+        .tree
+        .find_around(vma.start(), &g)
+        .filter(|a| core::ptr::eq::<Vma>(&**a.entry().1, vma));
+    let beside = |d: isize, addr: Option<u64>| {
+        let addr = addr?;
+        match around.as_ref().map(|a| a.nearby(d)) {
+            Some(Some((r, v))) => r.contains(addr).then_some(v),
+            _ => mm.tree.find(addr, &g).map(|(_, v)| v),
+        }
+    };
     let mut found: Option<Arc<AnonVma>> = None;
-    if let Some((_, next)) = mm.tree.find(vma.end(), &g) {
+    if let Some(next) = beside(1, Some(vma.end())) {
         if compatible(vma, next) {
             found = singular(next.anon_vma_arc());
         }
     }
     if found.is_none() {
-        let below = vma.start().checked_sub(1);
-        if let Some((_, prev)) = below.and_then(|b| mm.tree.find(b, &g)) {
+        if let Some(prev) = beside(-1, vma.start().checked_sub(1)) {
             if compatible(prev, vma) {
                 found = singular(prev.anon_vma_arc());
             }

@@ -11,8 +11,9 @@
 //!
 //! 1. Pin the epoch; take the CPU's VMA hint if its range holds the
 //!    address ([`crate::mm::vma_hint`]), else find the VMA in the tree
-//!    (and make it the hint). A hinted object that fails step 2's checks
-//!    as not ours is replaced by the tree's.
+//!    (and make it the hint, prefetching the next two VMAs of its tree
+//!    leaf: a cache hint, no access). A hinted object that fails step 2's
+//!    checks as not ours is replaced by the tree's.
 //! 2. Read its stamp `s` (`Acquire`), then the mm sequence `m`
 //!    (`Acquire`). Go on only if `s < m`: `s == m` means write-locked now,
 //!    `s > m` a stamp newer than our view of the sequence, `u64::MAX` an
@@ -207,10 +208,19 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
             Some((v, Ok((stamp, flags, range)))) => (v, stamp, flags, range),
             Some((_, Err(Event::spec_abort_locked))) => return Err(Event::spec_abort_locked),
             _ => {
-                let Some((_, v)) = mm.tree.find(addr, &g) else {
+                let Some(around) = mm.tree.find_around(addr, &g) else {
                     return Err(Event::spec_abort_lookup);
                 };
-                let v = *v;
+                let v = *around.entry().1;
+                // Warm the next two VMAs of the leaf: a thread faulting
+                // through small VMAs in order reads the next one's fields
+                // in this VMA's first write (the anon_vma reuse check),
+                // and both as its hint later.
+                for d in 1..=2 {
+                    if let Some((_, n)) = around.nearby(d) {
+                        n.prefetch();
+                    }
+                }
                 let (stamp, flags, range) = candidate(mm, &v, addr)?;
                 mm.vma_hints.set(v);
                 (v, stamp, flags, range)

@@ -56,6 +56,7 @@ mod node;
 mod read;
 mod write;
 
+pub use read::Around;
 pub use write::TreeWriter;
 
 use crate::addr::Range;

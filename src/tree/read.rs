@@ -8,7 +8,7 @@
 //! takes no lock of the order in [`crate::mm`] and writes no shared memory.
 //! Each returned reference lives no longer than the guard.
 
-use super::node::{rank, Node};
+use super::node::{rank, Leaf, Node};
 use super::RangeTree;
 use crate::addr::Range;
 use crate::reclaim::Guard;
@@ -17,6 +17,13 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
     /// The entry containing `addr`.
     #[inline]
     pub fn find<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
+        self.find_around(addr, g).map(|a| a.entry())
+    }
+
+    /// The entry containing `addr`, with a view of the leaf that holds
+    /// it: its neighbours there come without another descent.
+    #[inline]
+    pub fn find_around<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<Around<'g, V>> {
         let mut n = self.root(g)?;
         loop {
             match n {
@@ -32,7 +39,7 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
                     if i == 0 || l.ends[i - 1] <= addr {
                         return None;
                     }
-                    return Some((l.entry(i - 1), l.vals[i - 1].as_ref()?));
+                    return Some(Around { leaf: l, at: i - 1 });
                 }
             }
         }
@@ -170,5 +177,34 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
             };
         }
         h
+    }
+}
+
+/// An entry found by [`RangeTree::find_around`] and the leaf holding it,
+/// valid as long as the guard of the lookup.
+pub struct Around<'g, V> {
+    /// The leaf (immutable once published).
+    leaf: &'g Leaf<V>,
+    /// The found entry's index in it.
+    at: usize,
+}
+
+impl<'g, V> Around<'g, V> {
+    /// The found entry.
+    #[inline]
+    pub fn entry(&self) -> (Range, &'g V) {
+        (self.leaf.entry(self.at), self.leaf.val(self.at))
+    }
+
+    /// The entry `d` places after the found one (before it if `d` is
+    /// negative), if it lies in the same leaf. `None` says nothing of the
+    /// tree beyond the leaf: the caller looks such a neighbour up itself.
+    #[inline]
+    pub fn nearby(&self, d: isize) -> Option<(Range, &'g V)> {
+        let i = self
+            .at
+            .checked_add_signed(d)
+            .filter(|&i| i < self.leaf.len)?;
+        Some((self.leaf.entry(i), self.leaf.val(i)))
     }
 }

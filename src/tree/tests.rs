@@ -37,6 +37,38 @@ fn insert_find_and_errors() {
     t.check_invariants().unwrap();
 }
 
+/// `find_around` finds what `find` finds, and every neighbour it offers
+/// from the leaf is the tree's own neighbour at that distance (checked
+/// across several leaves, where some neighbours lie outside the leaf).
+#[test]
+fn find_around_agrees_with_find_and_iter() {
+    let ranges: Vec<(u64, u64)> = (0..200).map(|i| (i * 10, i * 10 + 5)).collect();
+    let t = tree_of(&ranges);
+    let g = t.pin();
+    assert!(t.height() > 1, "several leaves");
+    assert!(t.find_around(7, &g).is_none());
+    assert!(t.find_around(5000, &g).is_none());
+    let all: Vec<Range> = t.iter(&g).map(|(e, _)| e).collect();
+    let (mut inside, mut outside) = (0, 0);
+    for (k, e) in all.iter().enumerate() {
+        let a = t.find_around(e.start + 2, &g).expect("found");
+        assert_eq!(a.entry().0, *e);
+        assert_eq!(*a.entry().1, e.start);
+        for d in -2isize..=2 {
+            match a.nearby(d) {
+                Some((n, v)) => {
+                    inside += 1;
+                    let want = k.checked_add_signed(d).map(|j| all[j]);
+                    assert_eq!(Some(n), want, "entry {k}, distance {d}");
+                    assert_eq!(*v, n.start);
+                }
+                None => outside += 1,
+            }
+        }
+    }
+    assert!(inside > 0 && outside > 0);
+}
+
 #[test]
 fn neighbours() {
     let t = tree_of(&[(10, 20), (30, 40), (50, 60)]);
