@@ -366,6 +366,52 @@ fn flushes_reach_translators_on_other_threads() {
     });
 }
 
+/// A flush reaches only the translators that may cache what it changed:
+/// a translator on another thread that cached a page of `A`'s 1 GiB
+/// region is left alone by an mprotect 1 GiB up (no shootdown counted,
+/// and its entry stays: its next store does not walk), and reached by an
+/// mprotect of its own page.
+#[test]
+fn flushes_reach_only_translators_of_the_flushed_regions() {
+    let mm = mm_with(1);
+    let far = A + (1 << 30);
+    mm.mmap(far, PAGE_SIZE, RW, fixed()).unwrap();
+    mm.write(far, &[1]).unwrap();
+    let (cmd_tx, cmd_rx) = mpsc::channel::<u64>();
+    let (res_tx, res_rx) = mpsc::channel();
+    std::thread::scope(|s| {
+        let mm = &mm;
+        s.spawn(move || {
+            let mut t = mm.translator();
+            res_tx.send(t.store::<u64>(A, 1).map(|_| 0)).unwrap();
+            while let Ok(addr) = cmd_rx.recv() {
+                res_tx.send(t.store::<u64>(addr, 7).map(|_| 0)).unwrap();
+            }
+        });
+        res_rx.recv().unwrap().unwrap();
+        let before = mm.stats();
+        mm.mprotect(far, PAGE_SIZE, Prot::READ).unwrap();
+        let after = mm.stats();
+        assert_eq!(after.tlb_flushes, before.tlb_flushes + 1);
+        assert_eq!(after.translator_shootdowns, before.translator_shootdowns);
+        cmd_tx.send(A).unwrap();
+        res_rx.recv().unwrap().unwrap();
+        assert_eq!(
+            mm.stats().translator_walks,
+            before.translator_walks,
+            "a flush of another region emptied the translator"
+        );
+        mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
+        assert_eq!(
+            mm.stats().translator_shootdowns,
+            before.translator_shootdowns + 1
+        );
+        cmd_tx.send(A).unwrap();
+        assert_eq!(kind(res_rx.recv().unwrap()), Err(FaultError::AccessDenied));
+        drop(cmd_tx);
+    });
+}
+
 /// A translator whose thread is blocked forever (here: until the flush
 /// is done) does not hold up a flush.
 #[test]
