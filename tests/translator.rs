@@ -331,26 +331,39 @@ fn every_flush_invalidates_the_translator() {
     assert_eq!(t.load::<u64>(A).unwrap(), 10);
 }
 
+/// A thread of `s` with a translator of `mm` that stores each `(addr,
+/// value)` of `first`, then, for each address received, stores 7 there
+/// and sends the result. Returns once the first stores are done.
+fn storer<'s>(
+    s: &'s std::thread::Scope<'s, '_>,
+    mm: &'s AddressSpace,
+    first: &'static [(u64, u64)],
+) -> (mpsc::Sender<u64>, mpsc::Receiver<Result<u64, MemoryFault>>) {
+    let (cmd_tx, cmd_rx) = mpsc::channel::<u64>();
+    let (res_tx, res_rx) = mpsc::channel();
+    s.spawn(move || {
+        let mut t = mm.translator();
+        for &(addr, v) in first {
+            t.store::<u64>(addr, v).unwrap();
+        }
+        res_tx.send(Ok(0)).unwrap();
+        while let Ok(addr) = cmd_rx.recv() {
+            res_tx.send(t.store::<u64>(addr, 7).map(|_| 0)).unwrap();
+        }
+    });
+    res_rx.recv().unwrap().unwrap();
+    (cmd_tx, res_rx)
+}
+
 /// A translator on another thread caches writable entries; after each
 /// flush returns, its next access fails (or sees the new mapping), and
 /// the flush counted a shootdown to it.
 #[test]
 fn flushes_reach_translators_on_other_threads() {
     let mm = mm_with(2);
-    let (cmd_tx, cmd_rx) = mpsc::channel::<u64>();
-    let (res_tx, res_rx) = mpsc::channel();
     std::thread::scope(|s| {
+        let (cmd_tx, res_rx) = storer(s, &mm, &[(A, 1), (A + PAGE_SIZE, 2)]);
         let mm = &mm;
-        s.spawn(move || {
-            let mut t = mm.translator();
-            t.store::<u64>(A, 1).unwrap();
-            t.store::<u64>(A + PAGE_SIZE, 2).unwrap();
-            res_tx.send(Ok(0)).unwrap();
-            while let Ok(addr) = cmd_rx.recv() {
-                res_tx.send(t.store::<u64>(addr, 7).map(|_| 0)).unwrap();
-            }
-        });
-        res_rx.recv().unwrap().unwrap();
         let before = mm.stats().translator_shootdowns;
         mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
         assert_eq!(mm.stats().translator_shootdowns, before + 1);
@@ -377,18 +390,9 @@ fn flushes_reach_only_translators_of_the_flushed_regions() {
     let far = A + (1 << 30);
     mm.mmap(far, PAGE_SIZE, RW, fixed()).unwrap();
     mm.write(far, &[1]).unwrap();
-    let (cmd_tx, cmd_rx) = mpsc::channel::<u64>();
-    let (res_tx, res_rx) = mpsc::channel();
     std::thread::scope(|s| {
+        let (cmd_tx, res_rx) = storer(s, &mm, &[(A, 1)]);
         let mm = &mm;
-        s.spawn(move || {
-            let mut t = mm.translator();
-            res_tx.send(t.store::<u64>(A, 1).map(|_| 0)).unwrap();
-            while let Ok(addr) = cmd_rx.recv() {
-                res_tx.send(t.store::<u64>(addr, 7).map(|_| 0)).unwrap();
-            }
-        });
-        res_rx.recv().unwrap().unwrap();
         let before = mm.stats();
         mm.mprotect(far, PAGE_SIZE, Prot::READ).unwrap();
         let after = mm.stats();
