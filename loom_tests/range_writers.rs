@@ -195,8 +195,8 @@ fn spec_fault_vs_range_mprotect() {
 /// range-locked munmap of `A`: a store that begins after munmap returned
 /// fails, and no store lands in the frame once it is reused at `B`.
 ///
-/// Catches: replacing `gen.fetch_add` in `TlbState::shoot_translators`
-/// by a load (`self.gen.load(Ordering::Relaxed) + 1`, src/tlb/mod.rs): no
+/// Catches: replacing `hot.gen.fetch_add` in `tlb::shoot_translators`
+/// by a load (`slot.hot.gen.load(Ordering::Relaxed) + 1`, src/tlb/mod.rs): no
 /// translator drops its entries, and a store after munmap returned goes
 /// through the stale one. (Deleting the wait there, `wait_until(done)`,
 /// is caught neither here nor by `translator.rs`'s

@@ -8,7 +8,7 @@
 #![cfg(aspace_loom)]
 
 mod common;
-use common::{cfg, fixed, rw, store_vs_flush};
+use common::{cfg, fixed, model, rw, store_vs_flush};
 
 use aspace::{AddressSpace, FaultError, Prot, PAGE_SIZE};
 use loom::sync::atomic::{AtomicBool, Ordering};
@@ -17,17 +17,26 @@ use loom::thread;
 
 const A: u64 = 0x4000_0000;
 const B: u64 = 0x5000_0000;
+/// A page in another summary region than `A`'s (1 GiB regions).
+const D: u64 = 0x8000_0000;
 
 /// Against munmap of A, after which A's freed frame goes to a new page at
 /// B: a store that starts after munmap returned fails (the flush dropped
 /// the entry), and no store lands in the frame after munmap returned (B
 /// reads zero).
 ///
-/// Catches: deleting the wait in `TlbState::shoot_translators`
+/// Catches: deleting the wait in `tlb::shoot_translators`
 /// (`if !done() { wait_until(done) }`): a store whose access began before
 /// the flush lands in the frame after it was freed and reused. Also
-/// catches replacing its `gen.fetch_add` by a load (no translator drops
+/// catches replacing its `hot.gen.fetch_add` by a load (no translator drops
 /// its entries): a later store goes through the stale entry.
+///
+/// The targeted flush: also catches deleting the `SeqCst` fence in
+/// `TranslatorSlot::publish_regions` (src/tlb/mod.rs: the flush may read
+/// the empty summary while the translator's first walk reads the old
+/// entry), and deleting the call `self.slot.publish_regions(..)` in
+/// `Translator::cover` (src/translate/mod.rs: the summary never covers
+/// the walk).
 #[test]
 fn translator_store_vs_munmap() {
     store_vs_flush(
@@ -51,9 +60,9 @@ fn translator_store_vs_munmap() {
 /// returned is denied, and once mprotect has returned the page never
 /// changes again.
 ///
-/// Catches: deleting the wait in `TlbState::shoot_translators` (a store
+/// Catches: deleting the wait in `tlb::shoot_translators` (a store
 /// in flight lands after mprotect returned: the two reads differ), and
-/// replacing its `gen.fetch_add` by a load (a later store hits the stale
+/// replacing its `hot.gen.fetch_add` by a load (a later store hits the stale
 /// writable entry).
 #[test]
 fn translator_store_vs_mprotect_read() {
@@ -82,8 +91,8 @@ fn translator_store_vs_mprotect_read() {
 ///
 /// Catches: deleting `f |= PteFlags::NX` in `From<VmFlags> for PteFlags`
 /// (vma/flags.rs): mprotect's new entry lacks NX and the fetch after it
-/// succeeds. Also catches replacing `gen.fetch_add` in
-/// `TlbState::shoot_translators` by a load (the cached exec entry is
+/// succeeds. Also catches replacing `hot.gen.fetch_add` in
+/// `tlb::shoot_translators` by a load (the cached exec entry is
 /// used after the flush), as the store models do.
 #[test]
 fn translator_fetch_vs_mprotect_noexec() {
@@ -109,5 +118,44 @@ fn translator_fetch_vs_mprotect_noexec() {
         mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
         done.store(true, Ordering::SeqCst);
         t.join().unwrap();
+    });
+}
+
+/// A flush of another region does not reach a translator: the thread's
+/// translator caches `A`'s entry and stores through it twice while the
+/// main thread write-protects `D` (another summary region), which
+/// flushes. The second store hits (no walk): the flush neither bumped the
+/// translator's generation (which would empty it) nor, therefore, waited
+/// for it or issued the heavy fence, which happen only for a translator
+/// it reached.
+///
+/// Catches: skipping the overlap check in `tlb::shoot_translators`
+/// (`if Regions(slot.regions..).meets(regions)` made `if true`, the
+/// untargeted flush): the bump empties the translator between its stores.
+#[test]
+fn translator_vs_disjoint_flush() {
+    model(|| {
+        let mm = Arc::new(AddressSpace::new(cfg()));
+        for at in [A, D] {
+            mm.mmap(at, PAGE_SIZE, rw(), fixed()).unwrap();
+            mm.write(at, &[1]).unwrap();
+        }
+        let m2 = mm.clone();
+        let t = thread::spawn(move || {
+            let mut tr = m2.translator();
+            tr.store::<u8>(A, 7).unwrap(); // walks, caches A
+            let walks = m2.stats().translator_walks;
+            tr.store::<u8>(A, 8).unwrap();
+            assert_eq!(
+                m2.stats().translator_walks,
+                walks,
+                "a flush of another region emptied the translator"
+            );
+        });
+        mm.mprotect(D, PAGE_SIZE, Prot::READ).unwrap();
+        t.join().unwrap();
+        let mut x = [0u8; 1];
+        mm.read(A, &mut x).unwrap();
+        assert_eq!(x, [8]);
     });
 }

@@ -8,7 +8,7 @@
 //! new life: what the writer's snapshot read right after it returned
 //! never changes.
 //!
-//! Each catches: deleting the wait in `TlbState::shoot_translators`
+//! Each catches: deleting the wait in `tlb::shoot_translators`
 //! (`if !done() { wait_until(done) }`, src/tlb/mod.rs): a store whose
 //! access began before the flush lands in the frame after the writer
 //! returned.

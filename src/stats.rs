@@ -114,7 +114,8 @@ counters! {
     tlb_shootdowns,
     /// Soft TLBs ([`crate::Translator`]) of other threads that flushes
     /// invalidated (each one's entries dropped, its access in flight
-    /// waited for).
+    /// waited for): only those that may have cached what the flush
+    /// changed (the targeted flush, `tlb` module docs).
     translator_shootdowns,
     /// Translator misses that walked the page table (an access whose
     /// page no cached entry covered with the rights it needed).

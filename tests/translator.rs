@@ -331,26 +331,39 @@ fn every_flush_invalidates_the_translator() {
     assert_eq!(t.load::<u64>(A).unwrap(), 10);
 }
 
+/// A thread of `s` with a translator of `mm` that stores each `(addr,
+/// value)` of `first`, then, for each address received, stores 7 there
+/// and sends the result. Returns once the first stores are done.
+fn storer<'s>(
+    s: &'s std::thread::Scope<'s, '_>,
+    mm: &'s AddressSpace,
+    first: &'static [(u64, u64)],
+) -> (mpsc::Sender<u64>, mpsc::Receiver<Result<u64, MemoryFault>>) {
+    let (cmd_tx, cmd_rx) = mpsc::channel::<u64>();
+    let (res_tx, res_rx) = mpsc::channel();
+    s.spawn(move || {
+        let mut t = mm.translator();
+        for &(addr, v) in first {
+            t.store::<u64>(addr, v).unwrap();
+        }
+        res_tx.send(Ok(0)).unwrap();
+        while let Ok(addr) = cmd_rx.recv() {
+            res_tx.send(t.store::<u64>(addr, 7).map(|_| 0)).unwrap();
+        }
+    });
+    res_rx.recv().unwrap().unwrap();
+    (cmd_tx, res_rx)
+}
+
 /// A translator on another thread caches writable entries; after each
 /// flush returns, its next access fails (or sees the new mapping), and
 /// the flush counted a shootdown to it.
 #[test]
 fn flushes_reach_translators_on_other_threads() {
     let mm = mm_with(2);
-    let (cmd_tx, cmd_rx) = mpsc::channel::<u64>();
-    let (res_tx, res_rx) = mpsc::channel();
     std::thread::scope(|s| {
+        let (cmd_tx, res_rx) = storer(s, &mm, &[(A, 1), (A + PAGE_SIZE, 2)]);
         let mm = &mm;
-        s.spawn(move || {
-            let mut t = mm.translator();
-            t.store::<u64>(A, 1).unwrap();
-            t.store::<u64>(A + PAGE_SIZE, 2).unwrap();
-            res_tx.send(Ok(0)).unwrap();
-            while let Ok(addr) = cmd_rx.recv() {
-                res_tx.send(t.store::<u64>(addr, 7).map(|_| 0)).unwrap();
-            }
-        });
-        res_rx.recv().unwrap().unwrap();
         let before = mm.stats().translator_shootdowns;
         mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
         assert_eq!(mm.stats().translator_shootdowns, before + 1);
@@ -362,6 +375,43 @@ fn flushes_reach_translators_on_other_threads() {
         mm.munmap(A + PAGE_SIZE, PAGE_SIZE).unwrap();
         cmd_tx.send(A + PAGE_SIZE).unwrap();
         assert_eq!(kind(res_rx.recv().unwrap()), Err(FaultError::NoMapping));
+        drop(cmd_tx);
+    });
+}
+
+/// A flush reaches only the translators that may cache what it changed:
+/// a translator on another thread that cached a page of `A`'s 1 GiB
+/// region is left alone by an mprotect 1 GiB up (no shootdown counted,
+/// and its entry stays: its next store does not walk), and reached by an
+/// mprotect of its own page.
+#[test]
+fn flushes_reach_only_translators_of_the_flushed_regions() {
+    let mm = mm_with(1);
+    let far = A + (1 << 30);
+    mm.mmap(far, PAGE_SIZE, RW, fixed()).unwrap();
+    mm.write(far, &[1]).unwrap();
+    std::thread::scope(|s| {
+        let (cmd_tx, res_rx) = storer(s, &mm, &[(A, 1)]);
+        let mm = &mm;
+        let before = mm.stats();
+        mm.mprotect(far, PAGE_SIZE, Prot::READ).unwrap();
+        let after = mm.stats();
+        assert_eq!(after.tlb_flushes, before.tlb_flushes + 1);
+        assert_eq!(after.translator_shootdowns, before.translator_shootdowns);
+        cmd_tx.send(A).unwrap();
+        res_rx.recv().unwrap().unwrap();
+        assert_eq!(
+            mm.stats().translator_walks,
+            before.translator_walks,
+            "a flush of another region emptied the translator"
+        );
+        mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
+        assert_eq!(
+            mm.stats().translator_shootdowns,
+            before.translator_shootdowns + 1
+        );
+        cmd_tx.send(A).unwrap();
+        assert_eq!(kind(res_rx.recv().unwrap()), Err(FaultError::AccessDenied));
         drop(cmd_tx);
     });
 }

@@ -125,6 +125,10 @@ pub fn spec_vs_uffd_register(mm: Arc<AddressSpace>, a: u64, len: u64) {
 /// A translator against a flush (`translator.rs`, `range_writers.rs`): in
 /// a space made with `config`, a thread's translator caches `a`'s writable
 /// entry, then stores 7 through it, while the main thread runs `flush`.
+/// The translator is new, so its first walk also grows its summary (from
+/// empty to `a`'s region): the race of that growth, its fence and the
+/// walk against the flush's page-table change, fence and summary load
+/// (the targeted flush, src/tlb/mod.rs) is part of every run.
 /// A store that begins after `flush` returned must fail with `denied`.
 /// Then the main thread runs `after` (whose result is a snapshot), joins
 /// the translator's thread and hands the snapshot to `check`.

@@ -144,7 +144,7 @@ impl Drop for AddressSpace {
             total = pages.get();
         }
         if total > 0 {
-            self.tlb.flush(&self.stats, total);
+            self.tlb.flush(&self.stats, total, crate::tlb::Regions::ALL);
         }
         ed.detach_all(&all);
         // Nothing reaches the tree or the tables any more: the tree's and

@@ -8,7 +8,7 @@
 //! [`TlbState`](super::TlbState) flush (the flush lock is the innermost
 //! lock, see [`crate::mm`]).
 
-use super::TlbState;
+use super::{Regions, TlbState};
 use crate::addr::Range;
 use crate::phys::{FrameAllocator, Pfn};
 use crate::stats::StatCounters;
@@ -27,7 +27,9 @@ pub(crate) struct Gather<'a> {
     /// after the flush came from one PMD leaf.
     pending_huge: Vec<Pfn>,
     pages: u64,
-    range: Option<Range>,
+    /// The regions of the gathered ranges: the translators whose summary
+    /// meets them are the ones the flush reaches.
+    regions: Regions,
 }
 
 impl<'a> Gather<'a> {
@@ -43,7 +45,7 @@ impl<'a> Gather<'a> {
             pending: Vec::new(),
             pending_huge: Vec::new(),
             pages: 0,
-            range: None,
+            regions: Regions::NONE,
         }
     }
 
@@ -60,10 +62,7 @@ impl<'a> Gather<'a> {
             return;
         }
         self.pages += crate::addr::pages(r.len());
-        self.range = Some(match self.range {
-            Some(old) => Range::new(old.start.min(r.start), old.end.max(r.end)),
-            None => r,
-        });
+        self.regions = self.regions.union(Regions::of_range(r));
     }
 
     /// Records a frame reference to drop after the flush.
@@ -89,7 +88,14 @@ impl<'a> Gather<'a> {
         if self.pages == 0 && self.pending.is_empty() && self.pending_huge.is_empty() {
             return;
         }
-        self.tlb.flush(self.stats, self.pages);
+        // Frames with no range recorded (no caller does that) could be
+        // anywhere: flush every translator.
+        let regions = if self.regions.is_empty() {
+            Regions::ALL
+        } else {
+            self.regions
+        };
+        self.tlb.flush(self.stats, self.pages, regions);
         for pfn in self.pending.drain(..) {
             self.frames.put(pfn);
         }
@@ -97,7 +103,7 @@ impl<'a> Gather<'a> {
             self.frames.put_huge(head);
         }
         self.pages = 0;
-        self.range = None;
+        self.regions = Regions::NONE;
     }
 }
 

@@ -23,60 +23,100 @@
 //!
 //! A translator caches translations across accesses, so unlike
 //! `read`/`write` it holds TLB entries between them; a flush must make
-//! every translator on every thread drop its entries, without waiting for
-//! a translator that is idle (its thread may be blocked for good), and
-//! without a shared write, an atomic read-modify-write or a full fence on
-//! a hit. The design, per address space:
+//! every translator that may hold an entry of what it changed drop it,
+//! without waiting for a translator that is idle (its thread may be
+//! blocked for good), and without a shared write, an atomic
+//! read-modify-write or a full fence on a hit. A flush reaches only the
+//! translators that may hold an entry in the flushed range (a targeted
+//! flush, as Linux's shootdown reaches only the CPUs in the mm's cpumask):
+//! threads that each work on their own range do not empty, fence or wait
+//! for each other. The design, per translator slot (registered here under
+//! `flush_lock`):
 //!
-//! - `gen`, a translation generation on its own cache line, bumped
-//!   (Release) by every flush while translators exist. Every access loads
-//!   it (Acquire) and, if it changed since the translator last looked,
-//!   drops all entries before translating. In steady state nobody writes
-//!   the line, so it stays shared in every core's cache.
-//! - Each translator owns a slot (its own cache line, registered here
-//!   under `flush_lock`) holding `busy`, 1 while it is inside an access,
-//!   and `acked`, the last generation it dropped its entries for. An
-//!   access stores `busy = 1`, issues a *light* fence, loads `gen` (and if
-//!   it changed, drops its entries and stores `acked = gen`, Release),
-//!   translates (a cache hit, or a page-table walk that fills the cache),
-//!   touches the frame, then stores `busy = 0` (Release). Both stores are
-//!   of constants, so a hit carries no dependency through memory from one
-//!   access to the next. A miss that must fault leaves the access first:
-//!   the fault may flush, or wait for an mmap_lock writer that is
-//!   flushing.
-//! - A flush, after changing the page table, bumps `gen` to `target`,
-//!   issues a *heavy* fence ([`crate::sync::asymmetric`]: `membarrier(2)`,
-//!   a full barrier on every running thread, which is what an IPI is; if
-//!   membarrier starts failing, the process switches to full fences on
-//!   both sides, see there), then for each registered slot waits until
-//!   `busy == 0` or `acked >= target`.
+//! - The *summary* (`regions`, a line of its own, [`Regions`]): the 1 GiB
+//!   regions (hashed mod 64) the translator may hold entries of. The
+//!   translator grows it on a miss, before its walk: it stores the grown
+//!   set (Release) and issues a full `SeqCst` fence, only when the walked
+//!   page's region is new to it (the slow path). It empties it (Release)
+//!   only after dropping all its entries.
+//! - The hot line, which only this translator's accesses and the flushes
+//!   that reach it touch: `gen`, the translator's generation, bumped
+//!   (Release) by each flush that reaches it; `busy`, 1 while the
+//!   translator is inside an access; `acked`, the last generation it
+//!   dropped its entries for. An access stores `busy = 1`, issues a
+//!   *light* fence, loads `gen` (and if it changed, drops its entries,
+//!   empties its summary and stores `acked = gen`, Release), translates
+//!   (a cache hit, or a page-table walk that fills the cache, after
+//!   growing the summary), touches the frame, then stores `busy = 0`
+//!   (Release). Both stores are of constants, so a hit carries no
+//!   dependency through memory from one access to the next. A miss that
+//!   must fault leaves the access first: the fault may flush, or wait for
+//!   an mmap_lock writer that is flushing.
+//! - A flush of the regions `M` (what its gather recorded), after
+//!   changing the page table, issues a `SeqCst` fence, then loads each
+//!   slot's summary (Acquire). A slot whose summary meets `M` *overlaps*:
+//!   the flush bumps its `gen` to a `target`. Only if some slot overlaps,
+//!   it then issues a *heavy* fence ([`crate::sync::asymmetric`]:
+//!   `membarrier(2)`, a full barrier on every running thread, which is
+//!   what an IPI is; if membarrier starts failing, the process switches
+//!   to full fences on both sides, see there), and for each overlapping
+//!   slot waits until `busy == 0` or `acked >= target`. Other slots it
+//!   neither writes nor waits for.
 //!
-//! Why no stale entry survives the flush: take an access A and the flush
-//! F. The fence pair orders like two `SeqCst` fences. If A's light fence
-//! comes after F's heavy fence, A's load of `gen` sees the bump, so A
-//! drops its entries; its walk, ordered after that Acquire load, sees the
-//! page-table change made before the Release bump. Otherwise A's
-//! `busy = 1` is visible to F after the heavy fence, and F waits until it
-//! reads `busy == 0` or `acked >= target`, both stored (Release) after A
-//! ended: A's frame access happens before F returns and before the
-//! gathered frames are freed. Every later access of that translator loads
-//! `gen` after its own light fence, which follows that store, so it sees
-//! the bump (were its fence before F's in the fence order, F would have
-//! read its `busy = 1` rather than the earlier value) and drops what A
-//! filled from the old page table. A translator that is idle has
-//! `busy == 0`: F reads it once and goes on. F is not starved by a
-//! translator that keeps accessing: its next access acknowledges the
+//! Why a slot that does not overlap holds no stale entry of `M`: take its
+//! entry for a page `p` of `M` that it uses after the flush F changed
+//! `p`'s translation. The walk W that filled it followed, in its program
+//! order, a store S of a summary holding `p`'s region and a `SeqCst`
+//! fence (the one after S, or an earlier one after the store that first
+//! set that bit: the bit stays set until the summary is emptied, which
+//! drops the entry). F changed the page table, then fenced, then loaded
+//! the summary: the store-buffer pattern. If W's fence precedes F's in
+//! the fence order, F's load reads S or a later value: one still holding
+//! the bit (so the slot overlaps), or an emptied one, stored (Release)
+//! after the translator dropped that entry, every access that used it
+//! having ended before, so the Acquire load orders those uses before F's
+//! frees. Otherwise W, after its fence, reads F's change: the entry is
+//! not stale. So F may skip the slot.
+//!
+//! Why no stale entry survives in a slot that overlaps: take an access A
+//! and the flush F. The light/heavy pair orders like two `SeqCst` fences.
+//! If A's light fence comes after F's heavy fence, A's load of `gen` sees
+//! the bump, so A drops its entries; its walk, ordered after that
+//! Acquire load, sees the page-table change made before the Release bump.
+//! Otherwise A's `busy = 1` is visible to F after the heavy fence, and F
+//! waits until it reads `busy == 0` or `acked >= target`, both stored
+//! (Release) after A ended: A's frame access happens before F returns and
+//! before the gathered frames are freed. Every later access of that
+//! translator loads `gen` after its own light fence, which follows that
+//! store, so it sees the bump (were its fence before F's in the fence
+//! order, F would have read its `busy = 1` rather than the earlier value)
+//! and drops what A filled from the old page table. A translator that is
+//! idle has `busy == 0`: F reads it once and goes on. F is not starved by
+//! a translator that keeps accessing: its next access acknowledges the
 //! bump. Translators registered after F took `flush_lock` see F's
-//! page-table change through the lock. Nothing here depends on the
-//! thread: a translator moved to another thread between accesses (they
-//! are `Send`) is handed over with a happens-before edge, so its next
-//! `busy = 1` follows its last `busy = 0` and `acked`, and its light
-//! fence on the new thread pairs with heavy fences like any other
-//! (membarrier interrupts every running thread of the process).
+//! page-table change through the lock (their summary starts empty).
+//! Nothing here depends on the thread: a translator moved to another
+//! thread between accesses (they are `Send`) is handed over with a
+//! happens-before edge, so its next `busy = 1` follows its last
+//! `busy = 0`, `acked` and summary, and its fences on the new thread pair
+//! with F's like any other (membarrier interrupts every running thread of
+//! the process).
 //!
-//! With no translators, a flush does none of this (no `gen` bump, no
-//! heavy fence). The shootdowns counted in [`crate::Stats`] are then real:
-//! each CPU in the mask that runs a translator drops its entries.
+//! Flushes of the whole space (teardown, and a gather that recorded no
+//! range) pass [`Regions::ALL`] and reach every translator with a
+//! non-empty summary; fork, exec's reset and munmap of everything reach
+//! those whose summary meets what they changed, which is every one that
+//! may hold an entry of it. With no translator overlapping, a flush does
+//! none of this (no `gen` bump, no heavy fence, no wait). The shootdowns
+//! counted in [`crate::Stats`] are then real: each translator of another
+//! thread that a flush reaches counts one.
+//!
+//! Shared lines: a hit writes only its own slot's hot line (which a
+//! flusher writes only when it reaches that slot) and reads nothing
+//! another thread writes in steady state but the fence mode; a miss whose
+//! region is new writes its own summary line, which flushers only read. A
+//! flush reads every slot's summary line and writes the hot lines of the
+//! slots it reaches.
 //!
 //! # A thread stopped inside an access
 //!
@@ -117,7 +157,9 @@ use crate::sync::{
 use crossbeam_utils::CachePadded;
 
 mod gather;
+mod regions;
 pub(crate) use gather::Gather;
+pub(crate) use regions::Regions;
 
 /// One CPU's view of an address space.
 #[derive(Default)]
@@ -127,17 +169,50 @@ pub(crate) struct CpuSlot {
     inflight: [AtomicU64; 2],
 }
 
-/// One translator's state as flushes see it.
-pub(crate) struct TranslatorSlot {
+/// The line of a translator's slot that its accesses touch.
+#[derive(Default)]
+pub(crate) struct SlotHot {
     /// 1 while the translator is inside an access, else 0.
     pub(crate) busy: AtomicU64,
+    /// The translator's generation: bumped by each flush that reaches it.
+    pub(crate) gen: AtomicU64,
     /// The generation whose flush the translator has obeyed (dropped its
     /// entries for, at the start of an access).
     pub(crate) acked: AtomicU64,
+}
+
+/// One translator's state as flushes see it.
+pub(crate) struct TranslatorSlot {
+    /// Written by the translator's accesses; by a flusher only when it
+    /// reaches this translator.
+    pub(crate) hot: CachePadded<SlotHot>,
+    /// The regions the translator may hold entries of ([`Regions`] bits):
+    /// written by the translator only (grown before a walk, emptied after
+    /// dropping its entries), read by flushers.
+    regions: CachePadded<AtomicU64>,
     /// The thread that made the translator ([`thread_token`]), for the
     /// shootdown count only: a translator moved to another thread
     /// (translators are `Send`) still counts as its maker's.
     owner: usize,
+}
+
+impl TranslatorSlot {
+    /// Adds `grown`'s regions to the summary before a walk, with the
+    /// fence that makes the flushes of those regions see it or the walk
+    /// see their page-table changes (module docs). Called by the
+    /// translator only, with its whole summary, when it grew.
+    #[cold]
+    pub(crate) fn publish_regions(&self, grown: Regions) {
+        self.regions.store(grown.0, Ordering::Release);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Empties the summary: the translator has dropped all its entries
+    /// (Release: the accesses that used them happen before a flusher that
+    /// reads the empty summary).
+    pub(crate) fn clear_regions(&self) {
+        self.regions.store(0, Ordering::Release);
+    }
 }
 
 /// A number that no other live thread has.
@@ -146,17 +221,14 @@ fn thread_token() -> usize {
     TOKEN.with(|t| t as *const u8 as usize)
 }
 
-/// A registered translator's slot, on its own cache line.
-pub(crate) type TranslatorRef = Arc<CachePadded<TranslatorSlot>>;
+/// A registered translator's slot (its lines padded inside).
+pub(crate) type TranslatorRef = Arc<TranslatorSlot>;
 
 /// The CPUs of one address space.
 pub(crate) struct TlbState {
     cpus: PerCpu<CpuSlot>,
     /// The bucket new accesses count in (low bit); flipped by flushes.
     phase: AtomicUsize,
-    /// Translation generation of the soft TLBs, bumped by each flush
-    /// while translators exist (see the module docs).
-    gen: CachePadded<AtomicU64>,
     /// Serializes flushes, so that each waits on a bucket no other flush
     /// has made current again, and holds the registered translators.
     /// Holders wait only for accesses, which never take it, and never wait
@@ -196,7 +268,6 @@ impl TlbState {
         TlbState {
             cpus: PerCpu::new(CpuSlot::default),
             phase: AtomicUsize::new(0),
-            gen: CachePadded::new(AtomicU64::new(0)),
             flush_lock: Mutex::new(Vec::new()),
             shootdown_cost_ns,
         }
@@ -227,10 +298,11 @@ impl TlbState {
         AccessGuard { count }
     }
 
-    /// Flushes `pages` pages of translations on every CPU of the mask:
-    /// counts the flush and one shootdown per other CPU, and waits for each
-    /// to leave any access that began before this call.
-    pub(crate) fn flush(&self, stats: &StatCounters, pages: u64) {
+    /// Flushes `pages` pages of translations, in `regions`, on every CPU
+    /// of the mask and every translator that may cache them: counts the
+    /// flush and one shootdown per other CPU, and waits for each to leave
+    /// any access that began before this call.
+    pub(crate) fn flush(&self, stats: &StatCounters, pages: u64, regions: Regions) {
         fence(Ordering::SeqCst);
         stats.inc(Event::tlb_flushes);
         stats.add(Event::tlb_pages_flushed, pages);
@@ -251,11 +323,9 @@ impl TlbState {
         // is never inside an access).
         let translators = self.flush_lock.lock();
         if !translators.is_empty() {
-            self.shoot_translators(&translators);
-            let me = thread_token();
-            let others = translators.iter().filter(|s| s.owner != me).count();
+            let others = shoot_translators(&translators, regions);
             if others > 0 {
-                stats.add(Event::translator_shootdowns, others as u64);
+                stats.add(Event::translator_shootdowns, others);
             }
         }
         for _ in 0..2 {
@@ -279,19 +349,14 @@ impl TlbState {
 }
 
 impl TlbState {
-    /// The soft-TLB generation that accesses compare against.
-    #[inline]
-    pub(crate) fn generation(&self) -> &AtomicU64 {
-        &self.gen
-    }
-
-    /// Registers a new translator: a slot the flushes will look at.
+    /// Registers a new translator: a slot the flushes will look at, with
+    /// an empty summary (so none reaches it until it walks).
     pub(crate) fn register_translator(&self) -> TranslatorRef {
-        let slot = Arc::new(CachePadded::new(TranslatorSlot {
-            busy: AtomicU64::new(0),
-            acked: AtomicU64::new(self.gen.load(Ordering::Acquire)),
+        let slot = Arc::new(TranslatorSlot {
+            hot: CachePadded::new(SlotHot::default()),
+            regions: CachePadded::new(AtomicU64::new(0)),
             owner: thread_token(),
-        }));
+        });
         self.flush_lock.lock().push(slot.clone());
         slot
     }
@@ -303,22 +368,39 @@ impl TlbState {
             all.swap_remove(i);
         }
     }
+}
 
-    /// Makes every translator drop its entries, and waits for the accesses
-    /// that may still use one (the argument is in the module docs).
-    fn shoot_translators(&self, translators: &[TranslatorRef]) {
-        let target = self.gen.fetch_add(1, Ordering::Release) + 1;
-        asymmetric::heavy();
-        for slot in translators {
-            let done = || {
-                slot.busy.load(Ordering::Acquire) == 0
-                    || slot.acked.load(Ordering::Acquire) >= target
-            };
-            if !done() {
-                wait_until(done);
-            }
+/// Makes every translator whose summary meets `regions` drop its entries,
+/// and waits for the accesses that may still use one; the others it
+/// leaves alone (the argument is in the module docs). Called after the
+/// flush's `SeqCst` fence, under `flush_lock`. Returns how many
+/// translators of other threads it reached.
+fn shoot_translators(translators: &[TranslatorRef], regions: Regions) -> u64 {
+    let mut reached: Vec<(&TranslatorSlot, u64)> = Vec::new();
+    for slot in translators {
+        // The overlap check: skipping it (reaching every slot) is the old
+        // untargeted flush; inverting it misses stale entries.
+        if Regions(slot.regions.load(Ordering::Acquire)).meets(regions) {
+            // Flushers are serialized by `flush_lock`: no other writer.
+            let target = slot.hot.gen.fetch_add(1, Ordering::Release) + 1;
+            reached.push((slot, target));
         }
     }
+    if reached.is_empty() {
+        return 0;
+    }
+    asymmetric::heavy();
+    for &(slot, target) in &reached {
+        let done = || {
+            slot.hot.busy.load(Ordering::Acquire) == 0
+                || slot.hot.acked.load(Ordering::Acquire) >= target
+        };
+        if !done() {
+            wait_until(done);
+        }
+    }
+    let me = thread_token();
+    reached.iter().filter(|(s, _)| s.owner != me).count() as u64
 }
 
 fn spin_ns(ns: u64) {
@@ -378,7 +460,7 @@ mod tests {
         let flusher = {
             let (tlb, done) = (tlb.clone(), done.clone());
             std::thread::spawn(move || {
-                tlb.flush(&StatCounters::new(), 1);
+                tlb.flush(&StatCounters::new(), 1, Regions::ALL);
                 done.store(true, Ordering::SeqCst);
             })
         };

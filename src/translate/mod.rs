@@ -9,15 +9,18 @@
 //! x86-64's NX bit.
 //!
 //! A hit is a few instructions and writes one shared line: the
-//! translator's own slot (`busy` set and cleared around the access), which
-//! no other thread writes. It reads the space's flush generation (a line
-//! no one writes in steady state), the fence mode, and the frame. A miss
-//! also counts itself (`translator_walks` or `translator_huge_hits`) in
-//! the space's statistics slot of its CPU, a line no other CPU writes.
+//! translator's own slot's hot line (`busy` set and cleared around the
+//! access, and its generation read), which another thread writes only
+//! when a flush reaches this translator. It also reads the fence mode (a
+//! line no one writes in steady state) and the frame. A miss also counts
+//! itself (`translator_walks` or `translator_huge_hits`) in the space's
+//! statistics slot of its CPU, a line no other CPU writes; a miss in a
+//! region new to the translator also grows its summary (its own line)
+//! and issues a full fence.
 //!
 //! Flushes (munmap, mprotect, mremap, madvise, copy-on-write breaks, fork)
-//! invalidate every translator before they return: see `tlb` for
-//! the protocol and its argument.
+//! invalidate, before they return, every translator whose summary meets
+//! the regions they changed: see `tlb` for the protocol and its argument.
 //!
 //! Frame memory is shared with other threads and other translators, so it
 //! is only ever touched atomically: as 8-byte atomic words (as `phys`
@@ -35,7 +38,7 @@
 //! miss inside it fills the 4 KiB entry from it, with no walk
 //! (`translator_huge_hits`; misses that walk count `translator_walks`).
 //! It obeys the same flushes: dropped with the 4 KiB entries at every
-//! generation change. A split needs no flush (its 512 PTEs translate as
+//! generation change (a 2 MiB span lies inside one summary region). A split needs no flush (its 512 PTEs translate as
 //! the leaf did, see `pt::huge`), so a 2 MiB entry cached before a split
 //! stays right until a change of one of its pages, which flushes (a zap,
 //! mprotect, a copy-on-write break, a write-protection); a change that
@@ -92,7 +95,7 @@ use crate::pt::PteFlags;
 use crate::stats::Event;
 use crate::sync::asymmetric;
 use crate::sync::{AtomicU64, Ordering};
-use crate::tlb::TranslatorRef;
+use crate::tlb::{Regions, TranslatorRef};
 
 /// Entries in a translator (direct-mapped by page number).
 const ENTRIES: usize = 256;
@@ -204,11 +207,12 @@ enum Lookup {
 /// ```
 pub struct Translator<'a> {
     mm: &'a AddressSpace,
-    /// `mm`'s flush generation.
-    mm_gen: &'a AtomicU64,
     slot: TranslatorRef,
     /// The generation the entries belong to.
     gen: u64,
+    /// The summary last published in the slot: the regions of the
+    /// entries filled since they were last dropped.
+    regions: Regions,
     entries: [Entry; ENTRIES],
     /// PMD leaves cached as one translation each: `tag` is the 2 MiB
     /// span's address | its permissions, `base` its first byte. A miss of
@@ -258,8 +262,8 @@ impl<'a> Translator<'a> {
         let slot = mm.tlb.register_translator();
         Translator {
             mm,
-            mm_gen: mm.tlb.generation(),
-            gen: slot.acked.load(Ordering::Relaxed),
+            gen: slot.hot.acked.load(Ordering::Relaxed),
+            regions: Regions::NONE,
             slot,
             entries: [EMPTY; ENTRIES],
             huge: [EMPTY; HUGE_ENTRIES],
@@ -273,12 +277,12 @@ impl<'a> Translator<'a> {
     /// it in a register rather than reload it after the frame access.
     #[inline(always)]
     fn enter(&mut self) -> Busy {
-        let busy = Busy(&self.slot.busy);
+        let busy = Busy(&self.slot.hot.busy);
         busy.get().store(1, Ordering::Relaxed);
         // `true`: the light fence reads the process's fence mode itself
         // and is a full fence unless membarrier is in use.
         asymmetric::light(true);
-        let gen = self.mm_gen.load(Ordering::Acquire);
+        let gen = self.slot.hot.gen.load(Ordering::Acquire);
         if gen != self.gen {
             self.drop_entries(gen);
         }
@@ -293,13 +297,29 @@ impl<'a> Translator<'a> {
     }
 
     /// Obeys the flushes up to `gen`, which the flushers may be waiting
-    /// to hear (inside an access that began after them).
+    /// to hear (inside an access that began after them): drops every
+    /// entry, then empties the summary, which covered them.
     #[cold]
     fn drop_entries(&mut self, gen: u64) {
         self.entries.fill(EMPTY);
         self.huge.fill(EMPTY);
+        self.regions = Regions::NONE;
+        self.slot.clear_regions();
         self.gen = gen;
-        self.slot.acked.store(gen, Ordering::Release);
+        self.slot.hot.acked.store(gen, Ordering::Release);
+    }
+
+    /// Before a walk of `page`: makes the summary cover its region
+    /// (publishing it, with a full fence, only if that region is new).
+    #[inline(always)]
+    fn cover(&mut self, page: u64) {
+        let r = Regions::of(page);
+        if !self.regions.meets(r) {
+            self.regions = self.regions.union(r);
+            // Mutation the loom models catch: skipping this (a walk the
+            // summary does not cover, so a flush skips this translator).
+            self.slot.publish_regions(self.regions);
+        }
     }
 
     /// The cached frame of `addr`'s page if it allows the access whose
@@ -335,6 +355,7 @@ impl<'a> Translator<'a> {
             return Lookup::Frame(base);
         }
         self.mm.stats.inc(Event::translator_walks);
+        self.cover(page);
         let (l, perms, huge) = walk(self.mm, page, access);
         if let Lookup::Frame(base) = l {
             let tag = tag_bits(perms);
@@ -498,6 +519,7 @@ impl core::fmt::Debug for Translator<'_> {
             .field("cached", &cached)
             .field("cached_2m", &huge)
             .field("gen", &self.gen)
+            .field("regions", &format_args!("{:#x}", self.regions.0))
             .field("owned", &self._owner.is_some())
             .finish()
     }
