@@ -91,15 +91,21 @@ fn translator_store_vs_mprotect_read() {
 ///
 /// Catches: deleting `f |= PteFlags::NX` in `From<VmFlags> for PteFlags`
 /// (vma/flags.rs): mprotect's new entry lacks NX and the fetch after it
-/// succeeds. Also catches replacing `hot.gen.fetch_add` in
-/// `tlb::shoot_translators` by a load (the cached exec entry is
-/// used after the flush), as the store models do.
+/// succeeds. Also catches replacing `slot.hot.gen.fetch_add` in
+/// `tlb::shoot_translators` by a load (the cached exec entry is used
+/// after the flush; seen failing with "fetched NX" once the page was made
+/// a private page of its own, which the translator caches, where the
+/// zero page it mapped before never was).
 #[test]
 fn translator_fetch_vs_mprotect_noexec() {
     loom::model(|| {
         let mm = Arc::new(AddressSpace::new(cfg()));
-        mm.mmap(A, PAGE_SIZE, Prot::READ | Prot::EXEC, fixed())
+        // A private page of its own (not the zero page, which a
+        // translator never caches), then r-x: the fetch caches its entry.
+        mm.mmap(A, PAGE_SIZE, Prot::READ | Prot::WRITE | Prot::EXEC, fixed())
             .unwrap();
+        mm.write(A, &[0x90]).unwrap();
+        mm.mprotect(A, PAGE_SIZE, Prot::READ | Prot::EXEC).unwrap();
         let done = Arc::new(AtomicBool::new(false));
         let (m2, d2) = (mm.clone(), done.clone());
         let t = thread::spawn(move || {
