@@ -462,9 +462,10 @@ fn rebuild_space() -> Arc<AddressSpace> {
 }
 
 /// A huge fault that finds no huge frame free and no never-used block
-/// rebuilds one from the 512 free frames of block 512 (`phys/reassemble.rs`)
-/// while a 4 KiB fault on another thread takes a frame from the CPU cache
-/// the rebuild empties (and then a 4 KiB page is freed into it): either the 4 KiB fault took a frame of that block
+/// rebuilds one from the 512 free frames of block 512
+/// (`phys/reassemble.rs`) while a 4 KiB fault on another thread takes a
+/// frame from the CPU cache the rebuild empties (and then a 4 KiB page
+/// is freed into it): either the 4 KiB fault took a frame of that block
 /// first (then no block is whole and the huge fault falls back to a
 /// 4 KiB page), or the rebuild took the block and the 4 KiB fault gets a
 /// frame outside it. Never both: no frame is in the rebuilt huge frame
