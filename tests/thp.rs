@@ -665,12 +665,19 @@ fn khugepaged_collapses_spans_within_max_ptes_shared() {
     check(&child, a, 3 * HUGE);
 }
 
+/// `len` at `BASE` filled in 4 KiB pages (madvise mode, not advised
+/// yet), then advised `MADV_HUGEPAGE`.
+fn filled_then_advised(mm: &AddressSpace, len: u64) -> u64 {
+    let a = mm.mmap(BASE, len, RW, anon()).unwrap();
+    fill(mm, a, len);
+    mm.madvise(a, len, Advice::HugePage).unwrap();
+    a
+}
+
 #[test]
 fn khugepaged_wants_a_referenced_page() {
     let mm = space(ThpMode::Madvise);
-    let a = mm.mmap(BASE, 2 * HUGE, RW, anon()).unwrap();
-    fill(&mm, a, 2 * HUGE);
-    mm.madvise(a, 2 * HUGE, Advice::HugePage).unwrap();
+    let a = filled_then_advised(&mm, 2 * HUGE);
     // Every entry old: nothing referenced since the reset.
     mm.clear_refs(aspace::ClearRefs::Anon);
     assert_eq!(mm.khugepaged_scan(), 0);
@@ -683,6 +690,23 @@ fn khugepaged_wants_a_referenced_page() {
     // MADV_COLLAPSE wants none, as Linux's.
     mm.madvise(a + HUGE, HUGE, Advice::Collapse).unwrap();
     assert_eq!(mm.anon_huge_pages(a), Some(2 * HUGE));
+    check(&mm, a, 2 * HUGE);
+}
+
+#[test]
+fn khugepaged_collapses_spans_with_no_writable_entry() {
+    // Linux 6.18's khugepaged and MADV_COLLAPSE take anonymous spans none
+    // of whose entries is writable (the kernel's answer to the same calls
+    // is compared in `against_the_kernel`).
+    let mm = space(ThpMode::Madvise);
+    let a = filled_then_advised(&mm, 2 * HUGE);
+    // The first span read-only; the second write-protected by a fork
+    // whose child is gone (nothing shared any more).
+    mm.mprotect(a, HUGE, Prot::READ).unwrap();
+    drop(mm.fork().unwrap());
+    assert_eq!(mm.khugepaged_scan(), 2);
+    assert_eq!(mm.anon_huge_pages(a), Some(HUGE));
+    assert_eq!(mm.anon_huge_pages(a + HUGE), Some(HUGE));
     check(&mm, a, 2 * HUGE);
 }
 
@@ -996,6 +1020,19 @@ mod against_the_kernel {
         ops
     }
 
+    /// The same 4 MiB written in 4 KiB pages under `MADV_NOHUGEPAGE`,
+    /// then advised `MADV_HUGEPAGE`, then `then`.
+    fn scenario_4k(then: &[Op]) -> Vec<Op> {
+        let mut ops = vec![
+            Op::Map(HUGE, 2 * HUGE),
+            Op::Advise(HUGE, 2 * HUGE, Advice::NoHugePage),
+            Op::WriteAll(HUGE, 2 * HUGE),
+            Op::Advise(HUGE, 2 * HUGE, Advice::HugePage),
+        ];
+        ops.extend_from_slice(then);
+        ops
+    }
+
     #[test]
     fn anon_huge_pages_per_vma_match_the_kernel() {
         let p = PAGE_SIZE;
@@ -1088,6 +1125,25 @@ mod against_the_kernel {
                     Op::ClearAccessed,
                     Op::Advise(HUGE, 2 * HUGE, Advice::Collapse),
                 ],
+            ),
+            // Linux 6.18 collapses anonymous spans no PTE of which is
+            // writable (khugepaged's SCAN_PAGE_RO rule is gone): 4 KiB
+            // pages written unadvised, then advised and made read-only,
+            // or write-protected by a fork.
+            (
+                "MADV_COLLAPSE of a read-only span",
+                scenario_4k(&[
+                    Op::Protect(HUGE, 2 * HUGE, Prot::READ),
+                    Op::Advise(HUGE, 2 * HUGE, Advice::Collapse),
+                ]),
+            ),
+            (
+                "MADV_COLLAPSE of spans write-protected by fork",
+                scenario_4k(&[
+                    Op::Fork,
+                    Op::Write(2 * HUGE + 7 * p),
+                    Op::Advise(HUGE, 2 * HUGE, Advice::Collapse),
+                ]),
             ),
             (
                 "read fault then write",

@@ -19,7 +19,11 @@
 //! referenced). `MADV_COLLAPSE` ignores the THP mode and all three (it
 //! fills any number of empty entries and copies shared pages, as Linux's
 //! does since 6.1, `collapse_control::is_khugepaged`). Both refuse a
-//! span with a userfault-protected or pinned page.
+//! span with a userfault-protected or pinned page. Neither asks for a
+//! writable entry: Linux 6.18 dropped its `SCAN_PAGE_RO` rule for
+//! anonymous memory, and its MADV_COLLAPSE collapses a span made
+//! read-only by mprotect or write-protected by fork (measured in
+//! `tests/thp.rs`, `against_the_kernel`).
 //!
 //! # Locking
 //!
