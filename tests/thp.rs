@@ -728,6 +728,8 @@ mod against_the_kernel {
         WriteAll(u64, u64),
         Write(u64),
         Read(u64),
+        /// A read of every page (the 4 KiB zero page, unadvised).
+        ReadAll(u64, u64),
         Munmap(u64, u64),
         Protect(u64, u64, Prot),
         /// mremap of `len` at the first offset to the second.
@@ -916,6 +918,12 @@ mod against_the_kernel {
                         core::ptr::read_volatile(k(off) as *const u8);
                         mm.read(BASE + off, &mut [0]).unwrap();
                     }
+                    Op::ReadAll(off, len) => {
+                        for p in (off..off + len).step_by(PAGE_SIZE as usize) {
+                            core::ptr::read_volatile(k(p) as *const u8);
+                            mm.read(BASE + p, &mut [0]).unwrap();
+                        }
+                    }
                     Op::Munmap(off, len) => {
                         assert_eq!(libc::munmap(k(off), len as usize), 0);
                         mm.munmap(BASE + off, len).unwrap();
@@ -972,7 +980,10 @@ mod against_the_kernel {
                 seen_huge = true;
                 // Only a fault may find no free 2 MiB and fall back; a
                 // collapse that fails says so in its errno.
-                let fault = matches!(op, Op::WriteAll(..) | Op::Write(_) | Op::Read(_));
+                let fault = matches!(
+                    op,
+                    Op::WriteAll(..) | Op::Write(_) | Op::Read(_) | Op::ReadAll(..)
+                );
                 kernel_got_huge = !fault || kv.iter().any(|v| v.2 > 0);
             }
             views.push((op, kv, av));
@@ -1144,6 +1155,47 @@ mod against_the_kernel {
                     Op::Write(2 * HUGE + 7 * p),
                     Op::Advise(HUGE, 2 * HUGE, Advice::Collapse),
                 ]),
+            ),
+            // A span of zero-page entries, or of none at all, is
+            // collapsed when its VMA has an anon_vma (a written page
+            // anywhere in it); with none, MADV_COLLAPSE fails with
+            // EINVAL (Linux wants the anon_vma before it collapses
+            // anonymous memory).
+            (
+                "MADV_COLLAPSE of zero-page spans, no anon_vma",
+                vec![
+                    Op::Map(HUGE, 2 * HUGE),
+                    Op::Advise(HUGE, 2 * HUGE, Advice::NoHugePage),
+                    Op::ReadAll(HUGE, 2 * HUGE),
+                    Op::Advise(HUGE, 2 * HUGE, Advice::HugePage),
+                    Op::Advise(HUGE, 2 * HUGE, Advice::Collapse),
+                ],
+            ),
+            (
+                "MADV_COLLAPSE of a zero-page span beside a written one",
+                vec![
+                    Op::Map(HUGE, 2 * HUGE),
+                    Op::Advise(HUGE, 2 * HUGE, Advice::NoHugePage),
+                    Op::ReadAll(HUGE, HUGE),
+                    Op::WriteAll(2 * HUGE, HUGE),
+                    Op::Advise(HUGE, 2 * HUGE, Advice::HugePage),
+                    Op::Advise(HUGE, 2 * HUGE, Advice::Collapse),
+                ],
+            ),
+            (
+                "MADV_COLLAPSE of a span whose table is empty",
+                vec![
+                    Op::Map(HUGE, 2 * HUGE),
+                    Op::Advise(HUGE, 2 * HUGE, Advice::NoHugePage),
+                    Op::WriteAll(HUGE, 2 * HUGE),
+                    // In two parts: a zap over a whole table's span frees
+                    // the table in Linux 6.18 (`CONFIG_PT_RECLAIM`), which
+                    // aspace does not (the table stays, empty).
+                    Op::Advise(HUGE, HUGE - p, Advice::DontNeed),
+                    Op::Advise(2 * HUGE - p, p, Advice::DontNeed),
+                    Op::Advise(HUGE, 2 * HUGE, Advice::HugePage),
+                    Op::Advise(HUGE, 2 * HUGE, Advice::Collapse),
+                ],
             ),
             (
                 "read fault then write",

@@ -17,7 +17,7 @@
 //! accessed bit, which faults set and `clear_refs` clears: aspace has no
 //! hardware setting it on access, nor swap, whose pages Linux wants half
 //! referenced). `MADV_COLLAPSE` ignores the THP mode and all three (it
-//! fills any number of empty entries and copies shared pages, as Linux's
+//! fills any number of empty entries, all 512 included, and copies shared pages, as Linux's
 //! does since 6.1, `collapse_control::is_khugepaged`). Both refuse a
 //! span with a userfault-protected or pinned page. Neither asks for a
 //! writable entry: Linux 6.18 dropped its `SCAN_PAGE_RO` rule for
@@ -50,6 +50,10 @@ enum CollapseFail {
     /// No page table maps the span (`SCAN_PMD_NONE`): `EINVAL`, and the
     /// spans after it are left.
     NoTable,
+    /// The VMA has no anon_vma yet (`SCAN_PAGE_ANON`): none of its pages
+    /// was ever written, so nothing would own the huge page's reverse
+    /// map. `EINVAL`, and the spans after it are left.
+    NoAnonVma,
     /// More empty entries than allowed (`SCAN_EXCEED_NONE_PTE`): `ENOMEM`.
     TooEmpty,
     /// An entry write-protected for a userfault handler
@@ -77,6 +81,7 @@ impl CollapseFail {
         match self {
             CollapseFail::TooEmpty | CollapseFail::NoMemory => Error::NoMem,
             CollapseFail::NoTable
+            | CollapseFail::NoAnonVma
             | CollapseFail::UffdWp
             | CollapseFail::Pinned
             | CollapseFail::TooShared
@@ -97,9 +102,11 @@ struct Limits {
 }
 
 impl Limits {
-    /// `MADV_COLLAPSE`'s: none.
+    /// `MADV_COLLAPSE`'s: none (a span whose table holds only empty
+    /// entries and zero pages is collapsed too, into a zeroed huge page,
+    /// as the running kernel does: `tests/thp.rs`).
     const MADVISE: Limits = Limits {
-        max_none: 511,
+        max_none: 512,
         max_shared: 512,
         referenced: false,
     };
@@ -158,6 +165,14 @@ fn collapse_span(
     let g = pt.pin();
     if pt.huge_at(start, &g).is_some() {
         return Ok(());
+    }
+    if !v.has_anon_vma() {
+        // Checked after the table, as Linux's scan finds no table first.
+        return Err(if pt.pmd_none(start, &g) {
+            CollapseFail::NoTable
+        } else {
+            CollapseFail::NoAnonVma
+        });
     }
     let frames = &mm.frames;
     let mut fail = CollapseFail::NoTable;
@@ -220,7 +235,8 @@ impl AddressSpace {
     /// under the mmap_lock write side, each VMA write-locked, every
     /// 2 MiB-aligned span inside `r` and its VMA collapsed with any number
     /// of empty entries. A span that fails stops the call with its errno
-    /// (`EINVAL` for a span with no page table, `ENOMEM` with no huge
+    /// (`EINVAL` for a span with no page table or in a VMA never
+    /// written, which has no anon_vma; `ENOMEM` with no huge
     /// frame), except a pinned or write-protected page, which leaves its
     /// span and goes on (its errno returned at the end); `ENOMEM` for a
     /// hole.
