@@ -8,7 +8,7 @@
 #![cfg(aspace_loom)]
 
 mod common;
-use common::{cfg, fixed, model, rw, store_vs_flush};
+use common::{cfg, fixed, model, rw, store_vs_flush, store_vs_munmap_reuse};
 
 use aspace::{AddressSpace, FaultError, Prot, PAGE_SIZE};
 use loom::sync::atomic::{AtomicBool, Ordering};
@@ -39,21 +39,7 @@ const D: u64 = 0x8000_0000;
 /// the walk).
 #[test]
 fn translator_store_vs_munmap() {
-    store_vs_flush(
-        cfg,
-        A,
-        |mm| mm.munmap(A, PAGE_SIZE).unwrap(),
-        FaultError::NoMapping,
-        |mm| {
-            mm.mmap(B, PAGE_SIZE, rw(), fixed()).unwrap();
-            mm.write(B, &[0]).unwrap(); // takes the frame A had
-        },
-        |mm, ()| {
-            let mut x = [0xffu8; 1];
-            mm.read(B, &mut x).unwrap();
-            assert_eq!(x, [0], "a store landed in a freed frame");
-        },
-    );
+    store_vs_munmap_reuse(cfg, A, B);
 }
 
 /// Against mprotect(PROT_READ) of A: a store that starts after mprotect

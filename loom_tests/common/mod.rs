@@ -135,10 +135,10 @@ pub fn spec_vs_uffd_register(mm: Arc<AddressSpace>, a: u64, len: u64) {
 pub fn store_vs_flush<S: 'static>(
     config: fn() -> Config,
     a: u64,
-    flush: fn(&AddressSpace),
+    flush: impl Fn(&AddressSpace) + Send + Sync + 'static,
     denied: FaultError,
-    after: fn(&AddressSpace) -> S,
-    check: fn(&AddressSpace, S),
+    after: impl Fn(&AddressSpace) -> S + Send + Sync + 'static,
+    check: impl Fn(&AddressSpace, S) + Send + Sync + 'static,
 ) {
     loom::model(move || {
         let mm = Arc::new(AddressSpace::new(config()));
@@ -161,4 +161,26 @@ pub fn store_vs_flush<S: 'static>(
         t.join().unwrap();
         check(&mm, snap);
     });
+}
+
+/// [`store_vs_flush`] with munmap of `a` as the flush: a store that begins
+/// after munmap returned fails with `NoMapping`, and once the frame `a`
+/// had is reused by a write at `b`, no store lands in it
+/// (`translator.rs`, and `range_writers.rs` with a range-locked munmap).
+pub fn store_vs_munmap_reuse(config: fn() -> Config, a: u64, b: u64) {
+    store_vs_flush(
+        config,
+        a,
+        move |mm| mm.munmap(a, PAGE_SIZE).unwrap(),
+        FaultError::NoMapping,
+        move |mm| {
+            mm.mmap(b, PAGE_SIZE, rw(), fixed()).unwrap();
+            mm.write(b, &[0]).unwrap(); // takes the frame `a` had
+        },
+        move |mm, ()| {
+            let mut x = [0xffu8; 1];
+            mm.read(b, &mut x).unwrap();
+            assert_eq!(x, [0], "a store landed in a freed frame");
+        },
+    );
 }
