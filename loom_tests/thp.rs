@@ -527,3 +527,40 @@ fn huge_rebuild_vs_4k_fault() {
         assert_eq!(mm.frames_used(), 0, "a frame leaked");
     });
 }
+
+/// The never-used frames a huge allocation skips to reach a 512-aligned
+/// run (`cut_fresh`, src/phys/huge.rs) go to the pool's zeroed list, and
+/// later 4 KiB faults take them like any other frame. One thread: what
+/// is checked is that those frames are usable, which under loom's
+/// 8-frame chunks means their chunks were obtained with the run's.
+///
+/// Mutation caught: `cut_fresh` obtaining chunks from the run's first
+/// frame instead of from the chunk holding the fresh mark (seen failing:
+/// "frame 511 was never allocated" at the 4 KiB fault that takes a skipped
+/// frame from the zeroed list).
+#[test]
+fn frames_skipped_for_a_huge_frame_stay_usable() {
+    model(|| {
+        let mm = AddressSpace::new(thp_cfg());
+        // 4 KiB pages far from the huge span (its own PMD table).
+        let b = A + 4 * HUGE;
+        let n = 24;
+        mm.mmap(b, n * PAGE_SIZE, rw(), fixed()).unwrap();
+        // The first 4 KiB fault moves the fresh mark off a 512 boundary.
+        mm.write(b, &[1]).unwrap();
+        mm.mmap(A, HUGE, rw(), fixed()).unwrap();
+        mm.madvise(A, HUGE, Advice::HugePage).unwrap();
+        mm.write(A, &[9]).unwrap();
+        assert_eq!(mm.stats().thp_fault_alloc, 1);
+        // Enough 4 KiB faults to empty the CPU's cache and reach the
+        // skipped frames in the zeroed list.
+        for i in 1..n {
+            mm.write(b + i * PAGE_SIZE, &[i as u8 + 1]).unwrap();
+        }
+        for i in 0..n {
+            assert_eq!(byte(&mm, b + i * PAGE_SIZE), i as u8 + 1);
+        }
+        mm.munmap(b, n * PAGE_SIZE).unwrap();
+        unmap_and_check_frames(&mm);
+    });
+}

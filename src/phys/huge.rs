@@ -192,12 +192,16 @@ impl FrameAllocator {
         if end > self.frames {
             return None;
         }
-        // Every chunk behind the run, obtained now (one under 2 MiB
-        // chunks; several under loom's small ones).
-        let mut c = first;
+        // Every chunk behind the run and behind the never-used frames
+        // skipped to align it (which go to the zeroed list and must be
+        // usable as any frame there), obtained now: one or two under
+        // 2 MiB chunks; many under loom's small ones, where the skipped
+        // frames can span chunks nobody has obtained yet.
+        let chunk = super::CHUNK_FRAMES as u64;
+        let mut c = fresh - fresh % chunk;
         while c < end {
             self.chunk_for(Pfn::new(c as u32))?;
-            c += super::CHUNK_FRAMES as u64;
+            c += chunk;
         }
         // Skipped never-used frames are zero: they wait with the others.
         pool.zeroed
