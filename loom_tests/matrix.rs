@@ -83,7 +83,7 @@ const NO_ENTRY_CHANGE: Cell =
     Apart("changes no entry and no access right: a cached translation stays right");
 /// Why a flush on a translator's home thread shares the moved
 /// translator's model.
-const OWN_FLUSH: &str = "the writer's flush runs the same shoot_translators, which skips the heavy fence and the wait for a slot by its summary and home alone, whatever changed the entries; a translator moved off that thread rehomes before it loads its generation";
+const OWN_FLUSH: &str = "the writer's flush runs the same shoot_translators, which skips the heavy fence and the wait for a slot by its summary and home alone, whatever changed the entries; a translator moved off that thread rehomes before it loads its generation (translator_moved_vs_own_flush), and another thread's translator reached by the same flush is still fenced and waited for (translator_elsewhere_vs_own_flush, also with mprotect)";
 /// Why a change that flushes nothing never reaches the home check.
 const NO_FLUSH: Cell = Apart("this writer issues no translator flush for it (no translation goes stale): the home check in shoot_translators is never reached, and the translator access cell covers the access");
 
@@ -236,7 +236,7 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("translator access, flush on its home thread", "mremap grow", NO_ENTRY_CHANGE),
     ("translator access, flush on its home thread", "mremap shrink", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
     ("translator access, flush on its home thread", "mremap DONTUNMAP", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
-    ("translator access, flush on its home thread", "madvise DONTNEED", Model("translator.rs", "translator_elsewhere_vs_own_flush")),
+    ("translator access, flush on its home thread", "madvise DONTNEED", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
     ("translator access, flush on its home thread", "madvise REMOVE", Apart("the hole punch keeps the object's frames: a store through the old translation reaches the very page a fresh one would, so no stale target exists")),
     ("translator access, flush on its home thread", "madvise FREE", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
     ("translator access, flush on its home thread", "brk", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),

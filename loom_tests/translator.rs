@@ -10,7 +10,7 @@
 mod common;
 use common::{cfg, fixed, model, rw, store_vs_flush, store_vs_munmap_reuse};
 
-use aspace::{AddressSpace, Advice, FaultError, Prot, Translator, PAGE_SIZE};
+use aspace::{AddressSpace, FaultError, Prot, Translator, PAGE_SIZE};
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
@@ -171,7 +171,8 @@ fn translator_vs_disjoint_flush() {
 #[test]
 fn translator_moved_vs_own_flush() {
     model(|| {
-        let mm = Arc::new(AddressSpace::new(cfg()));
+        // A std `Arc`: what an owned translator holds.
+        let mm = std::sync::Arc::new(AddressSpace::new(cfg()));
         mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
         mm.write(A, &[1]).unwrap();
         let mut tr = Translator::new_owned(mm.clone());
@@ -201,22 +202,21 @@ fn translator_moved_vs_own_flush() {
     });
 }
 
-/// MADV_DONTNEED of a page that two translators cache: the flushing
-/// thread's own (at home there) and another thread's, storing. The own
-/// one needs no fence and no wait, the other both: a store through the
-/// other's stale entry must not land in the zapped page's frame after
-/// madvise returned (the frame is reused by a write at `B`, which must
-/// read back what it wrote), and the own translator's next store, after
-/// madvise, walks (it sees the bump in program order) and reads zeros
-/// back.
+/// A flush of a page that two translators cache: the flushing thread's
+/// own (at home there) and another thread's, loading then storing. The
+/// own one needs no fence and no wait, the other both. mprotect to
+/// read-only keeps the frame, so a store through the other's stale entry
+/// that lands after mprotect returned shows: once mprotect has returned
+/// the page never changes again. The own translator's next store, after
+/// mprotect, sees the bump in program order and is denied.
 ///
 /// Catches: the skip taken for every translator once one is at home
-/// (`shoot_translators` returning before `asymmetric::heavy()` when any
-/// reached slot's `home` is the flusher's thread, instead of dropping
-/// only those from `reached`): the other thread's store lands in the
-/// reused frame (seen failing: "a store landed in a freed frame"). Also
-/// catches deleting the `gen` bump for at-home slots (the own
-/// translator's load after madvise reads the old frame).
+/// (`shoot_translators` emptying `reached` when any reached slot's `home`
+/// is the flusher's thread, instead of dropping only those): the other
+/// thread's store lands after mprotect returned (seen failing: "a store
+/// landed after mprotect returned"). Also catches skipping the `gen` bump
+/// for at-home slots (the own translator's store succeeds: "the own
+/// translator used its stale entry").
 #[test]
 fn translator_elsewhere_vs_own_flush() {
     model(|| {
@@ -224,23 +224,25 @@ fn translator_elsewhere_vs_own_flush() {
         mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
         mm.write(A, &[1]).unwrap();
         let mut own = mm.translator();
-        own.store::<u8>(A, 2).unwrap(); // caches A, home: main
+        own.store::<u8>(A, 2).unwrap(); // caches A writable, home: main
         let m2 = mm.clone();
         let t = thread::spawn(move || {
             let mut tr = m2.translator();
+            let _ = tr.load::<u8>(A); // fills the entry (unless flushed)
             let _ = tr.store::<u8>(A, 7);
         });
-        mm.madvise(A, PAGE_SIZE, Advice::DontNeed).unwrap();
+        mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
+        let r = own.store::<u8>(A, 5).map_err(|e| e.kind);
         assert_eq!(
-            own.load::<u8>(A).unwrap(),
-            0,
-            "own translator kept the zapped page"
+            r,
+            Err(FaultError::AccessDenied),
+            "the own translator used its stale entry"
         );
-        mm.mmap(B, PAGE_SIZE, rw(), fixed()).unwrap();
-        mm.write(B, &[5]).unwrap(); // takes the frame `A` had
+        let mut before = [0u8; 1];
+        mm.read(A, &mut before).unwrap();
         t.join().unwrap();
-        let mut x = [0u8; 1];
-        mm.read(B, &mut x).unwrap();
-        assert_eq!(x, [5], "a store landed in a freed frame");
+        let mut after = [0u8; 1];
+        mm.read(A, &mut after).unwrap();
+        assert_eq!(before, after, "a store landed after mprotect returned");
     });
 }

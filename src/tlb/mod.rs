@@ -34,7 +34,7 @@
 //! `flush_lock`):
 //!
 //! - The *summary* (`regions`, a line of its own, [`Regions`]): the 1 GiB
-//!   regions (hashed mod 64) the translator may hold entries of. The
+//!   regions (hashed into 64 bits) the translator may hold entries of. The
 //!   translator grows it on a miss, before its walk: it stores the grown
 //!   set (Release) and issues a full `SeqCst` fence, only when the walked
 //!   page's region is new to it (the slow path). It empties it (Release)
