@@ -119,7 +119,9 @@
 //! fence nor the wait: F bumped its `gen`, fenced, then read `home` equal
 //! to its own thread's id. No access of that translator is in progress on
 //! F's thread (a flush never runs inside an access: a miss leaves the
-//! access before it faults), and the accesses it made there are sequenced
+//! access before it faults; were F a signal handler interrupting one, F
+//! would read its own `busy = 1` and take the heavy fence and the wait,
+//! as every flush did before), and the accesses it made there are sequenced
 //! before F, so their uses of frames happen before F's frees; its later
 //! accesses there are sequenced after F's bump and see it. An access on
 //! another thread T: the last home the translator published before
@@ -472,7 +474,11 @@ fn shoot_translators(translators: &[TranslatorRef], regions: Regions) -> u64 {
     // Mutation the loom model `translator_elsewhere_vs_own_flush`
     // catches: skipping every reached slot (`retain(|_| false)`), i.e.
     // the skip taken while another thread's translator also overlaps.
-    reached.retain(|(s, _)| s.published.home.load(Ordering::Acquire) != here);
+    // `busy == 1` on the home thread itself is an access this flush
+    // interrupted (a signal handler): never skipped, as before.
+    reached.retain(|(s, _)| {
+        s.published.home.load(Ordering::Acquire) != here || s.hot.busy.load(Ordering::Relaxed) != 0
+    });
     if reached.is_empty() {
         return others;
     }
