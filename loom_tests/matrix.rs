@@ -15,12 +15,13 @@
 /// forced access, which writes pages no writable entry maps; and a file
 /// object's writeback, which reads the object's pages without its size
 /// lock.
-const READERS: [&str; 10] = [
+const READERS: [&str; 11] = [
     "speculative fault",
     "speculative fault via VMA hint",
     "speculative first write (anon_vma prepare)",
     "per-VMA fault",
     "translator access",
+    "translator access, flush on its home thread",
     "instruction fetch",
     "device slice",
     "userfault waiter",
@@ -80,6 +81,12 @@ const MMAP_LOCKED_OUT: Cell = Apart("serialized by the mmap_lock: the writer hol
 /// A writer that changes no entry and no access right of a present page.
 const NO_ENTRY_CHANGE: Cell =
     Apart("changes no entry and no access right: a cached translation stays right");
+/// Why a flush on a translator's home thread shares the moved
+/// translator's model.
+const OWN_FLUSH: &str = "the writer's flush runs the same shoot_translators, which skips the heavy fence and the wait for a slot by its summary and home alone, whatever changed the entries; a translator moved off that thread rehomes before it loads its generation (translator_moved_vs_own_flush), and another thread's translator reached by the same flush is still fenced and waited for (translator_elsewhere_vs_own_flush, also with mprotect)";
+/// Why a change that flushes nothing never reaches the home check.
+const NO_FLUSH: Cell = Apart("this writer issues no translator flush for it (no translation goes stale): the home check in shoot_translators is never reached, and the translator access cell covers the access");
+
 /// Why an instruction fetch shares a translator access's model.
 const FETCH: &str = "a fetch is a translator access (the same enter, tag check, walk and leave, with the exec bit): the writer's flush drops its entries alike";
 /// The speculative fault never installs in a VMA with an object.
@@ -220,6 +227,32 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("translator access", "uffd write-protect", Model("uffd_wp.rs", "translator_store_vs_write_protect")),
     ("translator access", "memfd shrink", Model("translator_writers.rs", "translator_store_vs_memfd_shrink")),
     ("translator access", "fork", Model("translator_writers.rs", "translator_store_vs_fork")),
+    // A flush on the thread a translator last accessed on (its home) skips
+    // the heavy fence and the wait for it (tlb/mod.rs); one that moved off
+    // it rehomes first.
+    ("translator access, flush on its home thread", "munmap", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
+    ("translator access, flush on its home thread", "mprotect", Model("translator.rs", "translator_moved_vs_own_flush")),
+    ("translator access, flush on its home thread", "mremap move", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
+    ("translator access, flush on its home thread", "mremap grow", NO_ENTRY_CHANGE),
+    ("translator access, flush on its home thread", "mremap shrink", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
+    ("translator access, flush on its home thread", "mremap DONTUNMAP", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
+    ("translator access, flush on its home thread", "madvise DONTNEED", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
+    ("translator access, flush on its home thread", "madvise REMOVE", Apart("the hole punch keeps the object's frames: a store through the old translation reaches the very page a fresh one would, so no stale target exists")),
+    ("translator access, flush on its home thread", "madvise FREE", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
+    ("translator access, flush on its home thread", "brk", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
+    ("translator access, flush on its home thread", "mlock", NO_ENTRY_CHANGE),
+    ("translator access, flush on its home thread", "set_anon_name", NO_ENTRY_CHANGE),
+    ("translator access, flush on its home thread", "uffd register", NO_ENTRY_CHANGE),
+    ("translator access, flush on its home thread", "uffd unregister", NO_ENTRY_CHANGE),
+    ("translator access, flush on its home thread", "uffd write-protect", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
+    ("translator access, flush on its home thread", "memfd shrink", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
+    ("translator access, flush on its home thread", "fork", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
+    ("translator access, flush on its home thread", "THP split", NO_FLUSH),
+    ("translator access, flush on its home thread", "THP fault", NO_FLUSH),
+    ("translator access, flush on its home thread", "THP collapse", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
+    ("translator access, flush on its home thread", "range munmap", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
+    ("translator access, flush on its home thread", "range mprotect", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
+    ("translator access, flush on its home thread", "range mmap", RANGE_MMAP_NEW),
     // Instruction fetches: translator accesses with the exec bit.
     ("instruction fetch", "munmap", Shares("translator.rs", "translator_store_vs_munmap", FETCH)),
     ("instruction fetch", "mprotect", Model("translator.rs", "translator_fetch_vs_mprotect_noexec")),

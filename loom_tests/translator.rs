@@ -10,7 +10,7 @@
 mod common;
 use common::{cfg, fixed, model, rw, store_vs_flush, store_vs_munmap_reuse};
 
-use aspace::{AddressSpace, FaultError, Prot, PAGE_SIZE};
+use aspace::{AddressSpace, FaultError, Prot, Translator, PAGE_SIZE};
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
@@ -149,5 +149,100 @@ fn translator_vs_disjoint_flush() {
         let mut x = [0u8; 1];
         mm.read(A, &mut x).unwrap();
         assert_eq!(x, [8]);
+    });
+}
+
+/// A translator made (and filled) on the main thread, whose home the slot
+/// therefore names, moves to another thread and stores there while the
+/// main thread write-protects its page: the flush runs on the thread the
+/// slot last named, so it may skip the heavy fence and the wait only if
+/// the moved translator's first access published its new home (a store
+/// and a `SeqCst` fence before it loads its generation). A store that
+/// begins after mprotect returned is denied, and once mprotect has
+/// returned the page never changes again.
+///
+/// Catches: deleting the `fence(SeqCst)` in `TranslatorSlot::rehome`
+/// (src/tlb/mod.rs), or the call `self.slot.rehome(here)` in
+/// `Translator::enter_slow` (src/translate/mod.rs): the flush reads the
+/// old home, its own, skips the wait, and the moved translator's store,
+/// begun before the flush through its stale writable entry, lands after
+/// mprotect returned (seen failing: "a store landed after mprotect
+/// returned").
+#[test]
+fn translator_moved_vs_own_flush() {
+    model(|| {
+        // A std `Arc`: what an owned translator holds.
+        let mm = std::sync::Arc::new(AddressSpace::new(cfg()));
+        mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(A, &[1]).unwrap();
+        let mut tr = Translator::new_owned(mm.clone());
+        tr.store::<u8>(A, 2).unwrap(); // caches A writable, home: main
+        let done = Arc::new(AtomicBool::new(false));
+        let d2 = done.clone();
+        let t = thread::spawn(move || {
+            let _ = tr.store::<u8>(A, 7); // hits (unless flushed)
+            let flushed = d2.load(Ordering::SeqCst);
+            let r = tr.store::<u8>(A, 8);
+            if flushed {
+                assert_eq!(
+                    r.map_err(|e| e.kind),
+                    Err(FaultError::AccessDenied),
+                    "a stale entry was used"
+                );
+            }
+        });
+        mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
+        done.store(true, Ordering::SeqCst);
+        let mut before = [0u8; 1];
+        mm.read(A, &mut before).unwrap();
+        t.join().unwrap();
+        let mut after = [0u8; 1];
+        mm.read(A, &mut after).unwrap();
+        assert_eq!(before, after, "a store landed after mprotect returned");
+    });
+}
+
+/// A flush of a page that two translators cache: the flushing thread's
+/// own (at home there) and another thread's, loading then storing. The
+/// own one needs no fence and no wait, the other both. mprotect to
+/// read-only keeps the frame, so a store through the other's stale entry
+/// that lands after mprotect returned shows: once mprotect has returned
+/// the page never changes again. The own translator's next store, after
+/// mprotect, sees the bump in program order and is denied.
+///
+/// Catches: the skip taken for every translator once one is at home
+/// (`shoot_translators` emptying `reached` when any reached slot's `home`
+/// is the flusher's thread, instead of dropping only those): the other
+/// thread's store lands after mprotect returned (seen failing: "a store
+/// landed after mprotect returned"). Also catches skipping the `gen` bump
+/// for at-home slots (the own translator's store succeeds: "the own
+/// translator used its stale entry").
+#[test]
+fn translator_elsewhere_vs_own_flush() {
+    model(|| {
+        let mm = Arc::new(AddressSpace::new(cfg()));
+        mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(A, &[1]).unwrap();
+        let mut own = mm.translator();
+        own.store::<u8>(A, 2).unwrap(); // caches A writable, home: main
+        let m2 = mm.clone();
+        let t = thread::spawn(move || {
+            let mut tr = m2.translator();
+            let _ = tr.load::<u8>(A); // fills the entry (unless flushed)
+            let _ = tr.store::<u8>(A, 7);
+        });
+        mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
+        let r = own.store::<u8>(A, 5).map_err(|e| e.kind);
+        assert_eq!(
+            r,
+            Err(FaultError::AccessDenied),
+            "the own translator used its stale entry"
+        );
+        let mut before = [0u8; 1];
+        mm.read(A, &mut before).unwrap();
+        t.join().unwrap();
+        let mut after = [0u8; 1];
+        mm.read(A, &mut after).unwrap();
+        assert_eq!(before, after, "a store landed after mprotect returned");
     });
 }

@@ -78,6 +78,47 @@ mod imp {
     }
 }
 
+/// The calling thread's id: unique in the process, never reused,
+/// nonzero (a soft TLB's home thread, see `tlb`). Made on first use,
+/// off the hot path; [`thread_id_if_made`] reads it.
+#[cfg(not(aspace_loom))]
+pub fn thread_id() -> u64 {
+    THREAD_ID.with(|id| match id.get() {
+        0 => {
+            let new = counter::next_id();
+            id.set(new);
+            new
+        }
+        v => v,
+    })
+}
+
+#[cfg(not(aspace_loom))]
+thread_local!(static THREAD_ID: core::cell::Cell<u64> = const { core::cell::Cell::new(0) });
+
+/// [`thread_id`] if the thread made it yet, else 0: one load of a
+/// thread-local word (no lazy initialization, no destructor), for a hot
+/// path that compares it with an id it knows.
+#[cfg(not(aspace_loom))]
+#[inline(always)]
+pub fn thread_id_if_made() -> u64 {
+    THREAD_ID.with(|id| id.get())
+}
+
+/// The calling (loom) thread's id: unique, never reused, nonzero. Loom
+/// runs its threads on one OS thread, so this is loom's thread-local.
+#[cfg(aspace_loom)]
+pub fn thread_id() -> u64 {
+    loom::thread_local!(static ID: u64 = counter::next_id());
+    ID.with(|id| *id)
+}
+
+/// [`thread_id`] (under loom always made).
+#[cfg(aspace_loom)]
+pub fn thread_id_if_made() -> u64 {
+    thread_id()
+}
+
 #[cfg(aspace_loom)]
 mod imp {
     pub use loom::sync::atomic::{

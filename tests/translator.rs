@@ -452,3 +452,35 @@ fn many_translators_come_and_go() {
     }
     assert_eq!(mm.translator().load::<u64>(A).unwrap(), 99);
 }
+
+/// A flush on the translator's home thread (which needs no fence and no
+/// wait for it) still drops its entries, and so does one on its maker's
+/// thread after the translator moved to another (here ordered by
+/// channels; the race of the move's first access with that flush is the
+/// loom model `translator_moved_vs_own_flush`).
+#[test]
+fn flushes_on_the_home_thread_and_after_a_move() {
+    let mm = Arc::new(mm_with(2));
+    let mut t = aspace::Translator::new_owned(mm.clone());
+    t.store::<u64>(A, 7).unwrap();
+    // Own thread: the zap is seen in program order.
+    mm.madvise(A, PAGE_SIZE, Advice::DontNeed).unwrap();
+    assert_eq!(t.load::<u64>(A).unwrap(), 0);
+    t.store::<u64>(A, 8).unwrap();
+    let (to_main, from_thread) = mpsc::channel();
+    let (to_thread, from_main) = mpsc::channel::<()>();
+    let h = std::thread::spawn(move || {
+        t.store::<u64>(A, 9).unwrap(); // rehomes, hits
+        to_main.send(()).unwrap();
+        from_main.recv().unwrap();
+        kind(t.store::<u64>(A, 10))
+    });
+    from_thread.recv().unwrap();
+    // The maker's thread, no longer the translator's home.
+    mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
+    to_thread.send(()).unwrap();
+    assert_eq!(h.join().unwrap(), Err(FaultError::AccessDenied));
+    let mut b = [0u8; 8];
+    mm.read(A, &mut b).unwrap();
+    assert_eq!(u64::from_le_bytes(b), 9);
+}

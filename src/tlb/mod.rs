@@ -34,7 +34,7 @@
 //! `flush_lock`):
 //!
 //! - The *summary* (`regions`, a line of its own, [`Regions`]): the 1 GiB
-//!   regions (hashed mod 64) the translator may hold entries of. The
+//!   regions (hashed into 64 bits) the translator may hold entries of. The
 //!   translator grows it on a miss, before its walk: it stores the grown
 //!   set (Release) and issues a full `SeqCst` fence, only when the walked
 //!   page's region is new to it (the slow path). It empties it (Release)
@@ -55,13 +55,26 @@
 //! - A flush of the regions `M` (what its gather recorded), after
 //!   changing the page table, issues a `SeqCst` fence, then loads each
 //!   slot's summary (Acquire). A slot whose summary meets `M` *overlaps*:
-//!   the flush bumps its `gen` to a `target`. Only if some slot overlaps,
-//!   it then issues a *heavy* fence ([`crate::sync::asymmetric`]:
-//!   `membarrier(2)`, a full barrier on every running thread, which is
-//!   what an IPI is; if membarrier starts failing, the process switches
-//!   to full fences on both sides, see there), and for each overlapping
-//!   slot waits until `busy == 0` or `acked >= target`. Other slots it
-//!   neither writes nor waits for.
+//!   the flush bumps its `gen` to a `target`. If some slot overlaps, it
+//!   issues a `SeqCst` fence and loads each such slot's `home`: a slot at
+//!   home on the flushing thread needs nothing more. Only if some other
+//!   slot overlaps, it then issues a *heavy* fence
+//!   ([`crate::sync::asymmetric`]: `membarrier(2)`, a full barrier on
+//!   every running thread, which is what an IPI is; if membarrier starts
+//!   failing, the process switches to full fences on both sides, see
+//!   there), and for each such slot waits until `busy == 0` or
+//!   `acked >= target`. Slots that do not overlap it neither writes nor
+//!   waits for.
+//! - The *home* (on the summary's line, [`Published`]): the id
+//!   ([`crate::sync::thread_id`], never reused, never 0) of the thread
+//!   of the translator's last access, its maker's at first. The
+//!   translator keeps a private copy; an access loads the calling
+//!   thread's id (one thread-local word) and compares it with the copy in
+//!   the same branch as its generation check, so a hit writes and reads
+//!   no shared line for it. Only on the first access on another thread
+//!   (the slow path: `enter_slow`) does it store the new home (Release),
+//!   issue a `SeqCst` fence and load `gen` again, before any use of its
+//!   entries.
 //!
 //! Why a slot that does not overlap holds no stale entry of `M`: take its
 //! entry for a page `p` of `M` that it uses after the flush F changed
@@ -102,6 +115,35 @@
 //! with F's like any other (membarrier interrupts every running thread of
 //! the process).
 //!
+//! Why a slot at home on the flushing thread needs neither the heavy
+//! fence nor the wait: F bumped its `gen`, fenced, then read `home` equal
+//! to its own thread's id. No access of that translator is in progress on
+//! F's thread (a flush never runs inside an access: a miss leaves the
+//! access before it faults; were F a signal handler interrupting one, F
+//! would read its own `busy = 1` and take the heavy fence and the wait,
+//! as every flush did before), and the accesses it made there are sequenced
+//! before F, so their uses of frames happen before F's frees; its later
+//! accesses there are sequenced after F's bump and see it. An access on
+//! another thread T: the last home the translator published before
+//! that access (hand-overs order its publications) names T, stored by
+//! that access or an earlier one on T, each followed by a `SeqCst` fence
+//! and then that access's and every later access's load of `gen`. F read
+//! F's id: a home stored on F after the translator came back from T (T's
+//! accesses then happen before F), or one older than T's store. In the
+//! latter case the store-buffer pattern against F's bump, fence and load
+//! of `home` puts T's fence after F's in the fence order, so each of
+//! those loads of `gen` sees the bump: T drops its entries before any
+//! use, and walks after that Acquire load, so it sees F's page-table
+//! change. Ids are never reused, so a
+//! thread that ended cannot be mistaken for F. The skip therefore needs
+//! no fence on the hit path: moving a translator costs its first access
+//! on the new thread a full fence, and every access one thread-local load
+//! and two ALU operations folded into the generation branch. A flush of
+//! the thread's own translators (an emulator's MADV_DONTNEED of its own
+//! guest memory, a JIT's mprotect) costs one `SeqCst` fence instead of a
+//! membarrier and its IPIs. With another thread's translator overlapping
+//! too, the flush takes the heavy fence and waits for that one only.
+//!
 //! Flushes of the whole space (teardown, and a gather that recorded no
 //! range) pass [`Regions::ALL`] and reach every translator with a
 //! non-empty summary; fork, exec's reset and munmap of everything reach
@@ -114,9 +156,10 @@
 //! Shared lines: a hit writes only its own slot's hot line (which a
 //! flusher writes only when it reaches that slot) and reads nothing
 //! another thread writes in steady state but the fence mode; a miss whose
-//! region is new writes its own summary line, which flushers only read. A
-//! flush reads every slot's summary line and writes the hot lines of the
-//! slots it reaches.
+//! region is new, and the first access on another thread, write the
+//! slot's published line (summary and home), which flushers only read;
+//! the home check reads a thread-local word. A flush reads every slot's
+//! published line and writes the hot lines of the slots it reaches.
 //!
 //! # A thread stopped inside an access
 //!
@@ -152,7 +195,8 @@
 use crate::percpu::{cpu_id, PerCpu};
 use crate::stats::{Event, StatCounters};
 use crate::sync::{
-    asymmetric, fence, wait_until, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering,
+    asymmetric, fence, thread_id, wait_until, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex,
+    Ordering,
 };
 use crossbeam_utils::CachePadded;
 
@@ -186,24 +230,50 @@ pub(crate) struct TranslatorSlot {
     /// Written by the translator's accesses; by a flusher only when it
     /// reaches this translator.
     pub(crate) hot: CachePadded<SlotHot>,
-    /// The regions the translator may hold entries of ([`Regions`] bits):
-    /// written by the translator only (grown before a walk, emptied after
-    /// dropping its entries), read by flushers.
-    regions: CachePadded<AtomicU64>,
+    /// What the translator publishes for flushers (written rarely, by
+    /// the translator only): its summary and its home thread.
+    published: CachePadded<Published>,
     /// The thread that made the translator ([`thread_token`]), for the
     /// shootdown count only: a translator moved to another thread
     /// (translators are `Send`) still counts as its maker's.
     owner: usize,
 }
 
+/// The line of a translator's slot that the translator writes off its
+/// hit path (a miss in a new region, a first access on another thread,
+/// the drop of its entries) and flushers read.
+pub(crate) struct Published {
+    /// The regions the translator may hold entries of ([`Regions`] bits):
+    /// grown before a walk, emptied after dropping its entries.
+    regions: AtomicU64,
+    /// The thread ([`crate::sync::thread_id`]) the translator last
+    /// accessed on (its maker's before its first access): stored, then a
+    /// `SeqCst` fence, before its first access on another thread loads its
+    /// generation (the home argument in the module docs).
+    home: AtomicU64,
+}
+
 impl TranslatorSlot {
+    /// Records that the translator now accesses on the thread `id`,
+    /// before that access loads its generation (module docs, "Why a slot
+    /// at home on the flushing thread ..."). Called by the translator on
+    /// its first access on a thread other than its last one.
+    #[cold]
+    pub(crate) fn rehome(&self, id: u64) {
+        self.published.home.store(id, Ordering::Release);
+        // Mutation the loom model `translator_moved_vs_own_flush`
+        // catches: deleting this fence (the store-buffer pattern against
+        // the flusher's bump, fence and load of `home`).
+        fence(Ordering::SeqCst);
+    }
+
     /// Adds `grown`'s regions to the summary before a walk, with the
     /// fence that makes the flushes of those regions see it or the walk
     /// see their page-table changes (module docs). Called by the
     /// translator only, with its whole summary, when it grew.
     #[cold]
     pub(crate) fn publish_regions(&self, grown: Regions) {
-        self.regions.store(grown.0, Ordering::Release);
+        self.published.regions.store(grown.0, Ordering::Release);
         fence(Ordering::SeqCst);
     }
 
@@ -211,7 +281,7 @@ impl TranslatorSlot {
     /// (Release: the accesses that used them happen before a flusher that
     /// reads the empty summary).
     pub(crate) fn clear_regions(&self) {
-        self.regions.store(0, Ordering::Release);
+        self.published.regions.store(0, Ordering::Release);
     }
 }
 
@@ -351,10 +421,15 @@ impl TlbState {
 impl TlbState {
     /// Registers a new translator: a slot the flushes will look at, with
     /// an empty summary (so none reaches it until it walks).
-    pub(crate) fn register_translator(&self) -> TranslatorRef {
+    /// `home` is the maker thread's [`crate::sync::thread_id`], the
+    /// translator's home until it accesses on another thread.
+    pub(crate) fn register_translator(&self, home: u64) -> TranslatorRef {
         let slot = Arc::new(TranslatorSlot {
             hot: CachePadded::new(SlotHot::default()),
-            regions: CachePadded::new(AtomicU64::new(0)),
+            published: CachePadded::new(Published {
+                regions: AtomicU64::new(0),
+                home: AtomicU64::new(home),
+            }),
             owner: thread_token(),
         });
         self.flush_lock.lock().push(slot.clone());
@@ -380,7 +455,7 @@ fn shoot_translators(translators: &[TranslatorRef], regions: Regions) -> u64 {
     for slot in translators {
         // The overlap check: skipping it (reaching every slot) is the old
         // untargeted flush; inverting it misses stale entries.
-        if Regions(slot.regions.load(Ordering::Acquire)).meets(regions) {
+        if Regions(slot.published.regions.load(Ordering::Acquire)).meets(regions) {
             // Flushers are serialized by `flush_lock`: no other writer.
             let target = slot.hot.gen.fetch_add(1, Ordering::Release) + 1;
             reached.push((slot, target));
@@ -388,6 +463,24 @@ fn shoot_translators(translators: &[TranslatorRef], regions: Regions) -> u64 {
     }
     if reached.is_empty() {
         return 0;
+    }
+    let me = thread_token();
+    let others = reached.iter().filter(|(s, _)| s.owner != me).count() as u64;
+    // A translator at home on this thread is outside any access, and its
+    // next access elsewhere rehomes and then sees the bump (module docs):
+    // it needs neither the heavy fence nor the wait.
+    fence(Ordering::SeqCst);
+    let here = thread_id();
+    // Mutation the loom model `translator_elsewhere_vs_own_flush`
+    // catches: skipping every reached slot (`retain(|_| false)`), i.e.
+    // the skip taken while another thread's translator also overlaps.
+    // `busy == 1` on the home thread itself is an access this flush
+    // interrupted (a signal handler): never skipped, as before.
+    reached.retain(|(s, _)| {
+        s.published.home.load(Ordering::Acquire) != here || s.hot.busy.load(Ordering::Relaxed) != 0
+    });
+    if reached.is_empty() {
+        return others;
     }
     asymmetric::heavy();
     for &(slot, target) in &reached {
@@ -399,8 +492,7 @@ fn shoot_translators(translators: &[TranslatorRef], regions: Regions) -> u64 {
             wait_until(done);
         }
     }
-    let me = thread_token();
-    reached.iter().filter(|(s, _)| s.owner != me).count() as u64
+    others
 }
 
 fn spin_ns(ns: u64) {

@@ -12,7 +12,11 @@
 //! translator's own slot's hot line (`busy` set and cleared around the
 //! access, and its generation read), which another thread writes only
 //! when a flush reaches this translator. It also reads the fence mode (a
-//! line no one writes in steady state) and the frame. A miss also counts
+//! line no one writes in steady state), the calling thread's id (a
+//! thread-local word, compared with the translator's home in the branch
+//! that checks its generation: one branch for both) and the frame. The
+//! entry check is one compare of tag, permissions and alignment. A miss
+//! also counts
 //! itself (`translator_walks` or `translator_huge_hits`) in the space's
 //! statistics slot of its CPU, a line no other CPU writes; a miss in a
 //! region new to the translator also grows its summary (its own line)
@@ -66,7 +70,10 @@
 //! the old thread's `busy = 0` and `acked` in the slot's modification
 //! order, and its light fence, like any, pairs with every flush's heavy
 //! fence (`membarrier` reaches every running thread of the process, and
-//! a thread switched in or out passed a full barrier). Only the
+//! a thread switched in or out passed a full barrier). Its first access
+//! on the new thread also publishes that thread as its home (a store and
+//! a full fence, off the hit path), so that a flush on the old thread no
+//! longer takes it for its own and skips it (see `tlb`). Only the
 //! `translator_shootdowns` statistic still counts the translator as its
 //! maker thread's.
 //!
@@ -94,8 +101,8 @@ use crate::mm::{Access, AddressSpace};
 use crate::pt::PteFlags;
 use crate::stats::Event;
 use crate::sync::asymmetric;
-use crate::sync::{AtomicU64, Ordering};
-use crate::tlb::{Regions, TranslatorRef};
+use crate::sync::{thread_id, thread_id_if_made, Ordering};
+use crate::tlb::{Regions, SlotHot, TranslatorRef};
 
 /// Entries in a translator (direct-mapped by page number).
 const ENTRIES: usize = 256;
@@ -213,6 +220,9 @@ pub struct Translator<'a> {
     /// The summary last published in the slot: the regions of the
     /// entries filled since they were last dropped.
     regions: Regions,
+    /// The thread the slot names as the translator's home (its last
+    /// access's, [`crate::sync::thread_id`], never 0).
+    home: u64,
     entries: [Entry; ENTRIES],
     /// PMD leaves cached as one translation each: `tag` is the 2 MiB
     /// span's address | its permissions, `base` its first byte. A miss of
@@ -259,11 +269,13 @@ impl<'a> Translator<'a> {
         // Registers for membarrier now, off the hot path.
         asymmetric::expedited();
         mm.tlb.note_cpu();
-        let slot = mm.tlb.register_translator();
+        let home = thread_id();
+        let slot = mm.tlb.register_translator(home);
         Translator {
             mm,
             gen: slot.hot.acked.load(Ordering::Relaxed),
             regions: Regions::NONE,
+            home,
             slot,
             entries: [EMPTY; ENTRIES],
             huge: [EMPTY; HUGE_ENTRIES],
@@ -277,23 +289,50 @@ impl<'a> Translator<'a> {
     /// it in a register rather than reload it after the frame access.
     #[inline(always)]
     fn enter(&mut self) -> Busy {
-        let busy = Busy(&self.slot.hot.busy);
-        busy.get().store(1, Ordering::Relaxed);
+        // The hot line's address, kept in a register across the compiler
+        // fence (which would otherwise reload `self.slot`).
+        let busy = Busy(&*self.slot.hot);
+        busy.get().busy.store(1, Ordering::Relaxed);
         // `true`: the light fence reads the process's fence mode itself
         // and is a full fence unless membarrier is in use.
         asymmetric::light(true);
-        let gen = self.slot.hot.gen.load(Ordering::Acquire);
+        let gen = busy.get().gen.load(Ordering::Acquire);
+        // One branch for a flush since the last access and for an access
+        // on another thread than the last (a thread-local load, 0 on a
+        // thread that never made its id, which no home is).
+        if (gen ^ self.gen) | (thread_id_if_made() ^ self.home) != 0 {
+            self.enter_slow(gen);
+        }
+        busy
+    }
+
+    /// [`enter`](Self::enter) after a flush or on a new thread: on a new
+    /// thread, publishes it as the home (a store and a full fence, so a
+    /// flush on the old home no longer skips this translator, see `tlb`)
+    /// and loads the generation again, after that fence; then obeys the
+    /// flushes.
+    #[cold]
+    #[inline(never)]
+    fn enter_slow(&mut self, mut gen: u64) {
+        let here = thread_id();
+        if here != self.home {
+            // Mutation the loom model `translator_moved_vs_own_flush`
+            // catches: skipping the rehome (the slot keeps naming the
+            // old thread, whose flushes then skip this translator).
+            self.slot.rehome(here);
+            self.home = here;
+            gen = self.slot.hot.gen.load(Ordering::Acquire);
+        }
         if gen != self.gen {
             self.drop_entries(gen);
         }
-        busy
     }
 
     /// Ends an access: everything it did happens before a flush that
     /// waits for it returns.
     #[inline(always)]
     fn leave(&self, busy: Busy) {
-        busy.get().store(0, Ordering::Release);
+        busy.get().busy.store(0, Ordering::Release);
     }
 
     /// Obeys the flushes up to `gen`, which the flushers may be waiting
@@ -479,14 +518,14 @@ fn walk_entry(mm: &AddressSpace, pte: crate::pt::Pte, access: Access) -> (Lookup
     (Lookup::Frame(mm.frames.frame_ptr(pte.pfn())), perms)
 }
 
-/// A translator's `busy` word during an access (see
-/// [`Translator::enter`]).
+/// A translator's hot line (its `busy` word and generation) during an
+/// access (see [`Translator::enter`]).
 #[derive(Clone, Copy)]
-struct Busy(*const AtomicU64);
+struct Busy(*const SlotHot);
 
 impl Busy {
     #[inline(always)]
-    fn get(&self) -> &AtomicU64 {
+    fn get(&self) -> &SlotHot {
         // SAFETY: made by `enter` from the translator's slot, which the
         // translator holds (an `Arc`, never replaced) for as long as it
         // exists; a `Busy` lives only inside one access.
