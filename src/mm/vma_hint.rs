@@ -200,6 +200,36 @@ mod tests {
         assert_eq!(mm.stats().fault_speculative, n * 4);
     }
 
+    /// A look-ahead entry whose object was taken back for another range
+    /// is refused too: the old address faults as a hole.
+    #[test]
+    fn a_stale_look_ahead_entry_is_refused() {
+        let mm = AddressSpace::new(Config::default());
+        let rw = Prot::READ | Prot::WRITE;
+        let a = mm.mmap(0, 32 * PAGE_SIZE, rw, anon()).unwrap();
+        mm.mprotect(a + 16 * PAGE_SIZE, 16 * PAGE_SIZE, rw | Prot::EXEC)
+            .unwrap();
+        let b = a + 16 * PAGE_SIZE;
+        // The hint is `[a, b)`, its look-ahead the object of
+        // `[b, b + 16 pages)`, which is then unmapped and taken back for a
+        // range far above.
+        let g = mm.tree.pin();
+        mm.vma_hints.set(&mm.tree.find_around(a, &g).unwrap());
+        drop(g);
+        mm.munmap(b, 16 * PAGE_SIZE).unwrap();
+        let c = mm
+            .mmap(a + (64 << 20), 16 * PAGE_SIZE, rw, anon() | MapFlags::FIXED)
+            .unwrap();
+        assert!(mm.stats().vma_reused >= 1, "the object was recycled");
+        assert_eq!(
+            mm.fault(b + PAGE_SIZE, Access::Write),
+            Err(FaultError::NoMapping)
+        );
+        assert!(mm.translate(b + PAGE_SIZE).is_none());
+        mm.fault(c, Access::Write).unwrap();
+        assert_eq!(mm.frames_used(), 1);
+    }
+
     /// A hint whose object was taken back for another range is refused:
     /// the old address faults as a hole, the new range as itself.
     #[test]
