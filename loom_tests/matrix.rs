@@ -146,7 +146,9 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     // The same fault with its VMA from the CPU's hint (mm/vma_hint.rs): a
     // hinted object is validated as a tree result is, so every writer's
     // stamp and sweep order it alike; munmap with the object taken back
-    // for another range is the one case only a hint reaches.
+    // for another range is the one case only a hint reaches (through the
+    // hint's look-ahead too: `spec_fault_through_hint_look_ahead_vs_vma_reuse_elsewhere`,
+    // in the same file, the same race and checks).
     ("speculative fault via VMA hint", "munmap", Model("spec_fault.rs", "spec_fault_through_hint_vs_vma_reuse_elsewhere")),
     ("speculative fault via VMA hint", "mprotect", Shares("spec_writers.rs", "spec_fault_in_shared_table_vs_mprotect", HINT)),
     ("speculative fault via VMA hint", "mremap move", Shares("spec_writers.rs", "spec_fault_in_shared_table_vs_mremap", HINT)),

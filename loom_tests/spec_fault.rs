@@ -237,6 +237,36 @@ fn spec_fault_through_hint_vs_vma_reuse_elsewhere() {
     });
 }
 
+/// The same race through the hint's look-ahead (mm/vma_hint.rs): the
+/// thread's hint is the read-only VMA `[A - 1 page, A)`, found by a walk
+/// that also kept the next VMA of its leaf, `[A, A + 2 MiB)`; it faults
+/// at `A`, which the hint misses and its look-ahead holds, while munmap
+/// removes that VMA and an mmap at `C` takes its object back. As above,
+/// `A` is a hole afterwards with no entry.
+/// Catches: `!range.contains(addr)` dropped from `spec_fault::candidate`
+/// (the look-ahead's own range test in `VmaHints::ahead` read the old
+/// life's range): the zero page is installed at `A`, outside every VMA.
+#[test]
+fn spec_fault_through_hint_look_ahead_vs_vma_reuse_elsewhere() {
+    const C: u64 = A + 2 * PMD;
+    model(|| {
+        let mm = setup();
+        mm.mmap(A - PAGE_SIZE, PAGE_SIZE, Prot::READ, fixed())
+            .unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || {
+            loom_door::set_vma_hint(&m2, A - PAGE_SIZE);
+            loom_door::speculative_fault(&m2, A, Access::Read)
+        });
+        mm.munmap(A, PMD).unwrap();
+        mm.mmap(C, PAGE_SIZE, rw(), fixed()).unwrap();
+        t.join().unwrap();
+        assert!(mm.stats().vma_reused >= 1, "the object was recycled");
+        assert!(mm.translate(A).is_none(), "an entry at A, in the hole");
+        loom_door::check_ptes(&mm).unwrap();
+    });
+}
+
 // Tables shared by several VMAs: the small VMAs below share the PTE table
 // of `[A, A + 2 MiB)`, and each model races one speculative attempt alone
 // (`loom_door::speculative_fault`, as the reuse model does) against the

@@ -108,14 +108,15 @@ pub mod loom_door {
     }
 
     /// Makes the VMA covering `addr` (found in the tree) the calling
-    /// CPU's VMA hint, as a speculative fault's tree walk does; false if
-    /// no VMA covers `addr`.
+    /// CPU's VMA hint, with the VMAs after it in its tree leaf as the
+    /// hint's look-ahead, as a speculative fault's tree walk does; false
+    /// if no VMA covers `addr`.
     pub fn set_vma_hint(mm: &crate::AddressSpace, addr: u64) -> bool {
         let g = mm.tree.pin();
-        let Some((_, v)) = mm.tree.find(addr, &g) else {
+        let Some(around) = mm.tree.find_around(addr, &g) else {
             return false;
         };
-        mm.vma_hints.set(*v);
+        mm.vma_hints.set(&around);
         true
     }
 

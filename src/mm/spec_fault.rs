@@ -10,10 +10,11 @@
 //! # The protocol
 //!
 //! 1. Pin the epoch; take the CPU's VMA hint if its range holds the
-//!    address ([`crate::mm::vma_hint`]), else find the VMA in the tree
-//!    (and make it the hint, prefetching the next two VMAs of its tree
-//!    leaf: a cache hint, no access). A hinted object that fails step 2's
-//!    checks as not ours is replaced by the tree's.
+//!    address, or the first of the VMAs that followed it in its tree leaf
+//!    holding the address ([`crate::mm::vma_hint`]), else find the VMA in
+//!    the tree (and make it the hint, with the next two VMAs of its tree
+//!    leaf, prefetched: a cache hint, no access). A hinted object that
+//!    fails step 2's checks as not ours is replaced by the tree's.
 //! 2. Read its stamp `s` (`Acquire`), then the mm sequence `m`
 //!    (`Acquire`). Go on only if `s < m`: `s == m` means write-locked now,
 //!    `s > m` a stamp newer than our view of the sequence, `u64::MAX` an
@@ -188,6 +189,7 @@
 //! Order: [`crate::mm`].
 
 use crate::addr::{page_align_down, Range};
+use crate::mm::vma_hint::AHEAD;
 use crate::mm::{Access, AddressSpace};
 use crate::phys::Pfn;
 #[cfg(doc)]
@@ -212,17 +214,17 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
                     return Err(Event::spec_abort_lookup);
                 };
                 let v = *around.entry().1;
-                // Warm the next two VMAs of the leaf: a thread faulting
+                // Warm the next VMAs of the leaf: a thread faulting
                 // through small VMAs in order reads the next one's fields
                 // in this VMA's first write (the anon_vma reuse check),
-                // and both as its hint later.
-                for d in 1..=2 {
+                // and finds them among the hint's look-ahead later.
+                for d in 1..=AHEAD as isize {
                     if let Some((_, n)) = around.nearby(d) {
                         n.prefetch();
                     }
                 }
                 let (stamp, flags, range) = candidate(mm, &v, addr)?;
-                mm.vma_hints.set(v);
+                mm.vma_hints.set(&around);
                 (v, stamp, flags, range)
             }
         };

@@ -75,11 +75,11 @@
 //! - a VMA's `anon_vma` pointer is non-null exactly while the VMA is in
 //!   its family's index; both change together under the root's lock.
 
+use super::chunk_map::ChunkMap;
 use super::VmaRef;
 use crate::addr::{pages, PAGE_SHIFT};
 use crate::stats::{Event, StatCounters};
 use crate::sync::{Arc, Mutex, MutexGuard};
-use std::collections::BTreeMap;
 
 /// The reverse-map anchor shared by the VMAs whose anonymous pages it
 /// covers.
@@ -98,10 +98,12 @@ pub struct AnonRoot {
 
 /// The family's reverse map: every VMA linked to one of its anon_vmas,
 /// keyed by `(vm_pgoff, VMA address)` — start-based, never end-based (see
-/// the module docs).
+/// the module docs). Kept in sorted chunks ([`ChunkMap`]), so VMAs filed in
+/// address order (first writes through a run of small mappings) allocate
+/// once per chunk, not per few entries.
 #[derive(Default)]
 pub(crate) struct RmapIndex {
-    map: BTreeMap<(u64, u64, u64), Entry>,
+    map: ChunkMap<(u64, u64, u64), Entry>,
 }
 
 struct Entry {
@@ -233,8 +235,7 @@ impl RmapIndex {
         new.sort_unstable_by_key(|(k, _)| *k);
         let old = core::mem::take(&mut self.map);
         let total = old.len() + new.len();
-        // `from_iter` of sorted input builds the map bottom-up.
-        self.map = merge_sorted(old.into_iter(), new.into_iter()).collect();
+        self.map = ChunkMap::from_sorted(merge_sorted(old.into_sorted(), new.into_iter()));
         debug_assert_eq!(self.map.len(), total, "two VMAs filed under one rmap key");
     }
 
@@ -250,10 +251,7 @@ impl RmapIndex {
         let mut gone: Vec<_> = vmas.iter().map(|&v| key(v)).collect();
         gone.sort_unstable();
         let before = self.map.len();
-        self.map = core::mem::take(&mut self.map)
-            .into_iter()
-            .filter(|(k, _)| gone.binary_search(k).is_err())
-            .collect();
+        self.map.retain(|k, _| gone.binary_search(k).is_err());
         debug_assert_eq!(
             before - self.map.len(),
             vmas.len(),
@@ -285,7 +283,7 @@ impl RmapIndex {
     /// after a concurrent end-only move.
     pub(crate) fn walk(&self, pgoff: u64) -> Vec<RmapHit> {
         let mut out = Vec::new();
-        for (&(key, _, _), e) in self.map.range(..=(pgoff, u64::MAX, u64::MAX)) {
+        for (&(key, _, _), e) in self.map.up_to(&(pgoff, u64::MAX, u64::MAX)) {
             let v = e.vma;
             let start = v.start();
             let vpgoff = v.pgoff();

@@ -136,10 +136,14 @@ impl Vma {
     /// VMA) and links the VMA into the family's reverse map, under the
     /// family's lock (counted). Returns the anon_vma now installed.
     pub(crate) fn install_anon_vma(&self, a: Arc<AnonVma>, stats: &StatCounters) -> &AnonVma {
-        let keep = a.clone();
-        let mut idx = keep.root().lock(Some(stats));
         let id = a.id();
         let new = Arc::into_raw(a) as *mut AnonVma;
+        // SAFETY: `new` holds the count `a` had, so it lives until that
+        // count is released: below on a lost race (after the guard is
+        // dropped), else by the VMA, which releases its anon_vma only
+        // while detached or write-locked, which the caller's hold excludes
+        // for as long as it uses the returned reference (and we the guard).
+        let mut idx = unsafe { &*new }.root().lock(Some(stats));
         match self.anon_vma.compare_exchange(
             core::ptr::null_mut(),
             new,

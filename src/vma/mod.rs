@@ -21,6 +21,7 @@
 
 mod anon;
 mod backing;
+mod chunk_map;
 mod flags;
 pub(crate) mod lock;
 mod mappings;
