@@ -84,6 +84,7 @@ pub mod config;
 pub mod flags;
 pub(crate) mod mmap_lock;
 pub(crate) mod range_lock;
+pub(crate) mod range_read;
 
 mod access;
 pub(crate) mod anon_vma;
