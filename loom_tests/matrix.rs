@@ -118,7 +118,7 @@ const RANGE_SAME: &str = "a range writer runs the mmap_lock writer's edit (Edit:
 /// A range mmap changes no existing VMA's entries.
 const RANGE_MMAP_NEW: Cell = Apart("a new VMA is attached write-locked in the writer's section, a merge stamps and sweeps the neighbour it grows as mprotect's merge does, and an mmap over mapped pages unmaps them with munmap's code (the range munmap row): no entry a reader uses changes otherwise");
 /// Range writers and the forced access exclude each other.
-const RANGE_LOCKED_OUT: Cell = Apart("serialized by the range lock: a forced access takes the mmap_lock read side, which with range writers is the whole space shared (mm/mmap_lock.rs), from the VMA lookup to the end of the copy");
+const RANGE_LOCKED_OUT: Cell = Apart("serialized by the range lock where they meet: a forced access holds its page's VMA's neighbourhood shared (mm/range_read.rs) from the VMA lookup to the end of the copy, and a range writer that changes, splits, merges or replaces that VMA holds it whole; one elsewhere changes nothing the access reads");
 
 /// Why a range-locked zap shares the mmap_lock zap's models.
 const RANGE_ZAP_SAME: &str = "the same zap_range and gather as DONTNEED under the mmap_lock read side, only under a shared hold of its VMAs: a reader meets it at the PTE lock and the flush exactly as before";

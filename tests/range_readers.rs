@@ -210,3 +210,49 @@ fn a_zap_stops_at_a_locked_vma_beside_a_writer() {
     }
     w.join().unwrap();
 }
+
+/// Forced writes (a debugger's `PTRACE_POKEDATA`) into each thread's own
+/// read-only private VMA, which breaks copy-on-write without making it
+/// writable, while the other threads map, mprotect and unmap pages
+/// touching it: every forced byte reads back, ordinary writes stay
+/// refused, and the VMA keeps its bounds.
+#[test]
+fn forced_writes_beside_writers_land() {
+    let threads = 2u64;
+    let mm = space(FaultLocking::PerVma);
+    for t in 0..threads {
+        mm.mmap(zone(t), OWN * PAGE_SIZE, Prot::READ, fixed())
+            .unwrap();
+    }
+    let hs: Vec<_> = (0..threads)
+        .map(|t| {
+            let mm = mm.clone();
+            std::thread::spawn(move || {
+                let own = zone(t);
+                let edge = zone(t + 1) - EDGE * PAGE_SIZE;
+                for i in 0..150u64 {
+                    // Read-only like the next thread's VMA: they merge.
+                    mm.mmap(edge, EDGE * PAGE_SIZE, Prot::READ, fixed())
+                        .unwrap();
+                    for p in 0..OWN {
+                        mm.write_forced(own + p * PAGE_SIZE, &[pat(t, i, p); 16])
+                            .unwrap();
+                    }
+                    mm.mprotect(edge, EDGE * PAGE_SIZE, RW).unwrap();
+                    for p in 0..OWN {
+                        let got = read_page(&mm, own + p * PAGE_SIZE);
+                        assert_eq!(got[..16], [pat(t, i, p); 16], "thread {t} round {i}");
+                    }
+                    assert!(mm.write(own, &[1]).is_err(), "still read-only");
+                    mm.munmap(edge, EDGE * PAGE_SIZE).unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let v = mm.vmas();
+    assert_eq!(v.len(), threads as usize, "{v:?}");
+    assert_eq!(mm.frames_used(), threads * OWN);
+}

@@ -43,8 +43,8 @@
 //!   the result is exactly the serial one.
 //! - every other writer (mremap, brk, madvise that changes VMAs, mlock,
 //!   mlockall, fork, exec reset, the stack, userfault registration, the
-//!   space's drop) and every other mmap_lock reader (forced access,
-//!   pinning, `vmas()`, pagemap, rmap walks) locks the whole space:
+//!   space's drop) and every other mmap_lock reader (pinning, `vmas()`,
+//!   pagemap, rmap walks) locks the whole space:
 //!   correct and not scalable, the `MmapLock` behaviour.
 //!
 //! # The protocol of range-locked readers
@@ -57,7 +57,8 @@
 //!   WILLNEED's hole check) and the access precheck's locked retry: their
 //!   range widened to the whole of every VMA it meets (`vma_hull`, the
 //!   helper neighbourhoods are built from).
-//! - the locked fault fallback: the neighbourhood a writer of the faulting
+//! - the locked fault fallback and a forced access's page (they run the
+//!   same `do_fault`): the neighbourhood a writer of the faulting
 //!   VMA would lock (the VMA, a page on each side, the VMAs there), since
 //!   a first anon_vma reads the neighbours' (`mm::anon_vma`); in a hole,
 //!   from the page through the VMA above (the stack check reads that gap
@@ -87,10 +88,10 @@
 //!
 //! Not converted (they still lock the whole space shared): the per-VMA
 //! path's anon_vma try-read (`mm/anon_vma.rs`, another module's: it falls
-//! back to the converted fallback when a writer holds anything), forced
-//! access and pinning (a page at a time, with `expand_stack` and the
-//! userfault wait in the loop), `vmas()`, pagemap and the rmap walk (they
-//! read the whole space or reach other address spaces).
+//! back to the converted fallback when a writer holds anything), pinning
+//! (device slices and guest-memory views: not reviewed in this change),
+//! `vmas()`, pagemap and the rmap walk (they read the whole space or
+//! reach other address spaces).
 //!
 //! Why it is enough: every tree store, VMA change and page-table free of a
 //! writer lies inside its neighbourhood, and every VMA it reads to decide
