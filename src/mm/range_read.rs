@@ -1,7 +1,8 @@
 //! Range-locked readers (`WriterLocking::Range`): the mmap_lock readers
-//! that act on one range — madvise's zaps and the locked fault fallback —
-//! lock shared only the whole VMAs they read (and the holes of their
-//! range), so they run beside writers on other ranges. In the other modes
+//! that act on one range — madvise's zaps and the access precheck's
+//! retry ([`read_vmas`]), the locked fault fallback and a forced access's
+//! page ([`read_fault`]) — lock shared only the whole VMAs they read (and
+//! the holes of their range), so they run beside writers on other ranges. In the other modes
 //! they take the mmap_lock read side as before (the same calls, the same
 //! cost). The protocol is in `range_lock`'s module docs.
 //!
@@ -33,7 +34,8 @@ pub(crate) fn read_vmas(mm: &AddressSpace, r: Range) -> (MmapReadGuard<'_, MmSta
     )
 }
 
-/// The mmap_lock read side for the locked fault at `addr`: in range mode,
+/// The mmap_lock read side for the locked fault (or forced access) at
+/// `addr`: in range mode,
 /// shared, the neighbourhood a writer of the VMA covering `addr` would
 /// lock (the VMA, a page on each side and the VMAs there: a first
 /// anon_vma reads the neighbours, `mm::anon_vma`). Where no VMA covers
