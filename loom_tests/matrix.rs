@@ -27,12 +27,16 @@ const READERS: [&str; 11] = [
     "userfault waiter",
     "forced access",
     "file writeback",
+    // `WriterLocking::Range`: the locked fault fallback holds only its
+    // VMA's neighbourhood, shared (mm/range_read.rs), so range writers
+    // elsewhere run beside it.
+    "range-locked fault fallback",
 ];
 
 /// The writers: every change of a VMA's range, flags, backing or
 /// registration (all through `Edit::lock`, which stamps and sweeps), and
 /// the calls that change entries under the mmap_lock read side.
-const WRITERS: [&str; 23] = [
+const WRITERS: [&str; 24] = [
     "munmap",
     "mprotect",
     "mremap move",
@@ -58,6 +62,8 @@ const WRITERS: [&str; 23] = [
     "range munmap",
     "range mprotect",
     "range mmap",
+    // madvise's zaps holding only their VMAs, shared (mm/range_read.rs).
+    "range madvise DONTNEED",
 ];
 
 enum Cell {
@@ -119,7 +125,14 @@ const RANGE_SAME: &str = "a range writer runs the mmap_lock writer's edit (Edit:
 /// A range mmap changes no existing VMA's entries.
 const RANGE_MMAP_NEW: Cell = Apart("a new VMA is attached write-locked in the writer's section, a merge stamps and sweeps the neighbour it grows as mprotect's merge does, and an mmap over mapped pages unmaps them with munmap's code (the range munmap row): no entry a reader uses changes otherwise");
 /// Range writers and the forced access exclude each other.
-const RANGE_LOCKED_OUT: Cell = Apart("serialized by the range lock: a forced access takes the mmap_lock read side, which with range writers is the whole space shared (mm/mmap_lock.rs), from the VMA lookup to the end of the copy");
+const RANGE_LOCKED_OUT: Cell = Apart("serialized by the range lock where they meet: a forced access holds its page's VMA's neighbourhood shared (mm/range_read.rs) from the VMA lookup to the end of the copy, and a range writer that changes, splits, merges or replaces that VMA holds it whole; one elsewhere changes nothing the access reads");
+
+/// Why a range-locked zap shares the mmap_lock zap's models.
+const RANGE_ZAP_SAME: &str = "the same zap_range and gather as DONTNEED under the mmap_lock read side, only under a shared hold of its VMAs: a reader meets it at the PTE lock and the flush exactly as before";
+/// Why the range-locked fault fallback shares the per-VMA fault's models.
+const FALLBACK_SAME: &str = "the fallback runs the per-VMA path's do_fault on the VMA it looked up, held by the range lock (its neighbourhood, shared) instead of its read lock: it meets this writer, which holds the mmap_lock read side or the whole space shared, at the same PTE and PMD locks";
+/// Writers that take the whole space exclude the range-locked fallback.
+const FALLBACK_LOCKED_OUT: Cell = Apart("serialized: the writer holds the mmap_lock write side (with range writers, the whole space exclusive), the fallback its read side (its VMA's neighbourhood, shared) from the VMA lookup to the end of the fault");
 
 #[rustfmt::skip]
 const MATRIX: &[(&str, &str, Cell)] = &[
@@ -409,6 +422,41 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("file writeback", "range munmap", Apart("munmap's own writeback runs in the writer (under its range lock as under the mmap_lock), after it unregistered the VMA; a concurrent msync holds the object and reads its pages, not the entries munmap zaps")),
     ("file writeback", "range mprotect", WB_OWN_PAGES),
     ("file writeback", "range mmap", Apart("a range mmap maps anonymous memory only (an object's mmap takes the whole space)")),
+    // The range-locked fault fallback and zaps (mm/range_read.rs).
+    ("range-locked fault fallback", "munmap", FALLBACK_LOCKED_OUT),
+    ("range-locked fault fallback", "mprotect", FALLBACK_LOCKED_OUT),
+    ("range-locked fault fallback", "mremap move", FALLBACK_LOCKED_OUT),
+    ("range-locked fault fallback", "mremap grow", FALLBACK_LOCKED_OUT),
+    ("range-locked fault fallback", "mremap shrink", FALLBACK_LOCKED_OUT),
+    ("range-locked fault fallback", "mremap DONTUNMAP", FALLBACK_LOCKED_OUT),
+    ("range-locked fault fallback", "brk", FALLBACK_LOCKED_OUT),
+    ("range-locked fault fallback", "mlock", FALLBACK_LOCKED_OUT),
+    ("range-locked fault fallback", "set_anon_name", FALLBACK_LOCKED_OUT),
+    ("range-locked fault fallback", "uffd register", FALLBACK_LOCKED_OUT),
+    ("range-locked fault fallback", "uffd unregister", FALLBACK_LOCKED_OUT),
+    ("range-locked fault fallback", "fork", FALLBACK_LOCKED_OUT),
+    ("range-locked fault fallback", "THP collapse", FALLBACK_LOCKED_OUT),
+    ("range-locked fault fallback", "madvise DONTNEED", Shares("fault.rs", "fault_vs_dontneed_same_page", FALLBACK_SAME)),
+    ("range-locked fault fallback", "madvise REMOVE", Shares("fault.rs", "fault_vs_dontneed_same_page", FALLBACK_SAME)),
+    ("range-locked fault fallback", "madvise FREE", Shares("fault.rs", "fault_vs_dontneed_same_page", FALLBACK_SAME)),
+    ("range-locked fault fallback", "range madvise DONTNEED", Shares("fault.rs", "fault_vs_dontneed_same_page", FALLBACK_SAME)),
+    ("range-locked fault fallback", "uffd write-protect", Shares("uffd_wp.rs", "write_fault_vs_write_protect", FALLBACK_SAME)),
+    ("range-locked fault fallback", "memfd shrink", Shares("memfd.rs", "store_vs_shrink_with_tables", FALLBACK_SAME)),
+    ("range-locked fault fallback", "THP split", Shares("thp.rs", "two_write_faults_split_one_leaf", FALLBACK_SAME)),
+    ("range-locked fault fallback", "THP fault", Shares("thp.rs", "huge_fault_vs_fault_in_span", FALLBACK_SAME)),
+    ("range-locked fault fallback", "range munmap", Apart("serialized by the range lock: the munmap holds every VMA it removes or splits whole (and the margin page beside its range), the fallback the VMA it faults in whole: they overlap whenever the munmap touches that VMA")),
+    ("range-locked fault fallback", "range mprotect", Model("range_writers.rs", "range_fault_fallback_vs_mprotect_splitting_its_neighbour")),
+    ("range-locked fault fallback", "range mmap", Apart("serialized by the range lock where they meet: an mmap that merges with or replaces the fallback's VMA or a neighbour holds that VMA whole, and one into the fallback's hole (a stack growth check) overlaps the gap the fallback holds; elsewhere a new VMA changes nothing the fallback reads")),
+    ("speculative fault", "range madvise DONTNEED", Shares("spec_writers.rs", "spec_fault_vs_dontneed", RANGE_ZAP_SAME)),
+    ("speculative fault via VMA hint", "range madvise DONTNEED", Shares("spec_writers.rs", "spec_fault_vs_dontneed", RANGE_ZAP_SAME)),
+    ("speculative first write (anon_vma prepare)", "range madvise DONTNEED", Shares("spec_writers.rs", "spec_fault_vs_dontneed", RANGE_ZAP_SAME)),
+    ("per-VMA fault", "range madvise DONTNEED", Shares("fault.rs", "fault_vs_dontneed_same_page", RANGE_ZAP_SAME)),
+    ("translator access", "range madvise DONTNEED", Shares("translator_writers.rs", "translator_store_vs_dontneed", RANGE_ZAP_SAME)),
+    ("instruction fetch", "range madvise DONTNEED", Shares("translator_writers.rs", "translator_store_vs_dontneed", RANGE_ZAP_SAME)),
+    ("device slice", "range madvise DONTNEED", Apart("the slice's frame holds a pin taken under its PTE lock, and no writer frees a pinned frame (phys/chunk.rs): the slice reaches the page it named, orphaned, never another (tests/device_slices.rs)")),
+    ("userfault waiter", "range madvise DONTNEED", Apart("the waiter's page is missing already; zapping other pages leaves it waiting for the handler, as Linux does")),
+    ("forced access", "range madvise DONTNEED", Shares("forced.rs", "forced_write_vs_dontneed", RANGE_ZAP_SAME)),
+    ("file writeback", "range madvise DONTNEED", WB_OWN_PAGES),
 ];
 
 fn source(file: &str) -> &'static str {

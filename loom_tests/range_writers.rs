@@ -212,3 +212,78 @@ fn translator_store_vs_range_munmap() {
         B,
     );
 }
+
+/// A range-locked fault fallback (`FaultLocking::MmapLock`: every fault
+/// takes it) at `A`, the first write to a VMA `[A, A+2P)` with no
+/// anon_vma, races a range mprotect(PROT_NONE) of the first page of its
+/// lower neighbour `[A-2P, A)` (read-only, with an anon_vma): a split of
+/// the neighbour, outside the fault's VMA. In either order the fault
+/// finds the neighbour (whole or its upper half) adjacent and compatible
+/// and reuses its anon_vma (`mm::anon_vma`), so once the upper half is
+/// made read-write it merges with the faulted VMA.
+///
+/// Catches: the fallback's lock not reaching the VMAs beside its own
+/// (`neighbourhood(mm, vr, Reach::Vmas, pin)` made `vma_hull(mm, vr, pin)`
+/// in `fault_range`, src/mm/range_read.rs): the fault reads the
+/// neighbour mid-split (its end already moved), takes a fresh anon_vma,
+/// and the two halves never merge.
+#[test]
+fn range_fault_fallback_vs_mprotect_splitting_its_neighbour() {
+    model(|| {
+        let mm = space(FaultLocking::MmapLock);
+        let lo = A - 2 * PAGE_SIZE;
+        mm.mmap(lo, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(lo, &[1]).unwrap();
+        mm.mprotect(lo, 2 * PAGE_SIZE, Prot::READ).unwrap();
+        mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.mprotect(lo, PAGE_SIZE, Prot::NONE).unwrap());
+        mm.fault(A, Access::Write).unwrap();
+        t.join().unwrap();
+        mm.mprotect(A - PAGE_SIZE, PAGE_SIZE, rw()).unwrap();
+        assert_eq!(
+            spans(&mm),
+            vec![
+                (lo, A - PAGE_SIZE, Prot::NONE),
+                (A - PAGE_SIZE, A + 2 * PAGE_SIZE, rw())
+            ]
+        );
+    });
+}
+
+/// MADV_DONTNEED of `[A, A+2P)` (range-locked shared: that VMA) and a
+/// range munmap of `[A+4P, A+5P)` run at once in one PTE table: their
+/// holds are disjoint (the munmap's hole stops at the VMA the zap holds).
+/// The zap's pages read zero, the unmapped page is gone, and the table,
+/// empty once both are done, stays linked while `[A, A+2P)` covers it
+/// (the munmap frees no table a VMA still covers) and goes with it.
+///
+/// Catches: the zap's PTE-table lock dropped (`let _l = t.lock.lock();`
+/// removed in `rewrite_table`, src/pt/range.rs): the two zaps' updates
+/// of the table's count of used entries race, one is lost, and the table
+/// is left linked after everything is unmapped.
+#[test]
+fn range_dontneed_vs_munmap_in_one_pte_table() {
+    model(|| {
+        let mm = space(FaultLocking::PerVma);
+        mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(A, &[1]).unwrap();
+        mm.write(A + PAGE_SIZE, &[2]).unwrap();
+        let w = A + 4 * PAGE_SIZE;
+        mm.mmap(w, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(w, &[3]).unwrap();
+        let tables = mm.page_table_bytes();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.munmap(w, PAGE_SIZE).unwrap());
+        mm.madvise(A, 2 * PAGE_SIZE, Advice::DontNeed).unwrap();
+        t.join().unwrap();
+        loom_door::check_ptes(&mm).unwrap();
+        assert_eq!(spans(&mm), vec![(A, A + 2 * PAGE_SIZE, rw())]);
+        assert_eq!(mm.page_table_bytes(), tables, "the table V covers stays");
+        let mut b = [9u8; 1];
+        mm.read(A + PAGE_SIZE, &mut b).unwrap();
+        assert_eq!(b, [0]);
+        mm.munmap(A, 2 * PAGE_SIZE).unwrap();
+        assert_eq!(mm.page_table_bytes(), PAGE_SIZE, "only the root is left");
+    });
+}

@@ -139,8 +139,9 @@ impl AddressSpace {
         if let Some(res) = self.precheck_with(r, access, locked_flags) {
             return res;
         }
-        let _st = self.mmap_lock.read();
-        // Under the mmap_lock no VMA changes its range or flags.
+        // Under the mmap_lock (in range mode: `r` widened to the whole VMAs
+        // it meets, shared) no VMA it reads changes its range or flags.
+        let (_st, _pin) = super::range_read::read_vmas(self, r);
         self.precheck_with(r, access, |_, v| Some(v.flags()))
             .unwrap_or(Ok(()))
     }

@@ -42,7 +42,9 @@
 //!
 //! The per-VMA path holds one VMA read lock, then PTE-table locks; it only
 //! try-locks the mmap_lock (for a first anon_vma), because a writer may
-//! be waiting for that VMA. The fallback holds the mmap_lock read side.
+//! be waiting for that VMA. The fallback holds the mmap_lock read side
+//! (with range writers: the neighbourhood of the VMA, shared, see
+//! `range_read`).
 //! The whole order is in [`crate::mm`].
 
 use super::cow::wp_fault;
@@ -195,8 +197,8 @@ fn under_mmap_lock(mm: &AddressSpace, addr: u64, access: Access) -> Result<(), S
 /// [`under_mmap_lock`] with failures not yet counted.
 fn under_mmap_lock_inner(mm: &AddressSpace, addr: u64, access: Access) -> Result<(), Stop> {
     loop {
-        let st = mm.mmap_lock.read();
-        let g = mm.tree.pin();
+        // In range mode: only the VMA's neighbourhood, shared (`range_read`).
+        let (st, g) = crate::mm::range_read::read_fault(mm, addr);
         let Some((_, v)) = mm.tree.find_after(addr, &g) else {
             return Err(Stop::Fail(FaultError::NoMapping));
         };

@@ -31,7 +31,9 @@
 //! # Locking
 //!
 //! Each page is looked up, checked and copied under the mmap_lock read
-//! side (as Linux's `access_remote_vm` holds it), inside a counted
+//! side (as Linux's `access_remote_vm` holds it; with range writers, the
+//! neighbourhood of the page's VMA shared, as the fault fallback's,
+//! `range_read`: fork still takes the whole space), inside a counted
 //! user-mode access ([`crate::tlb`]): no fork can share the page between
 //! the check that it is this mapping's own and the write, and no zap can
 //! free the frame under the copy. A fault that waits for a userfault
@@ -148,8 +150,8 @@ impl AddressSpace {
     ) -> core::result::Result<(), FaultError> {
         let write = access == Access::Write;
         loop {
-            let st = self.mmap_lock.read();
-            let g = self.tree.pin();
+            // In range mode: the VMA's neighbourhood, shared (`range_read`).
+            let (st, g) = super::range_read::read_fault(self, page);
             let Some((_, v)) = self.tree.find(page, &g) else {
                 return Err(FaultError::NoMapping);
             };

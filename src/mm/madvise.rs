@@ -3,7 +3,8 @@
 //! # Locking
 //!
 //! Zapping advices hold the mmap_lock read side (faults may refill pages
-//! meanwhile, as in Linux) and PTE-table locks; advices that change VMA
+//! meanwhile, as in Linux; with range writers only their range widened to
+//! whole VMAs, `range_read`) and PTE-table locks; advices that change VMA
 //! flags hold the write side through `Edit`. Order: [`crate::mm`].
 
 use super::{Access, AddressSpace, Advice};
@@ -50,9 +51,12 @@ impl AddressSpace {
             _ => return self.madvise_flags(r, advice),
         }
         // Linux runs DONTNEED under the mmap_lock read side: concurrent
-        // faults may refill pages meanwhile, as they may in the kernel.
-        let _st = self.mmap_lock.read();
-        let g = self.tree.pin();
+        // faults may refill pages meanwhile, as they may in the kernel. In
+        // range mode, only `r` and the whole VMAs it meets, shared
+        // (`range_read`): writers elsewhere, even in the same page
+        // tables, go on (a zap frees no table, and their frees stop at
+        // the VMAs held here).
+        let (_st, g) = super::range_read::read_vmas(self, r);
         let mut hole = false;
         let mut cursor = addr;
         let mut gather = crate::tlb::Gather::new(&self.tlb, &self.stats, &self.frames);
@@ -76,7 +80,8 @@ impl AddressSpace {
                 }
                 Advice::Remove => {
                     super::edit::zap_range(self, part, &mut gather);
-                    // SAFETY: madvise holds the mmap_lock read side.
+                    // SAFETY: madvise holds the mmap_lock read side (in range
+                    // mode, over the whole of `v`: no writer changes it).
                     if let Some(shm) = unsafe { v.shmem() } {
                         let pages = v.pgoff_of(part.start)..v.pgoff_of(part.end);
                         shm.zero_range(pages);

@@ -127,6 +127,18 @@ impl<T> MmapLock<T> {
         }
     }
 
+    /// Takes the read side for a reader of `r` only: in range mode `r`
+    /// shared (the caller computed `r` to hold the whole of every VMA it
+    /// reads, and validates that under the lock: `range_lock`'s module
+    /// docs), otherwise the whole read side, as [`read`](Self::read).
+    pub(crate) fn read_range(&self, r: Range) -> MmapReadGuard<'_, T> {
+        let range = self.ranges.as_ref().map(|l| l.lock(r, false));
+        MmapReadGuard {
+            g: self.rw.read(),
+            _range: range,
+        }
+    }
+
     /// Takes the read side if no writer holds or waits for it.
     pub fn try_read(&self) -> Option<MmapReadGuard<'_, T>> {
         let range = match &self.ranges {

@@ -13,7 +13,9 @@
 //!    madvise, `vmas()` and forced accesses (`forced.rs`, a page at a
 //!    time) take it for read. With `WriterLocking::Range` its range lock
 //!    (`range_lock`) comes first: munmap, mprotect and most mmaps lock
-//!    only their neighbourhood; every other user the whole space.
+//!    only their neighbourhood; madvise's zaps, the fault fallback and
+//!    forced accesses only their VMAs, shared (`range_read`); every other
+//!    user the whole space.
 //! 2. VMA write locks (`vma::lock::VmaLock`) — taken only by the
 //!    mmap_lock writer, on every VMA it changes, before changing it. They
 //!    are all released together when the writer drops the mmap_lock (the
@@ -84,6 +86,7 @@ pub mod config;
 pub mod flags;
 pub(crate) mod mmap_lock;
 pub(crate) mod range_lock;
+pub(crate) mod range_read;
 
 mod access;
 pub(crate) mod anon_vma;

@@ -43,9 +43,55 @@
 //!   the result is exactly the serial one.
 //! - every other writer (mremap, brk, madvise that changes VMAs, mlock,
 //!   mlockall, fork, exec reset, the stack, userfault registration, the
-//!   space's drop) and every mmap_lock reader (the fault fallback, forced
-//!   access, pinning, `vmas()`, madvise's zaps) locks the whole space:
+//!   space's drop) and every other mmap_lock reader (pinning, `vmas()`,
+//!   pagemap, rmap walks) locks the whole space:
 //!   correct and not scalable, the `MmapLock` behaviour.
+//!
+//! # The protocol of range-locked readers
+//!
+//! The mmap_lock readers that act on one range lock it shared
+//! (`mm/range_read.rs`), computed from the tree and validated under the
+//! lock as a writer's neighbourhood is (`edit::lock_validated`, one loop
+//! for both):
+//! - madvise's zaps (DONTNEED, DONTNEED_LOCKED, FREE, REMOVE, and
+//!   WILLNEED's hole check) and the access precheck's locked retry: their
+//!   range widened to the whole of every VMA it meets (`vma_hull`, the
+//!   helper neighbourhoods are built from).
+//! - the locked fault fallback and a forced access's page (they run the
+//!   same `do_fault`): the neighbourhood a writer of the faulting
+//!   VMA would lock (the VMA, a page on each side, the VMAs there), since
+//!   a first anon_vma reads the neighbours' (`mm::anon_vma`); in a hole,
+//!   from the page through the VMA above (the stack check reads that gap
+//!   and that VMA), to the end of the space if there is none.
+//!
+//! Why it is enough: a reader reads only VMAs inside what it holds (and
+//! the holes of its range); a writer that changes, splits, merges or
+//! creates a VMA there holds a neighbourhood overlapping it (the whole of
+//! every VMA it changes, and its range where it creates one), so the two
+//! exclude each other. The widening to whole VMAs is, for the zaps,
+//! redundant with the writers' rule (a writer of any VMA the zap meets
+//! holds that VMA whole, so it meets the zap's range anyway) and costs no
+//! concurrency: it keeps each side's argument on its own. The margin of
+//! the fault's lock is not redundant: a writer splitting the neighbour
+//! away from the faulting VMA holds only the neighbour
+//! (`loom_tests/range_writers.rs`:
+//! `range_fault_fallback_vs_mprotect_splitting_its_neighbour`).
+//!
+//! Page tables: a zap clears entries under each PTE table's lock and frees
+//! no table; its pages' frames go after its own TLB flush (the gather), as
+//! before. A writer beside it frees tables only inside its hole
+//! (`Edit::free_pgtables` clamps floor and ceiling to the VMAs before and
+//! after and to the range it holds), so no table a held VMA's addresses
+//! use is freed, even when the zap has just emptied it; both update one
+//! PTE table's count under its lock (`range_dontneed_vs_munmap_in_one_pte_table`).
+//! Two zaps of one page meet as they did under the mmap_lock read side.
+//!
+//! Not converted (they still lock the whole space shared): the per-VMA
+//! path's anon_vma try-read (`mm/anon_vma.rs`, another module's: it falls
+//! back to the converted fallback when a writer holds anything), pinning
+//! (device slices and guest-memory views: not reviewed in this change),
+//! `vmas()`, pagemap and the rmap walk (they read the whole space or
+//! reach other address spaces).
 //!
 //! Why it is enough: every tree store, VMA change and page-table free of a
 //! writer lies inside its neighbourhood, and every VMA it reads to decide
@@ -76,7 +122,7 @@
 //! then skip the stamp and sweep, as one writer does the second time).
 //! The cost is liveness, not safety: while writers keep overlapping, a
 //! VMA one of them changed stays write-locked for the lock-free readers,
-//! which fall back to the locked paths (whole space, shared). Translators
+//! which fall back to the locked paths (their range, shared). Translators
 //! and device slices rely on the TLB flush each writer issues for its own
 //! range (flushes serialize on the TLB's flush lock as before).
 //!

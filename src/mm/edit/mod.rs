@@ -31,7 +31,7 @@ use crate::vma::{AnonVma, RmapIndex, VmaRef, VMA_BYTES};
 mod life;
 mod range;
 pub(crate) use life::VmaSpec;
-pub(crate) use range::{Reach, View};
+pub(crate) use range::{lock_validated, neighbourhood, vma_hull, Reach, View};
 
 /// An mmap_lock writer's view of the address space.
 pub(crate) struct Edit<'a> {

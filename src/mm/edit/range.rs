@@ -32,24 +32,20 @@ impl<'a> Edit<'a> {
         if !mm.mmap_lock.is_range_mode() {
             return Self::begin(mm);
         }
-        let mut want = neighbourhood(mm, r, reach, &mm.tree.pin());
-        loop {
-            let st = mm
-                .mmap_lock
-                .write_range(want)
-                .expect("range mode has a range lock");
-            let pin = mm.tree.pin();
-            let now = neighbourhood(mm, r, reach, &pin);
-            if want.start <= now.start && now.end <= want.end {
-                return Edit {
-                    mm,
-                    state: st,
-                    tree: None,
-                    pin,
-                };
-            }
-            drop(st);
-            want = Range::new(want.start.min(now.start), want.end.max(now.end));
+        let (st, pin) = lock_validated(
+            mm,
+            |pin| neighbourhood(mm, r, reach, pin),
+            |want| {
+                mm.mmap_lock
+                    .write_range(want)
+                    .expect("range mode has a range lock")
+            },
+        );
+        Edit {
+            mm,
+            state: st,
+            tree: None,
+            pin,
         }
     }
 
@@ -132,6 +128,43 @@ fn free_area_in(
     }
 }
 
+/// Locks the range `compute` reads off the tree (with `lock`), then
+/// computes it again under the lock: if it grew (a VMA it holds whole was
+/// extended meanwhile), unlocks and starts over with the union. Returns
+/// the guard and an epoch pin taken under it. The protocol of range
+/// writers and readers (`range_lock`'s module docs) rests on this: what
+/// the holder validated can be changed only by a holder of an overlapping
+/// range.
+pub(crate) fn lock_validated<G>(
+    mm: &AddressSpace,
+    mut compute: impl FnMut(&Guard) -> Range,
+    mut lock: impl FnMut(Range) -> G,
+) -> (G, Guard) {
+    let mut want = compute(&mm.tree.pin());
+    loop {
+        let held = lock(want);
+        let pin = mm.tree.pin();
+        let now = compute(&pin);
+        if want.start <= now.start && now.end <= want.end {
+            return (held, pin);
+        }
+        drop(pin);
+        drop(held);
+        want = Range::new(want.start.min(now.start), want.end.max(now.end));
+    }
+}
+
+/// `r` widened to the whole of every VMA overlapping it: what a reader of
+/// those VMAs (and of the holes of `r`) locks shared.
+pub(crate) fn vma_hull(mm: &AddressSpace, r: Range, pin: &Guard) -> Range {
+    let (mut lo, mut hi) = (r.start, r.end);
+    for (vr, _) in mm.tree.range(r, pin) {
+        lo = lo.min(vr.start);
+        hi = hi.max(vr.end);
+    }
+    Range::new(lo, hi)
+}
+
 /// How far a neighbourhood reaches past its range on each side: a page,
 /// so that two writers whose ranges touch (and may merge) conflict.
 const MARGIN: u64 = PAGE_SIZE;
@@ -139,14 +172,12 @@ const MARGIN: u64 = PAGE_SIZE;
 /// A range writer's neighbourhood of `r` (`range_lock`'s module docs): `r`
 /// widened by a page on each side, every VMA overlapping that, and with
 /// [`Reach::Hole`] the hole around `r` up to the VMAs on either side.
-fn neighbourhood(mm: &AddressSpace, r: Range, reach: Reach, pin: &Guard) -> Range {
-    let mut lo = r.start.saturating_sub(MARGIN);
-    let mut hi = r.end.saturating_add(MARGIN);
-    let wide = Range::new(lo, hi);
-    for (vr, _) in mm.tree.range(wide, pin) {
-        lo = lo.min(vr.start);
-        hi = hi.max(vr.end);
-    }
+pub(crate) fn neighbourhood(mm: &AddressSpace, r: Range, reach: Reach, pin: &Guard) -> Range {
+    let wide = Range::new(r.start.saturating_sub(MARGIN), r.end.saturating_add(MARGIN));
+    let Range {
+        start: mut lo,
+        end: mut hi,
+    } = vma_hull(mm, wide, pin);
     if reach == Reach::Hole {
         // The hole around `r`, up to the VMAs on either side: the unmap
         // frees the page tables inside it, of every level. Clamped to `r`

@@ -1,0 +1,133 @@
+//! Range-locked readers (`WriterLocking::Range`): the mmap_lock readers
+//! that act on one range — madvise's zaps and the access precheck's
+//! retry ([`read_vmas`]), the locked fault fallback and a forced access's
+//! page ([`read_fault`]) — lock shared only the whole VMAs they read (and
+//! the holes of their range), so they run beside writers on other ranges. In the other modes
+//! they take the mmap_lock read side as before (the same calls, the same
+//! cost). The protocol is in `range_lock`'s module docs.
+//!
+//! # Locking
+//!
+//! The range lock (shared), then the reader-writer lock's read side:
+//! [`MmapLock::read_range`](super::mmap_lock::MmapLock::read_range). The
+//! range is computed from the tree, locked, and computed again under the
+//! lock (`edit::lock_validated`), as a writer's neighbourhood is.
+
+use super::edit::{lock_validated, neighbourhood, vma_hull, Reach};
+use super::mmap_lock::MmapReadGuard;
+use super::{AddressSpace, MmState};
+use crate::addr::{page_align_down, Range};
+use crate::reclaim::Guard;
+
+/// The mmap_lock read side for a reader of the VMAs overlapping `r` and of
+/// its holes (madvise's zaps): in range mode `r` widened to the whole of
+/// every VMA it meets, shared. With an epoch pin taken under it.
+pub(crate) fn read_vmas(mm: &AddressSpace, r: Range) -> (MmapReadGuard<'_, MmState>, Guard) {
+    if !mm.mmap_lock.is_range_mode() {
+        let st = mm.mmap_lock.read();
+        return (st, mm.tree.pin());
+    }
+    lock_validated(
+        mm,
+        |pin| vma_hull(mm, r, pin),
+        |want| mm.mmap_lock.read_range(want),
+    )
+}
+
+/// The mmap_lock read side for the locked fault (or forced access) at
+/// `addr`: in range mode,
+/// shared, the neighbourhood a writer of the VMA covering `addr` would
+/// lock (the VMA, a page on each side and the VMAs there: a first
+/// anon_vma reads the neighbours, `mm::anon_vma`). Where no VMA covers
+/// `addr`: from its page through the VMA above (the stack check reads the
+/// gap and that VMA's flags), to the end of the space if there is none.
+pub(crate) fn read_fault(mm: &AddressSpace, addr: u64) -> (MmapReadGuard<'_, MmState>, Guard) {
+    if !mm.mmap_lock.is_range_mode() {
+        let st = mm.mmap_lock.read();
+        return (st, mm.tree.pin());
+    }
+    lock_validated(
+        mm,
+        |pin| fault_range(mm, addr, pin),
+        |want| mm.mmap_lock.read_range(want),
+    )
+}
+
+/// The range [`read_fault`] locks for `addr`, as the tree is now.
+fn fault_range(mm: &AddressSpace, addr: u64, pin: &Guard) -> Range {
+    let page = page_align_down(addr);
+    match mm.tree.find_after(addr, pin) {
+        Some((vr, _)) => {
+            let n = neighbourhood(mm, vr, Reach::Vmas, pin);
+            Range::new(n.start.min(page), n.end)
+        }
+        None => Range::new(page, u64::MAX),
+    }
+}
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests {
+    use super::*;
+    use crate::addr::PAGE_SIZE;
+    use crate::mm::range_lock::WHOLE;
+    use crate::{Config, MapFlags, Prot, WriterLocking};
+
+    const A: u64 = 0x4000_0000;
+
+    fn space() -> AddressSpace {
+        AddressSpace::new(Config {
+            writer_locking: WriterLocking::Range,
+            ..Config::default()
+        })
+    }
+
+    fn map(mm: &AddressSpace, at: u64, pages: u64, prot: Prot) {
+        let flags = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED;
+        mm.mmap(at, pages * PAGE_SIZE, prot, flags).unwrap();
+    }
+
+    #[test]
+    fn a_zap_locks_its_range_widened_to_whole_vmas_and_no_more() {
+        let mm = space();
+        map(&mm, A, 4, Prot::READ | Prot::WRITE);
+        map(&mm, A + 8 * PAGE_SIZE, 4, Prot::READ);
+        let r = Range::new(A + PAGE_SIZE, A + 9 * PAGE_SIZE);
+        let (_st, _g) = read_vmas(&mm, r);
+        let ranges = mm.mmap_lock.ranges().unwrap();
+        assert_eq!(ranges.busy().0, vec![Range::new(A, A + 12 * PAGE_SIZE)]);
+        // A writer beyond, even in the same PTE table, is not held up; one
+        // that would split a VMA read is.
+        assert!(ranges
+            .try_lock(Range::new(A + 13 * PAGE_SIZE, A + 14 * PAGE_SIZE), true)
+            .is_some());
+        assert!(ranges
+            .try_lock(Range::new(A + 11 * PAGE_SIZE, A + 12 * PAGE_SIZE), true)
+            .is_none());
+        assert!(ranges.try_lock(WHOLE, false).is_some(), "readers share");
+    }
+
+    #[test]
+    fn a_fault_locks_its_vma_and_neighbours_or_the_gap_to_the_vma_above() {
+        let mm = space();
+        map(&mm, A, 4, Prot::READ | Prot::WRITE);
+        map(&mm, A + 4 * PAGE_SIZE, 2, Prot::READ);
+        map(&mm, A + 16 * PAGE_SIZE, 1, Prot::READ);
+        // The VMA, a page on each side and the VMA touching it.
+        assert_eq!(
+            fault_range(&mm, A + PAGE_SIZE + 5, &mm.tree.pin()),
+            Range::new(A - PAGE_SIZE, A + 6 * PAGE_SIZE)
+        );
+        // A hole: from its page through the VMA above.
+        let (_st, _g) = read_fault(&mm, A + 10 * PAGE_SIZE);
+        let busy = mm.mmap_lock.ranges().unwrap().busy().0;
+        assert_eq!(
+            busy,
+            vec![Range::new(A + 10 * PAGE_SIZE, A + 18 * PAGE_SIZE)]
+        );
+        drop(_st);
+        assert_eq!(
+            fault_range(&mm, A + 20 * PAGE_SIZE, &mm.tree.pin()),
+            Range::new(A + 20 * PAGE_SIZE, u64::MAX)
+        );
+    }
+}
