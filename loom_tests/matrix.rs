@@ -15,7 +15,7 @@
 /// forced access, which writes pages no writable entry maps; and a file
 /// object's writeback, which reads the object's pages without its size
 /// lock.
-const READERS: [&str; 11] = [
+const READERS: [&str; 12] = [
     "speculative fault",
     "speculative fault via VMA hint",
     "speculative first write (anon_vma prepare)",
@@ -452,6 +452,7 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("speculative first write (anon_vma prepare)", "range madvise DONTNEED", Shares("spec_writers.rs", "spec_fault_vs_dontneed", RANGE_ZAP_SAME)),
     ("per-VMA fault", "range madvise DONTNEED", Shares("fault.rs", "fault_vs_dontneed_same_page", RANGE_ZAP_SAME)),
     ("translator access", "range madvise DONTNEED", Shares("translator_writers.rs", "translator_store_vs_dontneed", RANGE_ZAP_SAME)),
+    ("translator access, flush on its home thread", "range madvise DONTNEED", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
     ("instruction fetch", "range madvise DONTNEED", Shares("translator_writers.rs", "translator_store_vs_dontneed", RANGE_ZAP_SAME)),
     ("device slice", "range madvise DONTNEED", Apart("the slice's frame holds a pin taken under its PTE lock, and no writer frees a pinned frame (phys/chunk.rs): the slice reaches the page it named, orphaned, never another (tests/device_slices.rs)")),
     ("userfault waiter", "range madvise DONTNEED", Apart("the waiter's page is missing already; zapping other pages leaves it waiting for the handler, as Linux does")),
