@@ -132,7 +132,7 @@ use crate::reclaim::Reclaimer;
 use crate::stats::{StatCounters, Stats};
 use crate::sync::{Arc, AtomicU64};
 use crate::tlb::TlbState;
-use crate::tree::RangeTree;
+use crate::tree::RangeForest;
 use crate::vma::{VmaPool, VmaRef};
 use mmap_lock::MmapLock;
 
@@ -200,10 +200,13 @@ pub(crate) use crate::sync::counter::next_id;
 pub struct AddressSpace {
     // Field order is drop order: the tree (which points into the pool)
     // goes before the pool.
-    /// The VMAs by address.
-    /// Protected by: the mmap_lock write side for changes (through
-    /// `edit::Edit`); read lock-free under the tree's epoch.
-    pub(crate) tree: RangeTree<VmaRef>,
+    /// The VMAs by address: one tree, or in `WriterLocking::Range` one
+    /// per 512 GiB slot ([`RangeForest`]), so that range writers in
+    /// different slots commit at once.
+    /// Protected by: the mmap_lock write side (or, range writers, the
+    /// range lock over what they change) for changes, through
+    /// `edit::Edit`; read lock-free under the tree's epoch.
+    pub(crate) tree: RangeForest<VmaRef>,
     /// The mmap_lock and the state it guards ([`MmState`]).
     /// Protected by: itself.
     pub(crate) mmap_lock: MmapLock<MmState>,
@@ -360,7 +363,15 @@ impl AddressSpace {
         let stack_limit = cfg.stack_limit;
         let memlock_limit = cfg.memlock_limit;
         AddressSpace {
-            tree: RangeTree::with_reclaimer(reclaimer()),
+            tree: if cfg.writer_locking == WriterLocking::Range {
+                RangeForest::sliced(
+                    crate::pt::ROOT_ENTRY_SPAN.trailing_zeros(),
+                    cfg.task_size,
+                    reclaimer,
+                )
+            } else {
+                RangeForest::single(reclaimer())
+            },
             mmap_lock: MmapLock::with_ranges(
                 MmState {
                     map_count: crate::sync::counter::AtomicUsize::new(0),

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::reclaim::Guard;
 use crate::sync::Arc;
 use crate::tlb::Gather;
-use crate::tree::TreeWriter;
+use crate::tree::ForestWriter;
 use crate::vma::{AnonVma, RmapIndex, VmaRef, VMA_BYTES};
 
 mod life;
@@ -41,7 +41,7 @@ pub(crate) struct Edit<'a> {
     /// The tree's writer (its mutex is uncontended: only mmap_lock
     /// writers take it), held for the whole edit; `None` for a range
     /// writer, which takes it for each store only (`with_tree`).
-    tree: Option<TreeWriter<'a, VmaRef>>,
+    tree: Option<ForestWriter<'a, VmaRef>>,
     /// An epoch pin for the tree reads the edit makes.
     pin: Guard,
 }
@@ -62,7 +62,7 @@ impl<'a> Edit<'a> {
 
     /// Runs `f` with the tree's writer: the edit's own, or (range writer)
     /// one taken for this store only.
-    pub(crate) fn with_tree<R>(&mut self, f: impl FnOnce(&mut TreeWriter<'a, VmaRef>) -> R) -> R {
+    pub(crate) fn with_tree<R>(&mut self, f: impl FnOnce(&mut ForestWriter<'a, VmaRef>) -> R) -> R {
         match &mut self.tree {
             Some(w) => f(w),
             None => f(&mut self.mm.tree.writer()),

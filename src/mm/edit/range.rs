@@ -118,7 +118,7 @@ impl<'a> Edit<'a> {
 
 /// The lowest (or highest) free range of `len` bytes in `[low, high)`.
 fn free_area_in(
-    tree: &crate::tree::RangeTree<VmaRef>,
+    tree: &crate::tree::RangeForest<VmaRef>,
     pin: &Guard,
     low: u64,
     high: u64,
