@@ -21,6 +21,9 @@
 //!    shared write section leaves it).
 //! 3. The tree's writer mutex (uncontended with one writer: only mmap_lock
 //!    writers take it; range writers take it for each tree store only).
+//!    With range writers the tree is a forest, one mutex per 512 GiB slot
+//!    (`tree::RangeForest`): a store takes the mutex of each slot it
+//!    changes, one at a time, never two at once.
 //! 4. An anon_vma family's lock (`vma::anon`, shared by every
 //!    address space forked from one another): taken by writers that insert
 //!    a VMA with an anon_vma, split one, move its start or merge across
@@ -66,8 +69,8 @@
 //! What protects what:
 //! - `tree`: written under the mmap_lock write side (with range writers:
 //!   by the holder of a range covering what it writes, each store under
-//!   the tree's writer mutex); read lock-free by anyone pinned to the
-//!   epoch.
+//!   the writer mutex of each slot of the forest it changes); read
+//!   lock-free by anyone pinned to the epoch.
 //! - `MmState` (map count, brk): inside the mmap_lock (range writers only
 //!   read it, and change the map count, an atomic).
 //! - each VMA's fields: the `vma` module's `# Locking` section, and the
