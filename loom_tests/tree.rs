@@ -96,7 +96,6 @@ fn reader_vs_replace_deferred() {
 
 // The forest (`src/tree/forest.rs`): one tree per slot, read as one.
 
-
 /// Slots of one page: entries cross boundaries at 0x1000 and 0x2000.
 const SLOT_SHIFT: u32 = 12;
 
@@ -122,7 +121,10 @@ fn forest(entries: &[(u64, u64, u64)]) -> Arc<RangeForest<Canary>> {
 fn found(f: &RangeForest<Canary>, addr: u64) -> Option<(Range, u64)> {
     let g = f.pin();
     let (r, v) = f.find(addr, &g)?;
-    assert!(v.alive.load(Ordering::SeqCst), "reader reached a dropped copy");
+    assert!(
+        v.alive.load(Ordering::SeqCst),
+        "reader reached a dropped copy"
+    );
     assert!(r.contains(addr), "{r:?} lacks {addr:#x}");
     Some((r, v.tag))
 }
@@ -184,7 +186,8 @@ fn forest_writers_in_two_slots_vs_crossing_reader() {
             assert!(tag == Some(2) || tag == Some(4), "{tag:?}");
         });
         let w = thread::spawn(move || {
-            f3.writer().store(Range::new(0x2100, 0x2200), Canary::new(4));
+            f3.writer()
+                .store(Range::new(0x2100, 0x2200), Canary::new(4));
         });
         f.writer().store(Range::new(0x100, 0x200), Canary::new(3));
         w.join().unwrap();

@@ -178,6 +178,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
 
     /// `r`, a piece of the entry of value `v`, grown over the pieces of
     /// `v` that continue it across slot boundaries.
+    #[inline]
     fn whole(&self, mut r: Range, v: &V, g: &Guard) -> Range {
         let mut k = self.slot_of(r.start);
         while k > 0 && r.start == self.start(k) {
@@ -242,6 +243,37 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         self.prev(w.start, g)
     }
 
+    /// [`prev`](Self::prev) if that entry ends above `floor`: scans only
+    /// the slots from `floor` to `addr` (a lookup near the top of an
+    /// otherwise empty space does not visit every slot below).
+    pub fn prev_above<'g>(&'g self, addr: u64, floor: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
+        let (r, v) = (self.slot_of(floor.min(addr))..=self.slot_of(addr))
+            .rev()
+            .find_map(|k| self.slots[k].prev(addr, g))?;
+        let w = self.whole(r, v, g);
+        if w.end <= addr {
+            return (w.end > floor).then_some((w, v));
+        }
+        self.prev_above(w.start, floor, g)
+    }
+
+    /// [`find_after`](Self::find_after) if that entry starts below
+    /// `ceiling`: scans only the slots from `addr` to `ceiling`.
+    pub fn find_after_below<'g>(
+        &'g self,
+        addr: u64,
+        ceiling: u64,
+        g: &'g Guard,
+    ) -> Option<(Range, &'g V)> {
+        let last = self.slot_of(ceiling.saturating_sub(1).max(addr));
+        (self.slot_of(addr)..=last)
+            .find_map(|k| {
+                let (r, v) = self.slots[k].find_after(addr, g)?;
+                Some((self.whole(r, v, g), v))
+            })
+            .filter(|(w, _)| w.start < ceiling)
+    }
+
     /// The first entry whose start is at or above `addr`.
     pub fn next<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
         let (r, v) =
@@ -262,7 +294,14 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     ) -> impl Iterator<Item = (Range, &'g V)> + 'g {
         let mut out: Vec<(Range, &'g V)> = Vec::new();
         if !r.is_empty() {
-            for k in self.slots_of(r) {
+            let ks = self.slots_of(r);
+            let one = (ks.start() == ks.end()).then(|| *ks.start());
+            if let Some(k) = one {
+                // One slot (always, with one): its list as it is (the
+                // collect reuses the tree's buffer).
+                out = self.slots[k].range(r, g).collect();
+            }
+            for k in ks.filter(|_| one.is_none()) {
                 let cut = (k > 0).then(|| self.start(k));
                 for (p, v) in self.slots[k].range(r, g) {
                     match out.last_mut() {
@@ -500,8 +539,12 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
                 Some(v) => t.store(c, v.clone()),
                 None => t.erase(c),
             });
-            let cut = (k > 0).then(|| self.forest.start(k));
-            append(&mut out, hit, cut);
+            if out.is_empty() {
+                out = hit;
+            } else {
+                let cut = (k > 0).then(|| self.forest.start(k));
+                append(&mut out, hit, cut);
+            }
         }
         out
     }

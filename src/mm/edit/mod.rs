@@ -148,9 +148,11 @@ impl<'a> Edit<'a> {
         self.mm.tree.prev(addr, &self.pin).map(|(_, v)| *v)
     }
 
-    /// The VMA ending exactly at `addr`.
+    /// The VMA ending exactly at `addr`: the one holding `addr - 1`
+    /// (one lookup, where [`prev`](Self::prev) may scan the empty slots of
+    /// a forest below `addr`).
     pub(crate) fn ending_at(&self, addr: u64) -> Option<VmaRef> {
-        self.prev(addr).filter(|v| v.end() == addr)
+        self.find(addr.checked_sub(1)?).filter(|v| v.end() == addr)
     }
 
     /// The VMA starting exactly at `addr`.
@@ -356,14 +358,20 @@ impl<'a> Edit<'a> {
         // other writer maps there meanwhile (its neighbourhood reaches the
         // PTE tables `r` meets: `Reach::Hole`).
         let held = self.held();
+        let (lo, hi) = (held.start.min(r.start), held.end.max(r.end));
+        // Bounded lookups: nothing beyond the clamps counts.
         let floor = self
-            .prev(r.start)
-            .map_or(0, |p| p.end())
-            .max(held.start.min(r.start));
+            .mm
+            .tree
+            .prev_above(r.start, lo, &self.pin)
+            .map_or(0, |(p, _)| p.end)
+            .max(lo);
         let ceiling = self
-            .find_after(r.start)
-            .map_or(u64::MAX, |n| n.start())
-            .min(held.end.max(r.end));
+            .mm
+            .tree
+            .find_after_below(r.start, hi, &self.pin)
+            .map_or(u64::MAX, |(n, _)| n.start)
+            .min(hi);
         let g = self.mm.pt.pin();
         self.mm
             .pt

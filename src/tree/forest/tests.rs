@@ -136,6 +136,16 @@ fn compare(
         );
         assert_eq!(one(f.prev(a, &gf)), one(t.prev(a, &gt)), "prev {a:#x}");
         assert_eq!(one(f.next(a, &gf)), one(t.next(a, &gt)), "next {a:#x}");
+        for &b in probes {
+            let p = one(t.prev(a, &gt)).filter(|(e, _)| e.end > b);
+            assert_eq!(one(f.prev_above(a, b, &gf)), p, "prev_above {a:#x} {b:#x}");
+            let n = one(t.find_after(a, &gt)).filter(|(e, _)| e.start < b);
+            assert_eq!(
+                one(f.find_after_below(a, b, &gf)),
+                n,
+                "find_after_below {a:#x} {b:#x}"
+            );
+        }
         match (f.find_around(a, &gf), t.find_around(a, &gt)) {
             (None, None) => {}
             (Some(x), Some(y)) => {
