@@ -139,8 +139,9 @@ fn found(f: &RangeForest<Canary>, addr: u64) -> Option<(Range, u64)> {
 /// `Some(v) => { t.erase(c); t.store(c, v.clone()) }` in
 /// `ForestWriter::overwrite`): the reader finds `0xf00` unmapped; and the
 /// pieces merged by adjacency alone (`pv == v &&` dropped from both
-/// loops of `RangeForest::whole`): between the two slots' commits the
-/// reader at `0xf00` reads the new entry over `[0x700, 0x1800)`.
+/// loops of `RangeForest::grow`): between the two slots' commits the
+/// reader at `0x1100` reads the old entry over `[0x700, 0x1800)`, its
+/// piece joined to the new entry's piece in slot 0.
 #[test]
 fn forest_crossing_store_vs_reader() {
     loom::model::Builder::new().check(|| {
@@ -173,8 +174,9 @@ fn forest_crossing_store_vs_reader() {
 /// writer's address as before or after its store.
 ///
 /// Catches: a store not clipped to each slot (`let c = self.forest.clip(r,
-/// k);` made `let c = r;` in `ForestWriter::overwrite`): a slot then holds
-/// an entry beyond its bounds, read by the lookups of its own slot only.
+/// k);` made `let c = r;` in `ForestWriter::overwrite`): slot 0 then holds
+/// the crossing entry whole, beyond its bounds (the invariant check after
+/// the writers fails).
 #[test]
 fn forest_writers_in_two_slots_vs_crossing_reader() {
     loom::model::Builder::new().check(|| {

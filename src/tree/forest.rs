@@ -179,7 +179,18 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// `r`, a piece of the entry of value `v`, grown over the pieces of
     /// `v` that continue it across slot boundaries.
     #[inline]
-    fn whole(&self, mut r: Range, v: &V, g: &Guard) -> Range {
+    fn whole(&self, r: Range, v: &V, g: &Guard) -> Range {
+        // Only a piece with an end on a slot boundary may continue: one
+        // test on the lookup path (never true with one slot).
+        let mask = (1u64 << self.shift) - 1;
+        if self.slots.len() == 1 || (r.start & mask != 0 && r.end & mask != 0) {
+            return r;
+        }
+        self.grow(r, v, g)
+    }
+
+    /// [`whole`](Self::whole) for a piece on a boundary.
+    fn grow(&self, mut r: Range, v: &V, g: &Guard) -> Range {
         let mut k = self.slot_of(r.start);
         while k > 0 && r.start == self.start(k) {
             match self.slots[k - 1].find(r.start - 1, g) {
