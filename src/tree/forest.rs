@@ -593,7 +593,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
             self.with_slot(k, |t| {
                 t.retain(|p, _| {
                     let i = gone.partition_point(|x| x.end <= p.start);
-                    !gone.get(i).is_some_and(|x| x.start <= p.start)
+                    gone.get(i).is_none_or(|x| x.start > p.start)
                 })
             });
         }
