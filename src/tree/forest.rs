@@ -308,9 +308,8 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
             let ks = self.slots_of(r);
             let one = (ks.start() == ks.end()).then(|| *ks.start());
             if let Some(k) = one {
-                // One slot (always, with one): its list as it is (the
-                // collect reuses the tree's buffer).
-                out = self.slots[k].range(r, g).collect();
+                // One slot (always, with one): its list as it is.
+                out = self.slots[k].range_vec(r, g);
             }
             for k in ks.filter(|_| one.is_none()) {
                 let cut = (k > 0).then(|| self.start(k));
