@@ -15,7 +15,7 @@
 /// forced access, which writes pages no writable entry maps; and a file
 /// object's writeback, which reads the object's pages without its size
 /// lock.
-const READERS: [&str; 12] = [
+const READERS: [&str; 13] = [
     "speculative fault",
     "speculative fault via VMA hint",
     "speculative first write (anon_vma prepare)",
@@ -31,6 +31,10 @@ const READERS: [&str; 12] = [
     // VMA's neighbourhood, shared (mm/range_read.rs), so range writers
     // elsewhere run beside it.
     "range-locked fault fallback",
+    // The VMA lookup every lock-free reader above starts with, in range
+    // mode a walk of the forest (tree/forest.rs): one slot per address, an
+    // entry crossing a slot boundary read whole from its pieces.
+    "VMA lookup in the forest",
 ];
 
 /// The writers: every change of a VMA's range, flags, backing or
@@ -105,6 +109,9 @@ const NEW_LEAF: Cell = Apart("a huge fault only fills an empty PMD slot (under t
 /// Why a translator's refill (and a fetch's) shares the lock-free read's
 /// model of a huge fault.
 const NEW_LEAF_READ: &str = "a translator's refill walks the table lock-free as read does (the same Acquire load of the PMD slot, then the frame): it sees the slot empty and faults, or the whole leaf ordered after its frame's allocation";
+/// Why a writer's stores meet a forest lookup as a range writer's do.
+const FOREST_STORES: &str = "with range writers every writer stores through the forest (ForestWriter), slot by slot under each slot's mutex, as a range writer does: a lookup sees each address by the old entry or the new, a crossing entry whole or as correct pieces";
+
 /// Why the speculative fault through a CPU's VMA hint shares the
 /// speculative fault's models.
 const HINT: &str = "a hinted VMA is validated as a tree result is (stamp below the sequence, space, range, attachment, then the stamp re-read under the PTE lock): the writer's stamp and sweep order it alike";
@@ -458,6 +465,31 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("userfault waiter", "range madvise DONTNEED", Apart("the waiter's page is missing already; zapping other pages leaves it waiting for the handler, as Linux does")),
     ("forced access", "range madvise DONTNEED", Shares("forced.rs", "forced_write_vs_dontneed", RANGE_ZAP_SAME)),
     ("file writeback", "range madvise DONTNEED", WB_OWN_PAGES),
+    // The forest lookup (tree/forest.rs) against every writer's stores.
+    ("VMA lookup in the forest", "munmap", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
+    ("VMA lookup in the forest", "mprotect", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
+    ("VMA lookup in the forest", "mremap move", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
+    ("VMA lookup in the forest", "mremap grow", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
+    ("VMA lookup in the forest", "mremap shrink", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
+    ("VMA lookup in the forest", "mremap DONTUNMAP", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
+    ("VMA lookup in the forest", "madvise DONTNEED", Apart("stores nothing in the VMA tree: it changes page-table entries or frames of VMAs it leaves in place")),
+    ("VMA lookup in the forest", "madvise REMOVE", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
+    ("VMA lookup in the forest", "madvise FREE", Apart("stores nothing in the VMA tree: it changes page-table entries or frames of VMAs it leaves in place")),
+    ("VMA lookup in the forest", "brk", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
+    ("VMA lookup in the forest", "mlock", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
+    ("VMA lookup in the forest", "set_anon_name", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
+    ("VMA lookup in the forest", "uffd register", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
+    ("VMA lookup in the forest", "uffd unregister", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
+    ("VMA lookup in the forest", "uffd write-protect", Apart("stores nothing in the VMA tree: it changes page-table entries or frames of VMAs it leaves in place")),
+    ("VMA lookup in the forest", "memfd shrink", Apart("stores nothing in the VMA tree: it changes page-table entries or frames of VMAs it leaves in place")),
+    ("VMA lookup in the forest", "fork", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
+    ("VMA lookup in the forest", "THP split", Apart("stores nothing in the VMA tree: it changes page-table entries or frames of VMAs it leaves in place")),
+    ("VMA lookup in the forest", "THP fault", Apart("stores nothing in the VMA tree: it changes page-table entries or frames of VMAs it leaves in place")),
+    ("VMA lookup in the forest", "THP collapse", Apart("stores nothing in the VMA tree: it changes page-table entries or frames of VMAs it leaves in place")),
+    ("VMA lookup in the forest", "range madvise DONTNEED", Apart("stores nothing in the VMA tree: it changes page-table entries or frames of VMAs it leaves in place")),
+    ("VMA lookup in the forest", "range munmap", Model("tree.rs", "forest_crossing_store_vs_reader")),
+    ("VMA lookup in the forest", "range mprotect", Model("tree.rs", "forest_writers_in_two_slots_vs_crossing_reader")),
+    ("VMA lookup in the forest", "range mmap", Model("tree.rs", "forest_writers_in_one_slot")),
 ];
 
 fn source(file: &str) -> &'static str {
@@ -472,6 +504,7 @@ fn source(file: &str) -> &'static str {
         "thp.rs" => include_str!("thp.rs"),
         "translator.rs" => include_str!("translator.rs"),
         "translator_writers.rs" => include_str!("translator_writers.rs"),
+        "tree.rs" => include_str!("tree.rs"),
         "uffd.rs" => include_str!("uffd.rs"),
         "uffd_wp.rs" => include_str!("uffd_wp.rs"),
         other => panic!("loom_tests/{other} is not listed in `source`"),

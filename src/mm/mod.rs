@@ -23,6 +23,9 @@
 //!    shared write section leaves it).
 //! 3. The tree's writer mutex (uncontended with one writer: only mmap_lock
 //!    writers take it; range writers take it for each tree store only).
+//!    With range writers the tree is a forest, one mutex per 512 GiB slot
+//!    (`tree::RangeForest`): a store takes the mutex of each slot it
+//!    changes, one at a time, never two at once.
 //! 4. An anon_vma family's lock (`vma::anon`, shared by every
 //!    address space forked from one another): taken by writers that insert
 //!    a VMA with an anon_vma, split one, move its start or merge across
@@ -68,8 +71,8 @@
 //! What protects what:
 //! - `tree`: written under the mmap_lock write side (with range writers:
 //!   by the holder of a range covering what it writes, each store under
-//!   the tree's writer mutex); read lock-free by anyone pinned to the
-//!   epoch.
+//!   the writer mutex of each slot of the forest it changes); read
+//!   lock-free by anyone pinned to the epoch.
 //! - `MmState` (map count, brk): inside the mmap_lock (range writers only
 //!   read it, and change the map count, an atomic).
 //! - each VMA's fields: the `vma` module's `# Locking` section, and the
@@ -135,7 +138,7 @@ use crate::reclaim::Reclaimer;
 use crate::stats::{StatCounters, Stats};
 use crate::sync::{Arc, AtomicU64};
 use crate::tlb::TlbState;
-use crate::tree::RangeTree;
+use crate::tree::RangeForest;
 use crate::vma::{VmaPool, VmaRef};
 use mmap_lock::MmapLock;
 
@@ -203,10 +206,13 @@ pub(crate) use crate::sync::counter::next_id;
 pub struct AddressSpace {
     // Field order is drop order: the tree (which points into the pool)
     // goes before the pool.
-    /// The VMAs by address.
-    /// Protected by: the mmap_lock write side for changes (through
-    /// `edit::Edit`); read lock-free under the tree's epoch.
-    pub(crate) tree: RangeTree<VmaRef>,
+    /// The VMAs by address: one tree, or in `WriterLocking::Range` one
+    /// per 512 GiB slot ([`RangeForest`]), so that range writers in
+    /// different slots commit at once.
+    /// Protected by: the mmap_lock write side (or, range writers, the
+    /// range lock over what they change) for changes, through
+    /// `edit::Edit`; read lock-free under the tree's epoch.
+    pub(crate) tree: RangeForest<VmaRef>,
     /// The mmap_lock and the state it guards ([`MmState`]).
     /// Protected by: itself.
     pub(crate) mmap_lock: MmapLock<MmState>,
@@ -363,7 +369,15 @@ impl AddressSpace {
         let stack_limit = cfg.stack_limit;
         let memlock_limit = cfg.memlock_limit;
         AddressSpace {
-            tree: RangeTree::with_reclaimer(reclaimer()),
+            tree: if cfg.writer_locking == WriterLocking::Range {
+                RangeForest::sliced(
+                    crate::pt::ROOT_ENTRY_SPAN.trailing_zeros(),
+                    cfg.task_size,
+                    reclaimer,
+                )
+            } else {
+                RangeForest::single(reclaimer())
+            },
             mmap_lock: MmapLock::with_ranges(
                 MmState {
                     map_count: crate::sync::counter::AtomicUsize::new(0),

@@ -101,12 +101,24 @@
 //! page tables, and each sees the tree (outside its range) as some serial
 //! order would.
 //!
-//! The tree's commits stay serialized: each store takes the tree's writer
-//! mutex for one path copy and root swap (a few hundred nanoseconds), and
-//! is the one critical section range writers still share, beside this
-//! lock's own mutex (one short acquisition at lock and unlock, and the gap
-//! search of a placement). Zaps, page-table frees, TLB flushes, frame frees
-//! and VMA setup run under the range lock only.
+//! The tree's commits run at once in different slots: in range mode the
+//! VMA tree is a forest (`tree::RangeForest`, `src/tree/forest.rs`), one
+//! tree per 512 GiB slot (a root entry's span, as the munmap clamp), each
+//! with its own root, writer mutex and node cache on lines of its own. A
+//! store takes the mutex of each slot it changes, one after the other, for
+//! one path copy and root swap there; a VMA crossing a slot boundary is
+//! stored clipped in each slot and read whole. Two writers in different
+//! slots share no tree line; two in one slot take turns on its mutex, as
+//! every writer did on the single tree. The range lock is what keeps
+//! writers of overlapping ranges apart (a store crossing a boundary is one
+//! atomic step per slot, per address, not for the whole range); lock-free
+//! readers still see each address mapped by the old entry or the new. The
+//! gap search of a placement visits the slots of its window and gives the
+//! single tree's answer. What range writers still share: this lock's own
+//! mutex (one short acquisition at lock and unlock, and the busy list a
+//! placement reads), the mm sequence's write section (`MmLockSeq::join`),
+//! and the slot of a writer in the same 512 GiB. Zaps, page-table frees,
+//! TLB flushes, frame frees and VMA setup run under the range lock only.
 //!
 //! Why each lock-free reader stays correct: writers that overlap in time
 //! share one write section of the mm sequence ([`MmLockSeq::join`]): it

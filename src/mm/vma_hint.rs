@@ -32,7 +32,7 @@
 
 use crate::percpu::PerCpu;
 use crate::sync::{AtomicPtr, Ordering};
-use crate::tree::Around;
+use crate::tree::ForestAround;
 use crate::vma::{Vma, VmaRef};
 
 /// How many VMAs after the hinted one a slot keeps as candidates.
@@ -116,7 +116,7 @@ impl VmaHints {
     /// the calling CPU's hint, with the VMAs after it in its leaf as the
     /// look-ahead, writing the slot only if the hint changes.
     #[inline]
-    pub(crate) fn set(&self, around: &Around<'_, VmaRef>) {
+    pub(crate) fn set(&self, around: &ForestAround<'_, VmaRef>) {
         let slot = self.slots.local();
         let ptr = |v: &VmaRef| &**v as *const Vma as *mut Vma;
         let p = ptr(around.entry().1);

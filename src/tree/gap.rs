@@ -32,6 +32,43 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
     pub fn gap_highest(&self, lo: u64, hi: u64, size: u64, align: u64, g: &Guard) -> Option<u64> {
         GapQuery::<false>::new(lo, hi, size, align)?.search(self.root(g))
     }
+
+    /// For one slot of a [`super::RangeForest`]: the best fit inside
+    /// `[lo, hi)` among this tree's holes except the one beyond its far
+    /// end (below its first entry for the highest fit, above its last for
+    /// the lowest), which other slots bound; and the tree's
+    /// `(first start, last end)`, `None` when empty. One root load: the
+    /// fit and the bounds come from one version of the tree.
+    pub(super) fn gap_in_slot<const LOWEST: bool>(
+        &self,
+        lo: u64,
+        hi: u64,
+        size: u64,
+        align: u64,
+        g: &Guard,
+    ) -> (Option<u64>, Option<(u64, u64)>) {
+        let Some(root) = self.root(g) else {
+            return (None, None);
+        };
+        let s = root.summary();
+        let (lo, hi) = if LOWEST {
+            (lo, hi.min(s.last))
+        } else {
+            (lo.max(s.first), hi)
+        };
+        let fit = GapQuery::<LOWEST>::new(lo, hi, size, align).and_then(|q| q.search(Some(root)));
+        (fit, Some((s.first, s.last)))
+    }
+
+    /// The best fit inside `[lo, hi)` when all of it is free.
+    pub(super) fn gap_free<const LOWEST: bool>(
+        lo: u64,
+        hi: u64,
+        size: u64,
+        align: u64,
+    ) -> Option<u64> {
+        GapQuery::<LOWEST>::new(lo, hi, size, align)?.search::<V>(None)
+    }
 }
 
 /// A free-area query: the lowest fit when `LOWEST`, else the highest.

@@ -39,7 +39,10 @@
 //! - `write.rs`: the writer ([`TreeWriter`]);
 //! - `edit.rs`: the path-copying editor the writer runs;
 //! - `cache.rs`: the retired-node memory the editor reuses;
-//! - `check.rs`: the invariant check.
+//! - `check.rs`: the invariant check;
+//! - `forest.rs`: [`RangeForest`], one tree per fixed slot of the key
+//!   space, read as one tree, so writers in different slots commit at once
+//!   (the address space's VMAs in `WriterLocking::Range`).
 //!
 //! # Locking
 //!
@@ -51,11 +54,13 @@
 mod cache;
 mod check;
 mod edit;
+mod forest;
 mod gap;
 mod node;
 mod read;
 mod write;
 
+pub use forest::{ForestAround, ForestWriter, RangeForest};
 pub use read::Around;
 pub use write::TreeWriter;
 

@@ -118,6 +118,12 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
         r: Range,
         g: &'g Guard,
     ) -> impl Iterator<Item = (Range, &'g V)> + 'g {
+        self.range_vec(r, g).into_iter()
+    }
+
+    /// [`range`](Self::range) as the list it builds (the forest takes a
+    /// slot's list as it is).
+    pub(super) fn range_vec<'g>(&'g self, r: Range, g: &'g Guard) -> Vec<(Range, &'g V)> {
         fn rec<'g, V>(n: &'g Node<V>, r: Range, out: &mut Vec<(Range, &'g V)>) {
             match n {
                 Node::Internal(x) => {
@@ -143,7 +149,7 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
                 rec(root, r, &mut out);
             }
         }
-        out.into_iter()
+        out
     }
 
     /// All entries in ascending order.

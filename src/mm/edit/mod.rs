@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::reclaim::Guard;
 use crate::sync::Arc;
 use crate::tlb::Gather;
-use crate::tree::TreeWriter;
+use crate::tree::ForestWriter;
 use crate::vma::{AnonVma, RmapIndex, VmaRef, VMA_BYTES};
 
 mod life;
@@ -41,7 +41,7 @@ pub(crate) struct Edit<'a> {
     /// The tree's writer (its mutex is uncontended: only mmap_lock
     /// writers take it), held for the whole edit; `None` for a range
     /// writer, which takes it for each store only (`with_tree`).
-    tree: Option<TreeWriter<'a, VmaRef>>,
+    tree: Option<ForestWriter<'a, VmaRef>>,
     /// An epoch pin for the tree reads the edit makes.
     pin: Guard,
 }
@@ -62,7 +62,7 @@ impl<'a> Edit<'a> {
 
     /// Runs `f` with the tree's writer: the edit's own, or (range writer)
     /// one taken for this store only.
-    pub(crate) fn with_tree<R>(&mut self, f: impl FnOnce(&mut TreeWriter<'a, VmaRef>) -> R) -> R {
+    pub(crate) fn with_tree<R>(&mut self, f: impl FnOnce(&mut ForestWriter<'a, VmaRef>) -> R) -> R {
         match &mut self.tree {
             Some(w) => f(w),
             None => f(&mut self.mm.tree.writer()),
@@ -148,9 +148,11 @@ impl<'a> Edit<'a> {
         self.mm.tree.prev(addr, &self.pin).map(|(_, v)| *v)
     }
 
-    /// The VMA ending exactly at `addr`.
+    /// The VMA ending exactly at `addr`: the one holding `addr - 1`
+    /// (one lookup, where [`prev`](Self::prev) may scan the empty slots of
+    /// a forest below `addr`).
     pub(crate) fn ending_at(&self, addr: u64) -> Option<VmaRef> {
-        self.prev(addr).filter(|v| v.end() == addr)
+        self.find(addr.checked_sub(1)?).filter(|v| v.end() == addr)
     }
 
     /// The VMA starting exactly at `addr`.
@@ -356,14 +358,20 @@ impl<'a> Edit<'a> {
         // other writer maps there meanwhile (its neighbourhood reaches the
         // PTE tables `r` meets: `Reach::Hole`).
         let held = self.held();
+        let (lo, hi) = (held.start.min(r.start), held.end.max(r.end));
+        // Bounded lookups: nothing beyond the clamps counts.
         let floor = self
-            .prev(r.start)
-            .map_or(0, |p| p.end())
-            .max(held.start.min(r.start));
+            .mm
+            .tree
+            .prev_above(r.start, lo, &self.pin)
+            .map_or(0, |(p, _)| p.end)
+            .max(lo);
         let ceiling = self
-            .find_after(r.start)
-            .map_or(u64::MAX, |n| n.start())
-            .min(held.end.max(r.end));
+            .mm
+            .tree
+            .find_after_below(r.start, hi, &self.pin)
+            .map_or(u64::MAX, |(n, _)| n.start)
+            .min(hi);
         let g = self.mm.pt.pin();
         self.mm
             .pt

@@ -114,7 +114,7 @@ impl<'a> Edit<'a> {
 
 /// The lowest (or highest) free range of `len` bytes in `[low, high)`.
 fn free_area_in(
-    tree: &crate::tree::RangeTree<VmaRef>,
+    tree: &crate::tree::RangeForest<VmaRef>,
     pin: &Guard,
     low: u64,
     high: u64,
@@ -185,20 +185,24 @@ pub(crate) fn neighbourhood(mm: &AddressSpace, r: Range, reach: Reach, pin: &Gua
         // beyond, so the clamp frees exactly what the whole hole would
         // (`range_lock`'s module docs), and two unmaps in different
         // 512 GiB slots do not meet.
+        let (clamp_lo, clamp_hi) = (
+            r.start - r.start % ROOT_ENTRY_SPAN,
+            r.end
+                .checked_next_multiple_of(ROOT_ENTRY_SPAN)
+                .unwrap_or(u64::MAX),
+        );
+        // Bounded lookups (nothing beyond the clamp counts): they visit
+        // the forest's slots of the clamp only.
         let floor = mm
             .tree
-            .prev(r.start, pin)
+            .prev_above(r.start, clamp_lo, pin)
             .map_or(0, |(p, _)| p.end)
-            .max(r.start - r.start % ROOT_ENTRY_SPAN);
+            .max(clamp_lo);
         let ceiling = mm
             .tree
-            .find_after(r.end, pin)
+            .find_after_below(r.end, clamp_hi, pin)
             .map_or(u64::MAX, |(n, _)| n.start.max(r.end))
-            .min(
-                r.end
-                    .checked_next_multiple_of(ROOT_ENTRY_SPAN)
-                    .unwrap_or(u64::MAX),
-            );
+            .min(clamp_hi);
         lo = lo.min(floor);
         hi = hi.max(ceiling);
     }

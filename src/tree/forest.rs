@@ -1,0 +1,636 @@
+//! A forest of range trees: the address space cut into fixed slots, each
+//! its own [`RangeTree`] (root pointer, writer mutex, node cache), so that
+//! writers on different slots commit at once.
+//!
+//! The single tree has one root and one writer mutex: every commit copies
+//! the path to that root and swaps it, so two range writers
+//! (`WriterLocking::Range`) on ranges terabytes apart still take turns on
+//! the mutex and bounce the root's line between their CPUs. The forest
+//! gives each aligned slot of `1 << shift` bytes (512 GiB for the address
+//! space, [`crate::pt::ROOT_ENTRY_SPAN`]; the last slot reaches the top of
+//! `u64`) a tree of its own. With one slot it is the single tree: lookups
+//! pay one index and one root load, and a writer holds the slot's mutex
+//! for its whole life as before.
+//!
+//! # Entries across slots
+//!
+//! An entry crossing a slot boundary is stored clipped, one piece in each
+//! slot it overlaps. Values have identity (`PartialEq`: a `VmaRef` is a
+//! pointer), and every read merges the pieces of one value that meet at a
+//! slot boundary, so callers see the entries the single tree would hold.
+//! Two distinct entries of equal value meeting exactly at a boundary read
+//! as one; the address space never keeps such a pair past one edit (it
+//! merges or re-stores them), and with distinct values the forest and the
+//! single tree agree on every read (the property tests below compare them
+//! after each step).
+//!
+//! # Concurrency: what each writer touches
+//!
+//! A write over `r` visits the slots `r` overlaps in ascending order, each
+//! under that slot's mutex only, and there runs the single tree's write
+//! (one path copy, one `Release` store of the slot's root). So:
+//! - writers in different slots share no line of the forest: each has its
+//!   slot's root, length, mutex and node cache (padded to their own cache
+//!   lines);
+//! - writers in one slot take turns on its mutex (one path copy each), as
+//!   all writers did on the single tree;
+//! - writers of *overlapping* ranges must be kept apart by the caller (the
+//!   address space's range lock, or its mmap_lock): a write crossing a
+//!   boundary is one atomic step per slot, not one for the whole range,
+//!   and two such writes could otherwise interleave slot by slot.
+//!
+//! Readers pin the (shared, epoch) reclaimer once and load each slot's
+//! root with `Acquire`, as they load the single root. Every address lies
+//! in exactly one slot, so each write stays atomic *per address*: an
+//! address mapped before and after a store never reads unmapped. A reader
+//! that looks across a boundary while a crossing store is between two
+//! slots sees the new value on one side and the old one on the other; the
+//! pieces then have different values and are not merged, so it sees two
+//! entries, each correct for every address it covers. Only whole-space
+//! snapshots (`iter` of a changing space) can see such a mix, and the
+//! address space takes those under its whole-space lock.
+//!
+//! Whole-space writes ([`ForestWriter::replace_all`],
+//! [`ForestWriter::retain`]: fork, exec, purges) run slot by slot as well.
+//!
+//! # Free-area searches
+//!
+//! [`gap_highest`](RangeForest::gap_highest) visits the slots the window
+//! overlaps top-down, carrying the lowest entry start found above: slot `k`
+//! is searched for holes at or above its first entry, with the hole above
+//! its last entry reaching up to that carried start (which may lie slots
+//! higher). After the lowest slot, the hole below every entry found is
+//! tried. This visits exactly the holes of the single tree, highest first,
+//! and fits each with the same arithmetic, so the answer is the single
+//! tree's (Linux placement equality, `tests/kernel_diff.rs`).
+//! [`gap_lowest`](RangeForest::gap_lowest) is the mirror image.
+//!
+//! # Locking
+//!
+//! Each slot's writer mutex is level 3 of the lock order in [`crate::mm`];
+//! no writer holds two at once. Reads take no lock.
+
+use super::{Around, RangeTree, TreeError, TreeWriter};
+use crate::addr::Range;
+use crate::reclaim::{Guard, Reclaimer};
+use crossbeam_utils::CachePadded;
+
+/// The most slots a forest is cut into (a larger space gets larger slots).
+const MAX_SLOTS: u64 = 4096;
+
+/// Range trees over fixed slots of the key space, read as one tree.
+pub struct RangeForest<V> {
+    /// log2 of a slot's size.
+    /// Protected by: immutable after construction.
+    shift: u32,
+    /// The slots' trees, each on its own cache lines.
+    /// Protected by: each tree's own fields (see [`RangeTree`]).
+    slots: Box<[CachePadded<RangeTree<V>>]>,
+}
+
+impl<V> core::fmt::Debug for RangeForest<V> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("RangeForest")
+            .field("shift", &self.shift)
+            .field("slots", &self.slots.len())
+            .finish()
+    }
+}
+
+impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
+    /// A forest of one slot: the single tree.
+    pub fn single(reclaimer: Reclaimer) -> Self {
+        RangeForest {
+            shift: 63,
+            slots: vec![CachePadded::new(RangeTree::with_reclaimer(reclaimer))].into(),
+        }
+    }
+
+    /// A forest of slots of `1 << shift` bytes (`shift` in `12..64`)
+    /// covering `[0, space_end)`, the last one reaching the top of `u64`;
+    /// slots grow where `space_end` would need more than 4096 of them.
+    /// `reclaimer` makes each slot's policy: they must share one epoch
+    /// (any [`Reclaimer::epoch`] does), since one pin covers every slot.
+    pub fn sliced(
+        mut shift: u32,
+        space_end: u64,
+        mut reclaimer: impl FnMut() -> Reclaimer,
+    ) -> Self {
+        shift = shift.clamp(12, 63);
+        while (space_end >> shift) > MAX_SLOTS {
+            shift += 1;
+        }
+        let n = space_end.div_ceil(1 << shift).max(1) as usize;
+        RangeForest {
+            shift,
+            slots: (0..n)
+                .map(|_| CachePadded::new(RangeTree::with_reclaimer(reclaimer())))
+                .collect(),
+        }
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The slot holding `addr`.
+    #[inline]
+    fn slot_of(&self, addr: u64) -> usize {
+        ((addr >> self.shift) as usize).min(self.slots.len() - 1)
+    }
+
+    /// The first address of slot `k`.
+    #[inline]
+    fn start(&self, k: usize) -> u64 {
+        if k == 0 {
+            0
+        } else {
+            (k as u64) << self.shift
+        }
+    }
+
+    /// The end of slot `k` (the last slot reaches `u64::MAX`).
+    #[inline]
+    fn end(&self, k: usize) -> u64 {
+        if k + 1 == self.slots.len() {
+            u64::MAX
+        } else {
+            ((k + 1) as u64) << self.shift
+        }
+    }
+
+    /// The slots `r` (non-empty) overlaps.
+    fn slots_of(&self, r: Range) -> core::ops::RangeInclusive<usize> {
+        self.slot_of(r.start)..=self.slot_of(r.end - 1)
+    }
+
+    /// The part of `r` inside slot `k`.
+    fn clip(&self, r: Range, k: usize) -> Range {
+        Range::new(r.start.max(self.start(k)), r.end.min(self.end(k)))
+    }
+
+    /// Pins the calling thread; read while the guard lives.
+    #[inline]
+    pub fn pin(&self) -> Guard {
+        self.slots[0].pin()
+    }
+
+    /// `r`, a piece of the entry of value `v`, grown over the pieces of
+    /// `v` that continue it across slot boundaries.
+    #[inline]
+    fn whole(&self, r: Range, v: &V, g: &Guard) -> Range {
+        // Only a piece with an end on a slot boundary may continue: one
+        // test on the lookup path (never true with one slot).
+        let mask = (1u64 << self.shift) - 1;
+        if self.slots.len() == 1 || (r.start & mask != 0 && r.end & mask != 0) {
+            return r;
+        }
+        self.grow(r, v, g)
+    }
+
+    /// [`whole`](Self::whole) for a piece on a boundary.
+    fn grow(&self, mut r: Range, v: &V, g: &Guard) -> Range {
+        let mut k = self.slot_of(r.start);
+        while k > 0 && r.start == self.start(k) {
+            match self.slots[k - 1].find(r.start - 1, g) {
+                Some((p, pv)) if pv == v && p.end == r.start => r.start = p.start,
+                _ => break,
+            }
+            k -= 1;
+        }
+        let mut k = self.slot_of(r.end - 1);
+        while k + 1 < self.slots.len() && r.end == self.end(k) {
+            match self.slots[k + 1].find(r.end, g) {
+                Some((p, pv)) if pv == v && p.start == r.end => r.end = p.end,
+                _ => break,
+            }
+            k += 1;
+        }
+        r
+    }
+
+    /// The entry containing `addr`.
+    #[inline]
+    pub fn find<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
+        let (r, v) = self.slots[self.slot_of(addr)].find(addr, g)?;
+        Some((self.whole(r, v, g), v))
+    }
+
+    /// The entry containing `addr`, with a view of the leaf that holds
+    /// it (see [`ForestAround`]).
+    #[inline]
+    pub fn find_around<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<ForestAround<'g, V>> {
+        let k = self.slot_of(addr);
+        let leaf = self.slots[k].find_around(addr, g)?;
+        let (r, v) = leaf.entry();
+        Some(ForestAround {
+            range: self.whole(r, v, g),
+            leaf,
+            cut_lo: (k > 0).then(|| self.start(k)),
+            cut_hi: (k + 1 < self.slots.len()).then(|| self.end(k)),
+        })
+    }
+
+    /// The first entry whose end is above `addr` (Linux's `find_vma`).
+    pub fn find_after<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
+        (self.slot_of(addr)..self.slots.len()).find_map(|k| {
+            let (r, v) = self.slots[k].find_after(addr, g)?;
+            Some((self.whole(r, v, g), v))
+        })
+    }
+
+    /// The last entry whose end is at or below `addr`.
+    pub fn prev<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
+        let (r, v) = (0..=self.slot_of(addr))
+            .rev()
+            .find_map(|k| self.slots[k].prev(addr, g))?;
+        let w = self.whole(r, v, g);
+        if w.end <= addr {
+            return Some((w, v));
+        }
+        // The piece found continues past `addr`: the entry before it ends
+        // at or below its start.
+        self.prev(w.start, g)
+    }
+
+    /// [`prev`](Self::prev) if that entry ends above `floor`: scans only
+    /// the slots from `floor` to `addr` (a lookup near the top of an
+    /// otherwise empty space does not visit every slot below).
+    pub fn prev_above<'g>(&'g self, addr: u64, floor: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
+        let (r, v) = (self.slot_of(floor.min(addr))..=self.slot_of(addr))
+            .rev()
+            .find_map(|k| self.slots[k].prev(addr, g))?;
+        let w = self.whole(r, v, g);
+        if w.end <= addr {
+            return (w.end > floor).then_some((w, v));
+        }
+        self.prev_above(w.start, floor, g)
+    }
+
+    /// [`find_after`](Self::find_after) if that entry starts below
+    /// `ceiling`: scans only the slots from `addr` to `ceiling`.
+    pub fn find_after_below<'g>(
+        &'g self,
+        addr: u64,
+        ceiling: u64,
+        g: &'g Guard,
+    ) -> Option<(Range, &'g V)> {
+        let last = self.slot_of(ceiling.saturating_sub(1).max(addr));
+        (self.slot_of(addr)..=last)
+            .find_map(|k| {
+                let (r, v) = self.slots[k].find_after(addr, g)?;
+                Some((self.whole(r, v, g), v))
+            })
+            .filter(|(w, _)| w.start < ceiling)
+    }
+
+    /// The first entry whose start is at or above `addr`.
+    pub fn next<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
+        let (r, v) =
+            (self.slot_of(addr)..self.slots.len()).find_map(|k| self.slots[k].next(addr, g))?;
+        let w = self.whole(r, v, g);
+        if w.start >= addr {
+            return Some((w, v));
+        }
+        // The piece found continues an entry that starts below `addr`.
+        self.next(w.end, g)
+    }
+
+    /// The entries intersecting `r`, in ascending order.
+    pub fn range<'g>(
+        &'g self,
+        r: Range,
+        g: &'g Guard,
+    ) -> impl Iterator<Item = (Range, &'g V)> + 'g {
+        let mut out: Vec<(Range, &'g V)> = Vec::new();
+        if !r.is_empty() {
+            let ks = self.slots_of(r);
+            let one = (ks.start() == ks.end()).then(|| *ks.start());
+            if let Some(k) = one {
+                // One slot (always, with one): its list as it is.
+                out = self.slots[k].range_vec(r, g);
+            }
+            for k in ks.filter(|_| one.is_none()) {
+                let cut = (k > 0).then(|| self.start(k));
+                for (p, v) in self.slots[k].range(r, g) {
+                    match out.last_mut() {
+                        Some((l, lv)) if Some(p.start) == cut && l.end == p.start && *lv == v => {
+                            l.end = p.end;
+                        }
+                        _ => out.push((p, v)),
+                    }
+                }
+            }
+            // The first and the last may continue beyond the slots of `r`.
+            if let Some((l, v)) = out.first_mut() {
+                *l = self.whole(*l, v, g);
+            }
+            if let Some((l, v)) = out.last_mut() {
+                *l = self.whole(*l, v, g);
+            }
+        }
+        out.into_iter()
+    }
+
+    /// All entries in ascending order.
+    pub fn iter<'g>(&'g self, g: &'g Guard) -> impl Iterator<Item = (Range, &'g V)> + 'g {
+        self.range(Range::new(0, u64::MAX), g)
+    }
+
+    /// Number of stored pieces (an entry crossing `n` boundaries counts
+    /// `n + 1`; a figure, as [`RangeTree::len`]).
+    pub fn len(&self) -> usize {
+        self.slots.iter().map(|t| t.len()).sum()
+    }
+
+    /// True if there are no entries.
+    pub fn is_empty(&self) -> bool {
+        self.slots.iter().all(|t| t.is_empty())
+    }
+
+    /// Bytes of node memory reachable from the slots' roots.
+    pub fn memory_bytes(&self) -> usize {
+        self.slots.iter().map(|t| t.memory_bytes()).sum()
+    }
+
+    /// The lowest `s`, a multiple of `align`, such that `[s, s + size)`
+    /// lies inside `[lo, hi)` and overlaps no entry (the rules of
+    /// [`RangeTree::gap_lowest`], and its answer).
+    pub fn gap_lowest(&self, lo: u64, hi: u64, size: u64, align: u64, g: &Guard) -> Option<u64> {
+        if size == 0 || lo >= hi || hi - lo < size {
+            return None;
+        }
+        // The highest end of the entries below the slot searched.
+        let mut below = 0;
+        for k in self.slots_of(Range::new(lo, hi)) {
+            let (fit, bounds) =
+                self.slots[k].gap_in_slot::<true>(lo.max(below), hi, size, align, g);
+            if fit.is_some() {
+                return fit;
+            }
+            let Some((_, last)) = bounds else { continue };
+            below = last;
+            if last >= hi {
+                return None;
+            }
+        }
+        RangeTree::<V>::gap_free::<true>(lo.max(below), hi, size, align)
+    }
+
+    /// The highest `s`, a multiple of `align`, such that `[s, s + size)`
+    /// lies inside `[lo, hi)` and overlaps no entry (the rules of
+    /// [`RangeTree::gap_highest`], and its answer).
+    pub fn gap_highest(&self, lo: u64, hi: u64, size: u64, align: u64, g: &Guard) -> Option<u64> {
+        if size == 0 || lo >= hi || hi - lo < size {
+            return None;
+        }
+        // The lowest start of the entries above the slot searched.
+        let mut above = u64::MAX;
+        for k in self.slots_of(Range::new(lo, hi)).rev() {
+            let (fit, bounds) =
+                self.slots[k].gap_in_slot::<false>(lo, hi.min(above), size, align, g);
+            if fit.is_some() {
+                return fit;
+            }
+            let Some((first, _)) = bounds else { continue };
+            above = first;
+            if first <= lo {
+                return None;
+            }
+        }
+        RangeTree::<V>::gap_free::<false>(lo, hi.min(above), size, align)
+    }
+
+    /// Takes the writer side: with one slot, that slot's writer mutex for
+    /// the writer's whole life (as [`RangeTree::writer`]); with more, each
+    /// write takes the mutex of each slot it changes, one at a time.
+    /// Writers of overlapping ranges must be kept apart by the caller.
+    pub fn writer(&self) -> ForestWriter<'_, V> {
+        ForestWriter {
+            forest: self,
+            held: (self.slots.len() == 1).then(|| self.slots[0].writer()),
+        }
+    }
+
+    /// Checks every slot's invariants, and that each keeps to its slot.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let g = self.pin();
+        for (k, t) in self.slots.iter().enumerate() {
+            t.check_invariants()?;
+            if let Some((r, _)) = t.iter(&g).find(|(r, _)| self.clip(*r, k) != *r) {
+                return Err(format!("slot {k} holds {r:?} beyond its bounds"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Pushes `hit` (one slot's pieces, from slot `k`) onto `out`, merging a
+/// piece that continues the last one across the boundary.
+fn append<V: PartialEq>(out: &mut Vec<(Range, V)>, hit: Vec<(Range, V)>, cut: Option<u64>) {
+    for (p, v) in hit {
+        match out.last_mut() {
+            Some((l, lv)) if Some(p.start) == cut && l.end == p.start && *lv == v => {
+                l.end = p.end;
+            }
+            _ => out.push((p, v)),
+        }
+    }
+}
+
+/// An entry found by [`RangeForest::find_around`] and the leaf holding
+/// (its piece in) it, valid as long as the guard of the lookup.
+pub struct ForestAround<'g, V> {
+    /// The whole entry's range.
+    /// Protected by: a value.
+    range: Range,
+    /// The slot tree's view of the leaf.
+    /// Protected by: immutable nodes under the lookup's guard.
+    leaf: Around<'g, V>,
+    /// The slot's start, where a piece may continue one below (none for
+    /// the first slot).
+    /// Protected by: a value.
+    cut_lo: Option<u64>,
+    /// The slot's end, where a piece may continue into the next slot
+    /// (none for the last slot).
+    /// Protected by: a value.
+    cut_hi: Option<u64>,
+}
+
+impl<'g, V> ForestAround<'g, V> {
+    /// The found entry (whole, across slots).
+    #[inline]
+    pub fn entry(&self) -> (Range, &'g V) {
+        (self.range, self.leaf.entry().1)
+    }
+
+    /// The entry `d` places after the found one (before it if `d` is
+    /// negative), if it lies in the same leaf and wholly in this slot.
+    /// `None` says nothing of the tree beyond: the caller looks such a
+    /// neighbour up itself.
+    #[inline]
+    pub fn nearby(&self, d: isize) -> Option<(Range, &'g V)> {
+        self.leaf
+            .nearby(d)
+            .filter(|(r, _)| Some(r.start) != self.cut_lo && Some(r.end) != self.cut_hi)
+    }
+}
+
+/// The writer side of a [`RangeForest`]; reads through it see the latest
+/// state.
+pub struct ForestWriter<'t, V> {
+    /// The forest written.
+    /// Protected by: see [`RangeForest`]'s fields.
+    forest: &'t RangeForest<V>,
+    /// The only slot's writer, held for the writer's life (one slot).
+    /// Protected by: owned by this writer.
+    held: Option<TreeWriter<'t, V>>,
+}
+
+impl<V> core::ops::Deref for ForestWriter<'_, V> {
+    type Target = RangeForest<V>;
+    fn deref(&self) -> &RangeForest<V> {
+        self.forest
+    }
+}
+
+impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
+    /// Runs `f` with slot `k`'s writer: the held one, or one taken for
+    /// this call only.
+    fn with_slot<R>(&mut self, k: usize, f: impl FnOnce(&mut TreeWriter<'_, V>) -> R) -> R {
+        match &mut self.held {
+            Some(w) => f(w),
+            None => f(&mut self.forest.slots[k].writer()),
+        }
+    }
+
+    /// Inserts `r -> v` into a free range.
+    pub fn insert(&mut self, r: Range, v: V) -> Result<(), TreeError> {
+        if r.is_empty() {
+            return Err(TreeError::EmptyRange);
+        }
+        let g = self.forest.pin();
+        let occupied = self.forest.range(r, &g).next().is_some();
+        drop(g);
+        if occupied {
+            return Err(TreeError::Occupied);
+        }
+        for k in self.forest.slots_of(r) {
+            let c = self.forest.clip(r, k);
+            // Free when checked, and no overlapping writer runs (the
+            // forest's rule): the insert cannot fail.
+            self.with_slot(k, |t| t.insert(c, v.clone()))?;
+        }
+        Ok(())
+    }
+
+    /// Stores `r -> v`, overwriting whatever `r` covered (see
+    /// [`TreeWriter::store`]); returns the overwritten pieces. One atomic
+    /// step for readers of each address.
+    pub fn store(&mut self, r: Range, v: V) -> Vec<(Range, V)> {
+        self.overwrite(r, Some(v))
+    }
+
+    /// Removes everything inside `r`, trimming entries that overlap its
+    /// ends. Returns the removed pieces.
+    pub fn erase(&mut self, r: Range) -> Vec<(Range, V)> {
+        self.overwrite(r, None)
+    }
+
+    fn overwrite(&mut self, r: Range, v: Option<V>) -> Vec<(Range, V)> {
+        let mut out = Vec::new();
+        if r.is_empty() {
+            return out;
+        }
+        for k in self.forest.slots_of(r) {
+            let c = self.forest.clip(r, k);
+            let hit = self.with_slot(k, |t| match &v {
+                Some(v) => t.store(c, v.clone()),
+                None => t.erase(c),
+            });
+            if out.is_empty() {
+                out = hit;
+            } else {
+                let cut = (k > 0).then(|| self.forest.start(k));
+                append(&mut out, hit, cut);
+            }
+        }
+        out
+    }
+
+    /// Removes the whole entry containing `addr`.
+    pub fn remove(&mut self, addr: u64) -> Option<(Range, V)> {
+        let (r, v) = {
+            let g = self.forest.pin();
+            self.forest.find(addr, &g).map(|(r, v)| (r, v.clone()))?
+        };
+        self.erase(r);
+        Some((r, v))
+    }
+
+    /// Keeps only the entries for which `keep` (called once per whole
+    /// entry) returns true, rebuilding each slot that loses one in one
+    /// pass. Returns how many entries were removed. One atomic step per
+    /// slot.
+    pub fn retain(&mut self, mut keep: impl FnMut(Range, &V) -> bool) -> usize {
+        let gone: Vec<Range> = {
+            let g = self.forest.pin();
+            self.forest
+                .iter(&g)
+                .filter(|(r, v)| !keep(*r, v))
+                .map(|(r, _)| r)
+                .collect()
+        };
+        if gone.is_empty() {
+            return 0;
+        }
+        for k in self
+            .forest
+            .slots_of(Range::new(gone[0].start, gone[gone.len() - 1].end))
+        {
+            self.with_slot(k, |t| {
+                t.retain(|p, _| {
+                    let i = gone.partition_point(|x| x.end <= p.start);
+                    gone.get(i).is_none_or(|x| x.start > p.start)
+                })
+            });
+        }
+        gone.len()
+    }
+
+    /// Replaces the whole contents with `entries` (sorted by start and
+    /// non-overlapping), each slot built in one pass as
+    /// [`TreeWriter::replace_all`] does. One atomic step per slot; on bad
+    /// input nothing changes.
+    pub fn replace_all(
+        &mut self,
+        entries: impl IntoIterator<Item = (Range, V)>,
+    ) -> Result<(), TreeError> {
+        let es = super::write::sorted_entries(entries)?;
+        let mut at = 0;
+        for k in 0..self.forest.slots.len() {
+            let (s, e) = (self.forest.start(k), self.forest.end(k));
+            let mut part = Vec::new();
+            while let Some((es_s, es_e, v)) = es.get(at) {
+                if *es_s >= e {
+                    break;
+                }
+                part.push((Range::new((*es_s).max(s), (*es_e).min(e)), v.clone()));
+                if *es_e > e {
+                    break;
+                }
+                at += 1;
+            }
+            if part.is_empty() && self.forest.slots[k].is_empty() {
+                continue;
+            }
+            self.with_slot(k, |t| t.replace_all(part))
+                .expect("clipped pieces of sorted entries are sorted");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests;
