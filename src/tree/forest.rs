@@ -358,6 +358,9 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// lies inside `[lo, hi)` and overlaps no entry (the rules of
     /// [`RangeTree::gap_lowest`], and its answer).
     pub fn gap_lowest(&self, lo: u64, hi: u64, size: u64, align: u64, g: &Guard) -> Option<u64> {
+        if self.slots.len() == 1 {
+            return self.slots[0].gap_lowest(lo, hi, size, align, g);
+        }
         if size == 0 || lo >= hi || hi - lo < size {
             return None;
         }
@@ -382,6 +385,9 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// lies inside `[lo, hi)` and overlaps no entry (the rules of
     /// [`RangeTree::gap_highest`], and its answer).
     pub fn gap_highest(&self, lo: u64, hi: u64, size: u64, align: u64, g: &Guard) -> Option<u64> {
+        if self.slots.len() == 1 {
+            return self.slots[0].gap_highest(lo, hi, size, align, g);
+        }
         if size == 0 || lo >= hi || hi - lo < size {
             return None;
         }
@@ -509,6 +515,10 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
     pub fn insert(&mut self, r: Range, v: V) -> Result<(), TreeError> {
         if r.is_empty() {
             return Err(TreeError::EmptyRange);
+        }
+        if self.forest.slots.len() == 1 {
+            // The single tree checks for overlap itself.
+            return self.with_slot(0, |t| t.insert(r, v));
         }
         let g = self.forest.pin();
         let occupied = self.forest.range(r, &g).next().is_some();
