@@ -134,6 +134,17 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         self.slots.len()
     }
 
+    /// The one tree of a forest of one slot (every mode but range
+    /// writers): the calls below then run the single tree's own, with no
+    /// slot arithmetic or piece joining on the way.
+    #[inline]
+    fn one(&self) -> Option<&RangeTree<V>> {
+        match &*self.slots {
+            [t] => Some(t),
+            _ => None,
+        }
+    }
+
     /// The slot holding `addr`.
     #[inline]
     fn slot_of(&self, addr: u64) -> usize {
@@ -213,6 +224,9 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// The entry containing `addr`.
     #[inline]
     pub fn find<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
+        if let Some(t) = self.one() {
+            return t.find(addr, g);
+        }
         let (r, v) = self.slots[self.slot_of(addr)].find(addr, g)?;
         Some((self.whole(r, v, g), v))
     }
@@ -221,6 +235,15 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// it (see [`ForestAround`]).
     #[inline]
     pub fn find_around<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<ForestAround<'g, V>> {
+        if let Some(t) = self.one() {
+            let leaf = t.find_around(addr, g)?;
+            return Some(ForestAround {
+                range: leaf.entry().0,
+                leaf,
+                cut_lo: None,
+                cut_hi: None,
+            });
+        }
         let k = self.slot_of(addr);
         let leaf = self.slots[k].find_around(addr, g)?;
         let (r, v) = leaf.entry();
@@ -234,6 +257,9 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
 
     /// The first entry whose end is above `addr` (Linux's `find_vma`).
     pub fn find_after<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
+        if let Some(t) = self.one() {
+            return t.find_after(addr, g);
+        }
         (self.slot_of(addr)..self.slots.len()).find_map(|k| {
             let (r, v) = self.slots[k].find_after(addr, g)?;
             Some((self.whole(r, v, g), v))
@@ -242,6 +268,9 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
 
     /// The last entry whose end is at or below `addr`.
     pub fn prev<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
+        if let Some(t) = self.one() {
+            return t.prev(addr, g);
+        }
         let (r, v) = (0..=self.slot_of(addr))
             .rev()
             .find_map(|k| self.slots[k].prev(addr, g))?;
@@ -258,6 +287,9 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// the slots from `floor` to `addr` (a lookup near the top of an
     /// otherwise empty space does not visit every slot below).
     pub fn prev_above<'g>(&'g self, addr: u64, floor: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
+        if let Some(t) = self.one() {
+            return t.prev(addr, g).filter(|(w, _)| w.end > floor);
+        }
         let (r, v) = (self.slot_of(floor.min(addr))..=self.slot_of(addr))
             .rev()
             .find_map(|k| self.slots[k].prev(addr, g))?;
@@ -276,6 +308,9 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         ceiling: u64,
         g: &'g Guard,
     ) -> Option<(Range, &'g V)> {
+        if let Some(t) = self.one() {
+            return t.find_after(addr, g).filter(|(w, _)| w.start < ceiling);
+        }
         let last = self.slot_of(ceiling.saturating_sub(1).max(addr));
         (self.slot_of(addr)..=last)
             .find_map(|k| {
@@ -287,6 +322,9 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
 
     /// The first entry whose start is at or above `addr`.
     pub fn next<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
+        if let Some(t) = self.one() {
+            return t.next(addr, g);
+        }
         let (r, v) =
             (self.slot_of(addr)..self.slots.len()).find_map(|k| self.slots[k].next(addr, g))?;
         let w = self.whole(r, v, g);
@@ -303,6 +341,9 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         r: Range,
         g: &'g Guard,
     ) -> impl Iterator<Item = (Range, &'g V)> + 'g {
+        if let Some(t) = self.one() {
+            return t.range_vec(r, g).into_iter();
+        }
         let mut out: Vec<(Range, &'g V)> = Vec::new();
         if !r.is_empty() {
             let ks = self.slots_of(r);
@@ -358,8 +399,8 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// lies inside `[lo, hi)` and overlaps no entry (the rules of
     /// [`RangeTree::gap_lowest`], and its answer).
     pub fn gap_lowest(&self, lo: u64, hi: u64, size: u64, align: u64, g: &Guard) -> Option<u64> {
-        if self.slots.len() == 1 {
-            return self.slots[0].gap_lowest(lo, hi, size, align, g);
+        if let Some(t) = self.one() {
+            return t.gap_lowest(lo, hi, size, align, g);
         }
         if size == 0 || lo >= hi || hi - lo < size {
             return None;
@@ -385,8 +426,8 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// lies inside `[lo, hi)` and overlaps no entry (the rules of
     /// [`RangeTree::gap_highest`], and its answer).
     pub fn gap_highest(&self, lo: u64, hi: u64, size: u64, align: u64, g: &Guard) -> Option<u64> {
-        if self.slots.len() == 1 {
-            return self.slots[0].gap_highest(lo, hi, size, align, g);
+        if let Some(t) = self.one() {
+            return t.gap_highest(lo, hi, size, align, g);
         }
         if size == 0 || lo >= hi || hi - lo < size {
             return None;
@@ -516,7 +557,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
         if r.is_empty() {
             return Err(TreeError::EmptyRange);
         }
-        if self.forest.slots.len() == 1 {
+        if self.forest.one().is_some() {
             // The single tree checks for overlap itself.
             return self.with_slot(0, |t| t.insert(r, v));
         }
@@ -549,6 +590,12 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
     }
 
     fn overwrite(&mut self, r: Range, v: Option<V>) -> Vec<(Range, V)> {
+        if self.forest.one().is_some() {
+            return self.with_slot(0, |t| match v {
+                Some(v) => t.store(r, v),
+                None => t.erase(r),
+            });
+        }
         let mut out = Vec::new();
         if r.is_empty() {
             return out;
