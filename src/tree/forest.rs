@@ -85,14 +85,32 @@ pub struct RangeForest<V> {
     shift: u32,
     /// The slots' trees, each on its own cache lines.
     /// Protected by: each tree's own fields (see [`RangeTree`]).
-    slots: Box<[CachePadded<RangeTree<V>>]>,
+    trees: Trees<V>,
+}
+
+/// A forest's trees: one kept inline (making a space allocates nothing
+/// until it is used, `tests/creation.rs`), or one per slot.
+enum Trees<V> {
+    One(CachePadded<RangeTree<V>>),
+    Many(Box<[CachePadded<RangeTree<V>>]>),
+}
+
+impl<V> RangeForest<V> {
+    /// Every slot's tree, in address order.
+    #[inline]
+    fn all(&self) -> &[CachePadded<RangeTree<V>>] {
+        match &self.trees {
+            Trees::One(t) => core::slice::from_ref(t),
+            Trees::Many(ts) => ts,
+        }
+    }
 }
 
 impl<V> core::fmt::Debug for RangeForest<V> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("RangeForest")
             .field("shift", &self.shift)
-            .field("slots", &self.slots.len())
+            .field("slots", &self.all().len())
             .finish()
     }
 }
@@ -102,7 +120,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     pub fn single(reclaimer: Reclaimer) -> Self {
         RangeForest {
             shift: 63,
-            slots: vec![CachePadded::new(RangeTree::with_reclaimer(reclaimer))].into(),
+            trees: Trees::One(CachePadded::new(RangeTree::with_reclaimer(reclaimer))),
         }
     }
 
@@ -123,15 +141,17 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         let n = space_end.div_ceil(1 << shift).max(1) as usize;
         RangeForest {
             shift,
-            slots: (0..n)
-                .map(|_| CachePadded::new(RangeTree::with_reclaimer(reclaimer())))
-                .collect(),
+            trees: Trees::Many(
+                (0..n)
+                    .map(|_| CachePadded::new(RangeTree::with_reclaimer(reclaimer())))
+                    .collect(),
+            ),
         }
     }
 
     /// Number of slots.
     pub fn slots(&self) -> usize {
-        self.slots.len()
+        self.all().len()
     }
 
     /// The one tree of a forest of one slot (every mode but range
@@ -139,16 +159,16 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// slot arithmetic or piece joining on the way.
     #[inline]
     fn one(&self) -> Option<&RangeTree<V>> {
-        match &*self.slots {
-            [t] => Some(t),
-            _ => None,
+        match &self.trees {
+            Trees::One(t) => Some(t),
+            Trees::Many(_) => None,
         }
     }
 
     /// The slot holding `addr`.
     #[inline]
     fn slot_of(&self, addr: u64) -> usize {
-        ((addr >> self.shift) as usize).min(self.slots.len() - 1)
+        ((addr >> self.shift) as usize).min(self.all().len() - 1)
     }
 
     /// The first address of slot `k`.
@@ -164,7 +184,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// The end of slot `k` (the last slot reaches `u64::MAX`).
     #[inline]
     fn end(&self, k: usize) -> u64 {
-        if k + 1 == self.slots.len() {
+        if k + 1 == self.all().len() {
             u64::MAX
         } else {
             ((k + 1) as u64) << self.shift
@@ -184,7 +204,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// Pins the calling thread; read while the guard lives.
     #[inline]
     pub fn pin(&self) -> Guard {
-        self.slots[0].pin()
+        self.all()[0].pin()
     }
 
     /// `r`, a piece of the entry of value `v`, grown over the pieces of
@@ -194,7 +214,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         // Only a piece with an end on a slot boundary may continue: one
         // test on the lookup path (never true with one slot).
         let mask = (1u64 << self.shift) - 1;
-        if self.slots.len() == 1 || (r.start & mask != 0 && r.end & mask != 0) {
+        if self.all().len() == 1 || (r.start & mask != 0 && r.end & mask != 0) {
             return r;
         }
         self.grow(r, v, g)
@@ -204,15 +224,15 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     fn grow(&self, mut r: Range, v: &V, g: &Guard) -> Range {
         let mut k = self.slot_of(r.start);
         while k > 0 && r.start == self.start(k) {
-            match self.slots[k - 1].find(r.start - 1, g) {
+            match self.all()[k - 1].find(r.start - 1, g) {
                 Some((p, pv)) if pv == v && p.end == r.start => r.start = p.start,
                 _ => break,
             }
             k -= 1;
         }
         let mut k = self.slot_of(r.end - 1);
-        while k + 1 < self.slots.len() && r.end == self.end(k) {
-            match self.slots[k + 1].find(r.end, g) {
+        while k + 1 < self.all().len() && r.end == self.end(k) {
+            match self.all()[k + 1].find(r.end, g) {
                 Some((p, pv)) if pv == v && p.start == r.end => r.end = p.end,
                 _ => break,
             }
@@ -227,7 +247,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         if let Some(t) = self.one() {
             return t.find(addr, g);
         }
-        let (r, v) = self.slots[self.slot_of(addr)].find(addr, g)?;
+        let (r, v) = self.all()[self.slot_of(addr)].find(addr, g)?;
         Some((self.whole(r, v, g), v))
     }
 
@@ -245,13 +265,13 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
             });
         }
         let k = self.slot_of(addr);
-        let leaf = self.slots[k].find_around(addr, g)?;
+        let leaf = self.all()[k].find_around(addr, g)?;
         let (r, v) = leaf.entry();
         Some(ForestAround {
             range: self.whole(r, v, g),
             leaf,
             cut_lo: (k > 0).then(|| self.start(k)),
-            cut_hi: (k + 1 < self.slots.len()).then(|| self.end(k)),
+            cut_hi: (k + 1 < self.all().len()).then(|| self.end(k)),
         })
     }
 
@@ -260,8 +280,8 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         if let Some(t) = self.one() {
             return t.find_after(addr, g);
         }
-        (self.slot_of(addr)..self.slots.len()).find_map(|k| {
-            let (r, v) = self.slots[k].find_after(addr, g)?;
+        (self.slot_of(addr)..self.all().len()).find_map(|k| {
+            let (r, v) = self.all()[k].find_after(addr, g)?;
             Some((self.whole(r, v, g), v))
         })
     }
@@ -273,7 +293,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         }
         let (r, v) = (0..=self.slot_of(addr))
             .rev()
-            .find_map(|k| self.slots[k].prev(addr, g))?;
+            .find_map(|k| self.all()[k].prev(addr, g))?;
         let w = self.whole(r, v, g);
         if w.end <= addr {
             return Some((w, v));
@@ -292,7 +312,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         }
         let (r, v) = (self.slot_of(floor.min(addr))..=self.slot_of(addr))
             .rev()
-            .find_map(|k| self.slots[k].prev(addr, g))?;
+            .find_map(|k| self.all()[k].prev(addr, g))?;
         let w = self.whole(r, v, g);
         if w.end <= addr {
             return (w.end > floor).then_some((w, v));
@@ -314,7 +334,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         let last = self.slot_of(ceiling.saturating_sub(1).max(addr));
         (self.slot_of(addr)..=last)
             .find_map(|k| {
-                let (r, v) = self.slots[k].find_after(addr, g)?;
+                let (r, v) = self.all()[k].find_after(addr, g)?;
                 Some((self.whole(r, v, g), v))
             })
             .filter(|(w, _)| w.start < ceiling)
@@ -326,7 +346,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
             return t.next(addr, g);
         }
         let (r, v) =
-            (self.slot_of(addr)..self.slots.len()).find_map(|k| self.slots[k].next(addr, g))?;
+            (self.slot_of(addr)..self.all().len()).find_map(|k| self.all()[k].next(addr, g))?;
         let w = self.whole(r, v, g);
         if w.start >= addr {
             return Some((w, v));
@@ -350,11 +370,11 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
             let one = (ks.start() == ks.end()).then(|| *ks.start());
             if let Some(k) = one {
                 // One slot (always, with one): its list as it is.
-                out = self.slots[k].range_vec(r, g);
+                out = self.all()[k].range_vec(r, g);
             }
             for k in ks.filter(|_| one.is_none()) {
                 let cut = (k > 0).then(|| self.start(k));
-                for (p, v) in self.slots[k].range(r, g) {
+                for (p, v) in self.all()[k].range(r, g) {
                     match out.last_mut() {
                         Some((l, lv)) if Some(p.start) == cut && l.end == p.start && *lv == v => {
                             l.end = p.end;
@@ -382,17 +402,17 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// Number of stored pieces (an entry crossing `n` boundaries counts
     /// `n + 1`; a figure, as [`RangeTree::len`]).
     pub fn len(&self) -> usize {
-        self.slots.iter().map(|t| t.len()).sum()
+        self.all().iter().map(|t| t.len()).sum()
     }
 
     /// True if there are no entries.
     pub fn is_empty(&self) -> bool {
-        self.slots.iter().all(|t| t.is_empty())
+        self.all().iter().all(|t| t.is_empty())
     }
 
     /// Bytes of node memory reachable from the slots' roots.
     pub fn memory_bytes(&self) -> usize {
-        self.slots.iter().map(|t| t.memory_bytes()).sum()
+        self.all().iter().map(|t| t.memory_bytes()).sum()
     }
 
     /// The lowest `s`, a multiple of `align`, such that `[s, s + size)`
@@ -409,7 +429,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         let mut below = 0;
         for k in self.slots_of(Range::new(lo, hi)) {
             let (fit, bounds) =
-                self.slots[k].gap_in_slot::<true>(lo.max(below), hi, size, align, g);
+                self.all()[k].gap_in_slot::<true>(lo.max(below), hi, size, align, g);
             if fit.is_some() {
                 return fit;
             }
@@ -436,7 +456,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         let mut above = u64::MAX;
         for k in self.slots_of(Range::new(lo, hi)).rev() {
             let (fit, bounds) =
-                self.slots[k].gap_in_slot::<false>(lo, hi.min(above), size, align, g);
+                self.all()[k].gap_in_slot::<false>(lo, hi.min(above), size, align, g);
             if fit.is_some() {
                 return fit;
             }
@@ -456,14 +476,14 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     pub fn writer(&self) -> ForestWriter<'_, V> {
         ForestWriter {
             forest: self,
-            held: (self.slots.len() == 1).then(|| self.slots[0].writer()),
+            held: (self.all().len() == 1).then(|| self.all()[0].writer()),
         }
     }
 
     /// Checks every slot's invariants, and that each keeps to its slot.
     pub fn check_invariants(&self) -> Result<(), String> {
         let g = self.pin();
-        for (k, t) in self.slots.iter().enumerate() {
+        for (k, t) in self.all().iter().enumerate() {
             t.check_invariants()?;
             if let Some((r, _)) = t.iter(&g).find(|(r, _)| self.clip(*r, k) != *r) {
                 return Err(format!("slot {k} holds {r:?} beyond its bounds"));
@@ -548,7 +568,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
     fn with_slot<R>(&mut self, k: usize, f: impl FnOnce(&mut TreeWriter<'_, V>) -> R) -> R {
         match &mut self.held {
             Some(w) => f(w),
-            None => f(&mut self.forest.slots[k].writer()),
+            None => f(&mut self.forest.all()[k].writer()),
         }
     }
 
@@ -666,7 +686,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
     ) -> Result<(), TreeError> {
         let es = super::write::sorted_entries(entries)?;
         let mut at = 0;
-        for k in 0..self.forest.slots.len() {
+        for k in 0..self.forest.all().len() {
             let (s, e) = (self.forest.start(k), self.forest.end(k));
             let mut part = Vec::new();
             while let Some((es_s, es_e, v)) = es.get(at) {
@@ -679,7 +699,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
                 }
                 at += 1;
             }
-            if part.is_empty() && self.forest.slots[k].is_empty() {
+            if part.is_empty() && self.forest.all()[k].is_empty() {
                 continue;
             }
             self.with_slot(k, |t| t.replace_all(part))

@@ -249,7 +249,7 @@ fn single_slot_holds_its_writer() {
     let mut w = f.writer();
     w.store(r(0, u64::MAX), 1);
     assert!(
-        f.slots[0].writer.try_lock().is_none(),
+        f.all()[0].writer.try_lock().is_none(),
         "the writer holds the slot"
     );
     drop(w);
