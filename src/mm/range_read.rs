@@ -23,15 +23,7 @@ use crate::reclaim::Guard;
 /// its holes (madvise's zaps): in range mode `r` widened to the whole of
 /// every VMA it meets, shared. With an epoch pin taken under it.
 pub(crate) fn read_vmas(mm: &AddressSpace, r: Range) -> (MmapReadGuard<'_, MmState>, Guard) {
-    if !mm.mmap_lock.is_range_mode() {
-        let st = mm.mmap_lock.read();
-        return (st, mm.tree.pin());
-    }
-    lock_validated(
-        mm,
-        |pin| vma_hull(mm, r, pin),
-        |want| mm.mmap_lock.read_range(want),
-    )
+    read_locked(mm, |pin| vma_hull(mm, r, pin))
 }
 
 /// The mmap_lock read side for the locked fault (or forced access) at
@@ -42,15 +34,20 @@ pub(crate) fn read_vmas(mm: &AddressSpace, r: Range) -> (MmapReadGuard<'_, MmSta
 /// `addr`: from its page through the VMA above (the stack check reads the
 /// gap and that VMA's flags), to the end of the space if there is none.
 pub(crate) fn read_fault(mm: &AddressSpace, addr: u64) -> (MmapReadGuard<'_, MmState>, Guard) {
+    read_locked(mm, |pin| fault_range(mm, addr, pin))
+}
+
+/// The mmap_lock read side with an epoch pin: in range mode, `want`'s
+/// range (as the tree is) shared, validated under the lock.
+fn read_locked<'a>(
+    mm: &'a AddressSpace,
+    want: impl Fn(&Guard) -> Range,
+) -> (MmapReadGuard<'a, MmState>, Guard) {
     if !mm.mmap_lock.is_range_mode() {
         let st = mm.mmap_lock.read();
         return (st, mm.tree.pin());
     }
-    lock_validated(
-        mm,
-        |pin| fault_range(mm, addr, pin),
-        |want| mm.mmap_lock.read_range(want),
-    )
+    lock_validated(mm, want, |r| mm.mmap_lock.read_range(r))
 }
 
 /// The range [`read_fault`] locks for `addr`, as the tree is now.

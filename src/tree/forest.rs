@@ -374,14 +374,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
             }
             for k in ks.filter(|_| one.is_none()) {
                 let cut = (k > 0).then(|| self.start(k));
-                for (p, v) in self.all()[k].range(r, g) {
-                    match out.last_mut() {
-                        Some((l, lv)) if Some(p.start) == cut && l.end == p.start && *lv == v => {
-                            l.end = p.end;
-                        }
-                        _ => out.push((p, v)),
-                    }
-                }
+                append(&mut out, self.all()[k].range_vec(r, g), cut);
             }
             // The first and the last may continue beyond the slots of `r`.
             if let Some((l, v)) = out.first_mut() {
