@@ -817,22 +817,27 @@ fn shared_validate_checks_flags_like_the_kernel() {
     k.truncate(PAGE).unwrap();
     let mm = AddressSpace::new(Config::default());
     let m = Memfd::new_in(mm.frame_pool(), "validate", PAGE).unwrap();
-    // A free page for the fixed flags, on each side.
-    // SAFETY: a fresh anonymous page of our own, unmapped at once: its
-    // address is free (other threads of the test may race for it, which
-    // makes the kernel's FIXED_NOREPLACE fail with EEXIST, not corrupt).
-    let hole = unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            PAGE as usize,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED);
-        libc::munmap(p, PAGE as usize);
-        p as u64
+    // A free page for the fixed flags, on each side. The kernel's hole is
+    // taken fresh for every call: another thread of this test binary may
+    // map into it between our munmap and our mmap, and the kernel checks
+    // MAP_FIXED_NOREPLACE's EEXIST before it validates flags.
+    let hole = || {
+        // SAFETY: a fresh anonymous page of our own, unmapped at once: its
+        // address is free unless another thread races for it, which makes
+        // the kernel's FIXED_NOREPLACE fail with EEXIST, not corrupt.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                PAGE as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            libc::munmap(p, PAGE as usize);
+            p as u64
+        }
     };
     let ours_hole = mm
         .mmap(0, PAGE, RW, MapFlags::PRIVATE | MapFlags::ANONYMOUS)
@@ -851,25 +856,41 @@ fn shared_validate_checks_flags_like_the_kernel() {
             }
             let fixed = extra == libc::MAP_FIXED_NOREPLACE;
             let flags = ty | extra;
-            let (khint, ohint) = if fixed { (hole, ours_hole) } else { (0, 0) };
-            // SAFETY: a hint, or FIXED_NOREPLACE at a free page: the
-            // kernel replaces nothing.
-            let p = unsafe {
-                libc::mmap(
-                    khint as *mut libc::c_void,
-                    PAGE as usize,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    flags,
-                    k.0,
-                    0,
-                )
+            let kernel_mmap = |khint: u64| {
+                // SAFETY: a hint, or FIXED_NOREPLACE at a page just found
+                // free: the kernel replaces nothing.
+                let p = unsafe {
+                    libc::mmap(
+                        khint as *mut libc::c_void,
+                        PAGE as usize,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        flags,
+                        k.0,
+                        0,
+                    )
+                };
+                if p == libc::MAP_FAILED {
+                    Err(errno())
+                } else {
+                    // SAFETY: the mapping just made.
+                    unsafe { libc::munmap(p, PAGE as usize) };
+                    Ok(())
+                }
             };
-            let kr = if p == libc::MAP_FAILED {
-                Err(errno())
+            let (kr, ohint) = if fixed {
+                // EEXIST on a page found free a moment ago is a race with
+                // another test thread, never the answer for a free page:
+                // try again at a fresh hole.
+                let mut kr = kernel_mmap(hole());
+                for _ in 0..100 {
+                    if kr != Err(libc::EEXIST) {
+                        break;
+                    }
+                    kr = kernel_mmap(hole());
+                }
+                (kr, ours_hole)
             } else {
-                // SAFETY: the mapping just made.
-                unsafe { libc::munmap(p, PAGE as usize) };
-                Ok(())
+                (kernel_mmap(0), 0)
             };
             let or = mm
                 .mmap_fd(
