@@ -40,7 +40,7 @@ const READERS: [&str; 13] = [
 /// The writers: every change of a VMA's range, flags, backing or
 /// registration (all through `Edit::lock`, which stamps and sweeps), and
 /// the calls that change entries under the mmap_lock read side.
-const WRITERS: [&str; 24] = [
+const WRITERS: [&str; 25] = [
     "munmap",
     "mprotect",
     "mremap move",
@@ -66,6 +66,9 @@ const WRITERS: [&str; 24] = [
     "range munmap",
     "range mprotect",
     "range mmap",
+    // madvise that sets VMA flags and set_anon_name: mprotect's
+    // neighbourhood and its `Edit::modify` walk (name::modify_each).
+    "range madvise flags, set_anon_name",
     // madvise's zaps holding only their VMAs, shared (mm/range_read.rs).
     "range madvise DONTNEED",
 ];
@@ -490,6 +493,20 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("VMA lookup in the forest", "range munmap", Model("tree.rs", "forest_crossing_store_vs_reader")),
     ("VMA lookup in the forest", "range mprotect", Model("tree.rs", "forest_writers_in_two_slots_vs_crossing_reader")),
     ("VMA lookup in the forest", "range mmap", Model("tree.rs", "forest_writers_in_one_slot")),
+    // madvise flags and set_anon_name under a range lock (name::modify_each).
+    ("speculative fault", "range madvise flags, set_anon_name", Shares("spec_writers.rs", "spec_fault_vs_set_anon_name", RANGE_SAME)),
+    ("speculative fault via VMA hint", "range madvise flags, set_anon_name", Shares("spec_writers.rs", "spec_fault_vs_set_anon_name", HINT)),
+    ("speculative first write (anon_vma prepare)", "range madvise flags, set_anon_name", PREPARE_RANGE_LOCKED_OUT),
+    ("per-VMA fault", "range madvise flags, set_anon_name", LOCKED_OUT),
+    ("translator access", "range madvise flags, set_anon_name", NO_ENTRY_CHANGE),
+    ("translator access, flush on its home thread", "range madvise flags, set_anon_name", NO_ENTRY_CHANGE),
+    ("instruction fetch", "range madvise flags, set_anon_name", NO_ENTRY_CHANGE),
+    ("device slice", "range madvise flags, set_anon_name", Apart("changes no frame: the pinned page stays the one the slice named")),
+    ("userfault waiter", "range madvise flags, set_anon_name", Apart("a name or an advice flag changes no registration: it sleeps on until a fill or wake")),
+    ("forced access", "range madvise flags, set_anon_name", RANGE_LOCKED_OUT),
+    ("file writeback", "range madvise flags, set_anon_name", WB_OWN_PAGES),
+    ("range-locked fault fallback", "range madvise flags, set_anon_name", Shares("range_writers.rs", "range_fault_fallback_vs_mprotect_splitting_its_neighbour", "it splits and merges with mprotect's Edit::modify under the same neighbourhood (Reach::Vmas), so it meets the fallback's hold exactly where mprotect does")),
+    ("VMA lookup in the forest", "range madvise flags, set_anon_name", Shares("tree.rs", "forest_writers_in_two_slots_vs_crossing_reader", FOREST_STORES)),
 ];
 
 fn source(file: &str) -> &'static str {

@@ -1,7 +1,8 @@
 //! Range-locked writers (`WriterLocking::Range`, `mm/range_lock.rs`):
 //! two writers at once on disjoint ranges, on ranges whose neighbourhoods
-//! touch, two placements racing for one gap, and a range writer against
-//! the speculative fault and a translator access. The real AddressSpace
+//! touch (mprotect against mprotect and against `set_anon_name`), two
+//! placements racing for one gap, and a range writer against the
+//! speculative fault and a translator access. The real AddressSpace
 //! runs through src/sync.rs (deferred reclamation, as the other models).
 //! Each names the one-line mutation it catches (checked by breaking that
 //! line, running the model and restoring it).
@@ -126,6 +127,45 @@ fn range_writers_whose_neighbourhoods_touch() {
             vec![
                 (A, A + PAGE_SIZE, Prot::READ),
                 (A + PAGE_SIZE, A + 2 * PAGE_SIZE, rw())
+            ]
+        );
+    });
+}
+
+/// `set_anon_name` of the VMA at `A` races an mprotect of the VMA that
+/// touches it at `A + PAGE_SIZE`, already named so. Named first, `A`
+/// merges into its neighbour and mprotect splits the page back off; the
+/// other way round, the neighbour is read-only before the name lands and
+/// nothing merges. Either order leaves `[A, A+P)` read-write and
+/// `[A+P, A+2P)` read-only, both named: so must any interleaving of the
+/// two range writers (`name::modify_each` locks as mprotect does).
+///
+/// Catches: the one-page widening of a neighbourhood made zero (`const
+/// MARGIN: u64 = PAGE_SIZE;` made `0`, src/mm/edit/range.rs): the name's
+/// writer then holds only `A`'s VMA and merges it into the neighbour the
+/// mprotect holds.
+#[test]
+fn range_set_anon_name_vs_mprotect_of_its_neighbour() {
+    model(|| {
+        let mm = space(FaultLocking::PerVma);
+        mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.set_anon_name(A + PAGE_SIZE, PAGE_SIZE, Some("n"))
+            .unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.set_anon_name(A, PAGE_SIZE, Some("n")).unwrap());
+        mm.mprotect(A + PAGE_SIZE, PAGE_SIZE, Prot::READ).unwrap();
+        t.join().unwrap();
+        let named: Vec<_> = mm
+            .vmas()
+            .iter()
+            .map(|v| (v.start, v.end, v.prot, v.name.clone()))
+            .collect();
+        let n = Some("n".to_string());
+        assert_eq!(
+            named,
+            vec![
+                (A, A + PAGE_SIZE, rw(), n.clone()),
+                (A + PAGE_SIZE, A + 2 * PAGE_SIZE, Prot::READ, n)
             ]
         );
     });

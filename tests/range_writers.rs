@@ -5,7 +5,9 @@
 //! two placements could pick one gap, or if a fault could act on a VMA a
 //! writer is changing.
 
-use aspace::{AddressSpace, Config, FaultLocking, MapFlags, Prot, WriterLocking, PAGE_SIZE};
+use aspace::{
+    AddressSpace, Advice, Config, FaultLocking, MapFlags, Prot, VmFlags, WriterLocking, PAGE_SIZE,
+};
 use std::sync::{Arc, Barrier, Mutex};
 
 const RW: Prot = Prot::READ.union(Prot::WRITE);
@@ -191,6 +193,80 @@ fn mprotects_on_touching_halves_remerge() {
         (vs[0].start, vs[0].end, vs[0].prot),
         (base, base + 2 * half, RW)
     );
+}
+
+/// madvise that sets VMA flags and `set_anon_name` are range writers too
+/// (`name::modify_each`): four threads, each with eight pages of one
+/// shared VMA, name the middle of theirs, mark part of it `MADV_DONTFORK`,
+/// mprotect a page next to the neighbour's zone (so neighbourhoods meet),
+/// check their pages keep their pattern and their VMAs carry what they
+/// set, and undo it all. The VMA is whole again at the end, unnamed and
+/// forkable, with every thread's last pattern.
+#[test]
+fn advice_and_names_on_touching_zones_remerge() {
+    for mode in MODES {
+        let mm = space(mode);
+        let zone = 8 * PAGE_SIZE;
+        let threads = 4u64;
+        let base = mm.mmap(0, threads * zone, RW, anon()).unwrap();
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let mm = mm.clone();
+                std::thread::spawn(move || {
+                    let z = base + t * zone;
+                    let name = format!("t{t}");
+                    for i in 0..150u64 {
+                        for p in 0..8 {
+                            mm.write(z + p * PAGE_SIZE, &[pat(t, i, p); 32]).unwrap();
+                        }
+                        mm.set_anon_name(z + 2 * PAGE_SIZE, 4 * PAGE_SIZE, Some(&name))
+                            .unwrap();
+                        mm.madvise(z + 3 * PAGE_SIZE, 2 * PAGE_SIZE, Advice::DontFork)
+                            .unwrap();
+                        // The zone's last page touches the next thread's.
+                        mm.mprotect(z + 7 * PAGE_SIZE, PAGE_SIZE, Prot::READ)
+                            .unwrap();
+                        let vs = mm.vmas();
+                        let at = |a: u64| vs.iter().find(|v| v.start <= a && a < v.end).unwrap();
+                        for p in 0..8 {
+                            let v = at(z + p * PAGE_SIZE);
+                            let named = (2..6).contains(&p);
+                            assert_eq!(v.name.as_deref(), named.then_some(&*name), "page {p}");
+                            let dc = (3..5).contains(&p);
+                            assert_eq!(v.flags.contains(VmFlags::DONTCOPY), dc, "page {p}");
+                            assert_eq!(v.prot, if p == 7 { Prot::READ } else { RW });
+                            let mut b = [0u8; 32];
+                            mm.read(z + p * PAGE_SIZE, &mut b).unwrap();
+                            assert_eq!(b, [pat(t, i, p); 32], "thread {t} round {i} page {p}");
+                        }
+                        mm.mprotect(z + 7 * PAGE_SIZE, PAGE_SIZE, RW).unwrap();
+                        mm.madvise(z, zone, Advice::DoFork).unwrap();
+                        mm.set_anon_name(z, zone, None).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        let vs = mm.vmas();
+        assert_eq!(vs.len(), 1, "{vs:?}");
+        assert_eq!((vs[0].start, vs[0].end), (base, base + threads * zone));
+        assert_eq!(
+            (
+                vs[0].name.as_deref(),
+                vs[0].flags.contains(VmFlags::DONTCOPY)
+            ),
+            (None, false)
+        );
+        for t in 0..threads {
+            for p in 0..8 {
+                let mut b = [0u8; 32];
+                mm.read(base + t * zone + p * PAGE_SIZE, &mut b).unwrap();
+                assert_eq!(b, [pat(t, 149, p); 32]);
+            }
+        }
+    }
 }
 
 /// Faulting threads write and check patterns in their own VMA while

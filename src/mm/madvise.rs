@@ -5,7 +5,9 @@
 //! Zapping advices hold the mmap_lock read side (faults may refill pages
 //! meanwhile, as in Linux; with range writers only their range widened to
 //! whole VMAs, `range_read`) and PTE-table locks; advices that change VMA
-//! flags hold the write side through `Edit`. Order: [`crate::mm`].
+//! flags hold the write side through `Edit` (with range writers only
+//! their range's neighbourhood, as mprotect: `name::modify_each`). Order:
+//! [`crate::mm`].
 
 use super::{Access, AddressSpace, Advice};
 use crate::addr::{is_page_aligned, page_align_up, Range, PAGE_SIZE};

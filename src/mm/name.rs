@@ -2,9 +2,11 @@
 //!
 //! # Locking
 //!
-//! The mmap_lock write side through `Edit`; see [`crate::mm`].
+//! The mmap_lock write side through `Edit`; see [`crate::mm`]. With range
+//! writers, only the range's neighbourhood (`mm/range_lock.rs`), as
+//! mprotect.
 
-use super::edit::Edit;
+use super::edit::{Edit, Reach};
 use super::AddressSpace;
 use crate::addr::{is_page_aligned, Range, PAGE_SIZE};
 use crate::error::{Error, Result};
@@ -58,12 +60,16 @@ impl AddressSpace {
     /// the mmap_lock write side, splitting and merging (Linux's
     /// `madvise_walk_vmas` with `madvise_update_vma`). An error from `want`
     /// stops at that VMA; holes are skipped, then reported as `ENOMEM`.
+    /// With range writers it locks only `r`'s neighbourhood, as mprotect
+    /// does: it splits and merges with the same `Edit::modify` and changes
+    /// no entry, so the VMAs overlapping `r` a page wider on each side are
+    /// all it reads or changes. `r` is not empty.
     pub(crate) fn modify_each(
         &self,
         r: Range,
         mut want: impl FnMut(&VmaRef) -> Result<(VmFlags, Option<Arc<AnonName>>)>,
     ) -> Result<()> {
-        let mut ed = Edit::begin(self);
+        let mut ed = Edit::begin_range(self, r, Reach::Vmas);
         let mut hole = false;
         let mut cursor = r.start;
         while cursor < r.end {

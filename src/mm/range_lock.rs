@@ -13,9 +13,11 @@
 //! What each writer locks (its *neighbourhood*, computed from the tree,
 //! then re-validated with the lock held: if the neighbourhood grew, the
 //! writer unlocks and retries with the larger range):
-//! - mprotect and an mmap into free space: its range `r` widened by one
-//!   page on each side, plus the whole of every VMA overlapping that: the
-//!   VMAs it may split or merge with. The page on each side makes two new
+//! - mprotect, madvise that sets VMA flags and `set_anon_name` (one
+//!   `Edit::modify` walk, `name::modify_each`), and an mmap into free
+//!   space: its range `r` widened by one page on each side, plus the
+//!   whole of every VMA overlapping that: the VMAs it may split or merge
+//!   with. The page on each side makes two new
 //!   mappings that would touch conflict, so they merge as one writer after
 //!   the other would have.
 //! - munmap, and an mmap over mapped pages (which unmaps them first): also
@@ -41,9 +43,9 @@
 //!   conflict may put the result one hold away from where a serial run
 //!   would (a kernel makes no promise on placement); with no other writer
 //!   the result is exactly the serial one.
-//! - every other writer (mremap, brk, madvise that changes VMAs, mlock,
-//!   mlockall, fork, exec reset, the stack, userfault registration, the
-//!   space's drop) and every other mmap_lock reader (pinning, `vmas()`,
+//! - every other writer (mremap, brk, mlock (its limit check counts
+//!   every locked VMA), mlockall, fork, exec reset, the stack, userfault
+//!   registration, the space's drop) and every other mmap_lock reader (pinning, `vmas()`,
 //!   pagemap, rmap walks) locks the whole space:
 //!   correct and not scalable, the `MmapLock` behaviour.
 //!
