@@ -40,7 +40,7 @@ const READERS: [&str; 13] = [
 /// The writers: every change of a VMA's range, flags, backing or
 /// registration (all through `Edit::lock`, which stamps and sweeps), and
 /// the calls that change entries under the mmap_lock read side.
-const WRITERS: [&str; 25] = [
+const WRITERS: [&str; 27] = [
     "munmap",
     "mprotect",
     "mremap move",
@@ -69,6 +69,10 @@ const WRITERS: [&str; 25] = [
     // madvise that sets VMA flags and set_anon_name: mprotect's
     // neighbourhood and its `Edit::modify` walk (name::modify_each).
     "range madvise flags, set_anon_name",
+    // mremap in place (mremap.rs range_edit): a shrink with munmap's
+    // neighbourhood and unmap edit, a grow with mprotect's neighbourhood.
+    "range mremap shrink",
+    "range mremap grow",
     // madvise's zaps holding only their VMAs, shared (mm/range_read.rs).
     "range madvise DONTNEED",
 ];
@@ -507,6 +511,34 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("file writeback", "range madvise flags, set_anon_name", WB_OWN_PAGES),
     ("range-locked fault fallback", "range madvise flags, set_anon_name", Shares("range_writers.rs", "range_fault_fallback_vs_mprotect_splitting_its_neighbour", "it splits and merges with mprotect's Edit::modify under the same neighbourhood (Reach::Vmas), so it meets the fallback's hold exactly where mprotect does")),
     ("VMA lookup in the forest", "range madvise flags, set_anon_name", Shares("tree.rs", "forest_writers_in_two_slots_vs_crossing_reader", FOREST_STORES)),
+    // mremap in place under a range lock (mremap.rs range_edit): a shrink as
+    // munmap, a grow as mprotect; a move takes the whole space.
+    ("speculative fault", "range mremap shrink", Shares("spec_writers.rs", "spec_fault_vs_mremap_shrink", RANGE_SAME)),
+    ("speculative fault via VMA hint", "range mremap shrink", Shares("spec_writers.rs", "spec_fault_vs_mremap_shrink", HINT)),
+    ("speculative first write (anon_vma prepare)", "range mremap shrink", PREPARE_RANGE_LOCKED_OUT),
+    ("per-VMA fault", "range mremap shrink", LOCKED_OUT),
+    ("translator access", "range mremap shrink", Shares("translator_writers.rs", "translator_store_vs_mremap_shrink", RANGE_SAME)),
+    ("translator access, flush on its home thread", "range mremap shrink", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
+    ("instruction fetch", "range mremap shrink", Shares("translator_writers.rs", "translator_store_vs_mremap_shrink", FETCH)),
+    ("device slice", "range mremap shrink", Apart("the slice's frame holds a pin taken under its PTE lock, and no writer frees a pinned frame (phys/chunk.rs): the slice reaches the page it named, orphaned, never another (tests/device_slices.rs)")),
+    ("userfault waiter", "range mremap shrink", Shares("uffd.rs", "missing_fault_vs_munmap", "the cut tail goes through munmap's unmap edit, which wakes its waiters")),
+    ("forced access", "range mremap shrink", RANGE_LOCKED_OUT),
+    ("file writeback", "range mremap shrink", Apart("the tail's writeback runs in the writer with munmap's unmap edit (under its range lock as under the mmap_lock), after it unregistered the VMA; a concurrent msync holds the object and reads its pages, not the entries the shrink zaps")),
+    ("range-locked fault fallback", "range mremap shrink", Apart("serialized by the range lock: the shrink holds the VMAs whose tail it unmaps whole (and the margin page and hole beside it, as munmap), the fallback the VMA it faults in whole: they overlap whenever the shrink touches that VMA")),
+    ("VMA lookup in the forest", "range mremap shrink", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
+    ("speculative fault", "range mremap grow", Shares("spec_writers.rs", "spec_fault_vs_mremap_grow", RANGE_SAME)),
+    ("speculative fault via VMA hint", "range mremap grow", Shares("spec_writers.rs", "spec_fault_vs_mremap_grow", HINT)),
+    ("speculative first write (anon_vma prepare)", "range mremap grow", PREPARE_RANGE_LOCKED_OUT),
+    ("per-VMA fault", "range mremap grow", LOCKED_OUT),
+    ("translator access", "range mremap grow", NO_ENTRY_CHANGE),
+    ("translator access, flush on its home thread", "range mremap grow", NO_ENTRY_CHANGE),
+    ("instruction fetch", "range mremap grow", NO_ENTRY_CHANGE),
+    ("device slice", "range mremap grow", Apart("changes no frame: the pinned page stays the one the slice named")),
+    ("userfault waiter", "range mremap grow", Apart("the waiter's page stays registered where it was; nothing it waits on changes")),
+    ("forced access", "range mremap grow", RANGE_LOCKED_OUT),
+    ("file writeback", "range mremap grow", WB_OWN_PAGES),
+    ("range-locked fault fallback", "range mremap grow", Apart("serialized by the range lock where they meet: the grow holds the VMA it grows whole, the pages it maps, and the margin page beyond with the VMA there (which it may merge with); a fallback in the grown VMA, in that neighbour or in the hole the grow fills holds a range that overlaps it, and one elsewhere reads nothing the grow changes")),
+    ("VMA lookup in the forest", "range mremap grow", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
 ];
 
 fn source(file: &str) -> &'static str {

@@ -1,8 +1,8 @@
 //! Range-locked writers (`WriterLocking::Range`, `mm/range_lock.rs`):
 //! two writers at once on disjoint ranges, on ranges whose neighbourhoods
-//! touch (mprotect against mprotect and against `set_anon_name`), two
-//! placements racing for one gap, and a range writer against the
-//! speculative fault and a translator access. The real AddressSpace
+//! touch (mprotect against mprotect, `set_anon_name` and an mremap grow
+//! in place), two placements racing for one gap, and a range writer
+//! against the speculative fault and a translator access. The real AddressSpace
 //! runs through src/sync.rs (deferred reclamation, as the other models).
 //! Each names the one-line mutation it catches (checked by breaking that
 //! line, running the model and restoring it).
@@ -14,8 +14,8 @@ mod common;
 use common::{cfg, fixed, model, rw, store_vs_munmap_reuse};
 
 use aspace::{
-    loom_door, Access, AddressSpace, Advice, Config, FaultLocking, MapFlags, Prot, WriterLocking,
-    PAGE_SIZE,
+    loom_door, Access, AddressSpace, Advice, Config, FaultLocking, MapFlags, MremapFlags, Prot,
+    WriterLocking, PAGE_SIZE,
 };
 use loom::sync::Arc;
 use loom::thread;
@@ -168,6 +168,35 @@ fn range_set_anon_name_vs_mprotect_of_its_neighbour() {
                 (A + PAGE_SIZE, A + 2 * PAGE_SIZE, Prot::READ, n)
             ]
         );
+    });
+}
+
+/// An mremap growing the VMA at `A` in place to four pages races an
+/// mprotect making the VMA at `A + 4P` read-write, so that the grown VMA
+/// merges with it. Grown first, the mprotect merges the two; protected
+/// first, the grow merges into it: either order leaves one VMA `[A, A+5P)`
+/// read-write, and so must any interleaving.
+///
+/// Catches: the range-locked mremap holding only its old range
+/// (`old_len.max(new_len)` made `old_len` in `range_edit`,
+/// src/mm/mremap.rs): the grow then decides on the neighbour without
+/// holding it, and the mprotect changes it meanwhile, which leaves two
+/// VMAs that should be one.
+#[test]
+fn range_mremap_grow_vs_mprotect_of_the_vma_it_meets() {
+    model(|| {
+        let mm = space(FaultLocking::PerVma);
+        mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.mmap(A + 4 * PAGE_SIZE, PAGE_SIZE, Prot::READ, fixed())
+            .unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || {
+            let grown = m2.mremap(A, PAGE_SIZE, 4 * PAGE_SIZE, MremapFlags::empty(), 0);
+            assert_eq!(grown, Ok(A));
+        });
+        mm.mprotect(A + 4 * PAGE_SIZE, PAGE_SIZE, rw()).unwrap();
+        t.join().unwrap();
+        assert_eq!(spans(&mm), vec![(A, A + 5 * PAGE_SIZE, rw())]);
     });
 }
 

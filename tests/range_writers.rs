@@ -6,7 +6,8 @@
 //! writer is changing.
 
 use aspace::{
-    AddressSpace, Advice, Config, FaultLocking, MapFlags, Prot, VmFlags, WriterLocking, PAGE_SIZE,
+    AddressSpace, Advice, Config, Error, FaultLocking, MapFlags, MremapFlags, Prot, VmFlags,
+    WriterLocking, PAGE_SIZE,
 };
 use std::sync::{Arc, Barrier, Mutex};
 
@@ -264,6 +265,108 @@ fn advice_and_names_on_touching_zones_remerge() {
                 let mut b = [0u8; 32];
                 mm.read(base + t * zone + p * PAGE_SIZE, &mut b).unwrap();
                 assert_eq!(b, [pat(t, 149, p); 32]);
+            }
+        }
+    }
+}
+
+/// mremap in place is a range writer (a shrink as munmap, a grow as
+/// mprotect): four threads, each with a VMA at the start of its own zone
+/// of eight pages and a `PROT_NONE` guard page (which the next zone's
+/// writers also lock, as their neighbour), grow it in place (to six
+/// pages, or to eight, touching the guard), fail to grow it to ten
+/// without `MAYMOVE`, move it away and back (the whole-space path), and
+/// shrink it, checking their pattern and that the shrunk tail is gone.
+/// Every zone ends as its two pages, holding its thread's last pattern.
+#[test]
+fn mremap_in_place_on_touching_zones() {
+    for mode in MODES {
+        let mm = space(mode);
+        let zone = 9 * PAGE_SIZE;
+        let threads = 4u64;
+        let base = mm.mmap(0, threads * zone, Prot::NONE, anon()).unwrap();
+        for t in 0..threads {
+            let z = base + t * zone;
+            mm.munmap(z, 8 * PAGE_SIZE).unwrap();
+            mm.mmap(z, 2 * PAGE_SIZE, RW, anon() | MapFlags::FIXED)
+                .unwrap();
+        }
+        let none = MremapFlags::empty();
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let mm = mm.clone();
+                std::thread::spawn(move || {
+                    let z = base + t * zone;
+                    let check = |a: u64, i: u64, pages: u64| {
+                        for p in 0..pages {
+                            let mut b = [0u8; 32];
+                            mm.read(a + p * PAGE_SIZE, &mut b).unwrap();
+                            assert_eq!(b, [pat(t, i, p); 32], "thread {t} round {i} page {p}");
+                        }
+                    };
+                    for i in 0..100u64 {
+                        for p in 0..2 {
+                            mm.write(z + p * PAGE_SIZE, &[pat(t, i, p); 32]).unwrap();
+                        }
+                        let grown = if i % 2 == 0 { 6 } else { 8 };
+                        assert_eq!(
+                            mm.mremap(z, 2 * PAGE_SIZE, grown * PAGE_SIZE, none, 0),
+                            Ok(z)
+                        );
+                        for p in 2..grown {
+                            mm.write(z + p * PAGE_SIZE, &[pat(t, i, p); 32]).unwrap();
+                        }
+                        check(z, i, grown);
+                        // The guard leaves no room for ten pages: without
+                        // MAYMOVE ENOMEM,
+                        // with it a move away, then back with FIXED.
+                        let ten = 10 * PAGE_SIZE;
+                        assert_eq!(
+                            mm.mremap(z, grown * PAGE_SIZE, ten, none, 0),
+                            Err(Error::NoMem)
+                        );
+                        let away = mm
+                            .mremap(z, grown * PAGE_SIZE, ten, MremapFlags::MAYMOVE, 0)
+                            .unwrap();
+                        assert_ne!(away, z);
+                        check(away, i, grown);
+                        let fixed = MremapFlags::MAYMOVE | MremapFlags::FIXED;
+                        assert_eq!(mm.mremap(away, ten, grown * PAGE_SIZE, fixed, z), Ok(z));
+                        assert_eq!(
+                            mm.mremap(z, grown * PAGE_SIZE, 2 * PAGE_SIZE, none, 0),
+                            Ok(z)
+                        );
+                        check(z, i, 2);
+                        let mut b = [0u8; 1];
+                        assert!(mm.read(z + 2 * PAGE_SIZE, &mut b).is_err(), "tail kept");
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        for t in 0..threads {
+            let z = base + t * zone;
+            let vs: Vec<_> = mm
+                .vmas()
+                .into_iter()
+                .filter(|v| v.start < z + zone && z < v.end)
+                .map(|v| (v.start, v.end, v.prot))
+                .collect();
+            let guard = z + 8 * PAGE_SIZE;
+            assert_eq!(
+                vs,
+                vec![
+                    (z, z + 2 * PAGE_SIZE, RW),
+                    (guard, guard + PAGE_SIZE, Prot::NONE)
+                ],
+                "zone {t}"
+            );
+            for p in 0..2 {
+                let mut b = [0u8; 32];
+                mm.read(z + p * PAGE_SIZE, &mut b).unwrap();
+                assert_eq!(b, [pat(t, 99, p); 32]);
             }
         }
     }

@@ -2,12 +2,14 @@
 //!
 //! # Locking
 //!
-//! The mmap_lock write side through `Edit`; entries move under the source
+//! The mmap_lock write side through `Edit` (with range writers, a shrink
+//! or a grow in place locks only its range and neighbourhood, as munmap
+//! and mprotect: `range_edit`); entries move under the source
 //! and destination PTE-table locks, flushed per extent or once as
 //! `Config::mremap_extent` says, and those of a shared object's VMA under
 //! its mappings lock too (`vma::mappings`). Order: [`crate::mm`].
 
-use super::edit::{Edit, VmaSpec};
+use super::edit::{Edit, Reach, VmaSpec};
 use super::placement::Backing;
 use super::{AddressSpace, MapFlags, MremapExtent, MremapFlags};
 use crate::addr::{is_page_aligned, Range, PAGE_MASK, PAGE_SHIFT, PAGE_SIZE};
@@ -78,7 +80,7 @@ impl AddressSpace {
             flags,
             new_addr,
         };
-        let new = self.mremap_locked(raw, &mut locked)?;
+        let new = self.mremap_locked(raw, &mut locked, true)?;
         // Locked memory that grew is populated as mlock would (not with
         // the lock held; errors ignored), as Linux's mremap ends.
         let (old_len, new_len) = (page_align_wrapping(old_len), page_align_wrapping(new_len));
@@ -89,8 +91,13 @@ impl AddressSpace {
     }
 
     /// [`mremap`](Self::mremap) under the mmap_lock, with the call's raw
-    /// arguments; `locked` says whether the VMA it found was locked.
-    fn mremap_locked(&self, raw: Request, locked: &mut bool) -> Result<u64> {
+    /// arguments; `locked` says whether the VMA it found was locked. With
+    /// `try_range` (and range writers), a shrink or a grow in place runs
+    /// as a range writer ([`range_edit`](Self::range_edit)); a call that
+    /// turns out to need more (a move, a locked or shared VMA growing)
+    /// drops that edit before it has changed anything and runs again on
+    /// the whole space.
+    fn mremap_locked(&self, raw: Request, locked: &mut bool, try_range: bool) -> Result<u64> {
         let Request {
             old_addr,
             old_len,
@@ -117,7 +124,13 @@ impl AddressSpace {
         // range is known to end inside its VMA (`check_old_range`, or the
         // pieces of VMAs in `remap_move`), or through `shrunk_tail`.
         let implies_new = flags.intersects(MremapFlags::FIXED | MremapFlags::DONTUNMAP);
-        let mut ed = Edit::begin(self);
+        let ranged = if try_range && !implies_new {
+            self.range_edit(old_addr, old_len, new_len)
+        } else {
+            None
+        };
+        let in_range = ranged.is_some();
+        let mut ed = ranged.unwrap_or_else(|| Edit::begin(self));
         if implies_new {
             if new_addr > task - new_len || !is_page_aligned(new_addr) {
                 return Err(Error::Inval);
@@ -143,6 +156,16 @@ impl AddressSpace {
             return Err(Error::Fault);
         };
         let vma_locked = vma.flags().contains(VmFlags::LOCKED);
+        // A range writer grows only private anonymous memory, unlocked
+        // (the memlock limit counts every locked VMA) and not a stack:
+        // anything else runs again on the whole space, nothing changed.
+        if in_range
+            && new_len > old_len
+            && (vma_locked || !vma.is_anonymous() || vma.flags().intersects(Self::RANGE_GROW_NOT))
+        {
+            drop(ed);
+            return self.mremap_locked(raw, locked, false);
+        }
         *locked = vma_locked;
         // Declared after `ed`, so dropped (and flushed) before the
         // mmap_lock is released: one flush for the whole call.
@@ -197,6 +220,12 @@ impl AddressSpace {
         if !flags.contains(MremapFlags::MAYMOVE) {
             return Err(Error::NoMem);
         }
+        if in_range {
+            // A move places and unmaps far from the held range.
+            drop(gather);
+            drop(ed);
+            return self.mremap_locked(raw, locked, false);
+        }
         let mflags = if shared {
             MapFlags::SHARED
         } else {
@@ -205,6 +234,38 @@ impl AddressSpace {
         let backing = Backing::of_vma(&vma, old_addr);
         let dst = self.get_unmapped_area(&ed.view(), 0, new_len, false, mflags, backing)?;
         self.move_vma(&mut ed, &mut gather, vma, req, dst)
+    }
+
+    /// Flags of a VMA a range-locked mremap does not grow.
+    const RANGE_GROW_NOT: VmFlags = VmFlags::SHARED
+        .union(VmFlags::MAYSHARE)
+        .union(VmFlags::GROWSDOWN)
+        .union(VmFlags::LOCKED)
+        .union(VmFlags::LOCKONFAULT);
+
+    /// With range writers, an mremap that stays in place (no `FIXED`, no
+    /// `DONTUNMAP`) as a range writer of `[old_addr, old_addr +
+    /// max(old_len, new_len))`: a shrink with the hole around it, as
+    /// munmap (it unmaps the tail and frees tables there); a grow or a
+    /// same-size call with its neighbours, as mprotect (a grow maps the
+    /// pages after the VMA, merging with the next one if it touches).
+    /// `None` (take the whole space): not in range mode, or a range that
+    /// wraps or passes the task size (the whole-space path gives Linux's
+    /// errors for it).
+    fn range_edit(&self, old_addr: u64, old_len: u64, new_len: u64) -> Option<Edit<'_>> {
+        if !self.mmap_lock.is_range_mode() {
+            return None;
+        }
+        let r = Range::from_len(old_addr, old_len.max(new_len))?;
+        if r.end > self.cfg.task_size {
+            return None;
+        }
+        let reach = if new_len < old_len {
+            Reach::Hole
+        } else {
+            Reach::Vmas
+        };
+        Some(Edit::begin_range(self, r, reach))
     }
 
     /// Moves every VMA piece of `[old_addr, old_addr + len)` to the same

@@ -43,10 +43,17 @@
 //!   conflict may put the result one hold away from where a serial run
 //!   would (a kernel makes no promise on placement); with no other writer
 //!   the result is exactly the serial one.
-//! - every other writer (mremap, brk, mlock (its limit check counts
-//!   every locked VMA), mlockall, fork, exec reset, the stack, userfault
-//!   registration, the space's drop) and every other mmap_lock reader (pinning, `vmas()`,
-//!   pagemap, rmap walks) locks the whole space:
+//! - mremap in place (no `FIXED`, no `DONTUNMAP`, `mremap::range_edit`):
+//!   `[old, old + max(old_len, new_len))`, a shrink with munmap's hole
+//!   (it unmaps the tail with munmap's edit), a grow with mprotect's
+//!   neighbourhood (it maps the pages after the VMA, merging into it and
+//!   into a next VMA that touches them). A grow of a shared, locked or
+//!   growsdown VMA, or one that must move, drops its hold before it
+//!   changes anything and runs again on the whole space.
+//! - every other writer (an mremap move, brk, mlock (its limit check
+//!   counts every locked VMA), mlockall, fork, exec reset, the stack,
+//!   userfault registration, the space's drop) and every other mmap_lock
+//!   reader (pinning, `vmas()`, pagemap, rmap walks) locks the whole space:
 //!   correct and not scalable, the `MmapLock` behaviour.
 //!
 //! # The protocol of range-locked readers
