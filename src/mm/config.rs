@@ -41,12 +41,13 @@ pub enum WriterLocking {
     /// page tables it may free), so writers on disjoint ranges run at
     /// once; every other writer, and every mmap_lock reader, takes the
     /// whole address space. Linux's results are kept (placement aside:
-    /// two mmaps placed at once leave a page or two between them). Not yet
-    /// faster: on 2 cores a writers-only loop ran slower at 2 threads than
-    /// at 1, and 16% slower than `MmapLock` at 1 (`docs/RESULTS.md`).
+    /// two mmaps placed at once leave a page or two between them).
     /// Linux's placement puts concurrent threads' mappings side by side,
     /// so their writers meet; [`Config::placement_window`] keeps them
-    /// apart.
+    /// apart. With windows, on 2 cores, full instantiation at 2 threads
+    /// ran 1.3-1.6x its 1-thread rate; at 1 thread a writers-only loop is
+    /// about a fifth slower than `PerVma` (`docs/RESULTS.md`,
+    /// "Instantiation").
     Range,
 }
 
