@@ -12,7 +12,11 @@
 //!
 //! What each writer locks (its *neighbourhood*, computed from the tree,
 //! then re-validated with the lock held: if the neighbourhood grew, the
-//! writer unlocks and retries with the larger range):
+//! writer unlocks and retries with the larger range; the re-validation is
+//! skipped when no range was held exclusive from before the computation
+//! to the grant, [`RangeLock::quiet`], since every change to the tree and
+//! the VMAs is made under an exclusive hold and nothing read can have
+//! changed):
 //! - mprotect and an mmap into free space: its range `r` widened by one
 //!   page on each side, plus the whole of every VMA overlapping that: the
 //!   VMAs it may split or merge with. The page on each side makes two new
