@@ -207,7 +207,11 @@ fn range_mremap_grow_vs_mprotect_of_the_vma_it_meets() {
 /// Catches: the re-check under the lock skipped (`let usable =
 /// mm.range_usable(&view, r);` made `let usable = true;`, src/mm/edit/range.rs
 /// `begin_placed`): a placement that searched before the other mapped
-/// and locked after it released maps over it.
+/// and locked after it released maps over it. Also catches the
+/// re-check skipped for a grant that a writer preceded (`st.writes +=
+/// u64::from(me.exclusive);` deleted in src/mm/range_lock.rs `grant`: the
+/// count of exclusive grants never moves, so every grant looks
+/// undisturbed since `RangeLock::quiet`).
 #[test]
 fn range_placements_race_for_one_gap() {
     model(|| {

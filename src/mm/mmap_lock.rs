@@ -168,6 +168,28 @@ impl<T> MmapLock<T> {
     }
 }
 
+/// A guard of the mmap_lock that may hold a range of the range lock.
+pub(crate) trait RangeHold {
+    /// [`RangeGuard::undisturbed_since`] of the range held (false if none).
+    fn undisturbed_since(&self, mark: Option<u64>) -> bool;
+}
+
+impl<T> RangeHold for MmapWriteGuard<'_, T> {
+    fn undisturbed_since(&self, mark: Option<u64>) -> bool {
+        self.range
+            .as_ref()
+            .is_some_and(|r| r.undisturbed_since(mark))
+    }
+}
+
+impl<T> RangeHold for MmapReadGuard<'_, T> {
+    fn undisturbed_since(&self, mark: Option<u64>) -> bool {
+        self._range
+            .as_ref()
+            .is_some_and(|r| r.undisturbed_since(mark))
+    }
+}
+
 impl<'a, T> MmapWriteGuard<'a, T> {
     /// The sequence of this write section.
     #[inline]

@@ -12,7 +12,11 @@
 //!
 //! What each writer locks (its *neighbourhood*, computed from the tree,
 //! then re-validated with the lock held: if the neighbourhood grew, the
-//! writer unlocks and retries with the larger range):
+//! writer unlocks and retries with the larger range; the re-validation is
+//! skipped when no range was held exclusive from before the computation
+//! to the grant, [`RangeLock::quiet`], since every change to the tree and
+//! the VMAs is made under an exclusive hold and nothing read can have
+//! changed):
 //! - mprotect, madvise that sets VMA flags and `set_anon_name` (one
 //!   `Edit::modify` walk, `name::modify_each`), and an mmap into free
 //!   space: its range `r` widened by one page on each side, plus the
@@ -184,6 +188,10 @@ struct State {
     next: u64,
     /// Releases so far (a placement waits for the next one).
     releases: u64,
+    /// Exclusive holds granted so far: a holder that saw none held and
+    /// this count unchanged by its own grant knows no one changed the
+    /// space meanwhile ([`RangeLock::quiet`]).
+    writes: u64,
     held: Vec<Hold>,
     waiting: Vec<Hold>,
 }
@@ -218,12 +226,22 @@ pub(crate) struct RangeGuard<'a> {
     lock: &'a RangeLock,
     ticket: u64,
     range: Range,
+    /// The exclusive holds granted before this one.
+    writes_before: u64,
 }
 
 impl RangeGuard<'_> {
     /// The range held.
     pub(crate) fn range(&self) -> Range {
         self.range
+    }
+
+    /// True if no range was held exclusive from the [`RangeLock::quiet`]
+    /// call that returned `mark` to this grant: no writer changed the
+    /// tree or a VMA in between, so what the holder read from the tree
+    /// then is what it would read now (`edit::lock_validated`).
+    pub(crate) fn undisturbed_since(&self, mark: Option<u64>) -> bool {
+        mark == Some(self.writes_before)
     }
 }
 
@@ -287,16 +305,31 @@ impl RangeLock {
 
     fn grant<'a>(&'a self, mut st: MutexGuard<'_, State>, me: Hold) -> RangeGuard<'a> {
         st.held.push(me);
+        let writes_before = st.writes;
+        st.writes += u64::from(me.exclusive);
         RangeGuard {
             lock: self,
             ticket: me.ticket,
             range: me.r,
+            writes_before,
         }
     }
 
+    /// A mark for [`RangeGuard::undisturbed_since`]: `None` if some range
+    /// is held exclusive now, else the count of exclusive grants so far.
+    /// Every change to the tree and the VMAs is made under an exclusive
+    /// hold (range writers hold their neighbourhood, every other writer
+    /// the whole space), so a later grant that finds the count unchanged
+    /// was preceded by no change since the mark; the mutex orders every
+    /// earlier holder's changes before it.
+    pub(crate) fn quiet(&self) -> Option<u64> {
+        quiet_mark(&self.state.lock())
+    }
+
     /// The ranges held or waited for now (every one conflicts with an
-    /// exclusive request), and the count of releases so far.
-    pub(crate) fn busy(&self) -> (Vec<Range>, u64) {
+    /// exclusive request), the count of releases so far, and the
+    /// [`quiet`](Self::quiet) mark of this moment.
+    pub(crate) fn busy(&self) -> (Vec<Range>, u64, Option<u64>) {
         let st = self.state.lock();
         let v = st
             .held
@@ -304,7 +337,7 @@ impl RangeLock {
             .chain(st.waiting.iter())
             .map(|h| h.r)
             .collect();
-        (v, st.releases)
+        (v, st.releases, quiet_mark(&st))
     }
 
     /// Waits until some hold is released after [`busy`](Self::busy) said
@@ -315,6 +348,11 @@ impl RangeLock {
             st = self.released.wait(st);
         }
     }
+}
+
+/// [`RangeLock::quiet`] on a locked state.
+fn quiet_mark(st: &State) -> Option<u64> {
+    (!st.held.iter().any(|h| h.exclusive)).then_some(st.writes)
 }
 
 #[cfg(all(test, not(aspace_loom)))]
@@ -376,11 +414,31 @@ mod tests {
     fn busy_lists_holds_and_waiters_and_counts_releases() {
         let l = RangeLock::new();
         let g = l.lock(r(0, 10), true);
-        let (busy, n) = l.busy();
+        let (busy, n, q) = l.busy();
         assert_eq!(busy, vec![r(0, 10)]);
+        assert_eq!(q, None, "an exclusive hold: not quiet");
         drop(g);
-        let (busy, m) = l.busy();
-        assert!(busy.is_empty() && m == n + 1);
+        let (busy, m, q) = l.busy();
+        assert!(busy.is_empty() && m == n + 1 && q == Some(1));
         l.wait_release(n); // returns at once: a release happened
+    }
+
+    #[test]
+    fn a_grant_is_undisturbed_only_if_no_exclusive_hold_came_between() {
+        let l = RangeLock::new();
+        let mark = l.quiet();
+        let s = l.lock(r(0, 10), false);
+        assert!(s.undisturbed_since(mark), "a shared hold changes nothing");
+        let mark = l.quiet();
+        let w = l.lock(r(20, 30), true);
+        assert!(w.undisturbed_since(mark), "its own grant does not count");
+        assert_eq!(l.quiet(), None, "held exclusive");
+        let late = l.lock(r(40, 50), true);
+        assert!(!late.undisturbed_since(None));
+        drop((w, late));
+        let mark = l.quiet();
+        drop(l.lock(r(60, 70), true)); // a writer came and went
+        assert!(!l.lock(r(0, 10), false).undisturbed_since(mark));
+        drop(s);
     }
 }

@@ -59,7 +59,11 @@
 //! overlaps top-down, carrying the lowest entry start found above: slot `k`
 //! is searched for holes at or above its first entry, with the hole above
 //! its last entry reaching up to that carried start (which may lie slots
-//! higher). After the lowest slot, the hole below every entry found is
+//! higher). An empty slot lies inside the hole that reaches down from
+//! that start: the highest fit there starting at or above the slot's
+//! start is the hole's highest fit whatever lies below, so the search
+//! stops there (a search in an empty space visits one slot, not all).
+//! After the lowest slot, the hole below every entry found is
 //! tried. This visits exactly the holes of the single tree, highest first,
 //! and fits each with the same arithmetic, so the answer is the single
 //! tree's (Linux placement equality, `tests/kernel_diff.rs`).
@@ -426,7 +430,21 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
             if fit.is_some() {
                 return fit;
             }
-            let Some((_, last)) = bounds else { continue };
+            let Some((_, last)) = bounds else {
+                // An empty slot: the hole from `below` covers it, and the
+                // entries above start at or past its end, so a fit ending
+                // inside it is the lowest (an empty space stops at its
+                // first slot instead of visiting every one).
+                match RangeTree::<V>::gap_free::<true>(
+                    lo.max(below),
+                    hi.min(self.end(k)),
+                    size,
+                    align,
+                ) {
+                    Some(s) => return Some(s),
+                    None => continue,
+                }
+            };
             below = last;
             if last >= hi {
                 return None;
@@ -453,7 +471,21 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
             if fit.is_some() {
                 return fit;
             }
-            let Some((first, _)) = bounds else { continue };
+            let Some((first, _)) = bounds else {
+                // An empty slot: the hole below `above` covers it, and the
+                // entries below end at or before its start, so a fit
+                // starting inside it is the highest (the mirror of
+                // `gap_lowest`'s).
+                match RangeTree::<V>::gap_free::<false>(
+                    lo.max(self.start(k)),
+                    hi.min(above),
+                    size,
+                    align,
+                ) {
+                    Some(s) => return Some(s),
+                    None => continue,
+                }
+            };
             above = first;
             if first <= lo {
                 return None;

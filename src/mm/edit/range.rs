@@ -6,6 +6,7 @@
 use super::Edit;
 use crate::addr::{Range, PAGE_SIZE};
 use crate::error::{Error, Result};
+use crate::mm::mmap_lock::RangeHold;
 use crate::mm::AddressSpace;
 use crate::pt::ROOT_ENTRY_SPAN;
 use crate::reclaim::Guard;
@@ -63,7 +64,7 @@ impl<'a> Edit<'a> {
     ) -> Option<Result<(u64, Self)>> {
         let ranges = mm.mmap_lock.ranges()?;
         Some(loop {
-            let (avoid, gen) = ranges.busy();
+            let (avoid, gen, mark) = ranges.busy();
             let pin = mm.tree.pin();
             let view = View {
                 mm,
@@ -90,6 +91,19 @@ impl<'a> Edit<'a> {
                 continue;
             };
             let pin = mm.tree.pin();
+            if st.undisturbed_since(mark) {
+                // No writer since `busy`: the search, the neighbourhood
+                // and the gap's usability read the tree as it is now.
+                break Ok((
+                    addr,
+                    Edit {
+                        mm,
+                        state: st,
+                        tree: None,
+                        pin,
+                    },
+                ));
+            }
             let now = neighbourhood(mm, r, Reach::Vmas, &pin);
             let view = View {
                 mm,
@@ -134,16 +148,28 @@ fn free_area_in(
 /// the guard and an epoch pin taken under it. The protocol of range
 /// writers and readers (`range_lock`'s module docs) rests on this: what
 /// the holder validated can be changed only by a holder of an overlapping
-/// range.
-pub(crate) fn lock_validated<G>(
+/// range. When no range was held exclusive from before the first
+/// computation to the grant ([`RangeLock::quiet`]), nothing it read can
+/// have changed, and the second computation is skipped (one thread alone
+/// always; the recomputation remains for every grant a writer preceded).
+///
+/// [`RangeLock::quiet`]: crate::mm::range_lock::RangeLock::quiet
+pub(crate) fn lock_validated<G: RangeHold>(
     mm: &AddressSpace,
     mut compute: impl FnMut(&Guard) -> Range,
     mut lock: impl FnMut(Range) -> G,
 ) -> (G, Guard) {
+    let mut mark = mm.mmap_lock.ranges().and_then(|l| l.quiet());
     let mut want = compute(&mm.tree.pin());
     loop {
         let held = lock(want);
         let pin = mm.tree.pin();
+        if held.undisturbed_since(mark) {
+            return (held, pin);
+        }
+        // A later round computes its union from reads made while others
+        // held ranges: never skipped.
+        mark = None;
         let now = compute(&pin);
         if want.start <= now.start && now.end <= want.end {
             return (held, pin);
@@ -157,12 +183,14 @@ pub(crate) fn lock_validated<G>(
 /// `r` widened to the whole of every VMA overlapping it: what a reader of
 /// those VMAs (and of the holes of `r`) locks shared.
 pub(crate) fn vma_hull(mm: &AddressSpace, r: Range, pin: &Guard) -> Range {
-    let (mut lo, mut hi) = (r.start, r.end);
-    for (vr, _) in mm.tree.range(r, pin) {
-        lo = lo.min(vr.start);
-        hi = hi.max(vr.end);
+    if r.is_empty() {
+        return r;
     }
-    Range::new(lo, hi)
+    // Only the VMAs holding the first and the last address of `r` can
+    // reach past it: two point lookups, no list of the VMAs between.
+    let lo = mm.tree.find(r.start, pin).map_or(r.start, |(v, _)| v.start);
+    let hi = mm.tree.find(r.end - 1, pin).map_or(r.end, |(v, _)| v.end);
+    Range::new(lo.min(r.start), hi.max(r.end))
 }
 
 /// How far a neighbourhood reaches past its range on each side: a page,
