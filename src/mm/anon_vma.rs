@@ -8,12 +8,15 @@
 //! the per-VMA path only try-locks the mmap_lock read side here (to see
 //! the neighbours stay put), and retries under the mmap_lock if it cannot;
 //! a speculative fault try-locks it itself and validates its snapshot's
-//! stamp under it before calling (`spec_fault::prepare_anon_vma`). The
+//! stamp under it before calling [`anon_vma_prepare_held`], which looks
+//! the neighbours up under the fault's own tree pin
+//! (`spec_fault::prepare_anon_vma`). The
 //! install itself is a compare-exchange under the family's lock, so
 //! concurrent prepares of one VMA link it once. Order: [`crate::mm`].
 
 use crate::addr::pages;
 use crate::mm::{next_id, AddressSpace};
+use crate::reclaim::Guard;
 use crate::stats::Event;
 use crate::sync::Arc;
 use crate::vma::{AnonVma, VmFlags, Vma};
@@ -40,7 +43,25 @@ pub(crate) fn anon_vma_prepare<'v>(
     } else {
         None
     };
-    let g = mm.tree.pin();
+    Ok(prepare_held(mm, vma, &mm.tree.pin()))
+}
+
+/// [`anon_vma_prepare`] for a caller that holds the mmap_lock (read side
+/// at least: the neighbours stay put) and an epoch pin of the tree `g`
+/// (the speculative fault's own, so the prepare pins nothing again).
+pub(crate) fn anon_vma_prepare_held<'v>(mm: &AddressSpace, vma: &'v Vma, g: &Guard) -> &'v AnonVma {
+    // SAFETY: the caller holds the mmap_lock for the lifetime `'v` it
+    // lends, so the VMA keeps its anon_vma.
+    if let Some(a) = unsafe { vma.anon_vma() } {
+        return a;
+    }
+    prepare_held(mm, vma, g)
+}
+
+/// The neighbour check and the install, for a VMA that had no anon_vma
+/// when looked at, under the caller's hold (the mmap_lock read side at
+/// least) and tree pin.
+fn prepare_held<'v>(mm: &AddressSpace, vma: &'v Vma, g: &Guard) -> &'v AnonVma {
     // Linux's `anon_vma_compatible`: adjacent, the same backing (private
     // mappings of one object share an anon_vma as those of one file do),
     // flags equal but for access, contiguous offsets.
@@ -64,13 +85,13 @@ pub(crate) fn anon_vma_prepare<'v>(
     // neighbours in the tree.
     let around = mm
         .tree
-        .find_around(vma.start(), &g)
+        .find_around(vma.start(), g)
         .filter(|a| core::ptr::eq::<Vma>(&**a.entry().1, vma));
     let beside = |d: isize, addr: Option<u64>| {
         let addr = addr?;
         match around.as_ref().map(|a| a.nearby(d)) {
             Some(Some((r, v))) => r.contains(addr).then_some(v),
-            _ => mm.tree.find(addr, &g).map(|(_, v)| v),
+            _ => mm.tree.find(addr, g).map(|(_, v)| v),
         }
     };
     let mut found: Option<Arc<AnonVma>> = None;
@@ -87,5 +108,5 @@ pub(crate) fn anon_vma_prepare<'v>(
         }
     }
     let a = found.unwrap_or_else(|| Arc::new(AnonVma::new(next_id())));
-    Ok(vma.install_anon_vma(a, &mm.stats))
+    vma.install_anon_vma(a, &mm.stats)
 }

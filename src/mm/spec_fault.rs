@@ -195,12 +195,15 @@ use crate::phys::Pfn;
 #[cfg(doc)]
 use crate::pt::PageTable;
 use crate::pt::{CheckedInstallError, Pte, PteFlags};
+use crate::reclaim::Guard;
 use crate::stats::Event;
 use crate::sync::{fence, Ordering};
 use crate::vma::{VmFlags, VmaRef};
 
 /// One speculative attempt. `Err(reason)`: nothing changed, run the
-/// per-VMA path.
+/// per-VMA path. Never inlined: its own symbol for profiles (as the
+/// compiler mostly left it anyway), at the cost of one call per fault.
+#[inline(never)]
 pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(), Event> {
     let g = mm.tree.pin();
     // The CPU's hint first (see `vma_hint`): validated as a tree result
@@ -237,7 +240,7 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
         return Err(Event::spec_abort_needs_more);
     }
     if access == Access::Write && !v.has_anon_vma() {
-        prepare_anon_vma(mm, &v, stamp)?;
+        prepare_anon_vma(mm, &v, stamp, &g)?;
     }
     let page = page_align_down(addr);
     // Huge pages are installed only with the VMA held (`mm::thp`): where
@@ -332,7 +335,9 @@ fn candidate(mm: &AddressSpace, v: &VmaRef, addr: u64) -> Result<(u64, VmFlags, 
 /// lock adds nothing once the mmap_lock is held). The stamp does not
 /// move (filling the pointer is no write section), so the install goes
 /// on with the same snapshot.
-fn prepare_anon_vma(mm: &AddressSpace, v: &VmaRef, stamp: u64) -> Result<(), Event> {
+/// `g` is the fault's own tree pin, which the prepare's neighbour lookup
+/// reuses.
+fn prepare_anon_vma(mm: &AddressSpace, v: &VmaRef, stamp: u64, g: &Guard) -> Result<(), Event> {
     let Some(_st) = mm.mmap_lock.try_read() else {
         return Err(Event::spec_abort_needs_more);
     };
@@ -341,7 +346,7 @@ fn prepare_anon_vma(mm: &AddressSpace, v: &VmaRef, stamp: u64) -> Result<(), Eve
     if v.lock.stamp() != stamp {
         return Err(Event::spec_abort_stamp);
     }
-    crate::mm::anon_vma::anon_vma_prepare(mm, v, false)?;
+    crate::mm::anon_vma::anon_vma_prepare_held(mm, v, g);
     mm.stats.inc(Event::spec_anon_vma_prepared);
     Ok(())
 }

@@ -73,9 +73,15 @@ impl<K: Ord + Copy, V> ChunkMap<K, V> {
             return None;
         };
         let c = &mut self.chunks[i];
-        let j = match c.binary_search_by(|(ck, _)| ck.cmp(&k)) {
-            Ok(j) => return Some(core::mem::replace(&mut c[j].1, v)),
-            Err(j) => j,
+        // The append case (in-order filing) needs no search: past the
+        // chunk's last key, the entry goes at its end.
+        let j = if c.last().is_some_and(|(ck, _)| *ck < k) {
+            c.len()
+        } else {
+            match c.binary_search_by(|(ck, _)| ck.cmp(&k)) {
+                Ok(j) => return Some(core::mem::replace(&mut c[j].1, v)),
+                Err(j) => j,
+            }
         };
         self.len += 1;
         if c.len() < CHUNK {
@@ -238,6 +244,11 @@ mod tests {
             up.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
             (0..n).collect::<Vec<_>>()
         );
+        // The last key again is a replacement, not an append.
+        assert_eq!(up.insert(n - 1, 0), Some(n - 1));
+        up.check();
+        assert_eq!(up.len(), n);
+        assert_eq!(up.get(&(n - 1)), Some(&0));
     }
 
     /// Inserts into the middle of full chunks split them and keep order.
