@@ -240,7 +240,7 @@ fn widths(mm: &aspace::AddressSpace, n: u64, reps: usize) {
     let vec_store = best(reps, || time(&mut || plain_stores(&mut v, n)));
     let ops = width_loops();
     // ns[op][width][round]
-    let mut ns = vec![vec![Vec::with_capacity(rounds); 4]; ops.len()];
+    let mut ns = vec![vec![Vec::new(); 4]; ops.len()];
     for r in 0..rounds {
         for (o, (_, loops)) in ops.iter().enumerate() {
             for k in 0..loops.len() {
