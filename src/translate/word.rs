@@ -1,6 +1,6 @@
 //! Guest words in frame memory: the [`Scalar`] types a translator loads
-//! and stores, loads and stores of every width, and byte copies done as 8-byte
-//! atomic words.
+//! and stores, loads and stores of every width, and byte copies done as
+//! 8-byte atomic words.
 //!
 //! Frame memory is shared with other threads and translators, and other
 //! code (`phys`, `mm.read`) reads it as `AtomicU64` words, so every access
