@@ -1,8 +1,10 @@
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 //! The soft TLB as criterion groups: 8-byte loads over a hot 64-page
 //! working set through a translator (1 and 2 threads), `mm.read` and a
-//! plain slice (Throughput = loads); aligned loads and stores of every
-//! width, and a u32 load+store pair loop against a plain `Vec`
+//! plain slice (Throughput = loads); aligned loads, stores and a store
+//! then a load of the same place of every width (at every aligned slot
+//! of a word; the ratios to `u64` are printed by the `translate` example),
+//! and a u32 load+store pair loop against a plain `Vec`
 //! (Throughput = accesses or pairs); and flushes with and without busy
 //! translators.
 //!
@@ -60,6 +62,9 @@ fn loads(c: &mut Criterion) {
                 });
                 g.bench_function(format!("translator/store/{name}"), |b| {
                     b.iter(|| stores_of::<$w>(&mut t, LOADS))
+                });
+                g.bench_function(format!("translator/store_load/{name}"), |b| {
+                    b.iter(|| store_loads_of::<$w>(&mut t, LOADS))
                 });
             )*};
         }

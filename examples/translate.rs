@@ -2,7 +2,8 @@
 //! and two threads, and what a flush costs with busy translators.
 //!
 //! ```text
-//! cargo run --release --example translate -- [--loads N] [--reps R]
+//! cargo run --release --example translate -- [--loads N] [--reps R] [--widths only]
+//! cargo run --release --example translate -- --only OP:WIDTH [--loads N]
 //! ```
 //!
 //! Prints one table measured in one run: ns per 8-byte load over a hot
@@ -12,12 +13,19 @@
 //! to read-only and back, per flush) with no translators, with translators
 //! on two threads (the flusher's own and another, idle or loading), and
 //! with translators loading on two threads besides the flusher's; then
-//! aligned loads and stores of every width against the u64 ones (target
-//! <= 1.3x) and a u32 load+store pair loop against the same loop over a
-//! plain `Vec` (target <= 4x). Each figure is the best of R repetitions,
-//! but the pair ratio: the median of max(R, 5) alternations of the two
-//! loops, each alternation's ratio measured back to back (its range is
-//! printed too).
+//! aligned loads, stores, and stores each followed by a load of the same
+//! place, of every width (at every aligned slot of a word) against the
+//! u64 ones (target <= 1.3x), and a u32 load+store pair loop against the
+//! same loop over a plain `Vec` (target <= 4x). Each time is the best of
+//! R repetitions, but the ratios by width and the pair ratio: the median
+//! of max(R, 5) alternations, each alternation's ratio measured back to
+//! back (their range is printed too). `--widths only` prints only those.
+//!
+//! `--only OP:WIDTH` (OP `load`, `store` or `store+load`; WIDTH `u8`..`u64`)
+//! runs that one loop of N accesses on a warm translator and nothing
+//! else, for instruction counts per access under callgrind (the loops are
+//! `#[inline(never)]`; `--toggle-collect` names them), see
+//! docs/RESULTS.md.
 
 #[path = "../benches/common/machine.rs"]
 mod machine;
@@ -35,19 +43,32 @@ fn best(reps: usize, mut f: impl FnMut() -> f64) -> f64 {
 fn main() {
     let mut loads: u64 = 20_000_000;
     let mut reps = 5;
+    let mut only_loop = None;
+    let mut widths_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let v = args.next().unwrap_or_default();
         match a.as_str() {
             "--loads" => loads = parse_arg(&v, |&n: &u64| n > 0).expect("--loads N"),
             "--reps" => reps = parse_arg(&v, |&n: &usize| n > 0).expect("--reps R"),
+            "--only" => only_loop = Some(v),
+            "--widths" if v == "only" => widths_only = true,
             _ => {
-                eprintln!("usage: translate [--loads N] [--reps R]");
+                eprintln!(
+                    "usage: translate [--loads N] [--reps R] [--widths only] [--only OP:WIDTH]"
+                );
                 std::process::exit(2);
             }
         }
     }
     let mm = setup();
+    if let Some(what) = only_loop {
+        return only(&mm, &what, loads);
+    }
+    if widths_only {
+        println!("translate: accesses by width; {}", machine());
+        return widths(&mm, loads, reps);
+    }
     let s = slice();
     let reads = (loads / 20).max(1);
 
@@ -127,73 +148,133 @@ fn main() {
     widths(&mm, loads, reps);
 }
 
-/// Aligned loads and stores of every width, and load+store pairs against
-/// a plain `Vec`.
+/// The per-width loops: (name, function) for each operation and width,
+/// with `u64` last in each operation's list.
+type Loop = fn(&mut aspace::Translator<'_>, u64) -> u64;
+
+fn width_loops() -> [(&'static str, [(&'static str, Loop); 4]); 3] {
+    fn st<T: aspace::Scalar>(t: &mut aspace::Translator<'_>, n: u64) -> u64 {
+        stores_of::<T>(t, n);
+        0
+    }
+    [
+        (
+            "load",
+            [
+                ("u8", loads_of::<u8>),
+                ("u16", loads_of::<u16>),
+                ("u32", loads_of::<u32>),
+                ("u64", loads_of::<u64>),
+            ],
+        ),
+        (
+            "store",
+            [
+                ("u8", st::<u8>),
+                ("u16", st::<u16>),
+                ("u32", st::<u32>),
+                ("u64", st::<u64>),
+            ],
+        ),
+        (
+            "store+load",
+            [
+                ("u8", store_loads_of::<u8>),
+                ("u16", store_loads_of::<u16>),
+                ("u32", store_loads_of::<u32>),
+                ("u64", store_loads_of::<u64>),
+            ],
+        ),
+    ]
+}
+
+/// `--only OP:WIDTH` (e.g. `store:u8`): warms a translator, then runs
+/// only that loop, `n` accesses, once, for an instruction count per
+/// access (`valgrind --tool=callgrind --collect-atstart=no
+/// --toggle-collect='*translate_workload::stores_of*'`).
+fn only(mm: &aspace::AddressSpace, what: &str, n: u64) {
+    let (op, width) = what.split_once(':').unwrap_or((what, ""));
+    let found = width_loops()
+        .into_iter()
+        .filter(|(o, _)| *o == op)
+        .flat_map(|(_, loops)| loops)
+        .find(|(w, _)| *w == width);
+    let Some((_, f)) = found else {
+        eprintln!("--only OP:WIDTH: OP is load, store or store+load; WIDTH u8, u16, u32 or u64");
+        std::process::exit(2);
+    };
+    let mut t = mm.translator();
+    translated(&mut t, WORDS);
+    println!("{what}: {n} accesses, sum {}", f(&mut t, n));
+}
+
+/// Aligned loads and stores of every width (at every aligned slot of a
+/// word), a store then a load of the same place, and load+store pairs
+/// against a plain `Vec`. Each width's figure against the `u64` one is
+/// the median of max(3R, 15) alternations (every width timed back to
+/// back, in an order rotated each round, in thread CPU time), as for the
+/// pair ratio.
 fn widths(mm: &aspace::AddressSpace, n: u64, reps: usize) {
-    let ns = |f: &mut dyn FnMut()| {
-        best(reps, || {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64() * 1e9 / n as f64
-        })
+    let time = |f: &mut dyn FnMut()| {
+        let at = Instant::now();
+        f();
+        at.elapsed().as_secs_f64() * 1e9 / n as f64
+    };
+    // The width loops: more, shorter rounds, each loop timed in the
+    // thread's CPU time (time descheduled on a loaded machine left out).
+    let rounds = (3 * reps).max(15);
+    let chunk = (n / 4).max(1);
+    let cpu_time = |f: &mut dyn FnMut()| {
+        let at = thread_cpu_ns();
+        f();
+        (thread_cpu_ns() - at) as f64 / chunk as f64
     };
     let mut t = mm.translator();
     translated(&mut t, WORDS);
     let mut v = slice();
-    let vec_load = ns(&mut || {
-        plain(&v, n);
+    let vec_load = best(reps, || {
+        time(&mut || {
+            plain(&v, n);
+        })
     });
-    let vec_store = ns(&mut || plain_stores(&mut v, n));
-    let row = |w: &str, load: f64, store: f64| (w.to_string(), load, store);
-    let rows = [
-        row(
-            "u8",
-            ns(&mut || {
-                loads_of::<u8>(&mut t, n);
-            }),
-            ns(&mut || stores_of::<u8>(&mut t, n)),
-        ),
-        row(
-            "u16",
-            ns(&mut || {
-                loads_of::<u16>(&mut t, n);
-            }),
-            ns(&mut || stores_of::<u16>(&mut t, n)),
-        ),
-        row(
-            "u32",
-            ns(&mut || {
-                loads_of::<u32>(&mut t, n);
-            }),
-            ns(&mut || stores_of::<u32>(&mut t, n)),
-        ),
-        row(
-            "u64",
-            ns(&mut || {
-                loads_of::<u64>(&mut t, n);
-            }),
-            ns(&mut || stores_of::<u64>(&mut t, n)),
-        ),
-    ];
-    let (l64, s64) = (rows[3].1, rows[3].2);
-    println!("aligned accesses by width (ns each; x: vs the u64 one, target <= 1.3x)");
+    let vec_store = best(reps, || time(&mut || plain_stores(&mut v, n)));
+    let ops = width_loops();
+    // ns[op][width][round]
+    let mut ns = vec![vec![Vec::new(); 4]; ops.len()];
+    for r in 0..rounds {
+        for (o, (_, loops)) in ops.iter().enumerate() {
+            for k in 0..loops.len() {
+                let w = (k + r) % loops.len();
+                let f = loops[w].1;
+                ns[o][w].push(cpu_time(&mut || {
+                    f(&mut t, chunk);
+                }));
+            }
+        }
+    }
     println!(
-        "{:<20} {:>8} {:>7} {:>8} {:>7}",
-        "", "load", "x", "store", "x"
+        "aligned accesses by width, every aligned slot of a word (ns each in thread CPU \
+         time, best of {rounds} rounds of {chunk}; x: vs the u64 one, median of the rounds' \
+         ratios [range], target <= 1.3x)"
     );
     println!(
-        "{:<20} {:>8.2} {:>7} {:>8.2} {:>7}",
-        "plain Vec<u64>", vec_load, "", vec_store, ""
+        "{:<16} {:>7} {:>6} {:>13} {:>7} {:>6} {:>13} {:>7} {:>6} {:>13}",
+        "", "load", "x", "", "store", "x", "", "st+ld", "x", ""
     );
-    for (w, l, s) in &rows {
-        println!(
-            "{:<20} {:>8.2} {:>6.2}x {:>8.2} {:>6.2}x",
-            format!("translator {w}"),
-            l,
-            l / l64,
-            s,
-            s / s64
-        );
+    println!(
+        "{:<16} {:>7.2} {:>6} {:>13} {:>7.2}",
+        "plain Vec<u64>", vec_load, "", "", vec_store
+    );
+    for w in 0..4 {
+        let mut line = format!("{:<16}", format!("translator {}", ops[0].1[w].0));
+        for per_w in &ns {
+            let best = per_w[w].iter().copied().fold(f64::INFINITY, f64::min);
+            let mut ratios: Vec<f64> = (0..rounds).map(|r| per_w[w][r] / per_w[3][r]).collect();
+            ratios.sort_by(f64::total_cmp);
+            let range = format!("[{:.2}-{:.2}]", ratios[0], ratios[rounds - 1]);
+            line += &format!(" {best:>7.2} {:>5.2}x {range:>13}", ratios[rounds / 2]);
+        }
+        println!("{line}");
     }
     let mut p = vec![0u32; 2 * WORDS as usize];
     let pair = pair_ratio(&mut p, &mut t, n, reps.max(5));
@@ -209,6 +290,19 @@ fn widths(mm: &aspace::AddressSpace, n: u64, reps: usize) {
         format!("  range over {} alternations", pair.rounds),
         format!("{:.2}-{:.2}x", pair.lo, pair.hi)
     );
+}
+
+/// The calling thread's CPU time in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; the clock id is a
+    // constant every Linux has.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The pair loop against the plain one, measured in `rounds`

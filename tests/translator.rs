@@ -6,7 +6,8 @@
 //! misaligned atomics in `translator_guest.rs`).
 
 use aspace::{
-    AddressSpace, Advice, Config, FaultError, MapFlags, MemoryFault, MremapFlags, Prot, PAGE_SIZE,
+    AddressSpace, Advice, Config, FaultError, MapFlags, MemoryFault, MremapFlags, Prot, Scalar,
+    Translator, PAGE_SIZE,
 };
 use std::sync::{mpsc, Arc, Barrier};
 
@@ -84,6 +85,53 @@ fn unaligned_and_page_crossing_scalars() {
     assert_eq!(t.load::<u32>(A + 4094).unwrap(), 0xa1b2_c3d4);
     assert_eq!(t.load::<u16>(A + 4095).unwrap(), 0xb2c3);
     assert_eq!(t.load::<u8>(A + 4097).unwrap(), 0xa1);
+}
+
+/// Stores a `T` at every offset of the first page of `A` and across into
+/// the second (naturally aligned ones on the hit path, the others and
+/// the page-crossing ones through the slow path): `mm.read` sees its
+/// bytes and the bytes around it unchanged; the translator loads it back,
+/// and loads what `mm.write` puts there next.
+fn every_offset<T: Scalar>(mm: &AddressSpace, t: &mut Translator<'_>) {
+    let size = std::mem::size_of::<T>() as u64;
+    let around = |at: u64| (at.saturating_sub(8).max(A), at + size + 8);
+    for off in 0..PAGE_SIZE {
+        let at = A + off;
+        let (lo, hi) = around(at);
+        let background: Vec<u8> = (lo..hi)
+            .map(|a| (a as u8).wrapping_mul(31) ^ 0x5a)
+            .collect();
+        mm.write(lo, &background).unwrap();
+        let bits = 0x8192_a3b4_c5d6_e7f8 ^ off.wrapping_mul(0x0101_0101_0101_0101);
+        let v = T::from_bits(bits);
+        t.store::<T>(at, v).unwrap();
+        let mut want = background.clone();
+        let i = (at - lo) as usize;
+        want[i..i + size as usize].copy_from_slice(&bits.to_le_bytes()[..size as usize]);
+        let mut got = vec![0u8; want.len()];
+        mm.read(lo, &mut got).unwrap();
+        assert_eq!(got, want, "{size}-byte store at offset {off}");
+        assert_eq!(t.load::<T>(at).unwrap(), v, "{size}-byte load at {off}");
+        let other = !bits;
+        mm.write(at, &other.to_le_bytes()[..size as usize]).unwrap();
+        assert_eq!(
+            t.load::<T>(at).unwrap(),
+            T::from_bits(other),
+            "{size}-byte load at {off} of what mm.write wrote"
+        );
+    }
+}
+
+#[test]
+fn every_width_at_every_offset_matches_mm_read() {
+    let mm = mm_with(2);
+    let mut t = mm.translator();
+    every_offset::<u8>(&mm, &mut t);
+    every_offset::<u16>(&mm, &mut t);
+    every_offset::<u32>(&mm, &mut t);
+    every_offset::<u64>(&mm, &mut t);
+    every_offset::<i16>(&mm, &mut t);
+    every_offset::<i32>(&mm, &mut t);
 }
 
 #[test]

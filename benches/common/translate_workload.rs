@@ -2,8 +2,9 @@
 //! `examples/translate.rs`: 8-byte loads over a hot working set of 64
 //! pages, each load on the next page (stride 4104 bytes), through a
 //! translator, through `mm.read`, and as a plain loop over a `&[u64]` of
-//! the same size (the physical limit); loads and stores of every width,
-//! and a load+store pair loop against the same loop over a plain `Vec`;
+//! the same size (the physical limit); loads and stores of every width
+//! (at every aligned slot of a word), a store then a load of the same
+//! place, and a load+store pair loop against the same loop over a plain `Vec`;
 //! and the cost of a flush with busy translators on two threads against
 //! one with none.
 #![allow(dead_code)]
@@ -68,23 +69,59 @@ pub fn translated(t: &mut Translator<'_>, n: u64) -> u64 {
     black_box(sum)
 }
 
+/// The `T`-aligned offsets inside a word as a mask (`8 - T::SIZE`: 7
+/// for a byte, 0 for a `u64`), hidden from the compiler so that every
+/// width's loop does the same address arithmetic and no width's access
+/// is known to sit at the start of its word.
+#[inline(always)]
+pub fn lanes<T: Scalar>() -> u64 {
+    black_box(8 - T::SIZE as u64)
+}
+
+/// Address of access `i` of a `T` with `lanes` from [`lanes`]: on the
+/// next page and word each time (as [`word`]), at the next `T`-aligned
+/// slot of its word (`i & lanes`), so that narrow accesses land at every
+/// byte a guest's may.
+#[inline(always)]
+pub fn slot(i: u64, lanes: u64) -> u64 {
+    BASE + word(i) * 8 + (i & lanes)
+}
+
 /// `n` aligned loads of a `T` through a translator (each on the next
-/// page, as [`translated`]).
+/// page, as [`translated`], at every aligned slot of a word in turn).
 #[inline(never)]
 pub fn loads_of<T: Scalar>(t: &mut Translator<'_>, n: u64) -> u64 {
+    let lanes = lanes::<T>();
     let mut sum = 0u64;
     for i in 0..n {
-        sum = sum.wrapping_add(t.load::<T>(BASE + word(i) * 8).unwrap().to_bits());
+        sum = sum.wrapping_add(t.load::<T>(slot(i, lanes)).unwrap().to_bits());
     }
     black_box(sum)
 }
 
-/// `n` aligned stores of a `T` through a translator.
+/// `n` aligned stores of a `T` through a translator (addresses as
+/// [`loads_of`]).
 #[inline(never)]
 pub fn stores_of<T: Scalar>(t: &mut Translator<'_>, n: u64) {
+    let lanes = lanes::<T>();
     for i in 0..n {
-        t.store::<T>(BASE + word(i) * 8, T::from_bits(i)).unwrap();
+        t.store::<T>(slot(i, lanes), T::from_bits(i)).unwrap();
     }
+}
+
+/// `n` stores of a `T`, each followed by a load of the same `T` (the
+/// load reads what the store just wrote: a guest's push and pop, or a
+/// spilled register), addresses as [`loads_of`].
+#[inline(never)]
+pub fn store_loads_of<T: Scalar>(t: &mut Translator<'_>, n: u64) -> u64 {
+    let lanes = lanes::<T>();
+    let mut sum = 0u64;
+    for i in 0..n {
+        let a = slot(i, lanes);
+        t.store::<T>(a, T::from_bits(i)).unwrap();
+        sum = sum.wrapping_add(t.load::<T>(a).unwrap().to_bits());
+    }
+    black_box(sum)
 }
 
 /// `n` stores to the slice (the baseline of [`stores_of`]).

@@ -6,12 +6,11 @@
 //!
 //! None (see the parent module).
 
-use super::word::{copy_in, copy_out, store, word};
+use super::word::{copy_in, copy_out, load, store};
 use super::{frame_of, perm, Lookup, Scalar, Translator, PAGE_MASK};
 use crate::addr::PAGE_SIZE;
 use crate::error::{FaultError, MemoryFault};
 use crate::mm::Access;
-use crate::sync::frame::Ordering as FrameOrdering;
 
 impl Translator<'_> {
     /// Reads `buf.len()` bytes at `addr` (any alignment; crossing pages
@@ -87,10 +86,11 @@ impl Translator<'_> {
         let busy = self.enter();
         if let Some(base) = self.hit(addr, perm(Access::Read), T::SIZE as u64) {
             let off = (addr & !PAGE_MASK) as usize;
-            // SAFETY: `base` is a cached frame, `off` inside the page.
-            let w = unsafe { word(base, off) }.load(FrameOrdering::Acquire);
+            // SAFETY: `base` is a cached frame, `off` inside the page
+            // and `T`-aligned (the hit checked it).
+            let bits = unsafe { load::<T>(base, off) };
             self.leave(busy);
-            return Ok(T::from_bits(w >> ((off % 8) * 8)));
+            return Ok(T::from_bits(bits));
         }
         self.leave(busy);
         self.load_slow(addr)

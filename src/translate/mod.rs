@@ -28,9 +28,10 @@
 //!
 //! Frame memory is shared with other threads and other translators, so it
 //! is only ever touched atomically: as 8-byte atomic words (as `phys`
-//! does), and on x86-64 by narrower stores that are single aligned `mov`
-//! instructions (see `word`). Concurrent guest stores to one page are a
-//! data race in the guest, never undefined behaviour here. Loads are
+//! does), and on x86-64 by narrower loads and stores that are single
+//! aligned `mov` instructions (see `word`), so that every width's hit is
+//! the 8-byte one's instructions. Concurrent guest stores to one page are
+//! a data race in the guest, never undefined behaviour here. Loads are
 //! Acquire and stores Release (plain moves on x86-64, whose order guests
 //! expect); the atomic operations are `SeqCst`, like `lock`-prefixed
 //! instructions, at any alignment inside a cache line (see `atomic` for

@@ -1,6 +1,6 @@
 //! Guest words in frame memory: the [`Scalar`] types a translator loads
-//! and stores, stores of every width, and byte copies done as 8-byte
-//! atomic words.
+//! and stores, loads and stores of every width, and byte copies done as
+//! 8-byte atomic words.
 //!
 //! Frame memory is shared with other threads and translators, and other
 //! code (`phys`, `mm.read`) reads it as `AtomicU64` words, so every access
@@ -8,18 +8,22 @@
 //! `u32` store cannot be an `AtomicU32` store on memory others access as
 //! `AtomicU64`. So:
 //!
-//! - loads of every width are 8-byte atomic loads of the containing word,
-//!   shifted (as fast as a narrow load: one `mov` and a shift);
-//! - on x86-64, aligned stores of 1, 2 and 4 bytes are one `mov` of that
-//!   width in inline assembly ([`store`]). Assembly is outside Rust's
-//!   memory model: its effect is the instruction's, and x86-64 makes an
-//!   aligned `mov` of 1, 2, 4 or 8 bytes single-copy atomic (Intel SDM
-//!   vol. 3A, 9.1.1), with release order under TSO. Every other access to
-//!   frame memory is an atomic instruction too (`mov`, `lock cmpxchg`),
-//!   so no access to it is a non-atomic race on the hardware, which is
-//!   the only semantics left to the bytes once assembly writes them;
-//! - elsewhere, narrower stores are compare-and-swap loops on the
-//!   containing word.
+//! - on x86-64, aligned loads and stores of 1, 2 and 4 bytes are one
+//!   `mov` (`movzx`) of that width in inline assembly ([`load`],
+//!   [`store`]), the same one instruction as an 8-byte access. Assembly
+//!   is outside Rust's memory model: its effect is the instruction's, and
+//!   x86-64 makes an aligned `mov` of 1, 2, 4 or 8 bytes single-copy
+//!   atomic (Intel SDM vol. 3A, 9.1.1), with acquire (load) and release
+//!   (store) order under TSO. Every other access to frame memory is an
+//!   atomic instruction too (`mov`, `lock cmpxchg`), so no access to it
+//!   is a non-atomic race on the hardware, which is the only semantics
+//!   left to the bytes once assembly accesses them. A narrow load of its
+//!   own width also lets the CPU forward a narrow store just made to the
+//!   same place (a guest's push then pop): an 8-byte load of the word
+//!   that a narrower store only partly wrote waits for that store to
+//!   reach the cache instead (the `store+load` rows in docs/RESULTS.md);
+//! - elsewhere, narrow loads are 8-byte atomic loads of the containing
+//!   word, shifted, and narrow stores compare-and-swap loops on it.
 //!
 //! A guest's racing stores are thus a data race in the guest, never
 //! undefined behaviour here.
@@ -88,6 +92,49 @@ pub(super) unsafe fn word<'f>(base: *mut u8, off: usize) -> &'f FrameWord {
     unsafe { &*(base.add(off & !7) as *const FrameWord) }
 }
 
+/// Loads the `T` at frame byte `off`, which is `T`-aligned, atomically
+/// (Acquire): its bits, zero-extended.
+///
+/// # Safety
+/// As for [`word`]; `off % T::SIZE == 0`.
+#[inline(always)]
+pub(super) unsafe fn load<T: Scalar>(base: *mut u8, off: usize) -> u64 {
+    if T::SIZE == 8 {
+        // SAFETY: the caller's contract is `word`'s.
+        return unsafe { word(base, off) }.load(FrameOrdering::Acquire);
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `base + off` is inside a live frame (the caller's contract)
+    // and `T`-aligned, so the `mov` is one single-copy-atomic load of
+    // those bytes (see the module docs for why assembly may load from
+    // memory others access as `AtomicU64`). Neither `nomem` nor
+    // `readonly`: the compiler keeps later memory accesses after it
+    // (Acquire, with TSO), as for a `store`.
+    unsafe {
+        use core::arch::asm;
+        let (b, o) = (base, off);
+        let v: u64;
+        match T::SIZE {
+            1 => asm!("movzx {v:e}, byte ptr [{b} + {o}]",
+                b = in(reg) b, o = in(reg) o, v = lateout(reg) v,
+                options(nostack, preserves_flags)),
+            2 => asm!("movzx {v:e}, word ptr [{b} + {o}]",
+                b = in(reg) b, o = in(reg) o, v = lateout(reg) v,
+                options(nostack, preserves_flags)),
+            _ => asm!("mov {v:e}, dword ptr [{b} + {o}]",
+                b = in(reg) b, o = in(reg) o, v = lateout(reg) v,
+                options(nostack, preserves_flags)),
+        }
+        v
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        // SAFETY: the caller's contract is `word`'s.
+        let w = unsafe { word(base, off) }.load(FrameOrdering::Acquire);
+        (w >> ((off % 8) * 8)) & mask::<T>()
+    }
+}
+
 /// Stores the low `T::SIZE` bytes of `bits` at frame byte `off`, which
 /// is `T`-aligned, atomically (Release).
 ///
@@ -107,14 +154,18 @@ pub(super) unsafe fn store<T: Scalar>(base: *mut u8, off: usize, bits: u64) {
     // memory others read as `AtomicU64`). No `nomem`: the compiler keeps
     // earlier memory accesses before it (Release, with TSO).
     unsafe {
-        let p = base.add(off);
+        use core::arch::asm;
+        let (b, o) = (base, off);
         match T::SIZE {
-            1 => core::arch::asm!("mov byte ptr [{p}], {v}", p = in(reg) p,
-                v = in(reg_byte) bits as u8, options(nostack, preserves_flags)),
-            2 => core::arch::asm!("mov word ptr [{p}], {v:x}", p = in(reg) p,
-                v = in(reg) bits, options(nostack, preserves_flags)),
-            _ => core::arch::asm!("mov dword ptr [{p}], {v:e}", p = in(reg) p,
-                v = in(reg) bits, options(nostack, preserves_flags)),
+            1 => asm!("mov byte ptr [{b} + {o}], {v}",
+                b = in(reg) b, o = in(reg) o, v = in(reg_byte) bits as u8,
+                options(nostack, preserves_flags)),
+            2 => asm!("mov word ptr [{b} + {o}], {v:x}",
+                b = in(reg) b, o = in(reg) o, v = in(reg) bits as u16,
+                options(nostack, preserves_flags)),
+            _ => asm!("mov dword ptr [{b} + {o}], {v:e}",
+                b = in(reg) b, o = in(reg) o, v = in(reg) bits as u32,
+                options(nostack, preserves_flags)),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
