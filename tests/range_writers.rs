@@ -273,7 +273,8 @@ fn advice_and_names_on_touching_zones_remerge() {
 /// mremap in place is a range writer (a shrink as munmap, a grow as
 /// mprotect): four threads, each with a VMA at the start of its own zone
 /// of eight pages and a `PROT_NONE` guard page (which the next zone's
-/// writers also lock, as their neighbour), grow it in place (to six
+/// writers also lock, as their neighbour; one more guard below the
+/// first zone), grow it in place (to six
 /// pages, or to eight, touching the guard), fail to grow it to ten
 /// without `MAYMOVE`, move it away and back (the whole-space path), and
 /// shrink it, checking their pattern and that the shrunk tail is gone.
@@ -284,7 +285,12 @@ fn mremap_in_place_on_touching_zones() {
         let mm = space(mode);
         let zone = 9 * PAGE_SIZE;
         let threads = 4u64;
-        let base = mm.mmap(0, threads * zone, Prot::NONE, anon()).unwrap();
+        // A guard page below the first zone too: a zone's hole while its
+        // VMA is away is bounded on both sides, so no other thread's move
+        // is placed into it (and clobbered by the FIXED move back).
+        let base = PAGE_SIZE
+            + mm.mmap(0, threads * zone + PAGE_SIZE, Prot::NONE, anon())
+                .unwrap();
         for t in 0..threads {
             let z = base + t * zone;
             mm.munmap(z, 8 * PAGE_SIZE).unwrap();
