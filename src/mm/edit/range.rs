@@ -91,27 +91,20 @@ impl<'a> Edit<'a> {
                 continue;
             };
             let pin = mm.tree.pin();
-            if st.undisturbed_since(mark) {
-                // No writer since `busy`: the search, the neighbourhood
-                // and the gap's usability read the tree as it is now.
-                break Ok((
-                    addr,
-                    Edit {
-                        mm,
-                        state: st,
-                        tree: None,
-                        pin,
-                    },
-                ));
-            }
-            let now = neighbourhood(mm, r, Reach::Vmas, &pin);
-            let view = View {
-                mm,
-                pin: &pin,
-                avoid: &[],
+            // No writer since `busy`: the search, the neighbourhood and
+            // the gap's usability read the tree as it is now. Else both
+            // are checked again under the lock.
+            let valid = st.undisturbed_since(mark) || {
+                let now = neighbourhood(mm, r, Reach::Vmas, &pin);
+                let view = View {
+                    mm,
+                    pin: &pin,
+                    avoid: &[],
+                };
+                let usable = mm.range_usable(&view, r);
+                usable && want.start <= now.start && now.end <= want.end
             };
-            let usable = mm.range_usable(&view, r);
-            if usable && want.start <= now.start && now.end <= want.end {
+            if valid {
                 break Ok((
                     addr,
                     Edit {
