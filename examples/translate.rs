@@ -32,6 +32,7 @@ mod machine;
 #[path = "../benches/common/translate_workload.rs"]
 mod translate_workload;
 
+use aspace::workloads::thread_cpu_time;
 use machine::{machine, parse_arg};
 use std::time::Instant;
 use translate_workload::*;
@@ -225,9 +226,9 @@ fn widths(mm: &aspace::AddressSpace, n: u64, reps: usize) {
     let rounds = (3 * reps).max(15);
     let chunk = (n / 4).max(1);
     let cpu_time = |f: &mut dyn FnMut()| {
-        let at = thread_cpu_ns();
+        let at = thread_cpu_time();
         f();
-        (thread_cpu_ns() - at) as f64 / chunk as f64
+        (thread_cpu_time() - at) * 1e9 / chunk as f64
     };
     let mut t = mm.translator();
     translated(&mut t, WORDS);
@@ -290,19 +291,6 @@ fn widths(mm: &aspace::AddressSpace, n: u64, reps: usize) {
         format!("  range over {} alternations", pair.rounds),
         format!("{:.2}-{:.2}x", pair.lo, pair.hi)
     );
-}
-
-/// The calling thread's CPU time in nanoseconds.
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec to write; the clock id is a
-    // constant every Linux has.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The pair loop against the plain one, measured in `rounds`

@@ -157,11 +157,12 @@ impl AddressSpace {
         };
         let vma_locked = vma.flags().contains(VmFlags::LOCKED);
         // A range writer grows only private anonymous memory, unlocked
-        // (the memlock limit counts every locked VMA) and not a stack:
-        // anything else runs again on the whole space, nothing changed.
+        // (the memlock limit counts every locked VMA) and not a stack
+        // (`RANGE_GROW_NOT`): anything else runs again on the whole
+        // space, nothing changed.
         if in_range
             && new_len > old_len
-            && (vma_locked || !vma.is_anonymous() || vma.flags().intersects(Self::RANGE_GROW_NOT))
+            && (!vma.is_anonymous() || vma.flags().intersects(Self::RANGE_GROW_NOT))
         {
             drop(ed);
             return self.mremap_locked(raw, locked, false);
