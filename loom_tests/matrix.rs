@@ -40,7 +40,7 @@ const READERS: [&str; 13] = [
 /// The writers: every change of a VMA's range, flags, backing or
 /// registration (all through `Edit::lock`, which stamps and sweeps), and
 /// the calls that change entries under the mmap_lock read side.
-const WRITERS: [&str; 27] = [
+const WRITERS: [&str; 28] = [
     "munmap",
     "mprotect",
     "mremap move",
@@ -73,6 +73,9 @@ const WRITERS: [&str; 27] = [
     // neighbourhood and unmap edit, a grow with mprotect's neighbourhood.
     "range mremap shrink",
     "range mremap grow",
+    // brk (brk.rs brk_edit): a shrink with munmap's neighbourhood, a
+    // growth with mprotect's, the break checked again under the hold.
+    "range brk",
     // madvise's zaps holding only their VMAs, shared (mm/range_read.rs).
     "range madvise DONTNEED",
 ];
@@ -539,6 +542,23 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("file writeback", "range mremap grow", WB_OWN_PAGES),
     ("range-locked fault fallback", "range mremap grow", Apart("serialized by the range lock where they meet: the grow holds the VMA it grows whole, the pages it maps, and the margin page beyond with the VMA there (which it may merge with); a fallback in the grown VMA, in that neighbour or in the hole the grow fills holds a range that overlaps it, and one elsewhere reads nothing the grow changes")),
     ("VMA lookup in the forest", "range mremap grow", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
+    // brk under a range lock (brk.rs brk_edit): the whole-space brk's edit
+    // (a shrink of the heap VMA's end with its zap and table freeing, or
+    // munmap's unmap edit; a growth of the heap VMA or a new one) under
+    // the hold of the old and new break's pages and the VMAs there.
+    ("speculative fault", "range brk", Shares("spec_writers.rs", "spec_fault_vs_brk_shrink", RANGE_SAME)),
+    ("speculative fault via VMA hint", "range brk", Shares("spec_writers.rs", "spec_fault_vs_brk_shrink", HINT)),
+    ("speculative first write (anon_vma prepare)", "range brk", PREPARE_RANGE_LOCKED_OUT),
+    ("per-VMA fault", "range brk", LOCKED_OUT),
+    ("translator access", "range brk", Shares("translator.rs", "translator_store_vs_munmap", "brk shrinks through munmap's unmap edit or the heap VMA's end with the same zap and flush, under its range lock as under the mmap_lock")),
+    ("translator access, flush on its home thread", "range brk", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
+    ("instruction fetch", "range brk", Shares("translator.rs", "translator_store_vs_munmap", "brk shrinks with munmap's zap and flush; a fetch is a translator access")),
+    ("device slice", "range brk", Apart("the slice's frame holds a pin taken under its PTE lock, and no writer frees a pinned frame (phys/chunk.rs): the slice reaches the page it named, orphaned, never another (tests/device_slices.rs)")),
+    ("userfault waiter", "range brk", Shares("uffd.rs", "missing_fault_vs_munmap", "a shrink goes through munmap's unmap edit, which wakes the removed range's waiters")),
+    ("forced access", "range brk", RANGE_LOCKED_OUT),
+    ("file writeback", "range brk", WB_OWN_PAGES),
+    ("range-locked fault fallback", "range brk", Apart("serialized by the range lock where they meet: brk holds the heap VMA whole, the pages between the old and new break, and the margin page on each side with the VMAs there (a shrink also the hole above); a fallback in the heap, in the pages it grows over or in a VMA it may merge with holds a range that overlaps it, and one elsewhere reads nothing brk changes")),
+    ("VMA lookup in the forest", "range brk", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
 ];
 
 fn source(file: &str) -> &'static str {

@@ -1,10 +1,10 @@
 //! Range-locked writers (`WriterLocking::Range`, `mm/range_lock.rs`):
 //! two writers at once on disjoint ranges, on ranges whose neighbourhoods
 //! touch (mprotect against mprotect, `set_anon_name` and an mremap grow
-//! in place), two placements racing for one gap, and a range writer
-//! against the speculative fault and a translator access. The real AddressSpace
-//! runs through src/sync.rs (deferred reclamation, as the other models).
-//! Each names the one-line mutation it catches (checked by breaking that
+//! in place), two brks from one break, two placements racing for one gap,
+//! and a range writer against the speculative fault and a translator
+//! access. The real AddressSpace runs through src/sync.rs (deferred
+//! reclamation, as the other models). Each names the one-line mutation it catches (checked by breaking that
 //! line, running the model and restoring it).
 //!
 //! `./loom.sh --test loom_range_writers` runs them.
@@ -197,6 +197,37 @@ fn range_mremap_grow_vs_mprotect_of_the_vma_it_meets() {
         mm.mprotect(A + 4 * PAGE_SIZE, PAGE_SIZE, rw()).unwrap();
         t.join().unwrap();
         assert_eq!(spans(&mm), vec![(A, A + 5 * PAGE_SIZE, rw())]);
+    });
+}
+
+/// Two brks race on a two-page heap: one shrinks it to a page, the other
+/// grows it to four. Either order is a serial one: shrunk first, the
+/// growth starts from the one page left (one VMA of four pages, the
+/// break at four); grown first, the shrink leaves one page. No other
+/// outcome, and no brk acts outside what it holds.
+///
+/// Catches: the break read before the hold trusted without the check
+/// under it (`if now == want` made `if true` in `brk_edit`,
+/// src/mm/brk.rs): a growth that read the break before the shrink and
+/// computed its neighbourhood after it holds only the pages above the old
+/// break, then grows the heap VMA below them from the break it finds,
+/// and `Edit::lock` stops it ("a range writer locked a VMA outside its
+/// range").
+#[test]
+fn range_brks_race() {
+    model(|| {
+        let mm = space(FaultLocking::PerVma);
+        let h = mm.brk(0).unwrap();
+        assert_eq!(mm.brk(h + 2 * PAGE_SIZE), Ok(h + 2 * PAGE_SIZE));
+        let m2 = mm.clone();
+        let t = thread::spawn(move || {
+            assert_eq!(m2.brk(h + 4 * PAGE_SIZE), Ok(h + 4 * PAGE_SIZE));
+        });
+        assert_eq!(mm.brk(h + PAGE_SIZE), Ok(h + PAGE_SIZE));
+        t.join().unwrap();
+        let brk = mm.brk(0).unwrap();
+        assert!(brk == h + PAGE_SIZE || brk == h + 4 * PAGE_SIZE);
+        assert_eq!(spans(&mm), vec![(h, brk, rw())]);
     });
 }
 

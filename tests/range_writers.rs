@@ -445,3 +445,140 @@ fn writers_against_faults() {
         );
     }
 }
+
+/// A brk thread grows and shrinks the heap, writing each new page, while
+/// three threads map, write, mprotect and unmap elsewhere (range writers
+/// beside the brk's hold). The heap stays one VMA `[start, break)`, and
+/// every page holds one of the patterns written to it.
+#[test]
+fn brk_beside_disjoint_writers() {
+    for mode in MODES {
+        let mm = space(mode);
+        let start = mm.brk(0).unwrap();
+        let go = Arc::new(Barrier::new(4));
+        let heap = {
+            let (mm, go) = (mm.clone(), go.clone());
+            std::thread::spawn(move || {
+                go.wait();
+                let mut pages = 0u64;
+                for i in 0..300u64 {
+                    // Grow by 1-4 pages; every third round shrink by up to
+                    // half (a brk that is not page aligned rounds up).
+                    let grow = 1 + i % 4;
+                    let to = start + (pages + grow) * PAGE_SIZE - (i % 3);
+                    assert_eq!(mm.brk(to).unwrap(), to, "round {i}");
+                    for p in pages..pages + grow {
+                        mm.write(start + p * PAGE_SIZE, &[pat(9, i, p); 64])
+                            .unwrap();
+                    }
+                    pages += grow;
+                    if i % 3 == 2 {
+                        pages -= pages / 2;
+                        let to = start + pages * PAGE_SIZE;
+                        assert_eq!(mm.brk(to).unwrap(), to);
+                        assert!(mm.write(to, &[1]).is_err(), "past the break");
+                    }
+                    let v = mm.vma_at(start).expect("the heap");
+                    assert_eq!((v.start, v.end), (start, start + pages * PAGE_SIZE));
+                    assert!(v.heap);
+                }
+                pages
+            })
+        };
+        let others: Vec<_> = (0..3u64)
+            .map(|t| {
+                let (mm, go) = (mm.clone(), go.clone());
+                std::thread::spawn(move || {
+                    go.wait();
+                    for i in 0..300u64 {
+                        // Not accounted, so never merged with the heap: a
+                        // placement that skips the gap a fault past the
+                        // break holds may land just below the heap's start.
+                        let len = 8 * PAGE_SIZE;
+                        let a = mm.mmap(0, len, RW, anon() | MapFlags::NORESERVE).unwrap();
+                        for p in 0..8 {
+                            mm.write(a + p * PAGE_SIZE, &[pat(t, i, p); 64]).unwrap();
+                        }
+                        mm.mprotect(a + 2 * PAGE_SIZE, 2 * PAGE_SIZE, Prot::READ)
+                            .unwrap();
+                        for p in 0..8 {
+                            let mut b = [0u8; 64];
+                            mm.read(a + p * PAGE_SIZE, &mut b).unwrap();
+                            assert_eq!(b, [pat(t, i, p); 64], "thread {t} page {p}");
+                        }
+                        mm.munmap(a, len).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for h in others {
+            h.join().unwrap();
+        }
+        let pages = heap.join().unwrap();
+        // Every heap page still holds what the brk thread last wrote there:
+        // a page is written when the heap grows over it, so the rounds'
+        // patterns are checked by reading each page's first byte against
+        // the set of values it may hold.
+        let vmas = mm.vmas();
+        assert_eq!(vmas.len(), 1, "{mode:?}: only the heap is left");
+        assert_eq!(
+            (vmas[0].start, vmas[0].end),
+            (start, start + pages * PAGE_SIZE)
+        );
+        for p in 0..pages {
+            let mut b = [0u8; 64];
+            mm.read(start + p * PAGE_SIZE, &mut b).unwrap();
+            assert!(b.iter().all(|&x| x == b[0]), "{mode:?}: heap page {p} torn");
+            assert!((0..300).any(|i| pat(9, i, p) == b[0]), "{mode:?}: page {p}");
+        }
+    }
+}
+
+/// Three threads move one break up and down at once: each brk returns
+/// the break it asked for or, refused, the break it found, and whatever
+/// the order, the heap is one VMA `[start, break rounded up)` at the end
+/// (none when the break is back at the start), with no other VMA.
+#[test]
+fn racing_brks_keep_one_heap() {
+    for mode in MODES {
+        let mm = space(mode);
+        let start = mm.brk(0).unwrap();
+        // A mapping 64 pages above the start: growth stops a page below it.
+        let wall = start + 64 * PAGE_SIZE;
+        mm.mmap(wall, PAGE_SIZE, Prot::READ, anon() | MapFlags::FIXED)
+            .unwrap();
+        let go = Arc::new(Barrier::new(3));
+        let hs: Vec<_> = (0..3u64)
+            .map(|t| {
+                let (mm, go) = (mm.clone(), go.clone());
+                std::thread::spawn(move || {
+                    go.wait();
+                    let mut x = t + 1;
+                    for _ in 0..2000 {
+                        x = x
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        let to = start + (x >> 33) % (70 * PAGE_SIZE);
+                        let got = mm.brk(to).unwrap();
+                        if got != to {
+                            // Refused: only a growth to the wall's page or
+                            // past it can be.
+                            assert!(to > wall - PAGE_SIZE, "brk({to:#x}) refused at {got:#x}");
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        let brk = mm.brk(0).unwrap();
+        let end = brk.next_multiple_of(PAGE_SIZE);
+        let vmas: Vec<_> = mm.vmas().iter().map(|v| (v.start, v.end, v.heap)).collect();
+        let mut want = vec![(wall, wall + PAGE_SIZE, false)];
+        if end > start {
+            want.insert(0, (start, end, true));
+        }
+        assert_eq!(vmas, want, "{mode:?}");
+    }
+}

@@ -12,7 +12,7 @@ use aspace::uffd::{
 };
 use aspace::{
     AddressSpace, Config, Error, FaultError, FaultLocking, MapFlags, Memfd, Prot, Uffd,
-    UffdBuilder, PAGE_SIZE,
+    UffdBuilder, WriterLocking, PAGE_SIZE,
 };
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -337,6 +337,28 @@ fn munmap_wakes_waiters_into_sigsegv() {
         errno(uffd.copy(&[0; P as usize], a, true)),
         Error::NoEnt.errno()
     );
+}
+
+/// A brk that shrinks a registered heap (only the heap VMA's end moves,
+/// with nothing unmapped whole) wakes the faults waiting in the cut
+/// pages as munmap does: they retry and find no mapping.
+#[test]
+fn brk_shrink_wakes_waiters_into_sigsegv() {
+    for writer_locking in [WriterLocking::MmapLock, WriterLocking::Range] {
+        let mm = AddressSpace::new(Config {
+            writer_locking,
+            ..Config::default()
+        });
+        let h = mm.brk(0).unwrap();
+        mm.brk(h + 4 * P).unwrap();
+        let uffd = mm.userfaultfd();
+        uffd.register(h, 4 * P).unwrap();
+        let r = blocked_read(&mm, uffd.clone(), h + 2 * P, |_| {
+            assert_eq!(mm.brk(h + P), Ok(h + P));
+        });
+        assert_eq!(memory_kind(r), FaultError::NoMapping, "{writer_locking:?}");
+        assert_eq!(mm.vmas().len(), 1);
+    }
 }
 
 #[test]

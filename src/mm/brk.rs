@@ -4,12 +4,115 @@
 //!
 //! The mmap_lock write side (through `Edit`); growth that only moves the
 //! heap VMA's end skips the anon_vma family lock (`Config::brk_fast_path`).
+//!
+//! With range-locked writers (`WriterLocking::Range`) a brk is a range
+//! writer ([`brk_span`]): it holds the pages from the old break to the new
+//! one and a page on each side (with the VMAs there, which it may grow,
+//! shrink or merge with), a shrink also munmap's hole (it frees page
+//! tables), a growth also the stack guard gap above the new break (its
+//! check for a `MAP_GROWSDOWN` VMA there). Every such hold contains the
+//! page on each side of the old break, so two brks always conflict and
+//! run one after the other. The break itself ([`Heap`]) is read before
+//! anything is held, to know what to lock, and read again under the hold:
+//! if another brk moved it meanwhile, the writer unlocks and starts over.
+//! After `mlockall(MCL_FUTURE)` a growth is locked memory, whose limit
+//! counts every locked VMA: brk then takes the whole space.
 
-use super::edit::{Edit, VmaSpec};
+use super::edit::{Edit, Reach, VmaSpec};
 use super::AddressSpace;
 use crate::addr::{page_align_up, Range, PAGE_SHIFT, PAGE_SIZE};
 use crate::error::Result;
+use crate::sync::{AtomicU64, Ordering::Relaxed};
 use crate::vma::VmFlags;
+
+/// The heap's bounds: `mm->start_brk` and `mm->brk`.
+///
+/// Protected by: written under the whole space (exec's reset,
+/// `set_start_brk`, a fork's child) and, the break only, by a brk holding
+/// the page on each side of the old break (every brk's hold does: see the
+/// [module docs](self)); read under any hold that excludes those writers
+/// (the whole space, or a brk's own hold), or without one as a guess that
+/// the reader checks again under its hold. Atomics (relaxed: the range
+/// lock's grant and release order them) since range writers elsewhere run
+/// beside a brk.
+#[derive(Debug)]
+pub(crate) struct Heap {
+    start: AtomicU64,
+    brk: AtomicU64,
+}
+
+impl Heap {
+    /// An empty heap at `start`.
+    pub(crate) fn new(start: u64) -> Self {
+        Heap {
+            start: AtomicU64::new(start),
+            brk: AtomicU64::new(start),
+        }
+    }
+
+    /// The heap's start (`mm->start_brk`).
+    pub(crate) fn start(&self) -> u64 {
+        self.start.load(Relaxed)
+    }
+
+    /// The break (`mm->brk`).
+    pub(crate) fn brk(&self) -> u64 {
+        self.brk.load(Relaxed)
+    }
+
+    /// Moves the break.
+    fn set_brk(&self, brk: u64) {
+        self.brk.store(brk, Relaxed);
+    }
+
+    /// An empty heap at `start` (whole-space writers only).
+    pub(crate) fn reset(&self, start: u64) {
+        self.start.store(start, Relaxed);
+        self.brk.store(start, Relaxed);
+    }
+
+    /// `from`'s bounds (a fork's child, whole space held on both).
+    pub(crate) fn copy_from(&self, from: &Heap) {
+        self.start.store(from.start(), Relaxed);
+        self.brk.store(from.brk(), Relaxed);
+    }
+
+    /// Linux (6.7+, `vma_is_initial_heap`) prints `[heap]` for a VMA that
+    /// overlaps `[start_brk, brk)`: one that merely ends at the heap's
+    /// start, or starts at the break, is not the heap, and an empty heap
+    /// has none.
+    pub(crate) fn labels(&self, r: Range) -> bool {
+        r.start < self.brk() && r.end > self.start()
+    }
+}
+
+/// What a brk from the break `old` towards `addr` may change, for a heap
+/// starting at `start`, and how far its neighbourhood reaches (the
+/// [module docs](self)): a shrink `[new, old)` (rounded up to pages) with
+/// munmap's hole; a growth `[old, new)` and the stack guard gap above it; a
+/// call that moves no page (or fails before any check of the tree) the
+/// empty range at the old break, whose neighbourhood is still its pages on
+/// each side.
+fn brk_span(start: u64, old: u64, addr: u64, task_size: u64, guard_gap: u64) -> (Range, Reach) {
+    // `old <= task_size`, so it rounds up without overflow.
+    let oldbrk = page_align_up(old).unwrap_or(old);
+    let newbrk = page_align_up(addr)
+        .filter(|&n| addr >= start && n <= task_size)
+        .unwrap_or(oldbrk);
+    if newbrk < oldbrk {
+        (Range::new(newbrk, oldbrk), Reach::Hole)
+    } else if newbrk > oldbrk {
+        // The grow check reads the next VMA below `newbrk + PAGE_SIZE`
+        // plus the guard gap (the neighbourhood adds the page).
+        let top = (newbrk + PAGE_SIZE)
+            .saturating_add(guard_gap)
+            .min(task_size)
+            .max(newbrk);
+        (Range::new(oldbrk, top), Reach::Vmas)
+    } else {
+        (Range::new(oldbrk, oldbrk), Reach::Vmas)
+    }
+}
 
 /// Flags of the heap VMA (x86-64's VM_DATA_DEFAULT_FLAGS plus accounting;
 /// `mm->def_flags` are added).
@@ -37,9 +140,9 @@ impl AddressSpace {
     /// [`brk`](Self::brk) under the mmap_lock: the new break, and the
     /// range it added when that is locked.
     fn brk_locked(&self, addr: u64) -> (u64, Option<Range>) {
-        let mut ed = Edit::begin(self);
-        let old = ed.state().brk;
-        if addr < ed.state().start_brk {
+        let mut ed = self.brk_edit(addr);
+        let old = self.heap.brk();
+        if addr < self.heap.start() {
             return (old, None);
         }
         let (Some(newbrk), Some(oldbrk)) = (page_align_up(addr), page_align_up(old)) else {
@@ -49,7 +152,7 @@ impl AddressSpace {
             return (old, None);
         }
         if newbrk == oldbrk {
-            ed.state_mut().brk = addr;
+            self.heap.set_brk(addr);
             return (addr, None);
         }
         if newbrk < oldbrk {
@@ -58,7 +161,7 @@ impl AddressSpace {
                 return (old, None);
             }
             if let Some(v) = ed.find(newbrk).filter(|v| {
-                v.start() < newbrk && v.end() == oldbrk && v.start() >= ed.state().start_brk
+                v.start() < newbrk && v.end() == oldbrk && v.start() >= self.heap.start()
             }) {
                 // Only the heap VMA's end moves, with nothing inserted:
                 // shrink it in place (no split, so no anon_vma lock with
@@ -71,13 +174,18 @@ impl AddressSpace {
                 gather.flush();
                 drop(gather);
                 ed.free_pgtables(r);
-                ed.state_mut().brk = addr;
+                // As munmap: faults waiting for a userfault handler in the
+                // cut pages retry and find no mapping.
+                if let Some(ctx) = v.uffd_arc() {
+                    ctx.wake(r);
+                }
+                self.heap.set_brk(addr);
                 return (addr, None);
             }
             if ed.unmap(Range::new(newbrk, oldbrk)).is_err() {
                 return (old, None);
             }
-            ed.state_mut().brk = addr;
+            self.heap.set_brk(addr);
             return (addr, None);
         }
         // Grow: within the memlock limit when mlockall(MCL_FUTURE) locks
@@ -96,7 +204,7 @@ impl AddressSpace {
             }
         }
         let heap = ed.ending_at(oldbrk).filter(|v| {
-            v.start() >= ed.state().start_brk
+            v.start() >= self.heap.start()
                 && super::merge::flags_mergeable(v.flags(), flags)
                 && v.name().is_none()
         });
@@ -122,10 +230,47 @@ impl AddressSpace {
                 ed.insert(v);
             }
         }
-        ed.state_mut().brk = addr;
+        self.heap.set_brk(addr);
         let grown = flags
             .contains(VmFlags::LOCKED)
             .then(|| Range::new(oldbrk, newbrk));
         (addr, grown)
+    }
+
+    /// The edit a brk to `addr` runs in: with range-locked writers (and no
+    /// `mlockall(MCL_FUTURE)` in force) a range writer of [`brk_span`],
+    /// computed from the break read before the hold and checked again
+    /// under it; otherwise the whole space.
+    fn brk_edit(&self, addr: u64) -> Edit<'_> {
+        if !self.mmap_lock.is_range_mode() {
+            return Edit::begin(self);
+        }
+        let span = |h: &Heap| {
+            brk_span(
+                h.start(),
+                h.brk(),
+                addr,
+                self.cfg.task_size,
+                self.cfg.stack_guard_gap,
+            )
+        };
+        let mut want = span(&self.heap);
+        loop {
+            let ed = Edit::begin_range(self, want.0, want.1);
+            if !ed.state().def_flags.is_empty() {
+                // Growth would be locked memory, whose limit counts every
+                // locked VMA.
+                drop(ed);
+                return Edit::begin(self);
+            }
+            // Mutation the loom model `range_brks_race` catches: trusting
+            // the guess (another brk moved the break between the read and
+            // the grant, and this one acts on the old heap).
+            let now = span(&self.heap);
+            if now == want {
+                return ed;
+            }
+            want = now;
+        }
     }
 }

@@ -35,8 +35,8 @@ pub enum WriterLocking {
     MmapLock,
     /// munmap, mprotect, mmap (anonymous, without `MAP_LOCKED` or
     /// `MAP_GROWSDOWN`), madvise (its zaps shared; the advice that sets
-    /// VMA flags, as mprotect), `set_anon_name` and an mremap that stays
-    /// in place lock only the range they change, widened to the
+    /// VMA flags, as mprotect), `set_anon_name`, an mremap that stays
+    /// in place and brk lock only the range they change, widened to the
     /// VMAs they may split or merge with (and, for munmap, the hole whose
     /// page tables it may free), so writers on disjoint ranges run at
     /// once; every other writer, and every mmap_lock reader, takes the

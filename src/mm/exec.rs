@@ -59,9 +59,8 @@ impl AddressSpace {
         let all = Range::new(0, self.cfg.task_size);
         let unmapped = ed.unmap(all);
         debug_assert!(unmapped.is_ok());
+        self.heap.reset(self.cfg.brk_start);
         let st = ed.state_mut();
-        st.start_brk = self.cfg.brk_start;
-        st.brk = self.cfg.brk_start;
         st.start_stack = 0;
         st.def_flags = VmFlags::empty();
     }
@@ -90,13 +89,12 @@ impl AddressSpace {
         if !is_page_aligned(addr) || addr < self.cfg.mmap_min_addr || addr >= self.cfg.task_size {
             return Err(Error::Inval);
         }
-        let mut ed = Edit::begin(self);
-        let st = ed.state_mut();
-        if st.brk != st.start_brk {
+        // The whole space: no brk runs meanwhile.
+        let _ed = Edit::begin(self);
+        if self.heap.brk() != self.heap.start() {
             return Err(Error::Busy);
         }
-        st.start_brk = addr;
-        st.brk = addr;
+        self.heap.reset(addr);
         Ok(())
     }
 }

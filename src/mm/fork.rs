@@ -96,9 +96,8 @@ impl AddressSpace {
         let ok = {
             let mut ced = Edit::begin(&child);
             let (from, to) = (ed.state(), ced.state_mut());
-            to.start_brk = from.start_brk;
+            child.heap.copy_from(&self.heap);
             to.start_stack = from.start_stack;
-            to.brk = from.brk;
             let vmas = ed.vmas_in(Range::new(0, self.cfg.task_size));
             // dup_mmap's vma_start_write: no per-VMA fault runs in a parent
             // VMA until the mmap_lock is released. All are locked before

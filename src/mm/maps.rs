@@ -9,6 +9,7 @@
 //! read is stable and the labels agree with the break and the start
 //! stack; see [`crate::mm`].
 
+use super::brk::Heap;
 use super::{AddressSpace, MmState, Prot};
 use crate::addr::{Range, PAGE_SHIFT};
 use crate::vma::{VmFlags, Vma};
@@ -158,7 +159,7 @@ impl VmaInfo {
 
 /// The public snapshot of `v`, with the labels only the address space
 /// knows (`[heap]`, `[stack]`). Under the mmap_lock.
-pub(crate) fn snapshot(st: &MmState, v: &Vma) -> VmaInfo {
+pub(crate) fn snapshot(st: &MmState, heap: &Heap, v: &Vma) -> VmaInfo {
     let f = v.flags();
     let r = v.range();
     VmaInfo {
@@ -180,17 +181,10 @@ pub(crate) fn snapshot(st: &MmState, v: &Vma) -> VmaInfo {
             let host = s.host.as_ref()?;
             Some(host.mapped_file(s.name.as_deref().unwrap_or("")))
         }),
-        heap: is_heap(st, r),
+        heap: heap.labels(r),
         stack: is_stack(st, r),
         name: v.name().map(str::to_string),
     }
-}
-
-/// Linux (6.7+, `vma_is_initial_heap`) prints `[heap]` for a VMA that
-/// overlaps `[start_brk, brk)`: one that merely ends at the heap's start,
-/// or starts at the break, is not the heap, and an empty heap has none.
-pub(crate) fn is_heap(st: &MmState, r: Range) -> bool {
-    r.start < st.brk && r.end > st.start_brk
 }
 
 /// Linux (`vma_is_initial_stack`) prints `[stack]` for the VMA that
@@ -207,14 +201,19 @@ impl AddressSpace {
     pub fn vma_at(&self, addr: u64) -> Option<VmaInfo> {
         let st = self.mmap_lock.read();
         let g = self.tree.pin();
-        self.tree.find(addr, &g).map(|(_, v)| snapshot(&st, v))
+        self.tree
+            .find(addr, &g)
+            .map(|(_, v)| snapshot(&st, &self.heap, v))
     }
 
     /// Snapshot of every VMA, in address order.
     pub fn vmas(&self) -> Vec<VmaInfo> {
         let st = self.mmap_lock.read();
         let g = self.tree.pin();
-        self.tree.iter(&g).map(|(_, v)| snapshot(&st, v)).collect()
+        self.tree
+            .iter(&g)
+            .map(|(_, v)| snapshot(&st, &self.heap, v))
+            .collect()
     }
 
     /// The VMAs in `/proc/pid/maps` format, one line each.

@@ -335,7 +335,7 @@ impl AddressSpace {
         let g = self.tree.pin();
         self.tree
             .find_after(addr, &g)
-            .map(|(_, v)| super::maps::snapshot(&st, v))
+            .map(|(_, v)| super::maps::snapshot(&st, &self.heap, v))
     }
 }
 

@@ -149,12 +149,6 @@ pub(crate) struct MmState {
     /// because range-locked writers change it at once (it is a count: its
     /// value after every writer is what one writer after another makes).
     pub(crate) map_count: crate::sync::counter::AtomicUsize,
-    /// Start of the heap (`mm->start_brk`).
-    /// Protected by: the mmap_lock (written under its write side).
-    pub(crate) start_brk: u64,
-    /// Current break (`mm->brk`).
-    /// Protected by: the mmap_lock (written under its write side).
-    pub(crate) brk: u64,
     /// The initial stack pointer (`mm->start_stack`); 0 for none (see
     /// [`AddressSpace::set_start_stack`]).
     /// Protected by: the mmap_lock (written under its write side).
@@ -216,6 +210,9 @@ pub struct AddressSpace {
     /// The mmap_lock and the state it guards ([`MmState`]).
     /// Protected by: itself.
     pub(crate) mmap_lock: MmapLock<MmState>,
+    /// The heap's start and break (see [`brk::Heap`] for what protects
+    /// them).
+    pub(crate) heap: brk::Heap,
     /// The page table.
     /// Protected by: PTE-table locks for entry changes; walked lock-free
     /// under its epoch; tables freed only where no VMA covers them, under
@@ -381,13 +378,12 @@ impl AddressSpace {
             mmap_lock: MmapLock::with_ranges(
                 MmState {
                     map_count: crate::sync::counter::AtomicUsize::new(0),
-                    start_brk,
-                    brk: start_brk,
                     start_stack: 0,
                     def_flags: crate::vma::VmFlags::empty(),
                 },
                 cfg.writer_locking == WriterLocking::Range,
             ),
+            heap: brk::Heap::new(start_brk),
             pt: LazyWith::new((deferred_reclaim, frames.clone()), |(deferred, frames)| {
                 let r = if *deferred {
                     Reclaimer::deferred()
@@ -490,7 +486,7 @@ impl core::fmt::Debug for AddressSpace {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         let (map_count, brk) = {
             let st = self.mmap_lock.read();
-            (st.map_count(), st.brk)
+            (st.map_count(), self.heap.brk())
         };
         f.debug_struct("AddressSpace")
             .field("id", &self.id)

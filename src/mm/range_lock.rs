@@ -54,7 +54,15 @@
 //!   into a next VMA that touches them). A grow of a shared, locked or
 //!   growsdown VMA, or one that must move, drops its hold before it
 //!   changes anything and runs again on the whole space.
-//! - every other writer (an mremap move, brk, mlock (its limit check
+//! - brk (`brk::brk_edit`): a shrink `[new, old)` with munmap's hole, a
+//!   growth `[old, new)` with mprotect's neighbourhood (the heap VMA it
+//!   grows, or the pages it maps, and the margin page above). Every brk's
+//!   hold contains the page on each side of the old break, so brks run
+//!   one at a time; the break, read before the hold to know what to lock,
+//!   is read again under it, and the writer starts over if another brk
+//!   moved it (the loom model `range_brks_race`). After
+//!   `mlockall(MCL_FUTURE)` it takes the whole space, as mmap does.
+//! - every other writer (an mremap move, mlock (its limit check
 //!   counts every locked VMA), mlockall, fork, exec reset, the stack,
 //!   userfault registration, the space's drop) and every other mmap_lock
 //!   reader (pinning, `vmas()`, pagemap, rmap walks) locks the whole space:

@@ -183,7 +183,10 @@ impl<'a> Edit<'a> {
     pub(crate) fn lock(&self, v: VmaRef) {
         // The range protocol's invariant: a range writer changes only VMAs
         // inside the neighbourhood it holds (new ones are not attached yet).
-        debug_assert!(
+        // Checked in release builds too (two compares, range writers only):
+        // a writer that got its hold wrong stops here instead of racing
+        // the holder of that VMA (the loom model `range_brks_race`).
+        assert!(
             !self.is_range_writer() || !v.lock.is_attached() || {
                 let (h, r) = (self.held(), v.range());
                 h.start <= r.start && r.end <= h.end
