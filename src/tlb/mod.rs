@@ -161,6 +161,26 @@
 //! the home check reads a thread-local word. A flush reads every slot's
 //! published line and writes the hot lines of the slots it reaches.
 //!
+//! # Blocks
+//!
+//! A [`crate::translate::Block`] is an access section held across many
+//! accesses (a guest basic block, as QEMU runs a translated block): it
+//! stores `busy = IN_BLOCK`, fences and checks its generation and home once
+//! at its start, runs its hits with no further store or fence, and stores
+//! `busy = 0` at its end. The argument above holds with "access" read as
+//! "block": every frame use of the block lies between its `busy` store and
+//! its `busy = 0` (Release), and a miss inside it ends the section before
+//! it walks or faults (`busy = 0`) and begins a new one after (`busy =
+//! IN_BLOCK`, the light fence, the generation and home check), so a flush
+//! that reached the translator meanwhile is obeyed before any later hit. A
+//! flush on another thread therefore waits for the block to end, as QEMU's
+//! synced cross-vCPU TLB flush waits for the vCPU to reach a block
+//! boundary: blocks must be short. A flush on the block's own thread while
+//! it is open (a writer of the space called inside the block) would wait on
+//! itself for ever; it is a rule of the API (`Block`'s docs), checked by a
+//! debug assertion in `shoot_translators` (a slot at home on the flushing
+//! thread with `busy == IN_BLOCK`).
+//!
 //! # A thread stopped inside an access
 //!
 //! A flush waits for every access that may hold an old translation: a
@@ -216,7 +236,8 @@ pub(crate) struct CpuSlot {
 /// The line of a translator's slot that its accesses touch.
 #[derive(Default)]
 pub(crate) struct SlotHot {
-    /// 1 while the translator is inside an access, else 0.
+    /// 1 while the translator is inside an access, [`IN_BLOCK`] inside a
+    /// block (a section of many accesses), else 0.
     pub(crate) busy: AtomicU64,
     /// The translator's generation: bumped by each flush that reaches it.
     pub(crate) gen: AtomicU64,
@@ -224,6 +245,12 @@ pub(crate) struct SlotHot {
     /// entries for, at the start of an access).
     pub(crate) acked: AtomicU64,
 }
+
+/// The `busy` word of a translator inside a block
+/// ([`crate::translate::Block`]): an access section held across many
+/// accesses, between them too. Flushes wait for it like for an access; one
+/// on the block's own thread would wait for ever (module docs, "Blocks").
+pub(crate) const IN_BLOCK: u64 = 2;
 
 /// One translator's state as flushes see it.
 pub(crate) struct TranslatorSlot {
@@ -477,7 +504,16 @@ fn shoot_translators(translators: &[TranslatorRef], regions: Regions) -> u64 {
     // `busy == 1` on the home thread itself is an access this flush
     // interrupted (a signal handler): never skipped, as before.
     reached.retain(|(s, _)| {
-        s.published.home.load(Ordering::Acquire) != here || s.hot.busy.load(Ordering::Relaxed) != 0
+        let home = s.published.home.load(Ordering::Acquire);
+        let busy = s.hot.busy.load(Ordering::Relaxed);
+        // A block open on this very thread ends only after this flush
+        // returns: waiting for it would never end (module docs, "Blocks").
+        debug_assert!(
+            home != here || busy != IN_BLOCK,
+            "an address-space writer ran on the thread of an open translator Block: \
+             it would wait for the block to end for ever (end the block first)"
+        );
+        home != here || busy != 0
     });
     if reached.is_empty() {
         return others;

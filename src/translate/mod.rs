@@ -88,11 +88,13 @@
 
 mod access;
 mod atomic;
+mod block;
 #[cfg(feature = "vm-memory")]
 pub mod guest;
 mod split;
 mod word;
 
+pub use block::Block;
 pub use split::SplitLock;
 pub use word::Scalar;
 
@@ -104,6 +106,11 @@ use crate::stats::Event;
 use crate::sync::asymmetric;
 use crate::sync::{thread_id, thread_id_if_made, Ordering};
 use crate::tlb::{Regions, SlotHot, TranslatorRef};
+
+/// The `busy` word inside one access.
+const IN_ACCESS: u64 = 1;
+/// The `busy` word inside a [`Block`] (between its accesses too).
+pub(crate) const IN_BLOCK: u64 = crate::tlb::IN_BLOCK;
 
 /// Entries in a translator (direct-mapped by page number).
 const ENTRIES: usize = 256;
@@ -290,10 +297,19 @@ impl<'a> Translator<'a> {
     /// it in a register rather than reload it after the frame access.
     #[inline(always)]
     fn enter(&mut self) -> Busy {
+        self.enter_as(IN_ACCESS)
+    }
+
+    /// [`enter`](Self::enter), publishing `mark` ([`IN_ACCESS`] or
+    /// [`IN_BLOCK`]) as the `busy` word: flushes wait alike for both; a
+    /// flush on the translator's home thread tells a block it would wait
+    /// on for ever (see [`Block`]).
+    #[inline(always)]
+    fn enter_as(&mut self, mark: u64) -> Busy {
         // The hot line's address, kept in a register across the compiler
         // fence (which would otherwise reload `self.slot`).
         let busy = Busy(&*self.slot.hot);
-        busy.get().busy.store(1, Ordering::Relaxed);
+        busy.get().busy.store(mark, Ordering::Relaxed);
         // `true`: the light fence reads the process's fence mode itself
         // and is a full fence unless membarrier is in use.
         asymmetric::light(true);
