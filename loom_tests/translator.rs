@@ -258,8 +258,7 @@ fn translator_elsewhere_vs_own_flush() {
 /// reads zero).
 ///
 /// Catches: skipping the re-entry after a miss in `Block::outside`
-/// (src/translate/block.rs, `self.busy = self.t.enter_as(IN_BLOCK)`
-/// deleted): the store after the miss hits the stale entry with
+/// (src/translate/block.rs, the `t.enter_as(..)` after `f(t)` deleted): the store after the miss hits the stale entry with
 /// `busy == 0`, so munmap neither waits for it nor is obeyed by it (seen
 /// failing: "a stale entry was used").
 #[test]
@@ -307,8 +306,9 @@ fn block_vs_munmap() {
 ///
 /// Catches: leaving the generation check out of block entry
 /// (`Translator::enter_as` skipping its `if (gen ^ self.gen) | ..`
-/// branch when `mark == IN_BLOCK`, src/translate/mod.rs): a block opened
+/// branch's generation test for a block's mark, src/translate/mod.rs): a block opened
 /// after mprotect stores through the stale writable entry (seen failing:
+/// "a store landed after mprotect returned"; `block_vs_munmap` fails too,
 /// "a stale entry was used"). Also catches deleting the wait in
 /// `tlb::shoot_translators`, as `translator_store_vs_mprotect_read` does
 /// for one access.

@@ -48,7 +48,11 @@ fn every_offset<T: Scalar>(mm: &AddressSpace) {
         }
         let mut got = vec![0u8; want.len()];
         mm.read(A + start, &mut got).unwrap();
-        assert_eq!(got[..16 + size - 1], want[..16 + size - 1], "{size}-byte at {start}");
+        assert_eq!(
+            got[..16 + size - 1],
+            want[..16 + size - 1],
+            "{size}-byte at {start}"
+        );
         mm.write(A + start, &(!bits(start)).to_le_bytes()[..size])
             .unwrap();
         let mut b = t.block();
@@ -168,7 +172,7 @@ fn munmap_on_another_thread_during_blocks() {
             for round in 0u64.. {
                 let gone = unmapped.load(Ordering::Acquire);
                 let mut b = t.block();
-                let at = |i: u64| A + (i * 64 + round * 8) % (PAGES * PAGE_SIZE);
+                let at = |i: u64| A + (i * 64 + round * 4100) % (PAGES * PAGE_SIZE);
                 let word = |i: u64| (round * 64 + i) as u32;
                 let mut failed = Vec::new();
                 for i in 0..64 {
@@ -176,7 +180,10 @@ fn munmap_on_another_thread_during_blocks() {
                         Ok(()) => assert!(!gone || at(i) < last, "stored into the unmapped page"),
                         Err(e) => {
                             assert!(at(i) >= last, "{e:?}");
-                            assert_eq!((e.kind, e.addr, e.done), (FaultError::NoMapping, at(i) & !3, 0));
+                            assert_eq!(
+                                (e.kind, e.addr, e.done),
+                                (FaultError::NoMapping, at(i) & !3, 0)
+                            );
                             failed.push(i);
                         }
                     }
@@ -229,4 +236,18 @@ fn owned_translator_blocks_on_another_thread() {
     let mut x = [0u8; 8];
     mm.read(A + 8 * 511, &mut x).unwrap();
     assert_eq!(u64::from_le_bytes(x), 511);
+}
+
+/// The rule of blocks, checked in debug builds: a writer of the space on
+/// the thread of an open block would wait for the block for ever; the
+/// flush panics instead.
+#[cfg(debug_assertions)]
+#[test]
+#[should_panic(expected = "open translator Block")]
+fn a_writer_inside_an_own_block_is_caught() {
+    let mm = mm_with(1);
+    let mut t = mm.translator();
+    let mut b = t.block();
+    b.store::<u64>(A, 1).unwrap();
+    mm.munmap(A, PAGE_SIZE).unwrap();
 }

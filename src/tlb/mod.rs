@@ -165,7 +165,7 @@
 //!
 //! A [`crate::translate::Block`] is an access section held across many
 //! accesses (a guest basic block, as QEMU runs a translated block): it
-//! stores `busy = IN_BLOCK`, fences and checks its generation and home once
+//! stores `busy = IN_BLOCK` (tagged with its thread's id), fences and checks its generation and home once
 //! at its start, runs its hits with no further store or fence, and stores
 //! `busy = 0` at its end. The argument above holds with "access" read as
 //! "block": every frame use of the block lies between its `busy` store and
@@ -178,8 +178,9 @@
 //! boundary: blocks must be short. A flush on the block's own thread while
 //! it is open (a writer of the space called inside the block) would wait on
 //! itself for ever; it is a rule of the API (`Block`'s docs), checked by a
-//! debug assertion in `shoot_translators` (a slot at home on the flushing
-//! thread with `busy == IN_BLOCK`).
+//! debug assertion in `shoot_translators` (a slot whose `busy` names a
+//! block of the flushing thread; the id in it tells that block from one
+//! another thread is opening before it rehomes the slot).
 //!
 //! # A thread stopped inside an access
 //!
@@ -236,8 +237,8 @@ pub(crate) struct CpuSlot {
 /// The line of a translator's slot that its accesses touch.
 #[derive(Default)]
 pub(crate) struct SlotHot {
-    /// 1 while the translator is inside an access, [`IN_BLOCK`] inside a
-    /// block (a section of many accesses), else 0.
+    /// 1 while the translator is inside an access, a [`block_mark`] inside
+    /// a block (a section of many accesses), else 0.
     pub(crate) busy: AtomicU64,
     /// The translator's generation: bumped by each flush that reaches it.
     pub(crate) gen: AtomicU64,
@@ -246,11 +247,21 @@ pub(crate) struct SlotHot {
     pub(crate) acked: AtomicU64,
 }
 
-/// The `busy` word of a translator inside a block
+/// The low bits of the `busy` word of a translator inside a block
 /// ([`crate::translate::Block`]): an access section held across many
 /// accesses, between them too. Flushes wait for it like for an access; one
 /// on the block's own thread would wait for ever (module docs, "Blocks").
 pub(crate) const IN_BLOCK: u64 = 2;
+
+/// The `busy` word of a block opened on the thread `id`
+/// ([`crate::sync::thread_id`]): [`IN_BLOCK`] with the thread's id above
+/// it, so that a flush tells a block open on its own thread (which it
+/// would wait for ever) from one that another thread is opening while the
+/// slot still names the flusher's thread as home.
+#[inline(always)]
+pub(crate) fn block_mark(id: u64) -> u64 {
+    id << 2 | IN_BLOCK
+}
 
 /// One translator's state as flushes see it.
 pub(crate) struct TranslatorSlot {
@@ -509,7 +520,7 @@ fn shoot_translators(translators: &[TranslatorRef], regions: Regions) -> u64 {
         // A block open on this very thread ends only after this flush
         // returns: waiting for it would never end (module docs, "Blocks").
         debug_assert!(
-            home != here || busy != IN_BLOCK,
+            busy != block_mark(here),
             "an address-space writer ran on the thread of an open translator Block: \
              it would wait for the block to end for ever (end the block first)"
         );

@@ -3,13 +3,13 @@
 //! of the `busy` word, the light fence, the generation and home check,
 //! and the store that clears `busy`) is paid once per block.
 //!
-//! A [`Block`] stores `busy = IN_BLOCK` and checks the generation and home
-//! at its start (`Translator::enter_as`), and clears `busy` when dropped.
+//! A [`Block`] stores `busy = block_mark(its thread's id)` and checks the
+//! generation and home at its start (`Translator::enter_as`), and clears `busy` when dropped.
 //! Inside it a hit is the entry check and one `mov` of the frame. A miss,
 //! an unaligned or page-crossing access, a bulk copy or an atomic leaves
 //! the section (`busy = 0`), runs the translator's own call (which walks
 //! and faults outside any section, as every miss does), then enters again
-//! (`busy = IN_BLOCK`, the fence, the generation and home check) before
+//! (`busy` = the block's mark, the fence, the generation and home check) before
 //! returning, so a flush that reached the translator meanwhile is obeyed
 //! before the next hit. The argument is in `tlb` ("Blocks").
 //!
@@ -25,9 +25,11 @@
 //! [`Block`]).
 
 use super::word::{load, store};
-use super::{perm, Busy, Scalar, Translator, IN_BLOCK, PAGE_MASK};
+use super::{perm, Busy, Scalar, Translator, PAGE_MASK};
 use crate::error::MemoryFault;
 use crate::mm::Access;
+use crate::sync::thread_id;
+use crate::tlb::block_mark;
 
 impl<'a> Translator<'a> {
     /// Opens a block: an access section for many loads and stores (a
@@ -50,7 +52,7 @@ impl<'a> Translator<'a> {
     /// ```
     #[inline]
     pub fn block(&mut self) -> Block<'_, 'a> {
-        let busy = self.enter_as(IN_BLOCK);
+        let busy = self.enter_as(block_mark(thread_id()));
         Block { t: self, busy }
     }
 }
@@ -100,7 +102,7 @@ impl<'a> Translator<'a> {
 /// ```
 pub struct Block<'t, 'a> {
     t: &'t mut Translator<'a>,
-    /// The translator's hot line, whose `busy` word is `IN_BLOCK` while
+    /// The translator's hot line, whose `busy` word is the block's mark while
     /// the block is open (and keeps the block off other threads).
     busy: Busy,
 }
@@ -117,7 +119,7 @@ impl<'a> Block<'_, 'a> {
             let bits = unsafe { load::<T>(base, off) };
             return Ok(T::from_bits(bits));
         }
-        self.outside(|t| t.load(addr))
+        load_miss(self.t, addr)
     }
 
     /// Stores `v` at `addr`, as [`Translator::store`].
@@ -129,7 +131,7 @@ impl<'a> Block<'_, 'a> {
             unsafe { store::<T>(base, off, v.to_bits()) };
             return Ok(());
         }
-        self.outside(|t| t.store(addr, v))
+        store_miss(self.t, addr, v)
     }
 
     /// Fetches the `T` at `addr` as instruction bytes, as
@@ -145,7 +147,7 @@ impl<'a> Block<'_, 'a> {
             let bits = unsafe { load::<T>(base, off) };
             return Ok(T::from_bits(bits));
         }
-        self.outside(|t| t.fetch(addr))
+        fetch_miss(self.t, addr)
     }
 
     /// [`Translator::read`] inside the block (between a leave and a
@@ -184,24 +186,51 @@ impl<'a> Block<'_, 'a> {
         self.outside(|t| t.swap(addr, v))
     }
 
-    /// Runs `f` on the translator outside the section: leaves it (a flush
-    /// waiting for the block may go on; `f` may walk and fault), then
-    /// enters it again, checking the generation and home, before any
-    /// later hit.
-    #[cold]
-    #[inline(never)]
+    /// [`outside`] for the calls off the hit path.
     fn outside<R>(&mut self, f: impl FnOnce(&mut Translator<'a>) -> R) -> R {
-        self.t.leave(self.busy);
-        let r = f(self.t);
-        // Mutation the loom model `block_vs_munmap` catches: skipping
-        // this re-entry (the hits after a miss run with `busy == 0`, so a
-        // flush neither waits for them nor is obeyed by them).
-        self.busy = self.t.enter_as(IN_BLOCK);
-        r
+        outside(self.t, f)
     }
 }
 
+// The hit paths' misses: out of line, taking the translator (not the
+// block, which then stays in registers) and the operands by value.
+
+#[cold]
+#[inline(never)]
+fn load_miss<T: Scalar>(t: &mut Translator<'_>, addr: u64) -> Result<T, MemoryFault> {
+    outside(t, |t| t.load(addr))
+}
+
+#[cold]
+#[inline(never)]
+fn store_miss<T: Scalar>(t: &mut Translator<'_>, addr: u64, v: T) -> Result<(), MemoryFault> {
+    outside(t, |t| t.store(addr, v))
+}
+
+#[cold]
+#[inline(never)]
+fn fetch_miss<T: Scalar>(t: &mut Translator<'_>, addr: u64) -> Result<T, MemoryFault> {
+    outside(t, |t| t.fetch(addr))
+}
+
+/// Runs `f` on the translator of an open block outside its section:
+/// leaves it (a flush waiting for the block may go on; `f` may walk and
+/// fault), then enters it again, checking the generation and home,
+/// before any later hit. The block's `busy` handle stays valid: it is the
+/// translator's slot's hot line, which never changes.
+#[inline(always)]
+fn outside<'a, R>(t: &mut Translator<'a>, f: impl FnOnce(&mut Translator<'a>) -> R) -> R {
+    t.leave(Busy(&*t.slot.hot));
+    let r = f(t);
+    // Mutation the loom model `block_vs_munmap` catches: skipping this
+    // re-entry (the hits after a miss run with `busy == 0`, so a flush
+    // neither waits for them nor is obeyed by them).
+    let _ = t.enter_as(block_mark(thread_id()));
+    r
+}
+
 impl Drop for Block<'_, '_> {
+    #[inline]
     fn drop(&mut self) {
         self.t.leave(self.busy);
     }
@@ -209,6 +238,8 @@ impl Drop for Block<'_, '_> {
 
 impl core::fmt::Debug for Block<'_, '_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Block").field("translator", &self.t).finish()
+        f.debug_struct("Block")
+            .field("translator", &self.t)
+            .finish()
     }
 }

@@ -26,6 +26,16 @@
 //! invalidate, before they return, every translator whose summary meets
 //! the regions they changed: see `tlb` for the protocol and its argument.
 //!
+//! A [`Block`] ([`Translator::block`]) holds one access section across
+//! many loads and stores, as QEMU runs a translated block: the `busy`
+//! store, the light fence and the generation and home check happen once
+//! at its start, the store that clears `busy` at its end, and each hit in
+//! between is the entry check and the `mov` (no new shared line: its start
+//! and end write the translator's own hot line, as an access does). A
+//! flush that reaches the translator waits for the block to end, so
+//! blocks must be short, and a writer of the space must not run on the
+//! block's own thread while it is open (see [`Block`]).
+//!
 //! Frame memory is shared with other threads and other translators, so it
 //! is only ever touched atomically: as 8-byte atomic words (as `phys`
 //! does), and on x86-64 by narrower loads and stores that are single
@@ -109,8 +119,6 @@ use crate::tlb::{Regions, SlotHot, TranslatorRef};
 
 /// The `busy` word inside one access.
 const IN_ACCESS: u64 = 1;
-/// The `busy` word inside a [`Block`] (between its accesses too).
-pub(crate) const IN_BLOCK: u64 = crate::tlb::IN_BLOCK;
 
 /// Entries in a translator (direct-mapped by page number).
 const ENTRIES: usize = 256;
@@ -300,10 +308,10 @@ impl<'a> Translator<'a> {
         self.enter_as(IN_ACCESS)
     }
 
-    /// [`enter`](Self::enter), publishing `mark` ([`IN_ACCESS`] or
-    /// [`IN_BLOCK`]) as the `busy` word: flushes wait alike for both; a
-    /// flush on the translator's home thread tells a block it would wait
-    /// on for ever (see [`Block`]).
+    /// [`enter`](Self::enter), publishing `mark` ([`IN_ACCESS`] or a
+    /// block's `tlb::block_mark`) as the `busy` word: flushes wait alike
+    /// for both; a flush on the block's own thread tells a block it would
+    /// wait on for ever (see [`Block`]).
     #[inline(always)]
     fn enter_as(&mut self, mark: u64) -> Busy {
         // The hot line's address, kept in a register across the compiler
