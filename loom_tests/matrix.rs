@@ -108,7 +108,7 @@ const OWN_FLUSH: &str = "the writer's flush runs the same shoot_translators, whi
 const NO_FLUSH: Cell = Apart("this writer issues no translator flush for it (no translation goes stale): the home check in shoot_translators is never reached, and the translator access cell covers the access");
 
 /// Why a translator block shares a translator access's model.
-const BLOCK: &str = "a block is translator accesses whose section spans several hits: the writer's flush meets the same summary, generation and busy word (tlb/mod.rs, Blocks), waits for the block's end where it waits for an access's, and a miss inside the block ends the section and re-enters with the generation check, as an access's start does (block_vs_munmap, block_vs_mprotect_read); a flush on the block's own thread while it is open is ruled out by the API's rule (a debug assertion), and one after it is the home-thread cell";
+const BLOCK: &str = "a block is translator accesses whose section spans several hits: the writer's flush meets the same summary, generation and busy word (tlb/mod.rs, Blocks), waits for the block's end where it waits for an access's, and a miss inside the block ends the section and re-enters with the generation check, as an access's start does (block_vs_munmap, block_vs_mprotect_read); a flush on the block's own thread while it is open is ruled out by the API's rule (checked in debug builds), and one after it is the home-thread cell";
 
 /// Why an instruction fetch shares a translator access's model.
 const FETCH: &str = "a fetch is a translator access (the same enter, tag check, walk and leave, with the exec bit): the writer's flush drops its entries alike";
