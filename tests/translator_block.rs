@@ -41,7 +41,7 @@ fn every_offset<T: Scalar>(mm: &AddressSpace) {
         }
         // The last store of each offset overwrote the earlier ones' tails:
         // compare with the same stores replayed on a buffer.
-        let mut want = vec![0u8; 16 + 8];
+        let mut want = [0u8; 16 + 8];
         for off in start..start + 16 {
             let i = (off - start) as usize;
             want[i..i + size].copy_from_slice(&bits(off).to_le_bytes()[..size]);
