@@ -4,14 +4,15 @@
 //! and the store that clears `busy`) is paid once per block.
 //!
 //! A [`Block`] stores `busy = block_mark(its thread's id)` and checks the
-//! generation and home at its start (`Translator::enter_as`), and clears `busy` when dropped.
-//! Inside it a hit is the entry check and one `mov` of the frame. A miss,
-//! an unaligned or page-crossing access, a bulk copy or an atomic leaves
-//! the section (`busy = 0`), runs the translator's own call (which walks
-//! and faults outside any section, as every miss does), then enters again
-//! (`busy` = the block's mark, the fence, the generation and home check) before
-//! returning, so a flush that reached the translator meanwhile is obeyed
-//! before the next hit. The argument is in `tlb` ("Blocks").
+//! generation and home at its start (`Translator::enter_as`), and clears
+//! `busy` when dropped. Inside it a hit is the entry check and one `mov`
+//! of the frame. A miss, an unaligned or page-crossing access, a bulk
+//! copy or an atomic leaves the section (`busy = 0`), runs the
+//! translator's own call (which walks and faults outside any section, as
+//! every miss does), then enters again (`busy` = the block's mark, the
+//! fence, the generation and home check) before returning, so a flush
+//! that reached the translator meanwhile is obeyed before the next hit.
+//! The argument is in `tlb` ("Blocks").
 //!
 //! Shared lines: none new. The block's start and end write the
 //! translator's own hot line (as every access does), and its hits write
