@@ -165,14 +165,15 @@
 //!
 //! A [`crate::translate::Block`] is an access section held across many
 //! accesses (a guest basic block, as QEMU runs a translated block): it
-//! stores `busy = IN_BLOCK` (tagged with its thread's id), fences and checks its generation and home once
-//! at its start, runs its hits with no further store or fence, and stores
+//! stores its mark in `busy` ([`block_mark`]: `IN_BLOCK` tagged with its
+//! thread's id), fences and checks its generation and home once at its
+//! start, runs its hits with no further store or fence, and stores
 //! `busy = 0` at its end. The argument above holds with "access" read as
 //! "block": every frame use of the block lies between its `busy` store and
 //! its `busy = 0` (Release), and a miss inside it ends the section before
-//! it walks or faults (`busy = 0`) and begins a new one after (`busy =
-//! IN_BLOCK`, the light fence, the generation and home check), so a flush
-//! that reached the translator meanwhile is obeyed before any later hit. A
+//! it walks or faults (`busy = 0`) and begins a new one after (its mark,
+//! the light fence, the generation and home check), so a flush that
+//! reached the translator meanwhile is obeyed before any later hit. A
 //! flush on another thread therefore waits for the block to end, as QEMU's
 //! synced cross-vCPU TLB flush waits for the vCPU to reach a block
 //! boundary: blocks must be short. A flush on the block's own thread while
