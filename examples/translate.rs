@@ -15,8 +15,9 @@
 //! with translators loading on two threads besides the flusher's; then
 //! aligned loads, stores, and stores each followed by a load of the same
 //! place, of every width (at every aligned slot of a word) against the
-//! u64 ones (target <= 1.3x), and a u32 load+store pair loop against the
-//! same loop over a plain `Vec` (target <= 4x). Each time is the best of
+//! u64 ones (target <= 1.3x), and a u32 load+store pair loop, per call
+//! and inside translator blocks of 16 pairs (`Translator::block`), against
+//! the same loop over a plain `Vec` (target <= 4x). Each time is the best of
 //! R repetitions, but the ratios by width and the pair ratio: the median
 //! of max(R, 5) alternations, each alternation's ratio measured back to
 //! back (their range is printed too). `--widths only` prints only those.
@@ -25,7 +26,9 @@
 //! runs that one loop of N accesses on a warm translator and nothing
 //! else, for instruction counts per access under callgrind (the loops are
 //! `#[inline(never)]`; `--toggle-collect` names them), see
-//! docs/RESULTS.md.
+//! docs/RESULTS.md. `--only pair`, `--only block-pair` and
+//! `--only plain-pair` run N u32 load+store pairs per call, in blocks, or
+//! over the plain `Vec` (`pairs`, `block_pairs`, `plain_pairs`).
 
 #[path = "../benches/common/machine.rs"]
 mod machine;
@@ -194,6 +197,14 @@ fn width_loops() -> [(&'static str, [(&'static str, Loop); 4]); 3] {
 /// access (`valgrind --tool=callgrind --collect-atstart=no
 /// --toggle-collect='*translate_workload::stores_of*'`).
 fn only(mm: &aspace::AddressSpace, what: &str, n: u64) {
+    if let Some(f) = pair_loop(what) {
+        let mut t = mm.translator();
+        translated(&mut t, WORDS);
+        let mut p = vec![0u32; 2 * WORDS as usize];
+        f(&mut t, &mut p, n);
+        println!("{what}: {n} pairs, word 0 {}", p[0]);
+        return;
+    }
     let (op, width) = what.split_once(':').unwrap_or((what, ""));
     let found = width_loops()
         .into_iter()
@@ -201,12 +212,27 @@ fn only(mm: &aspace::AddressSpace, what: &str, n: u64) {
         .flat_map(|(_, loops)| loops)
         .find(|(w, _)| *w == width);
     let Some((_, f)) = found else {
-        eprintln!("--only OP:WIDTH: OP is load, store or store+load; WIDTH u8, u16, u32 or u64");
+        eprintln!(
+            "--only OP:WIDTH: OP is load, store or store+load; WIDTH u8, u16, u32 or u64; \
+             or --only pair, block-pair or plain-pair"
+        );
         std::process::exit(2);
     };
     let mut t = mm.translator();
     translated(&mut t, WORDS);
     println!("{what}: {n} accesses, sum {}", f(&mut t, n));
+}
+
+/// A pair loop of `--only`: `pair`, `block-pair` or `plain-pair`.
+type PairLoop = fn(&mut aspace::Translator<'_>, &mut [u32], u64);
+
+fn pair_loop(what: &str) -> Option<PairLoop> {
+    Some(match what {
+        "pair" => |t, _, n| pairs(t, n),
+        "block-pair" => |t, _, n| block_pairs(t, n),
+        "plain-pair" => |_, p, n| plain_pairs(p, n),
+        _ => return None,
+    })
 }
 
 /// Aligned loads and stores of every width (at every aligned slot of a
@@ -281,30 +307,61 @@ fn widths(mm: &aspace::AddressSpace, n: u64, reps: usize) {
     let pair = pair_ratio(&mut p, &mut t, n, reps.max(5));
     println!("{:<44} {:>10}", "u32 load+store pair (ns per pair)", "ns");
     println!("{:<44} {:>10.2}", "plain Vec<u32> (best)", pair.vec_best);
-    println!("{:<44} {:>10.2}", "translator (best)", pair.tr_best);
     println!(
-        "{:<44} {:>9.2}x {:>7}",
-        "translator vs plain Vec (time, median)", pair.median, "<= 4x"
+        "{:<44} {:>10.2}",
+        "translator, per call (best)", pair.tr_best
     );
     println!(
-        "{:<44} {:>10}",
-        format!("  range over {} alternations", pair.rounds),
-        format!("{:.2}-{:.2}x", pair.lo, pair.hi)
+        "{:<44} {:>10.2}",
+        format!("translator, blocks of {BLOCK_PAIRS} pairs (best)"),
+        pair.block_best
     );
+    for (what, r) in [("per call", &pair.per_call), ("blocks", &pair.blocks)] {
+        println!(
+            "{:<44} {:>9.2}x {:>7}",
+            format!("translator {what} vs plain Vec (time, median)"),
+            r.median,
+            "<= 4x"
+        );
+        println!(
+            "{:<44} {:>10}",
+            format!("  range over {} alternations", pair.rounds),
+            format!("{:.2}-{:.2}x", r.lo, r.hi)
+        );
+    }
 }
 
-/// The pair loop against the plain one, measured in `rounds`
-/// alternations (a plain run, then a translator run, each of `n` pairs):
-/// each alternation gives one ratio, taken while the machine was in one
-/// state, and the median of those is the figure, so that load from other
-/// processes on a small machine moves it little.
+/// The pair loops (per call and in blocks) against the plain one,
+/// measured in `rounds` alternations (a plain run, a per-call run, a
+/// block run, each of `n` pairs): each alternation gives one ratio per
+/// translator loop, taken while the machine was in one state, and the
+/// median of those is the figure, so that load from other processes on a
+/// small machine moves it little.
 struct PairRatio {
     rounds: usize,
     vec_best: f64,
     tr_best: f64,
+    block_best: f64,
+    per_call: Ratios,
+    blocks: Ratios,
+}
+
+/// The median and range of one loop's alternation ratios.
+struct Ratios {
     median: f64,
     lo: f64,
     hi: f64,
+}
+
+impl Ratios {
+    fn of(mut ratios: Vec<f64>) -> Self {
+        ratios.sort_by(f64::total_cmp);
+        Ratios {
+            median: ratios[ratios.len() / 2],
+            lo: ratios[0],
+            hi: ratios[ratios.len() - 1],
+        }
+    }
 }
 
 fn pair_ratio(p: &mut [u32], t: &mut aspace::Translator<'_>, n: u64, rounds: usize) -> PairRatio {
@@ -313,22 +370,24 @@ fn pair_ratio(p: &mut [u32], t: &mut aspace::Translator<'_>, n: u64, rounds: usi
         f();
         at.elapsed().as_secs_f64() * 1e9 / n as f64
     };
-    let (mut vec_best, mut tr_best) = (f64::INFINITY, f64::INFINITY);
-    let mut ratios = Vec::with_capacity(rounds);
+    let (mut vec_best, mut tr_best, mut block_best) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
+    let (mut per_call, mut blocks) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         let v = time(&mut || plain_pairs(p, n));
         let x = time(&mut || pairs(t, n));
+        let b = time(&mut || block_pairs(t, n));
         vec_best = vec_best.min(v);
         tr_best = tr_best.min(x);
-        ratios.push(x / v);
+        block_best = block_best.min(b);
+        per_call.push(x / v);
+        blocks.push(b / v);
     }
-    ratios.sort_by(f64::total_cmp);
     PairRatio {
         rounds,
         vec_best,
         tr_best,
-        median: ratios[rounds / 2],
-        lo: ratios[0],
-        hi: ratios[rounds - 1],
+        block_best,
+        per_call: Ratios::of(per_call),
+        blocks: Ratios::of(blocks),
     }
 }

@@ -15,13 +15,16 @@
 /// forced access, which writes pages no writable entry maps; and a file
 /// object's writeback, which reads the object's pages without its size
 /// lock.
-const READERS: [&str; 13] = [
+const READERS: [&str; 14] = [
     "speculative fault",
     "speculative fault via VMA hint",
     "speculative first write (anon_vma prepare)",
     "per-VMA fault",
     "translator access",
     "translator access, flush on its home thread",
+    // A `Block` (translate/block.rs): one access section around many
+    // translator hits.
+    "translator block",
     "instruction fetch",
     "device slice",
     "userfault waiter",
@@ -106,6 +109,9 @@ const NO_ENTRY_CHANGE: Cell =
 const OWN_FLUSH: &str = "the writer's flush runs the same shoot_translators, which skips the heavy fence and the wait for a slot by its summary and home alone, whatever changed the entries; a translator moved off that thread rehomes before it loads its generation (translator_moved_vs_own_flush), and another thread's translator reached by the same flush is still fenced and waited for (translator_elsewhere_vs_own_flush, also with mprotect)";
 /// Why a change that flushes nothing never reaches the home check.
 const NO_FLUSH: Cell = Apart("this writer issues no translator flush for it (no translation goes stale): the home check in shoot_translators is never reached, and the translator access cell covers the access");
+
+/// Why a translator block shares a translator access's model.
+const BLOCK: &str = "a block is translator accesses whose section spans several hits: the writer's flush meets the same summary, generation and busy word (tlb/mod.rs, Blocks), waits for the block's end where it waits for an access's, and a miss inside the block ends the section and re-enters with the generation check, as an access's start does (block_vs_munmap, block_vs_mprotect_read); a flush on the block's own thread while it is open is ruled out by the API's rule (checked in debug builds), and one after it is the home-thread cell";
 
 /// Why an instruction fetch shares a translator access's model.
 const FETCH: &str = "a fetch is a translator access (the same enter, tag check, walk and leave, with the exec bit): the writer's flush drops its entries alike";
@@ -559,6 +565,35 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("file writeback", "range brk", WB_OWN_PAGES),
     ("range-locked fault fallback", "range brk", Apart("serialized by the range lock where they meet: brk holds the heap VMA whole, the pages between the old and new break, and the margin page on each side with the VMAs there (a shrink also the hole above); a fallback in the heap, in the pages it grows over or in a VMA it may merge with holds a range that overlaps it, and one elsewhere reads nothing brk changes")),
     ("VMA lookup in the forest", "range brk", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
+    // Translator blocks: a translator access section held across hits.
+    ("translator block", "munmap", Model("translator.rs", "block_vs_munmap")),
+    ("translator block", "mprotect", Model("translator.rs", "block_vs_mprotect_read")),
+    ("translator block", "mremap move", Shares("translator_writers.rs", "translator_store_vs_mremap_move", BLOCK)),
+    ("translator block", "mremap grow", NO_ENTRY_CHANGE),
+    ("translator block", "mremap shrink", Shares("translator_writers.rs", "translator_store_vs_mremap_shrink", BLOCK)),
+    ("translator block", "mremap DONTUNMAP", Shares("translator_writers.rs", "translator_store_vs_mremap_dontunmap", BLOCK)),
+    ("translator block", "madvise DONTNEED", Shares("translator_writers.rs", "translator_store_vs_dontneed", BLOCK)),
+    ("translator block", "madvise REMOVE", Apart("the hole punch keeps the object's frames: a store through the old translation reaches the very page a fresh one would, so no stale target exists")),
+    ("translator block", "madvise FREE", Shares("translator_writers.rs", "translator_store_vs_madv_free", BLOCK)),
+    ("translator block", "brk", Shares("translator.rs", "translator_store_vs_munmap", BLOCK)),
+    ("translator block", "mlock", NO_ENTRY_CHANGE),
+    ("translator block", "set_anon_name", NO_ENTRY_CHANGE),
+    ("translator block", "uffd register", NO_ENTRY_CHANGE),
+    ("translator block", "uffd unregister", NO_ENTRY_CHANGE),
+    ("translator block", "uffd write-protect", Shares("uffd_wp.rs", "translator_store_vs_write_protect", BLOCK)),
+    ("translator block", "memfd shrink", Shares("translator_writers.rs", "translator_store_vs_memfd_shrink", BLOCK)),
+    ("translator block", "fork", Shares("translator_writers.rs", "translator_store_vs_fork", BLOCK)),
+    ("translator block", "THP split", Shares("thp.rs", "translator_load_vs_split", BLOCK)),
+    ("translator block", "THP fault", Shares("thp.rs", "read_vs_huge_fault", BLOCK)),
+    ("translator block", "THP collapse", Shares("thp.rs", "translator_store_vs_collapse", BLOCK)),
+    ("translator block", "range munmap", Shares("range_writers.rs", "translator_store_vs_range_munmap", BLOCK)),
+    ("translator block", "range mprotect", Shares("translator.rs", "translator_store_vs_mprotect_read", BLOCK)),
+    ("translator block", "range mmap", RANGE_MMAP_NEW),
+    ("translator block", "range madvise DONTNEED", Shares("translator_writers.rs", "translator_store_vs_dontneed", BLOCK)),
+    ("translator block", "range madvise flags, set_anon_name", NO_ENTRY_CHANGE),
+    ("translator block", "range mremap shrink", Shares("translator_writers.rs", "translator_store_vs_mremap_shrink", BLOCK)),
+    ("translator block", "range mremap grow", NO_ENTRY_CHANGE),
+    ("translator block", "range brk", Shares("translator.rs", "translator_store_vs_munmap", BLOCK)),
 ];
 
 fn source(file: &str) -> &'static str {

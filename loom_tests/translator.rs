@@ -17,6 +17,8 @@ use loom::thread;
 
 const A: u64 = 0x4000_0000;
 const B: u64 = 0x5000_0000;
+/// A page in `A`'s summary region, for a miss inside a block.
+const C: u64 = A + 2 * PAGE_SIZE;
 /// A page in another summary region than `A`'s (1 GiB regions).
 const D: u64 = 0x8000_0000;
 
@@ -238,6 +240,103 @@ fn translator_elsewhere_vs_own_flush() {
             Err(FaultError::AccessDenied),
             "the own translator used its stale entry"
         );
+        let mut before = [0u8; 1];
+        mm.read(A, &mut before).unwrap();
+        t.join().unwrap();
+        let mut after = [0u8; 1];
+        mm.read(A, &mut after).unwrap();
+        assert_eq!(before, after, "a store landed after mprotect returned");
+    });
+}
+
+/// A block (`Translator::block`) against munmap of `A`, after which `A`'s
+/// freed frame goes to a new page at `B`: the thread's translator caches
+/// `A` writable, then opens a block that first loads `C` (a miss inside
+/// the block: it leaves the section, walks, and re-enters), then stores
+/// through `A`'s cached entry. A store that begins after munmap returned
+/// fails, and no store lands in the frame after munmap returned (`B`
+/// reads zero).
+///
+/// Catches: skipping the re-entry after a miss in `Block::outside`
+/// (src/translate/block.rs, the `t.enter_as(..)` after `f(t)` deleted): the store after the miss hits the stale entry with
+/// `busy == 0`, so munmap neither waits for it nor is obeyed by it (seen
+/// failing: "a stale entry was used").
+#[test]
+fn block_vs_munmap() {
+    model(|| {
+        let mm = Arc::new(AddressSpace::new(cfg()));
+        for at in [A, C] {
+            mm.mmap(at, PAGE_SIZE, rw(), fixed()).unwrap();
+            mm.write(at, &[1]).unwrap();
+        }
+        let done = Arc::new(AtomicBool::new(false));
+        let (m2, d2) = (mm.clone(), done.clone());
+        let t = thread::spawn(move || {
+            let mut tr = m2.translator();
+            let _ = tr.load::<u8>(A); // fills the entry (unless flushed)
+            let mut b = tr.block();
+            b.load::<u8>(C).unwrap(); // a miss: leaves and re-enters
+            let flushed = d2.load(Ordering::SeqCst);
+            let r = b.store::<u8>(A, 7);
+            if flushed {
+                assert_eq!(
+                    r.map_err(|e| e.kind),
+                    Err(FaultError::NoMapping),
+                    "a stale entry was used"
+                );
+            }
+        });
+        mm.munmap(A, PAGE_SIZE).unwrap();
+        done.store(true, Ordering::SeqCst);
+        mm.mmap(B, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(B, &[0]).unwrap(); // takes the frame `A` had
+        t.join().unwrap();
+        let mut x = [0xffu8; 1];
+        mm.read(B, &mut x).unwrap();
+        assert_eq!(x, [0], "a store landed in a freed frame");
+    });
+}
+
+/// A block against mprotect(PROT_READ) of `A`: the thread's translator
+/// caches `A` writable, then opens a block that stores through the entry
+/// twice (both hits, no re-entry between them). A block that opens after
+/// mprotect returned is denied its first store, a block open before it
+/// makes mprotect wait for its end, and once mprotect has returned the
+/// page never changes again.
+///
+/// Catches: leaving the generation check out of block entry
+/// (`Translator::enter_as` skipping its `if (gen ^ self.gen) | ..`
+/// branch's generation test for a block's mark, src/translate/mod.rs): a block opened
+/// after mprotect stores through the stale writable entry (seen failing:
+/// "a store landed after mprotect returned"; `block_vs_munmap` fails too,
+/// "a stale entry was used"). Also catches deleting the wait in
+/// `tlb::shoot_translators`, as `translator_store_vs_mprotect_read` does
+/// for one access.
+#[test]
+fn block_vs_mprotect_read() {
+    model(|| {
+        let mm = Arc::new(AddressSpace::new(cfg()));
+        mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(A, &[1]).unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let (m2, d2) = (mm.clone(), done.clone());
+        let t = thread::spawn(move || {
+            let mut tr = m2.translator();
+            let _ = tr.load::<u8>(A); // fills the entry (unless flushed)
+            let flushed = d2.load(Ordering::SeqCst);
+            let mut b = tr.block();
+            let r = b.store::<u8>(A, 7);
+            let _ = b.store::<u8>(A, 8);
+            if flushed {
+                assert_eq!(
+                    r.map_err(|e| e.kind),
+                    Err(FaultError::AccessDenied),
+                    "a stale entry was used"
+                );
+            }
+        });
+        mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
+        done.store(true, Ordering::SeqCst);
         let mut before = [0u8; 1];
         mm.read(A, &mut before).unwrap();
         t.join().unwrap();

@@ -84,7 +84,7 @@ pub use phys::Pfn;
 pub use stats::Stats;
 #[cfg(feature = "vm-memory")]
 pub use translate::guest::GuestView;
-pub use translate::{Scalar, SplitLock, Translator};
+pub use translate::{Block, Scalar, SplitLock, Translator};
 pub use uffd::{Uffd, UffdBuilder};
 pub use vma::{RmapHit, VmFlags};
 

@@ -4,7 +4,8 @@
 //! translator, through `mm.read`, and as a plain loop over a `&[u64]` of
 //! the same size (the physical limit); loads and stores of every width
 //! (at every aligned slot of a word), a store then a load of the same
-//! place, and a load+store pair loop against the same loop over a plain `Vec`;
+//! place, and a load+store pair loop (per call, and inside translator
+//! blocks) against the same loop over a plain `Vec`;
 //! and the cost of a flush with busy translators on two threads against
 //! one with none.
 #![allow(dead_code)]
@@ -141,6 +142,28 @@ pub fn pairs(t: &mut Translator<'_>, n: u64) {
         let a = BASE + word(i) * 8;
         let v = t.load::<u32>(a).unwrap();
         t.store::<u32>(a, v.wrapping_add(1)).unwrap();
+    }
+}
+
+/// Pairs per block in [`block_pairs`]: a guest basic block's worth of
+/// memory accesses (32 accesses here).
+pub const BLOCK_PAIRS: u64 = 16;
+
+/// The pairs of [`pairs`] inside translator blocks
+/// ([`Translator::block`]), one block per [`BLOCK_PAIRS`] pairs, as an
+/// emulator opens one per translated guest block.
+#[inline(never)]
+pub fn block_pairs(t: &mut Translator<'_>, n: u64) {
+    let mut i = 0;
+    while i < n {
+        let end = (i + BLOCK_PAIRS).min(n);
+        let mut b = t.block();
+        for j in i..end {
+            let a = BASE + word(j) * 8;
+            let v = b.load::<u32>(a).unwrap();
+            b.store::<u32>(a, v.wrapping_add(1)).unwrap();
+        }
+        i = end;
     }
 }
 

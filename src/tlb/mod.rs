@@ -161,6 +161,29 @@
 //! the home check reads a thread-local word. A flush reads every slot's
 //! published line and writes the hot lines of the slots it reaches.
 //!
+//! # Blocks
+//!
+//! A [`crate::translate::Block`] is an access section held across many
+//! accesses (a guest basic block, as QEMU runs a translated block): it
+//! stores its mark in `busy` ([`block_mark`]: `IN_BLOCK` tagged with its
+//! thread's id), fences and checks its generation and home once at its
+//! start, runs its hits with no further store or fence, and stores
+//! `busy = 0` at its end. The argument above holds with "access" read as
+//! "block": every frame use of the block lies between its `busy` store and
+//! its `busy = 0` (Release), and a miss inside it ends the section before
+//! it walks or faults (`busy = 0`) and begins a new one after (its mark,
+//! the light fence, the generation and home check), so a flush that
+//! reached the translator meanwhile is obeyed before any later hit. A
+//! flush on another thread therefore waits for the block to end, as QEMU's
+//! synced cross-vCPU TLB flush waits for the vCPU to reach a block
+//! boundary: blocks must be short. A flush on the block's own thread while
+//! it is open (a writer of the space called inside the block) would wait on
+//! itself for ever; it is a rule of the API (`Block`'s docs), checked in
+//! debug builds by `shoot_translators`, which aborts with a message rather
+//! than hang when a reached slot's `busy` names a block of the flushing
+//! thread (the id in it tells that block from one another thread is
+//! opening before it rehomes the slot).
+//!
 //! # A thread stopped inside an access
 //!
 //! A flush waits for every access that may hold an old translation: a
@@ -216,13 +239,30 @@ pub(crate) struct CpuSlot {
 /// The line of a translator's slot that its accesses touch.
 #[derive(Default)]
 pub(crate) struct SlotHot {
-    /// 1 while the translator is inside an access, else 0.
+    /// 1 while the translator is inside an access, a [`block_mark`] inside
+    /// a block (a section of many accesses), else 0.
     pub(crate) busy: AtomicU64,
     /// The translator's generation: bumped by each flush that reaches it.
     pub(crate) gen: AtomicU64,
     /// The generation whose flush the translator has obeyed (dropped its
     /// entries for, at the start of an access).
     pub(crate) acked: AtomicU64,
+}
+
+/// The low bits of the `busy` word of a translator inside a block
+/// ([`crate::translate::Block`]): an access section held across many
+/// accesses, between them too. Flushes wait for it like for an access; one
+/// on the block's own thread would wait for ever (module docs, "Blocks").
+pub(crate) const IN_BLOCK: u64 = 2;
+
+/// The `busy` word of a block opened on the thread `id`
+/// ([`crate::sync::thread_id`]): [`IN_BLOCK`] with the thread's id above
+/// it, so that a flush tells a block open on its own thread (which it
+/// would wait for ever) from one that another thread is opening while the
+/// slot still names the flusher's thread as home.
+#[inline(always)]
+pub(crate) fn block_mark(id: u64) -> u64 {
+    id << 2 | IN_BLOCK
 }
 
 /// One translator's state as flushes see it.
@@ -477,7 +517,15 @@ fn shoot_translators(translators: &[TranslatorRef], regions: Regions) -> u64 {
     // `busy == 1` on the home thread itself is an access this flush
     // interrupted (a signal handler): never skipped, as before.
     reached.retain(|(s, _)| {
-        s.published.home.load(Ordering::Acquire) != here || s.hot.busy.load(Ordering::Relaxed) != 0
+        let home = s.published.home.load(Ordering::Acquire);
+        let busy = s.hot.busy.load(Ordering::Relaxed);
+        // A block open on this very thread ends only after this flush
+        // returns: waiting for it would never end (module docs, "Blocks").
+        #[cfg(debug_assertions)]
+        if busy == block_mark(here) {
+            writer_inside_own_block();
+        }
+        home != here || busy != 0
     });
     if reached.is_empty() {
         return others;
@@ -493,6 +541,20 @@ fn shoot_translators(translators: &[TranslatorRef], regions: Regions) -> u64 {
         }
     }
     others
+}
+
+/// A writer's flush reached a block open on its own thread (debug
+/// builds): the wait would never end. Aborts with a message rather than
+/// hang (a panic would unwind through the writer's guards, whose own
+/// flushes would meet the block again).
+#[cfg(debug_assertions)]
+#[cold]
+fn writer_inside_own_block() -> ! {
+    eprintln!(
+        "aspace: an address-space writer ran on the thread of an open translator Block; \
+         its flush would wait for the block to end for ever (end the block first)"
+    );
+    std::process::abort()
 }
 
 fn spin_ns(ns: u64) {

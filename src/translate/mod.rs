@@ -26,6 +26,16 @@
 //! invalidate, before they return, every translator whose summary meets
 //! the regions they changed: see `tlb` for the protocol and its argument.
 //!
+//! A [`Block`] ([`Translator::block`]) holds one access section across
+//! many loads and stores, as QEMU runs a translated block: the `busy`
+//! store, the light fence and the generation and home check happen once
+//! at its start, the store that clears `busy` at its end, and each hit in
+//! between is the entry check and the `mov` (no new shared line: its start
+//! and end write the translator's own hot line, as an access does). A
+//! flush that reaches the translator waits for the block to end, so
+//! blocks must be short, and a writer of the space must not run on the
+//! block's own thread while it is open (see [`Block`]).
+//!
 //! Frame memory is shared with other threads and other translators, so it
 //! is only ever touched atomically: as 8-byte atomic words (as `phys`
 //! does), and on x86-64 by narrower loads and stores that are single
@@ -88,11 +98,13 @@
 
 mod access;
 mod atomic;
+mod block;
 #[cfg(feature = "vm-memory")]
 pub mod guest;
 mod split;
 mod word;
 
+pub use block::Block;
 pub use split::SplitLock;
 pub use word::Scalar;
 
@@ -104,6 +116,9 @@ use crate::stats::Event;
 use crate::sync::asymmetric;
 use crate::sync::{thread_id, thread_id_if_made, Ordering};
 use crate::tlb::{Regions, SlotHot, TranslatorRef};
+
+/// The `busy` word inside one access.
+const IN_ACCESS: u64 = 1;
 
 /// Entries in a translator (direct-mapped by page number).
 const ENTRIES: usize = 256;
@@ -290,10 +305,19 @@ impl<'a> Translator<'a> {
     /// it in a register rather than reload it after the frame access.
     #[inline(always)]
     fn enter(&mut self) -> Busy {
+        self.enter_as(IN_ACCESS)
+    }
+
+    /// [`enter`](Self::enter), publishing `mark` ([`IN_ACCESS`] or a
+    /// block's `tlb::block_mark`) as the `busy` word: flushes wait alike
+    /// for both; a flush on the block's own thread tells a block it would
+    /// wait on for ever (see [`Block`]).
+    #[inline(always)]
+    fn enter_as(&mut self, mark: u64) -> Busy {
         // The hot line's address, kept in a register across the compiler
         // fence (which would otherwise reload `self.slot`).
         let busy = Busy(&*self.slot.hot);
-        busy.get().busy.store(1, Ordering::Relaxed);
+        busy.get().busy.store(mark, Ordering::Relaxed);
         // `true`: the light fence reads the process's fence mode itself
         // and is a full fence unless membarrier is in use.
         asymmetric::light(true);
