@@ -238,11 +238,10 @@ fn owned_translator_blocks_on_another_thread() {
     assert_eq!(u64::from_le_bytes(x), 511);
 }
 
-/// The rule of blocks, checked in debug builds: a writer of the space on
+/// The rule of blocks, checked in every build: a writer of the space on
 /// the thread of an open block would wait for the block for ever; the
 /// flush aborts with a message instead. Run in a child process (this test
 /// binary again, with only this test and a marker in its environment).
-#[cfg(debug_assertions)]
 #[test]
 fn a_writer_inside_an_own_block_is_caught() {
     const CHILD: &str = "ASPACE_TEST_WRITER_INSIDE_BLOCK";

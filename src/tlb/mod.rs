@@ -178,9 +178,10 @@
 //! synced cross-vCPU TLB flush waits for the vCPU to reach a block
 //! boundary: blocks must be short. A flush on the block's own thread while
 //! it is open (a writer of the space called inside the block) would wait on
-//! itself for ever; it is a rule of the API (`Block`'s docs), checked in
-//! debug builds by `shoot_translators`, which aborts with a message rather
-//! than hang when a reached slot's `busy` names a block of the flushing
+//! itself for ever; it is a rule of the API (`Block`'s docs), checked by
+//! `shoot_translators` (one compare per reached slot, on the flush's slow
+//! path, in every build), which aborts with a message rather than hang
+//! when a reached slot's `busy` names a block of the flushing
 //! thread (the id in it tells that block from one another thread is
 //! opening before it rehomes the slot).
 //!
@@ -521,7 +522,6 @@ fn shoot_translators(translators: &[TranslatorRef], regions: Regions) -> u64 {
         let busy = s.hot.busy.load(Ordering::Relaxed);
         // A block open on this very thread ends only after this flush
         // returns: waiting for it would never end (module docs, "Blocks").
-        #[cfg(debug_assertions)]
         if busy == block_mark(here) {
             writer_inside_own_block();
         }
@@ -543,11 +543,10 @@ fn shoot_translators(translators: &[TranslatorRef], regions: Regions) -> u64 {
     others
 }
 
-/// A writer's flush reached a block open on its own thread (debug
-/// builds): the wait would never end. Aborts with a message rather than
-/// hang (a panic would unwind through the writer's guards, whose own
-/// flushes would meet the block again).
-#[cfg(debug_assertions)]
+/// A writer's flush reached a block open on its own thread: the wait
+/// would never end. Aborts with a message rather than hang (a panic would
+/// unwind through the writer's guards, whose own flushes would meet the
+/// block again).
 #[cold]
 fn writer_inside_own_block() -> ! {
     eprintln!(

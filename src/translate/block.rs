@@ -77,8 +77,8 @@ impl<'a> Translator<'a> {
 /// [`AddressSpace::write`](crate::AddressSpace::write) that breaks
 /// copy-on-write...): the flush would wait for the block to end, which
 /// never happens. The API cannot forbid it (the space is shared), so
-/// debug builds check it and abort with a message rather than hang; end the block first
-/// (drop it), as an emulator leaves its translated block before a
+/// the flush checks it and aborts the process with a message rather
+/// than hang; end the block first (drop it), as an emulator leaves its translated block before a
 /// syscall. Reads of the space and other translators are fine.
 ///
 /// A `Block` stays on its thread (it is neither `Send` nor `Sync`): its
