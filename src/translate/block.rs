@@ -84,6 +84,11 @@ impl<'a> Translator<'a> {
 /// A `Block` stays on its thread (it is neither `Send` nor `Sync`): its
 /// home check was done at its start.
 ///
+/// Dropping the block ends the section; a block leaked with
+/// [`mem::forget`](core::mem::forget) leaves it open, so flushes that
+/// reach the translator wait until its next access (which opens and
+/// closes a section of its own).
+///
 /// ```
 /// use aspace::{AddressSpace, Config, FaultError, MapFlags, Prot};
 /// let mm = AddressSpace::new(Config::default());
