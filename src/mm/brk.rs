@@ -94,11 +94,11 @@ impl Heap {
 /// empty range at the old break, whose neighbourhood is still its pages on
 /// each side.
 fn brk_span(start: u64, old: u64, addr: u64, task_size: u64, guard_gap: u64) -> (Range, Reach) {
-    // `old <= task_size`, so it rounds up without overflow.
-    let oldbrk = page_align_up(old).unwrap_or(old);
-    let newbrk = page_align_up(addr)
-        .filter(|&n| addr >= start && n <= task_size)
-        .unwrap_or(oldbrk);
+    let (newbrk, oldbrk) = brk_pages(start, old, addr, task_size).unwrap_or_else(|| {
+        // `old <= task_size`, so it rounds up without overflow.
+        let oldbrk = page_align_up(old).unwrap_or(old);
+        (oldbrk, oldbrk)
+    });
     if newbrk < oldbrk {
         (Range::new(newbrk, oldbrk), Reach::Hole)
     } else if newbrk > oldbrk {
@@ -112,6 +112,19 @@ fn brk_span(start: u64, old: u64, addr: u64, task_size: u64, guard_gap: u64) -> 
     } else {
         (Range::new(oldbrk, oldbrk), Reach::Vmas)
     }
+}
+
+/// The new and the old break rounded up to pages, for a brk from `old`
+/// towards `addr` with the heap starting at `start`; `None` when the call
+/// fails before it looks at the tree (below the heap's start, rounding
+/// past the top of the address space, past the task size). The one rule
+/// both the brk and the range it locks ([`brk_span`]) follow.
+fn brk_pages(start: u64, old: u64, addr: u64, task_size: u64) -> Option<(u64, u64)> {
+    if addr < start {
+        return None;
+    }
+    let (newbrk, oldbrk) = (page_align_up(addr)?, page_align_up(old)?);
+    (newbrk <= task_size).then_some((newbrk, oldbrk))
 }
 
 /// Flags of the heap VMA (x86-64's VM_DATA_DEFAULT_FLAGS plus accounting;
@@ -142,15 +155,10 @@ impl AddressSpace {
     fn brk_locked(&self, addr: u64) -> (u64, Option<Range>) {
         let mut ed = self.brk_edit(addr);
         let old = self.heap.brk();
-        if addr < self.heap.start() {
-            return (old, None);
-        }
-        let (Some(newbrk), Some(oldbrk)) = (page_align_up(addr), page_align_up(old)) else {
+        let Some((newbrk, oldbrk)) = brk_pages(self.heap.start(), old, addr, self.cfg.task_size)
+        else {
             return (old, None);
         };
-        if newbrk > self.cfg.task_size {
-            return (old, None);
-        }
         if newbrk == oldbrk {
             self.heap.set_brk(addr);
             return (addr, None);
