@@ -32,6 +32,28 @@ mod imp {
     /// Write guard of [`RwLock`].
     pub type RwLockWriteGuard<'a, T> = parking_lot::RwLockWriteGuard<'a, T>;
 
+    /// Shared access to a [`RwLock`]'s value without taking the lock.
+    pub struct UnlockedRead<'a, T>(&'a T);
+
+    /// Reads `l`'s value without locking it.
+    ///
+    /// # Safety
+    /// While the returned guard lives, nothing may write the value: the
+    /// caller's own protocol keeps every writer of it out (the range lock,
+    /// for the mmap_lock's state).
+    pub unsafe fn read_unlocked<T>(l: &RwLock<T>) -> UnlockedRead<'_, T> {
+        // SAFETY: the pointer is valid for `l`'s lifetime; the caller
+        // guarantees no writer exists while the shared reference lives.
+        UnlockedRead(unsafe { &*l.data_ptr() })
+    }
+
+    impl<T> core::ops::Deref for UnlockedRead<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            self.0
+        }
+    }
+
     /// A condition variable paired with [`Mutex`]: the userfault wait
     /// queue's sleepers (faults waiting for a handler, handlers waiting
     /// for events).
@@ -303,6 +325,35 @@ mod imp {
             drop(self.data.take());
             *self.lock.state.lock().unwrap() = 0;
             self.lock.changed.notify_all();
+        }
+    }
+
+    /// Shared access to a [`RwLock`]'s value without taking the lock,
+    /// through loom's tracked pointer: loom reports a write of the value
+    /// while it lives as a data race.
+    pub struct UnlockedRead<'a, T> {
+        data: loom::cell::ConstPtr<T>,
+        _lock: core::marker::PhantomData<&'a RwLock<T>>,
+    }
+
+    /// Reads `l`'s value without locking it.
+    ///
+    /// # Safety
+    /// As the production build's: nothing may write the value while the
+    /// guard lives.
+    pub unsafe fn read_unlocked<T>(l: &RwLock<T>) -> UnlockedRead<'_, T> {
+        UnlockedRead {
+            data: l.data.get(),
+            _lock: core::marker::PhantomData,
+        }
+    }
+
+    impl<T> core::ops::Deref for UnlockedRead<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            // SAFETY: the caller of `read_unlocked` keeps writers out;
+            // loom checks that through the tracked pointer.
+            unsafe { self.data.deref() }
         }
     }
 

@@ -6,7 +6,9 @@
 //!
 //! The caller holds the VMA (its read lock, or the mmap_lock). A fault on
 //! the per-VMA path only try-locks the mmap_lock read side here (to see
-//! the neighbours stay put), and retries under the mmap_lock if it cannot;
+//! the neighbours stay put; with range-locked writers, the range a writer
+//! of the VMA would lock, `range_read::try_read_neighbours`), and retries
+//! under the mmap_lock if it cannot;
 //! a speculative fault try-locks it itself and validates its snapshot's
 //! stamp under it before calling [`anon_vma_prepare_held`], which looks
 //! the neighbours up under the fault's own tree pin
@@ -36,7 +38,7 @@ pub(crate) fn anon_vma_prepare<'v>(
         return Ok(a);
     }
     let _st = if vma_locked {
-        match mm.mmap_lock.try_read() {
+        match crate::mm::range_read::try_read_neighbours(mm, vma.range()) {
             Some(st) => Some(st),
             None => return Err(Event::retry_anon_vma),
         }

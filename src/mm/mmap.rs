@@ -430,7 +430,7 @@ impl AddressSpace {
             let r = Range::from_len(addr, len)?;
             Ok((addr, Edit::begin_range(self, r, Reach::Hole)))
         } else {
-            Edit::begin_placed(self, len, |view| {
+            Edit::begin_placed(self, len, self.placement_near(hint), |view| {
                 self.get_unmapped_area(view, hint, len, false, flags, backing)
             })?
         };

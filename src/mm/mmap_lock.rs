@@ -9,10 +9,14 @@
 //! With `WriterLocking::Range` the same type fronts a [`RangeLock`]: the
 //! read side and the whole-space write side lock the whole range (shared or
 //! exclusive) before the reader-writer lock, and range writers
-//! ([`MmapLock::write_range`], [`MmapLock::try_write_range`]) lock their
-//! range exclusive and the reader-writer lock's read side (the state it
-//! guards is only read by them; their map-count changes are atomic). All
-//! writers then share write sections of the sequence (`MmLockSeq::join`).
+//! ([`MmapLock::write_range`], [`MmapLock::try_write_range`]) and range
+//! readers ([`MmapLock::read_range`]) lock only their range. The state
+//! behind the reader-writer lock is written only by whole-space writers,
+//! which the range lock keeps apart from every range holder, so range
+//! holders read it without taking the reader-writer lock (whose count
+//! would be a line every writer writes). Every writer then runs its own
+//! write section (`vma::seq`'s "Own write sections"): it stamps the VMAs
+//! it locks with its own value and unlocks each of them when it ends.
 //! See `range_lock`'s module docs for the protocol.
 //!
 //! # Locking
@@ -21,10 +25,13 @@
 //! lock must never block on the mmap_lock (the writer may be waiting for
 //! that very VMA); it may only try-lock it.
 
-use super::range_lock::{RangeGuard, RangeLock, WHOLE};
+use super::range_lock::{RangeGuard, RangeLock, Wait, WHOLE};
 use crate::addr::Range;
-use crate::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use crate::sync::{read_unlocked, RwLock, RwLockReadGuard, RwLockWriteGuard, UnlockedRead};
 pub(crate) use crate::vma::seq::MmLockSeq;
+use crate::vma::seq::{token, LOCKED};
+use crate::vma::VmaRef;
+use core::cell::RefCell;
 use core::ops::{Deref, DerefMut};
 
 /// The mmap_lock: a reader-writer lock over `T` plus an [`MmLockSeq`]
@@ -37,25 +44,55 @@ pub struct MmapLock<T> {
     ranges: Option<RangeLock>,
 }
 
+/// The reader-writer lock's side a guard holds.
+enum Side<'a, T> {
+    /// The read side: an mmap_lock reader, or a whole-space reader in
+    /// range mode.
+    Read(RwLockReadGuard<'a, T>),
+    /// The write side: the mmap_lock writer, or a whole-space writer in
+    /// range mode.
+    Write(RwLockWriteGuard<'a, T>),
+    /// None: a range holder, which only reads the state, and which the
+    /// range lock keeps apart from every writer of it.
+    Ranged(UnlockedRead<'a, T>),
+}
+
+impl<T> Deref for Side<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        match self {
+            Side::Read(g) => g,
+            Side::Write(g) => g,
+            Side::Ranged(g) => g,
+        }
+    }
+}
+
 /// Read guard of [`MmapLock`].
 pub struct MmapReadGuard<'a, T> {
-    g: RwLockReadGuard<'a, T>,
+    g: Side<'a, T>,
     _range: Option<RangeGuard<'a>>,
 }
 
-/// The reader-writer lock's side a writer holds.
-enum Side<'a, T> {
-    /// The mmap_lock writer, or a whole-space writer in range mode.
-    Write(RwLockWriteGuard<'a, T>),
-    /// A range writer: it only reads the state.
-    Read(RwLockReadGuard<'a, T>),
+/// How a writer's VMA locks end (`vma::seq`).
+enum Section {
+    /// With the write side: the mm sequence's odd value, which the
+    /// guard's drop advances past every stamp at once.
+    Shared,
+    /// An own section: `LOCKED | token`, each VMA stamped back to `token`
+    /// by the guard's drop.
+    Own {
+        token: u64,
+        /// The VMAs this section stamped.
+        locked: RefCell<Vec<VmaRef>>,
+    },
 }
 
-/// Write guard of [`MmapLock`]; dropping it ends (or leaves) the write
-/// section.
+/// Write guard of [`MmapLock`]; dropping it ends the write section.
 pub struct MmapWriteGuard<'a, T> {
     g: Option<Side<'a, T>>,
     seq: &'a MmLockSeq,
+    section: Section,
     /// The range held in range mode (the whole space for a global writer).
     range: Option<RangeGuard<'a>>,
 }
@@ -64,16 +101,27 @@ impl<T> MmapLock<T> {
     /// Wraps `v`.
     #[cfg(any(test, aspace_loom))]
     pub fn new(v: T) -> Self {
-        Self::with_ranges(v, false)
+        Self::with_ranges(v, None)
     }
 
-    /// Wraps `v`, with a range lock for range-locked writers if `ranges`.
-    pub fn with_ranges(v: T, ranges: bool) -> Self {
+    /// Wraps `v`, with `ranges` for range-locked writers if given.
+    pub(crate) fn with_ranges(v: T, ranges: Option<RangeLock>) -> Self {
         MmapLock {
             rw: RwLock::new(v),
-            seq: MmLockSeq::new(),
-            ranges: ranges.then(RangeLock::new),
+            seq: if ranges.is_some() {
+                MmLockSeq::own_sections()
+            } else {
+                MmLockSeq::new()
+            },
+            ranges,
         }
+    }
+
+    /// Wraps `v` with a range lock over `[0, space_end)` in shards of
+    /// `1 << shift` bytes (loom models of range mode's locks).
+    #[cfg(aspace_loom)]
+    pub fn with_range_lock(v: T, shift: u32, space_end: u64) -> Self {
+        Self::with_ranges(v, Some(RangeLock::new(shift, space_end)))
     }
 
     /// True with range-locked writers.
@@ -83,18 +131,17 @@ impl<T> MmapLock<T> {
     }
 
     /// Locks `r` exclusive for a range writer (range mode only; `None`
-    /// otherwise): its range, then the state's read side, then a share of
-    /// the write section.
-    pub(crate) fn write_range(&self, r: Range) -> Option<MmapWriteGuard<'_, T>> {
+    /// otherwise).
+    pub fn write_range(&self, r: Range) -> Option<MmapWriteGuard<'_, T>> {
         let rg = self.ranges.as_ref()?.lock(r, true);
         Some(self.range_writer(rg))
     }
 
     /// Locks `r` exclusive for a range writer if nothing conflicts (range
-    /// mode only).
-    pub(crate) fn try_write_range(&self, r: Range) -> Option<MmapWriteGuard<'_, T>> {
-        let rg = self.ranges.as_ref()?.try_lock(r, true)?;
-        Some(self.range_writer(rg))
+    /// mode only: `None` otherwise); `Err` says what to wait for.
+    pub(crate) fn try_write_range(&self, r: Range) -> Option<Result<MmapWriteGuard<'_, T>, Wait>> {
+        let l = self.ranges.as_ref()?;
+        Some(l.try_lock(r, true).map(|rg| self.range_writer(rg)))
     }
 
     /// The range lock (range mode only).
@@ -103,13 +150,23 @@ impl<T> MmapLock<T> {
     }
 
     fn range_writer<'a>(&'a self, rg: RangeGuard<'a>) -> MmapWriteGuard<'a, T> {
-        let g = self.rw.read();
-        self.seq.join();
         MmapWriteGuard {
-            g: Some(Side::Read(g)),
+            g: Some(self.ranged()),
             seq: &self.seq,
+            section: Section::own(),
             range: Some(rg),
         }
+    }
+
+    /// The state, read by a range holder without the reader-writer lock.
+    fn ranged(&self) -> Side<'_, T> {
+        // SAFETY: called only for holders of a range of the range lock
+        // (range mode). The state is written only through a `Side::Write`
+        // guard, which `write` takes after locking the whole space
+        // exclusive: the range lock keeps it apart from every range
+        // holder, and orders its writes before their later grants (the
+        // gate's mutex and `SeqCst` counts, `range_lock`).
+        Side::Ranged(unsafe { read_unlocked(&self.rw) })
     }
 
     /// The sequence (for VMA read-trylocks).
@@ -122,7 +179,7 @@ impl<T> MmapLock<T> {
     pub fn read(&self) -> MmapReadGuard<'_, T> {
         let range = self.ranges.as_ref().map(|l| l.lock(WHOLE, false));
         MmapReadGuard {
-            g: self.rw.read(),
+            g: Side::Read(self.rw.read()),
             _range: range,
         }
     }
@@ -132,38 +189,64 @@ impl<T> MmapLock<T> {
     /// reads, and validates that under the lock: `range_lock`'s module
     /// docs), otherwise the whole read side, as [`read`](Self::read).
     pub(crate) fn read_range(&self, r: Range) -> MmapReadGuard<'_, T> {
-        let range = self.ranges.as_ref().map(|l| l.lock(r, false));
-        MmapReadGuard {
-            g: self.rw.read(),
-            _range: range,
+        match &self.ranges {
+            Some(l) => MmapReadGuard {
+                _range: Some(l.lock(r, false)),
+                g: self.ranged(),
+            },
+            None => self.read(),
+        }
+    }
+
+    /// [`read_range`](Self::read_range) if nothing conflicts (without
+    /// range mode: [`try_read`](Self::try_read)).
+    pub(crate) fn try_read_range(&self, r: Range) -> Option<MmapReadGuard<'_, T>> {
+        match &self.ranges {
+            Some(l) => Some(MmapReadGuard {
+                _range: Some(l.try_lock(r, false).ok()?),
+                g: self.ranged(),
+            }),
+            None => self.try_read(),
         }
     }
 
     /// Takes the read side if no writer holds or waits for it.
     pub fn try_read(&self) -> Option<MmapReadGuard<'_, T>> {
         let range = match &self.ranges {
-            Some(l) => Some(l.try_lock(WHOLE, false)?),
+            Some(l) => Some(l.try_lock(WHOLE, false).ok()?),
             None => None,
         };
-        self.rw
-            .try_read()
-            .map(|g| MmapReadGuard { g, _range: range })
+        self.rw.try_read().map(|g| MmapReadGuard {
+            g: Side::Read(g),
+            _range: range,
+        })
     }
 
     /// Takes the write side and starts a write section (in range mode:
-    /// the whole space, and a share of the write section).
+    /// the whole space, and a section of its own).
     pub fn write(&self) -> MmapWriteGuard<'_, T> {
         let range = self.ranges.as_ref().map(|l| l.lock(WHOLE, true));
         let g = self.rw.write();
-        if range.is_some() {
-            self.seq.join();
+        let section = if range.is_some() {
+            Section::own()
         } else {
             self.seq.write_begin();
-        }
+            Section::Shared
+        };
         MmapWriteGuard {
             g: Some(Side::Write(g)),
             seq: &self.seq,
+            section,
             range,
+        }
+    }
+}
+
+impl Section {
+    fn own() -> Self {
+        Section::Own {
+            token: token(),
+            locked: RefCell::new(Vec::new()),
         }
     }
 }
@@ -171,11 +254,11 @@ impl<T> MmapLock<T> {
 /// A guard of the mmap_lock that may hold a range of the range lock.
 pub(crate) trait RangeHold {
     /// [`RangeGuard::undisturbed_since`] of the range held (false if none).
-    fn undisturbed_since(&self, mark: Option<u64>) -> bool;
+    fn undisturbed_since(&self, mark: Option<super::range_lock::Mark>) -> bool;
 }
 
 impl<T> RangeHold for MmapWriteGuard<'_, T> {
-    fn undisturbed_since(&self, mark: Option<u64>) -> bool {
+    fn undisturbed_since(&self, mark: Option<super::range_lock::Mark>) -> bool {
         self.range
             .as_ref()
             .is_some_and(|r| r.undisturbed_since(mark))
@@ -183,7 +266,7 @@ impl<T> RangeHold for MmapWriteGuard<'_, T> {
 }
 
 impl<T> RangeHold for MmapReadGuard<'_, T> {
-    fn undisturbed_since(&self, mark: Option<u64>) -> bool {
+    fn undisturbed_since(&self, mark: Option<super::range_lock::Mark>) -> bool {
         self._range
             .as_ref()
             .is_some_and(|r| r.undisturbed_since(mark))
@@ -191,10 +274,31 @@ impl<T> RangeHold for MmapReadGuard<'_, T> {
 }
 
 impl<'a, T> MmapWriteGuard<'a, T> {
-    /// The sequence of this write section.
-    #[inline]
+    /// The sequence readers compare stamps with.
+    #[cfg(any(test, aspace_loom))]
     pub fn seq(&self) -> &'a MmLockSeq {
         self.seq
+    }
+
+    /// The stamp this section writes into the VMAs it locks
+    /// (`VmaLock::write_lock`): at or above the sequence until the section
+    /// ends.
+    #[inline]
+    pub fn stamp(&self) -> u64 {
+        match &self.section {
+            Section::Shared => self.seq.current_relaxed(),
+            Section::Own { token, .. } => token | LOCKED,
+        }
+    }
+
+    /// Write-locks `v` for this section (`VmaLock::write_lock`, which
+    /// see); an own section records it to unlock when it ends.
+    pub(crate) fn lock_vma(&self, v: VmaRef) -> bool {
+        let fresh = v.lock.write_lock(self.stamp());
+        if let (true, Section::Own { locked, .. }) = (fresh, &self.section) {
+            locked.borrow_mut().push(v);
+        }
+        fresh
     }
 
     /// The range held: the whole space, except for a range writer.
@@ -205,18 +309,21 @@ impl<'a, T> MmapWriteGuard<'a, T> {
     /// True for a range writer (it may change only VMAs inside
     /// [`range`](Self::range), and not the state behind the lock).
     pub(crate) fn is_range_writer(&self) -> bool {
-        matches!(self.g, Some(Side::Read(_)))
+        matches!(self.g, Some(Side::Ranged(_)))
     }
 }
 
 impl<T> Drop for MmapWriteGuard<'_, T> {
     fn drop(&mut self) {
-        // Release every VMA locked in this section (or leave the shared
-        // one), then the lock itself, then the range.
-        if self.range.is_some() {
-            self.seq.leave();
-        } else {
-            self.seq.write_end();
+        // Release every VMA locked in this section (at once, or one by
+        // one for an own section), then the lock itself, then the range.
+        match &self.section {
+            Section::Shared => self.seq.write_end(),
+            Section::Own { token, locked } => {
+                for v in locked.borrow().iter() {
+                    v.lock.unlock_own(*token);
+                }
+            }
         }
         drop(self.g.take());
         drop(self.range.take());
@@ -233,10 +340,7 @@ impl<T> Deref for MmapReadGuard<'_, T> {
 impl<T> Deref for MmapWriteGuard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
-        match self.g.as_ref().expect("guard holds the lock until dropped") {
-            Side::Write(g) => g,
-            Side::Read(g) => g,
-        }
+        self.g.as_ref().expect("guard holds the lock until dropped")
     }
 }
 
@@ -244,7 +348,7 @@ impl<T> DerefMut for MmapWriteGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
         match self.g.as_mut().expect("guard holds the lock until dropped") {
             Side::Write(g) => g,
-            Side::Read(_) => panic!("a range writer changed the mm-wide state"),
+            Side::Read(_) | Side::Ranged(_) => panic!("a range writer changed the mm-wide state"),
         }
     }
 }
@@ -252,6 +356,10 @@ impl<T> DerefMut for MmapWriteGuard<'_, T> {
 #[cfg(all(test, not(aspace_loom)))]
 mod tests {
     use super::*;
+
+    fn ranged<T>(v: T) -> MmapLock<T> {
+        MmapLock::with_ranges(v, Some(RangeLock::new(39, 1 << 47)))
+    }
 
     #[test]
     fn sequence_parity() {
@@ -273,17 +381,24 @@ mod tests {
     }
 
     #[test]
-    fn range_writers_share_a_section_and_exclude_readers() {
-        let l = MmapLock::with_ranges(5, true);
+    fn range_writers_run_own_sections_and_exclude_readers() {
+        let l = ranged(5);
         let a = l.write_range(Range::new(0, 10)).unwrap();
         let b = l.write_range(Range::new(10, 20)).unwrap();
-        assert!(a.is_range_writer() && a.seq().is_write_locked());
+        assert!(a.is_range_writer() && b.is_range_writer());
+        assert_ne!(a.stamp(), b.stamp(), "each writer its own section");
+        for s in [a.stamp(), b.stamp()] {
+            assert!(s >= l.seq().current(), "a section's stamp reads locked");
+        }
         assert!(l.try_read().is_none(), "a reader takes the whole space");
+        assert_eq!(*a, 5, "range writers read the state");
         drop(a);
-        assert!(l.seq().is_write_locked(), "b is still in the section");
+        assert!(l.try_read().is_none(), "b still holds its range");
         drop(b);
-        assert!(!l.seq().is_write_locked());
         assert_eq!(*l.try_read().unwrap(), 5);
+        assert!(!l.seq().is_write_locked(), "the sequence never moves");
+        *l.write() += 1;
+        assert_eq!(*l.read_range(Range::new(0, 1)), 6);
         assert!(MmapLock::new(0).write_range(Range::new(0, 1)).is_none());
     }
 }

@@ -381,7 +381,12 @@ impl AddressSpace {
                     start_stack: 0,
                     def_flags: crate::vma::VmFlags::empty(),
                 },
-                cfg.writer_locking == WriterLocking::Range,
+                (cfg.writer_locking == WriterLocking::Range).then(|| {
+                    range_lock::RangeLock::new(
+                        crate::pt::ROOT_ENTRY_SPAN.trailing_zeros(),
+                        cfg.task_size,
+                    )
+                }),
             ),
             heap: brk::Heap::new(start_brk),
             pt: LazyWith::new((deferred_reclaim, frames.clone()), |(deferred, frames)| {

@@ -240,6 +240,21 @@ impl AddressSpace {
         }
     }
 
+    /// Where a search for a mapping with `hint` is likely to land: the
+    /// hint, else the top of the calling thread's placement window, else
+    /// just below `mmap_base` (a range writer's placement marks the range
+    /// lock's shard there, `Edit::begin_placed`).
+    pub(crate) fn placement_near(&self, hint: u64) -> u64 {
+        if hint != 0 {
+            return hint;
+        }
+        let min = self.cfg.mmap_min_addr.max(PAGE_SIZE);
+        let top = self.cfg.mmap_base.min(self.cfg.task_size);
+        self.placement_window(min)
+            .map_or(top, |w| w.end)
+            .saturating_sub(1)
+    }
+
     /// The calling thread's placement window (module docs), or `None`
     /// when windows are off or the slot's window does not lie wholly in
     /// `[min, mmap_base)`.

@@ -8,15 +8,50 @@
 //! stream of writers on one part of the space never starves a reader of the
 //! whole of it, and disjoint requests never wait for each other.
 //!
+//! # Shards and the gate
+//!
+//! A lock with one list of holds makes every writer write its line twice
+//! per call, and two writers terabytes apart then bounce it between their
+//! CPUs at every mmap: on 2 cores that alone kept writers-only loops at
+//! 1.0x from one thread to two. So the space is cut into shards of
+//! 512 GiB, the forest's slots (`tree::RangeForest`): each keeps the
+//! holds and requests of its part on lines of its own, and a request
+//! holds a piece in each shard its range meets, taken in address order
+//! (a request waits only at its lowest shard not yet held, holding only
+//! lower ones, so no two requests wait for each other). A range writer's
+//! neighbourhood lies in one shard, or two where it crosses a boundary.
+//!
+//! Requests of the whole space (every writer but the range writers, and
+//! every reader but the range readers; also a range that meets more than
+//! four shards) go through the gate instead, a per-CPU reader-writer lock
+//! as Linux's `percpu_rw_semaphore`: a shard request adds one to its
+//! CPU's count of requests inside (`SeqCst`) and goes on if the gate is
+//! open (a `SeqCst` load of a line only whole-space requests write); a
+//! whole-space request waits its turn among whole-space requests, closes
+//! the gate (`SeqCst`) and waits until the counts sum to zero. Either the
+//! shard request's increment comes first in the `SeqCst` order, and the
+//! closer's sum sees it, or its load sees the gate closed, and it leaves
+//! and waits for the gate to open. After the gate closes no count rises
+//! for good, so a sum read slot by slot is never below the number inside
+//! when it ends. The gate stays closed while whole-space requests wait,
+//! so they do not starve; shard requests inside are never held up by it.
+//! A whole-space hold so excludes every range hold, shared ones too.
+//!
+//! A range writer's call thus writes its CPU's count, its shard's mutex
+//! and holds, and its own VMAs; what two writers in different shards
+//! share is only read (the gate's state). See "What range writers share"
+//! below for the rest of the path.
+//!
 //! # The protocol of range-locked writers
 //!
 //! What each writer locks (its *neighbourhood*, computed from the tree,
 //! then re-validated with the lock held: if the neighbourhood grew, the
 //! writer unlocks and retries with the larger range; the re-validation is
-//! skipped when no range was held exclusive from before the computation
-//! to the grant, [`RangeLock::quiet`], since every change to the tree and
-//! the VMAs is made under an exclusive hold and nothing read can have
-//! changed):
+//! skipped when the hold lies in one shard and no range was held
+//! exclusive there, nor the whole space by a writer, from before the
+//! computation to the grant, [`RangeLock::mark`], since every change to
+//! the tree and the VMAs is made under an exclusive hold of the shards it
+//! touches and nothing read can have changed):
 //! - mprotect, madvise that sets VMA flags and `set_anon_name` (one
 //!   `Edit::modify` walk, `name::modify_each`), and an mmap into free
 //!   space: its range `r` widened by one page on each side, plus the
@@ -39,7 +74,8 @@
 //!   so two threads unmapping alone in the space always met.
 //! - an mmap without a hint (`Edit::begin_placed`, `mm/edit/range.rs`): the gap search skips
 //!   candidates that, a page wider on each side, meet a range held or
-//!   waited for ([`RangeLock::busy`]); the choice's neighbourhood is then
+//!   waited for ([`RangeLock::busy_near`], in the shards the candidate
+//!   meets); the choice's neighbourhood is then
 //!   try-locked (exclusive, so two placements never both hold one gap)
 //!   and checked again under the lock (still free of VMAs and stack guard
 //!   gaps, neighbourhood inside the hold), else the search runs again. No
@@ -124,51 +160,63 @@
 //!
 //! The tree's commits run at once in different slots: in range mode the
 //! VMA tree is a forest (`tree::RangeForest`, `src/tree/forest.rs`), one
-//! tree per 512 GiB slot (a root entry's span, as the munmap clamp), each
-//! with its own root, writer mutex and node cache on lines of its own. A
-//! store takes the mutex of each slot it changes, one after the other, for
-//! one path copy and root swap there; a VMA crossing a slot boundary is
-//! stored clipped in each slot and read whole. Two writers in different
-//! slots share no tree line; two in one slot take turns on its mutex, as
-//! every writer did on the single tree. The range lock is what keeps
-//! writers of overlapping ranges apart (a store crossing a boundary is one
-//! atomic step per slot, per address, not for the whole range); lock-free
-//! readers still see each address mapped by the old entry or the new. The
-//! gap search of a placement visits the slots of its window and gives the
-//! single tree's answer. What range writers still share: this lock's own
-//! mutex (one short acquisition at lock and unlock, and the busy list a
-//! placement reads), the mm sequence's write section (`MmLockSeq::join`),
-//! and the slot of a writer in the same 512 GiB. Zaps, page-table frees,
-//! TLB flushes, frame frees and VMA setup run under the range lock only.
+//! tree per 512 GiB slot (a root entry's span, as the munmap clamp and the
+//! lock's shards), each with its own root, writer mutex and node cache on
+//! lines of its own. A store takes the mutex of each slot it changes, one
+//! after the other, for one path copy and root swap there; a VMA crossing
+//! a slot boundary is stored clipped in each slot and read whole. Two
+//! writers in different slots share no tree line; two in one slot take
+//! turns on its mutex, as every writer did on the single tree. The range
+//! lock is what keeps writers of overlapping ranges apart (a store
+//! crossing a boundary is one atomic step per slot, per address, not for
+//! the whole range); lock-free readers still see each address mapped by
+//! the old entry or the new. The gap search of a placement visits the
+//! slots of its window and gives the single tree's answer.
 //!
-//! Why each lock-free reader stays correct: writers that overlap in time
-//! share one write section of the mm sequence ([`MmLockSeq::join`]): it
-//! becomes odd when the first writer starts and even when the last one
-//! leaves, so a VMA stamped by any of them reads write-locked until all of
-//! them are done, and the even value's `Release` store follows every
-//! writer's changes (each leaves under the section's mutex, the last store
-//! comes after). The per-VMA read lock, the speculative fault and the
-//! prechecks compare stamps with the sequence exactly as with one writer:
-//! the argument of `spec_fault` holds writer by writer, since each one
-//! stamps and sweeps a VMA before changing it, and a VMA already stamped
-//! in the shared section has had no reader since (a second writer may
-//! then skip the stamp and sweep, as one writer does the second time).
-//! The cost is liveness, not safety: while writers keep overlapping, a
-//! VMA one of them changed stays write-locked for the lock-free readers,
-//! which fall back to the locked paths (their range, shared). Translators
-//! and device slices rely on the TLB flush each writer issues for its own
-//! range (flushes serialize on the TLB's flush lock as before).
+//! # What range writers share
 //!
-//! [`MmLockSeq::join`]: crate::vma::seq::MmLockSeq::join
+//! Two range writers in different 512 GiB slots (placement windows put
+//! each CPU's mappings in its own, `Config::placement_window`) write no
+//! common line in the lock (above), the tree (its slots) or the write
+//! section (below). Still shared: the gate's line and the mm's map count
+//! are read (the count is per CPU, `MmState`), the VMA pool and the
+//! memory budget are per CPU with a shared depot or count written once
+//! per batch, the TLB's flush lock is taken by a writer that zaps
+//! entries, and the allocator's arenas by tree nodes freed on another
+//! thread through the epoch. Zaps, page-table frees, TLB flushes, frame
+//! frees and VMA setup run under the range lock only.
+//!
+//! Why each lock-free reader stays correct: every writer runs a write
+//! section of its own (`vma::seq`'s "Own write sections"): the space's
+//! sequence stays at `LOCKED`, a writer stamps each VMA it locks with
+//! `LOCKED | token` (a value of its own) and, when it ends, stamps each of
+//! them back to `token` with a `Release` compare-exchange. A stamp at or
+//! above the sequence reads write-locked, as with one writer; a reader
+//! whose `Acquire` load sees the token sees that writer's changes, and a
+//! stamp never repeats on one object, so a snapshot's stamp re-read equal
+//! still means no writer touched the VMA since. The per-VMA read lock, the
+//! speculative fault and the prechecks thus compare stamps with the
+//! sequence exactly as with one writer, and the argument of `spec_fault`
+//! holds writer by writer, since each one stamps and sweeps a VMA before
+//! changing it. A VMA is readable again as soon as its own writer is
+//! done, whatever else runs (a section shared by overlapping writers kept
+//! it write-locked while any of them ran, and at two busy threads that
+//! was most of the time). Translators and device slices rely on the TLB
+//! flush each writer issues for its own range (flushes serialize on the
+//! TLB's flush lock as before).
 //!
 //! # Locking
 //!
 //! The range lock replaces the mmap_lock as level 1 of the order in
-//! [`crate::mm`]; its mutex is a leaf (never held while waiting for
-//! anything but itself, except the gap search's lock-free tree reads).
+//! [`crate::mm`]. Inside it: the gate's mutex, then the shards' mutexes
+//! in address order; each is held only for a check or an update of its
+//! holds (or while sleeping on its condition variable, which releases
+//! it), never across another lock or a wait for a hold.
 
 use crate::addr::Range;
-use crate::sync::{Condvar, Mutex, MutexGuard};
+use crate::percpu::{cpu_id, nr_cpus};
+use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
+use crossbeam_utils::CachePadded;
 
 /// The whole address space, as a lockable range.
 pub(crate) const WHOLE: Range = Range {
@@ -176,10 +224,21 @@ pub(crate) const WHOLE: Range = Range {
     end: u64::MAX,
 };
 
-/// One hold or waiting request.
+/// Shards a request may span before it takes the whole space instead: a
+/// range writer's neighbourhood lies in one or two (a mapping across a
+/// 512 GiB boundary); only a fault in a hole with nothing above, or an
+/// unusual range, reaches more.
+const MAX_PIECES: usize = 4;
+
+/// Most shards a lock has: as the forest's slots (`tree::RangeForest`),
+/// a shard grows where the space would need more.
+const MAX_SHARDS: u64 = 4096;
+
+/// One hold or waiting request, in one shard (or, with `r == WHOLE`, at
+/// the gate).
 #[derive(Clone, Copy, Debug)]
 struct Hold {
-    /// Arrival order (waiting requests) and identity (holds).
+    /// Arrival order (waiting requests) and identity (holds), per shard.
     ticket: u64,
     r: Range,
     exclusive: bool,
@@ -191,6 +250,7 @@ impl Hold {
     }
 }
 
+/// The holds and requests of one shard, or of the whole space at the gate.
 #[derive(Debug, Default)]
 struct State {
     next: u64,
@@ -198,7 +258,7 @@ struct State {
     releases: u64,
     /// Exclusive holds granted so far: a holder that saw none held and
     /// this count unchanged by its own grant knows no one changed the
-    /// space meanwhile ([`RangeLock::quiet`]).
+    /// shard meanwhile ([`RangeLock::mark`]).
     writes: u64,
     held: Vec<Hold>,
     waiting: Vec<Hold>,
@@ -213,29 +273,268 @@ impl State {
                 .any(|w| w.ticket < me.ticket && w.conflicts(me.r, me.exclusive))
     }
 
-    fn ticket(&mut self) -> u64 {
+    fn request(&mut self, r: Range, exclusive: bool) -> Hold {
         self.next += 1;
-        self.next
+        Hold {
+            ticket: self.next,
+            r,
+            exclusive,
+        }
+    }
+
+    /// Grants `me`; returns the exclusive grants before it.
+    fn grant(&mut self, me: Hold) -> u64 {
+        self.held.push(me);
+        let before = self.writes;
+        self.writes += u64::from(me.exclusive);
+        before
+    }
+
+    /// Waits on `cv` until `me` (queued) is grantable, then grants it.
+    fn wait_grant<'a>(mut st: MutexGuard<'a, State>, cv: &Condvar, me: Hold) -> (MutexGuard<'a, State>, u64) {
+        if !st.grantable(&me) {
+            st.waiting.push(me);
+            loop {
+                st = cv.wait(st);
+                if st.grantable(&me) {
+                    break;
+                }
+            }
+            let i = st
+                .waiting
+                .iter()
+                .position(|w| w.ticket == me.ticket)
+                .expect("a waiter stays queued until granted");
+            // Requests behind this one may have waited only for it as a
+            // request; now it is a hold, which they wait for anyway.
+            st.waiting.remove(i);
+        }
+        let before = st.grant(me);
+        (st, before)
+    }
+
+    /// Removes the hold `ticket`.
+    fn release(&mut self, ticket: u64) {
+        if let Some(i) = self.held.iter().position(|h| h.ticket == ticket) {
+            self.held.swap_remove(i);
+        }
+        self.releases += 1;
+    }
+
+    /// [`RangeLock::mark`]'s count: `None` if a range is held exclusive.
+    fn quiet(&self) -> Option<u64> {
+        (!self.held.iter().any(|h| h.exclusive)).then_some(self.writes)
+    }
+
+    /// A range held or waited for that meets `r`.
+    fn meeting(&self, r: Range) -> Option<Range> {
+        self.held
+            .iter()
+            .chain(self.waiting.iter())
+            .map(|h| h.r)
+            .find(|h| h.start < r.end && r.start < h.end)
+    }
+}
+
+/// One shard's holds: the part of the space in one slot of `1 << shift`
+/// bytes.
+#[derive(Debug, Default)]
+struct Shard {
+    /// Protected by: itself.
+    state: Mutex<State>,
+    /// Signalled when a hold of this shard is released.
+    released: Condvar,
+}
+
+/// The gate between requests of a few shards and requests of the whole
+/// space (a per-CPU reader-writer lock, as Linux's `percpu_rw_semaphore`):
+/// a shard request counts itself in its CPU's slot of `inside` and goes
+/// on if the gate is open; a whole-space request closes the gate and
+/// waits until every slot's count is back to zero. See the module docs.
+struct Gate {
+    /// Shard requests past the gate, per CPU slot (each on its own line).
+    /// A request decrements the slot it incremented.
+    /// Protected by: `SeqCst` read-modify-writes; summed by a closer.
+    inside: Box<[CachePadded<AtomicU64>]>,
+    /// True while a whole-space request holds the space, waits for it, or
+    /// drains the shard requests inside.
+    /// Protected by: stored under `state`'s mutex, `SeqCst`; read by
+    /// shard requests without it.
+    closed: AtomicBool,
+    /// Twice the whole-space exclusive grants so far, plus one while one
+    /// holds: the part of [`RangeLock::mark`] whole-space writers move.
+    /// Protected by: written under `state`'s mutex (`SeqCst`); read by
+    /// anyone.
+    gen: AtomicU64,
+    /// The whole-space holds and requests (every range [`WHOLE`]).
+    /// Protected by: itself.
+    state: Mutex<State>,
+    /// Signalled when a whole-space hold is released, the gate opens, or a
+    /// shard request leaves while it is closed.
+    changed: Condvar,
+}
+
+impl core::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Gate")
+            .field("closed", &self.closed.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Gate {
+    fn new() -> Self {
+        Gate {
+            inside: (0..nr_cpus())
+                .map(|_| CachePadded::new(AtomicU64::new(0)))
+                .collect(),
+            closed: AtomicBool::new(false),
+            gen: AtomicU64::new(0),
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Counts a shard request in: `Some(slot)` to pass to
+    /// [`leave`](Self::leave), or `None` if the gate is closed (with
+    /// `wait`, it waits until it opens and tries again instead).
+    fn enter(&self, wait: bool) -> Option<usize> {
+        loop {
+            let slot = cpu_id() & (self.inside.len() - 1);
+            // SeqCst pair with `close`: either this increment comes first
+            // and the closer's sum sees it, or our load sees `closed`.
+            self.inside[slot].fetch_add(1, Ordering::SeqCst);
+            if !self.closed.load(Ordering::SeqCst) {
+                return Some(slot);
+            }
+            self.leave(slot);
+            if !wait {
+                return None;
+            }
+            let mut st = self.state.lock();
+            while self.closed.load(Ordering::SeqCst) {
+                st = self.changed.wait(st);
+            }
+        }
+    }
+
+    /// Counts a shard request out of `slot`; wakes a closer waiting for
+    /// the requests inside to leave.
+    fn leave(&self, slot: usize) {
+        self.inside[slot].fetch_sub(1, Ordering::SeqCst);
+        if self.closed.load(Ordering::SeqCst) {
+            // Under the mutex: a closer checks the sum and sleeps under it,
+            // so this wake cannot fall between its check and its sleep.
+            let _st = self.state.lock();
+            self.changed.notify_all();
+        }
+    }
+
+    /// Shard requests inside. After `closed` is set no count rises for
+    /// good (an entrant that sees it leaves at once), so a sum read slot
+    /// by slot is at least the number inside when it ends: zero means
+    /// none is.
+    fn inside(&self) -> u64 {
+        self.inside
+            .iter()
+            .fold(0u64, |s, c| s.wrapping_add(c.load(Ordering::SeqCst)))
+    }
+
+    /// A whole-space request: waits its turn among whole-space requests
+    /// (arrival order, as a shard's), closes the gate and waits for the
+    /// shard requests inside to leave. Without `wait`, fails instead of
+    /// waiting for either.
+    fn close(&self, exclusive: bool, wait: bool) -> Option<u64> {
+        let mut st = self.state.lock();
+        let me = st.request(WHOLE, exclusive);
+        if !wait && !st.grantable(&me) {
+            return None;
+        }
+        let (mut st, _) = State::wait_grant(st, &self.changed, me);
+        if exclusive {
+            // Odd while held: a mark taken now is not quiet, and a grant
+            // that reads it moved knows a whole-space writer came between.
+            self.gen.fetch_add(1, Ordering::SeqCst);
+        }
+        self.closed.store(true, Ordering::SeqCst);
+        while self.inside() != 0 {
+            if !wait {
+                self.open(st, me);
+                return None;
+            }
+            st = self.changed.wait(st);
+        }
+        Some(me.ticket)
+    }
+
+    /// Releases the whole-space hold `me`: the gate opens when no
+    /// whole-space request holds or waits.
+    fn open(&self, mut st: MutexGuard<'_, State>, me: Hold) {
+        st.release(me.ticket);
+        if me.exclusive {
+            self.gen.fetch_add(1, Ordering::SeqCst);
+        }
+        if st.held.is_empty() && st.waiting.is_empty() {
+            self.closed.store(false, Ordering::SeqCst);
+        }
+        self.changed.notify_all();
     }
 }
 
 /// A reader-writer lock over address ranges (see the module docs).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct RangeLock {
-    /// Protected by: itself.
-    state: Mutex<State>,
-    /// Signalled when a hold is released.
-    released: Condvar,
+    /// log2 of a shard's span.
+    /// Protected by: immutable after construction.
+    shift: u32,
+    /// The shards, in address order; the last reaches the top of `u64`.
+    /// Protected by: each shard's own mutex.
+    shards: Box<[CachePadded<Shard>]>,
+    /// Whole-space requests, and what keeps them apart from the shards'.
+    gate: CachePadded<Gate>,
+}
+
+/// What a held range holds.
+#[derive(Debug)]
+enum Held {
+    /// The whole space, through the gate.
+    Whole(Hold),
+    /// Shards `first..first + n`, hold `tickets[i]` in each, past the gate
+    /// through `slot`.
+    Pieces {
+        slot: usize,
+        first: usize,
+        n: usize,
+        tickets: [u64; MAX_PIECES],
+        /// The exclusive grants of the first shard before this one.
+        writes_before: u64,
+    },
 }
 
 /// A held range; dropping it releases the range.
 #[derive(Debug)]
 pub(crate) struct RangeGuard<'a> {
     lock: &'a RangeLock,
-    ticket: u64,
     range: Range,
-    /// The exclusive holds granted before this one.
-    writes_before: u64,
+    held: Held,
+}
+
+/// A moment at which one shard had no exclusive hold and no whole-space
+/// writer held the space ([`RangeLock::mark`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Mark {
+    gen: u64,
+    shard: usize,
+    writes: u64,
+}
+
+/// What a failed try or a busy placement waits for ([`RangeLock::wait`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// The next release in a shard after it had `releases`.
+    Shard { shard: usize, releases: u64 },
+    /// The gate's opening.
+    Gate,
 }
 
 impl RangeGuard<'_> {
@@ -244,209 +543,412 @@ impl RangeGuard<'_> {
         self.range
     }
 
-    /// True if no range was held exclusive from the [`RangeLock::quiet`]
-    /// call that returned `mark` to this grant: no writer changed the
-    /// tree or a VMA in between, so what the holder read from the tree
-    /// then is what it would read now (`edit::lock_validated`).
-    pub(crate) fn undisturbed_since(&self, mark: Option<u64>) -> bool {
-        mark == Some(self.writes_before)
+    /// True if the hold lies in the shard of `mark` alone, and neither a
+    /// range was held exclusive there nor a whole-space writer held the
+    /// space from the [`RangeLock::mark`] call that returned `mark` to
+    /// this grant: no writer changed the tree or a VMA of that shard in
+    /// between, so what the holder read of it then is what it would read
+    /// now (`edit::lock_validated`).
+    pub(crate) fn undisturbed_since(&self, mark: Option<Mark>) -> bool {
+        let (Some(m), Held::Pieces { first, n: 1, writes_before, .. }) = (mark, &self.held) else {
+            return false;
+        };
+        *first == m.shard
+            && *writes_before == m.writes
+            && self.lock.gate.gen.load(Ordering::SeqCst) == m.gen
     }
 }
 
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
-        let mut st = self.lock.state.lock();
-        if let Some(i) = st.held.iter().position(|h| h.ticket == self.ticket) {
-            st.held.swap_remove(i);
+        match &self.held {
+            Held::Whole(me) => {
+                let gate = &self.lock.gate;
+                gate.open(gate.state.lock(), *me);
+            }
+            &Held::Pieces {
+                slot,
+                first,
+                n,
+                tickets,
+                ..
+            } => {
+                for i in 0..n {
+                    self.lock.release_piece(first + i, tickets[i]);
+                }
+                self.lock.gate.leave(slot);
+            }
         }
-        st.releases += 1;
-        drop(st);
-        self.lock.released.notify_all();
     }
 }
 
 impl RangeLock {
-    /// An unlocked range lock.
-    pub(crate) fn new() -> Self {
-        Self::default()
+    /// An unlocked range lock over `[0, space_end)` (and above, in its
+    /// last shard), in shards of `1 << shift` bytes (fewer if more than
+    /// 4096 would be needed).
+    pub(crate) fn new(mut shift: u32, space_end: u64) -> Self {
+        shift = shift.clamp(12, 63);
+        while (space_end >> shift) > MAX_SHARDS {
+            shift += 1;
+        }
+        let n = space_end.div_ceil(1 << shift).max(1) as usize;
+        RangeLock {
+            shift,
+            shards: (0..n).map(|_| CachePadded::new(Shard::default())).collect(),
+            gate: CachePadded::new(Gate::new()),
+        }
+    }
+
+    /// The shard holding `addr`.
+    fn shard_of(&self, addr: u64) -> usize {
+        ((addr >> self.shift) as usize).min(self.shards.len() - 1)
+    }
+
+    /// True if `a` and `b` lie in one shard.
+    pub(crate) fn same_shard(&self, a: u64, b: u64) -> bool {
+        self.shard_of(a) == self.shard_of(b)
+    }
+
+    /// The shards `r` (non-empty) meets, or `None` if that is more than a
+    /// request may hold piece by piece.
+    fn pieces(&self, r: Range) -> Option<(usize, usize)> {
+        let (first, last) = (self.shard_of(r.start), self.shard_of(r.end - 1));
+        (r != WHOLE && last - first < MAX_PIECES).then_some((first, last - first + 1))
+    }
+
+    /// `r` clipped to shard `k`.
+    fn clip(&self, r: Range, k: usize) -> Range {
+        let lo = (k as u64) << self.shift;
+        let hi = if k + 1 == self.shards.len() {
+            u64::MAX
+        } else {
+            ((k + 1) as u64) << self.shift
+        };
+        Range::new(r.start.max(lo), r.end.min(hi))
+    }
+
+    fn release_piece(&self, k: usize, ticket: u64) {
+        let sh = &self.shards[k];
+        sh.state.lock().release(ticket);
+        sh.released.notify_all();
     }
 
     /// Locks `r`, exclusive or shared, waiting for conflicting holds and
     /// earlier conflicting requests.
     pub(crate) fn lock(&self, r: Range, exclusive: bool) -> RangeGuard<'_> {
-        let mut st = self.state.lock();
-        let me = Hold {
-            ticket: st.ticket(),
-            r,
-            exclusive,
-        };
-        if st.grantable(&me) {
-            return self.grant(st, me);
+        match self.acquire(r, exclusive, true) {
+            Ok(g) => g,
+            Err(_) => unreachable!("a waiting lock does not fail"),
         }
-        st.waiting.push(me);
-        loop {
-            st = self.released.wait(st);
-            if st.grantable(&me) {
-                let i = st
-                    .waiting
-                    .iter()
-                    .position(|w| w.ticket == me.ticket)
-                    .expect("a waiter stays queued until granted");
-                st.waiting.remove(i);
-                // Requests behind this one may have waited only for it as
-                // a request; now it is a hold, which they wait for anyway.
-                return self.grant(st, me);
+    }
+
+    /// Locks `r` if no hold or earlier request conflicts; else says what
+    /// to [`wait`](Self::wait) for before trying again.
+    pub(crate) fn try_lock(&self, r: Range, exclusive: bool) -> Result<RangeGuard<'_>, Wait> {
+        self.acquire(r, exclusive, false)
+    }
+
+    fn acquire(&self, r: Range, exclusive: bool, wait: bool) -> Result<RangeGuard<'_>, Wait> {
+        let Some((first, n)) = (!r.is_empty()).then(|| self.pieces(r)).flatten() else {
+            let ticket = self.gate.close(exclusive, wait).ok_or(Wait::Gate)?;
+            return Ok(RangeGuard {
+                lock: self,
+                range: r,
+                held: Held::Whole(Hold {
+                    ticket,
+                    r: WHOLE,
+                    exclusive,
+                }),
+            });
+        };
+        let slot = self.gate.enter(wait).ok_or(Wait::Gate)?;
+        let mut tickets = [0; MAX_PIECES];
+        let mut writes_before = 0;
+        // Shards in address order: a request waits only at its lowest
+        // shard not yet held, holding only lower ones, so no two wait
+        // for each other.
+        for i in 0..n {
+            let k = first + i;
+            let sh = &self.shards[k];
+            let mut st = sh.state.lock();
+            let me = st.request(self.clip(r, k), exclusive);
+            let before = if wait {
+                State::wait_grant(st, &sh.released, me).1
+            } else if st.grantable(&me) {
+                st.grant(me)
+            } else {
+                let releases = st.releases;
+                drop(st);
+                for j in 0..i {
+                    self.release_piece(first + j, tickets[j]);
+                }
+                self.gate.leave(slot);
+                return Err(Wait::Shard { shard: k, releases });
+            };
+            tickets[i] = me.ticket;
+            if i == 0 {
+                writes_before = before;
+            }
+        }
+        Ok(RangeGuard {
+            lock: self,
+            range: r,
+            held: Held::Pieces {
+                slot,
+                first,
+                n,
+                tickets,
+                writes_before,
+            },
+        })
+    }
+
+    /// A mark for [`RangeGuard::undisturbed_since`], for a holder about to
+    /// read the tree around `addr`: `None` if a whole-space writer holds
+    /// the space or a range is held exclusive in `addr`'s shard now. Every
+    /// change to the tree and the VMAs is made under an exclusive hold of
+    /// the shards it touches (range writers hold their neighbourhood,
+    /// every other writer the whole space), so a later grant in that shard
+    /// alone that finds both counts unchanged was preceded by no change
+    /// there since the mark: the shard's mutex orders every earlier
+    /// holder's changes before it, and the gate's count (read `SeqCst`
+    /// after a whole-space writer's last change) those of whole-space
+    /// writers.
+    pub(crate) fn mark(&self, addr: u64) -> Option<Mark> {
+        let gen = self.gate.gen.load(Ordering::SeqCst);
+        if gen & 1 == 1 {
+            return None;
+        }
+        let shard = self.shard_of(addr);
+        let writes = self.shards[shard].state.lock().quiet()?;
+        Some(Mark { gen, shard, writes })
+    }
+
+    /// A range held or waited for that meets `r` (a placement's
+    /// candidate, a page wider on each side), and what to wait for before
+    /// trying it again; looks at the shards `r` meets only.
+    pub(crate) fn busy_near(&self, r: Range) -> Option<(Range, Wait)> {
+        if r.is_empty() {
+            return None;
+        }
+        let (first, last) = (self.shard_of(r.start), self.shard_of(r.end - 1));
+        (first..=last).find_map(|k| {
+            let st = self.shards[k].state.lock();
+            st.meeting(r).map(|m| {
+                let w = Wait::Shard {
+                    shard: k,
+                    releases: st.releases,
+                };
+                (m, w)
+            })
+        })
+    }
+
+    /// Waits for what `w` names: a release in its shard after the one it
+    /// counted (at once if one came since), or the gate's opening.
+    pub(crate) fn wait(&self, w: Wait) {
+        match w {
+            Wait::Shard { shard, releases } => {
+                let sh = &self.shards[shard];
+                let mut st = sh.state.lock();
+                while st.releases == releases {
+                    st = sh.released.wait(st);
+                }
+            }
+            Wait::Gate => {
+                let mut st = self.gate.state.lock();
+                while self.gate.closed.load(Ordering::SeqCst) {
+                    st = self.gate.changed.wait(st);
+                }
             }
         }
     }
 
-    /// Locks `r` if no hold or earlier request conflicts.
-    pub(crate) fn try_lock(&self, r: Range, exclusive: bool) -> Option<RangeGuard<'_>> {
-        let mut st = self.state.lock();
-        let me = Hold {
-            ticket: st.ticket(),
-            r,
-            exclusive,
-        };
-        st.grantable(&me).then(|| self.grant(st, me))
-    }
-
-    fn grant<'a>(&'a self, mut st: MutexGuard<'_, State>, me: Hold) -> RangeGuard<'a> {
-        st.held.push(me);
-        let writes_before = st.writes;
-        st.writes += u64::from(me.exclusive);
-        RangeGuard {
-            lock: self,
-            ticket: me.ticket,
-            range: me.r,
-            writes_before,
+    /// Every range held or waited for now, whole-space ones first, then
+    /// each shard's pieces in shard order (tests).
+    #[cfg(test)]
+    pub(crate) fn busy(&self) -> Vec<Range> {
+        let whole = self.gate.state.lock();
+        let mut v: Vec<Range> = whole.held.iter().chain(&whole.waiting).map(|h| h.r).collect();
+        drop(whole);
+        for sh in self.shards.iter() {
+            let st = sh.state.lock();
+            v.extend(st.held.iter().chain(&st.waiting).map(|h| h.r));
         }
+        v
     }
-
-    /// A mark for [`RangeGuard::undisturbed_since`]: `None` if some range
-    /// is held exclusive now, else the count of exclusive grants so far.
-    /// Every change to the tree and the VMAs is made under an exclusive
-    /// hold (range writers hold their neighbourhood, every other writer
-    /// the whole space), so a later grant that finds the count unchanged
-    /// was preceded by no change since the mark; the mutex orders every
-    /// earlier holder's changes before it.
-    pub(crate) fn quiet(&self) -> Option<u64> {
-        quiet_mark(&self.state.lock())
-    }
-
-    /// The ranges held or waited for now (every one conflicts with an
-    /// exclusive request), the count of releases so far, and the
-    /// [`quiet`](Self::quiet) mark of this moment.
-    pub(crate) fn busy(&self) -> (Vec<Range>, u64, Option<u64>) {
-        let st = self.state.lock();
-        let v = st
-            .held
-            .iter()
-            .chain(st.waiting.iter())
-            .map(|h| h.r)
-            .collect();
-        (v, st.releases, quiet_mark(&st))
-    }
-
-    /// Waits until some hold is released after [`busy`](Self::busy) said
-    /// `releases`.
-    pub(crate) fn wait_release(&self, releases: u64) {
-        let mut st = self.state.lock();
-        while st.releases == releases {
-            st = self.released.wait(st);
-        }
-    }
-}
-
-/// [`RangeLock::quiet`] on a locked state.
-fn quiet_mark(st: &State) -> Option<u64> {
-    (!st.held.iter().any(|h| h.exclusive)).then_some(st.writes)
 }
 
 #[cfg(all(test, not(aspace_loom)))]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64 as StdU64, Ordering as O};
     use std::sync::Arc;
 
     fn r(a: u64, b: u64) -> Range {
         Range::new(a, b)
     }
 
-    #[test]
-    fn disjoint_and_shared_holds_coexist_overlapping_exclusive_ones_do_not() {
-        let l = RangeLock::new();
-        let a = l.lock(r(0, 10), true);
-        let _b = l.lock(r(10, 20), true);
-        assert!(l.try_lock(r(9, 11), true).is_none());
-        assert!(l.try_lock(r(5, 6), false).is_none());
-        drop(a);
-        let s1 = l.try_lock(r(0, 5), false).expect("free");
-        let s2 = l.try_lock(r(0, 5), false).expect("shared with shared");
-        assert!(l.try_lock(r(4, 5), true).is_none());
-        drop(s1);
-        assert!(l.try_lock(r(0, 10), true).is_none(), "s2 still holds");
-        drop(s2);
-        assert_eq!(
-            l.try_lock(r(0, 10), true).map(|g| g.range()),
-            Some(r(0, 10))
-        );
+    /// Shards of 1 MiB over 16 MiB.
+    const SH: u64 = 1 << 20;
+
+    fn small() -> RangeLock {
+        RangeLock::new(20, 16 * SH)
     }
 
     #[test]
-    fn a_waiter_blocks_later_conflicting_requests() {
-        let l = Arc::new(RangeLock::new());
+    fn disjoint_and_shared_holds_coexist_overlapping_exclusive_ones_do_not() {
+        let l = small();
+        let a = l.lock(r(0, 10), true);
+        let _b = l.lock(r(10, 20), true);
+        assert!(l.try_lock(r(9, 11), true).is_err());
+        assert!(l.try_lock(r(5, 6), false).is_err());
+        drop(a);
+        let s1 = l.try_lock(r(0, 5), false).expect("free");
+        let s2 = l.try_lock(r(0, 5), false).expect("shared with shared");
+        assert!(l.try_lock(r(4, 5), true).is_err());
+        drop(s1);
+        assert!(l.try_lock(r(0, 10), true).is_err(), "s2 still holds");
+        drop(s2);
+        assert_eq!(l.try_lock(r(0, 10), true).map(|g| g.range()), Ok(r(0, 10)));
+    }
+
+    #[test]
+    fn a_range_across_shards_holds_each_piece() {
+        let l = small();
+        let g = l.lock(r(SH - 8, SH + 8), true);
+        assert_eq!(l.busy(), vec![r(SH - 8, SH), r(SH, SH + 8)]);
+        assert!(l.try_lock(r(SH + 4, SH + 5), true).is_err(), "upper piece");
+        assert!(l.try_lock(r(SH - 1, SH), true).is_err(), "lower piece");
+        assert!(l.try_lock(r(SH + 8, SH + 9), true).is_ok(), "beside it");
+        assert!(l.try_lock(r(0, SH - 8), true).is_ok(), "below it");
+        drop(g);
+        assert!(l.busy().is_empty());
+        // More shards than a request holds piece by piece: the whole space.
+        let big = l.lock(r(0, (MAX_PIECES as u64 + 1) * SH), false);
+        assert_eq!(l.busy(), vec![WHOLE]);
+        assert_eq!(l.try_lock(r(15 * SH, 15 * SH + 1), true).err(), Some(Wait::Gate));
+        drop(big);
+        assert!(l.try_lock(r(15 * SH, 15 * SH + 1), true).is_ok());
+    }
+
+    #[test]
+    fn a_whole_space_request_waits_for_every_range_and_blocks_later_ones() {
+        let l = Arc::new(small());
         let g = l.lock(r(0, 10), true);
         let got = Arc::new(AtomicBool::new(false));
         let t = {
             let (l, got) = (l.clone(), got.clone());
             std::thread::spawn(move || {
                 let _w = l.lock(WHOLE, false);
-                got.store(true, Ordering::SeqCst);
+                got.store(true, O::SeqCst);
             })
         };
-        // Wait until the whole-space reader is queued.
-        while l.state.lock().waiting.is_empty() {
+        // Wait until the whole-space reader has closed the gate.
+        while !l.gate.closed.load(Ordering::SeqCst) {
             std::thread::yield_now();
         }
-        // A later writer far from the hold still queues behind the reader.
-        assert!(l.try_lock(r(100, 200), true).is_none());
-        assert!(!got.load(Ordering::SeqCst));
+        // A later writer far from the hold, in another shard, queues
+        // behind the reader.
+        assert_eq!(l.try_lock(r(9 * SH, 9 * SH + 1), true).err(), Some(Wait::Gate));
+        assert!(!got.load(O::SeqCst));
         drop(g);
         t.join().unwrap();
-        assert!(got.load(Ordering::SeqCst));
-        assert!(l.try_lock(r(100, 200), true).is_some());
+        assert!(got.load(O::SeqCst));
+        assert!(l.try_lock(r(9 * SH, 9 * SH + 1), true).is_ok());
     }
 
     #[test]
-    fn busy_lists_holds_and_waiters_and_counts_releases() {
-        let l = RangeLock::new();
+    fn busy_near_names_a_meeting_range_and_what_to_wait_for() {
+        let l = small();
         let g = l.lock(r(0, 10), true);
-        let (busy, n, q) = l.busy();
-        assert_eq!(busy, vec![r(0, 10)]);
-        assert_eq!(q, None, "an exclusive hold: not quiet");
+        let (m, w) = l.busy_near(r(5, SH + 1)).expect("meets the hold");
+        assert_eq!(m, r(0, 10));
+        assert_eq!(l.busy_near(r(10, 20)), None);
         drop(g);
-        let (busy, m, q) = l.busy();
-        assert!(busy.is_empty() && m == n + 1 && q == Some(1));
-        l.wait_release(n); // returns at once: a release happened
+        l.wait(w); // returns at once: a release happened
+        assert_eq!(l.busy_near(r(5, SH + 1)), None);
     }
 
     #[test]
-    fn a_grant_is_undisturbed_only_if_no_exclusive_hold_came_between() {
-        let l = RangeLock::new();
-        let mark = l.quiet();
+    fn a_grant_is_undisturbed_only_if_no_writer_came_between_in_its_shard() {
+        let l = small();
+        let mark = l.mark(0);
         let s = l.lock(r(0, 10), false);
         assert!(s.undisturbed_since(mark), "a shared hold changes nothing");
-        let mark = l.quiet();
+        let mark = l.mark(20);
         let w = l.lock(r(20, 30), true);
         assert!(w.undisturbed_since(mark), "its own grant does not count");
-        assert_eq!(l.quiet(), None, "held exclusive");
+        assert_eq!(l.mark(25), None, "held exclusive");
+        assert!(l.mark(SH).is_some(), "another shard is quiet");
         let late = l.lock(r(40, 50), true);
         assert!(!late.undisturbed_since(None));
         drop((w, late));
-        let mark = l.quiet();
+        let mark = l.mark(0);
         drop(l.lock(r(60, 70), true)); // a writer came and went
         assert!(!l.lock(r(0, 10), false).undisturbed_since(mark));
+        // One in another shard does not disturb this one...
+        let mark = l.mark(0);
+        drop(l.lock(r(2 * SH, 2 * SH + 1), true));
+        assert!(l.lock(r(0, 10), false).undisturbed_since(mark));
+        // ...but a whole-space writer does (it waits for `s`), and a hold
+        // across shards is never taken for undisturbed.
         drop(s);
+        let mark = l.mark(0);
+        drop(l.lock(WHOLE, true));
+        assert!(!l.lock(r(0, 10), false).undisturbed_since(mark));
+        let mark = l.mark(0);
+        assert!(!l.lock(r(10, SH + 1), false).undisturbed_since(mark));
+    }
+
+    /// Threads lock random ranges (some across shards, some the whole
+    /// space), shared or exclusive, and mark every unit of what they hold:
+    /// an exclusive holder must find no other holder on its units, a
+    /// shared one no exclusive holder.
+    #[test]
+    fn holds_exclude_each_other_under_contention() {
+        const UNITS: u64 = 64;
+        const UNIT: u64 = SH / 4;
+        let l = Arc::new(small());
+        // Per unit: shared holders in the low bits, an exclusive one at bit 32.
+        let units: Arc<Vec<StdU64>> = Arc::new((0..UNITS).map(|_| StdU64::new(0)).collect());
+        let hs: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (l, units) = (l.clone(), units.clone());
+                std::thread::spawn(move || {
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (t + 1);
+                    for _ in 0..20_000 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let exclusive = x % 3 != 0;
+                        let (a, n) = ((x >> 8) % UNITS, 1 + (x >> 20) % 6);
+                        let (rr, span) = if x % 97 == 0 {
+                            (WHOLE, 0..UNITS)
+                        } else {
+                            let b = (a + n).min(UNITS);
+                            (r(a * UNIT, b * UNIT), a..b)
+                        };
+                        let _g = l.lock(rr, exclusive);
+                        let add = if exclusive { 1 << 32 } else { 1 };
+                        for u in span.clone() {
+                            let prev = units[u as usize].fetch_add(add, O::SeqCst);
+                            assert!(
+                                prev == 0 || (!exclusive && prev < 1 << 32),
+                                "unit {u} held {prev:#x} beside a new hold (exclusive {exclusive})"
+                            );
+                        }
+                        for u in span {
+                            units[u as usize].fetch_sub(add, O::SeqCst);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert!(l.busy().is_empty());
+        assert!(!l.gate.closed.load(Ordering::SeqCst));
     }
 }

@@ -23,7 +23,7 @@ use crate::reclaim::Guard;
 /// its holes (madvise's zaps): in range mode `r` widened to the whole of
 /// every VMA it meets, shared. With an epoch pin taken under it.
 pub(crate) fn read_vmas(mm: &AddressSpace, r: Range) -> (MmapReadGuard<'_, MmState>, Guard) {
-    read_locked(mm, |pin| vma_hull(mm, r, pin))
+    read_locked(mm, r.start, |pin| vma_hull(mm, r, pin))
 }
 
 /// The mmap_lock read side for the locked fault (or forced access) at
@@ -34,20 +34,36 @@ pub(crate) fn read_vmas(mm: &AddressSpace, r: Range) -> (MmapReadGuard<'_, MmSta
 /// `addr`: from its page through the VMA above (the stack check reads the
 /// gap and that VMA's flags), to the end of the space if there is none.
 pub(crate) fn read_fault(mm: &AddressSpace, addr: u64) -> (MmapReadGuard<'_, MmState>, Guard) {
-    read_locked(mm, |pin| fault_range(mm, addr, pin))
+    read_locked(mm, addr, |pin| fault_range(mm, addr, pin))
 }
 
 /// The mmap_lock read side with an epoch pin: in range mode, `want`'s
-/// range (as the tree is) shared, validated under the lock.
+/// range (as the tree is around `at`) shared, validated under the lock.
 fn read_locked<'a>(
     mm: &'a AddressSpace,
+    at: u64,
     want: impl Fn(&Guard) -> Range,
 ) -> (MmapReadGuard<'a, MmState>, Guard) {
     if !mm.mmap_lock.is_range_mode() {
         let st = mm.mmap_lock.read();
         return (st, mm.tree.pin());
     }
-    lock_validated(mm, want, |r| mm.mmap_lock.read_range(r))
+    lock_validated(mm, at, want, |r| mm.mmap_lock.read_range(r))
+}
+
+/// The mmap_lock read side for a first anon_vma of the VMA over `vr`
+/// (`mm::anon_vma`), only try-locked (the caller may hold a VMA lock a
+/// writer waits for): in range mode the neighbourhood a writer of the
+/// VMA would lock, shared, if it is still that under the lock (its
+/// neighbours are what the prepare reads); otherwise the whole read side.
+pub(crate) fn try_read_neighbours(mm: &AddressSpace, vr: Range) -> Option<MmapReadGuard<'_, MmState>> {
+    if !mm.mmap_lock.is_range_mode() {
+        return mm.mmap_lock.try_read();
+    }
+    let want = neighbourhood(mm, vr, Reach::Vmas, &mm.tree.pin());
+    let st = mm.mmap_lock.try_read_range(want)?;
+    let now = neighbourhood(mm, vr, Reach::Vmas, &mm.tree.pin());
+    (want.start <= now.start && now.end <= want.end).then_some(st)
 }
 
 /// The range [`read_fault`] locks for `addr`, as the tree is now.
@@ -91,16 +107,23 @@ mod tests {
         let r = Range::new(A + PAGE_SIZE, A + 9 * PAGE_SIZE);
         let (_st, _g) = read_vmas(&mm, r);
         let ranges = mm.mmap_lock.ranges().unwrap();
-        assert_eq!(ranges.busy().0, vec![Range::new(A, A + 12 * PAGE_SIZE)]);
+        assert_eq!(ranges.busy(), vec![Range::new(A, A + 12 * PAGE_SIZE)]);
         // A writer beyond, even in the same PTE table, is not held up; one
         // that would split a VMA read is.
         assert!(ranges
             .try_lock(Range::new(A + 13 * PAGE_SIZE, A + 14 * PAGE_SIZE), true)
-            .is_some());
+            .is_ok());
         assert!(ranges
             .try_lock(Range::new(A + 11 * PAGE_SIZE, A + 12 * PAGE_SIZE), true)
-            .is_none());
-        assert!(ranges.try_lock(WHOLE, false).is_some(), "readers share");
+            .is_err());
+        assert!(
+            ranges.try_lock(Range::new(A, A + 1), false).is_ok(),
+            "readers share"
+        );
+        assert!(
+            ranges.try_lock(WHOLE, false).is_err(),
+            "a whole-space request waits for every range holder"
+        );
     }
 
     #[test]
@@ -116,7 +139,7 @@ mod tests {
         );
         // A hole: from its page through the VMA above.
         let (_st, _g) = read_fault(&mm, A + 10 * PAGE_SIZE);
-        let busy = mm.mmap_lock.ranges().unwrap().busy().0;
+        let busy = mm.mmap_lock.ranges().unwrap().busy();
         assert_eq!(
             busy,
             vec![Range::new(A + 10 * PAGE_SIZE, A + 18 * PAGE_SIZE)]

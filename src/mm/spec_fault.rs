@@ -17,10 +17,14 @@
 //!    fails step 2's checks as not ours is replaced by the tree's.
 //! 2. Read its stamp `s` (`Acquire`), then the mm sequence `m`
 //!    (`Acquire`). Go on only if `s < m`: `s == m` means write-locked now,
-//!    `s > m` a stamp newer than our view of the sequence, `u64::MAX` an
-//!    object never stamped. With `s < m` our `Acquire` of `m` synchronized
-//!    with the end of section `s` (or a later one), so every change that
-//!    section made to the VMA is visible.
+//!    `s > m` a stamp newer than our view of the sequence. With `s < m`
+//!    our `Acquire` of `m` synchronized with the end of section `s` (or a
+//!    later one), so every change that section made to the VMA is
+//!    visible. With range-locked writers `m` stays at `LOCKED`, a stamp
+//!    at or above it is a writer's own lock, and one below it the token
+//!    its writer stored back with `Release` when it ended, which our
+//!    `Acquire` load of `s` itself synchronized with (`vma::seq`'s "Own
+//!    write sections").
 //! 3. Snapshot: address space id, range, flags, "has an anon_vma", "has a
 //!    shared object", "attached". The fault needs no more for anonymous
 //!    private memory: a read maps the zero page, a write a zeroed frame.
@@ -81,11 +85,10 @@
 //! names the same write section of the same space.
 //!
 //! With `WriterLocking::Range` the writers are the same edits under a range
-//! lock: each still stamps and sweeps what it claims, and writers that
-//! overlap in time share one write section, so a stamp equal to the
-//! sequence still means "a writer may be changing this VMA" until every
-//! one of them has left (`mm/range_lock.rs`; the "range" rows of the
-//! matrix).
+//! lock: each still stamps and sweeps what it claims, in a write section
+//! of its own, so a stamp at or above the sequence still means "a writer
+//! may be changing this VMA" until that writer has stored its token back
+//! (`mm/range_lock.rs`; the "range" rows of the matrix).
 //!
 //! One row per writer; each points at its cell of the loom matrix
 //! (`loom_tests/matrix.rs`, reader "speculative fault"):
@@ -240,7 +243,7 @@ pub(crate) fn handle(mm: &AddressSpace, addr: u64, access: Access) -> Result<(),
         return Err(Event::spec_abort_needs_more);
     }
     if access == Access::Write && !v.has_anon_vma() {
-        prepare_anon_vma(mm, &v, stamp, &g)?;
+        prepare_anon_vma(mm, &v, stamp, range, &g)?;
     }
     let page = page_align_down(addr);
     // Huge pages are installed only with the VMA held (`mm::thp`): where
@@ -337,8 +340,14 @@ fn candidate(mm: &AddressSpace, v: &VmaRef, addr: u64) -> Result<(u64, VmFlags, 
 /// on with the same snapshot.
 /// `g` is the fault's own tree pin, which the prepare's neighbour lookup
 /// reuses.
-fn prepare_anon_vma(mm: &AddressSpace, v: &VmaRef, stamp: u64, g: &Guard) -> Result<(), Event> {
-    let Some(_st) = mm.mmap_lock.try_read() else {
+fn prepare_anon_vma(
+    mm: &AddressSpace,
+    v: &VmaRef,
+    stamp: u64,
+    range: Range,
+    g: &Guard,
+) -> Result<(), Event> {
+    let Some(_st) = crate::mm::range_read::try_read_neighbours(mm, range) else {
         return Err(Event::spec_abort_needs_more);
     };
     // The read side synchronized with the last writer's release: a stamp

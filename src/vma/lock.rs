@@ -13,15 +13,18 @@
 //! Readers never wait: a read-trylock succeeds only if the count is
 //! non-zero and stays at or below [`VMA_REF_LIMIT`] (so it fails whenever
 //! the writer offset is present, and can never overflow into it), and if
-//! the VMA's lock sequence differs from the address space's current
-//! sequence. Otherwise the caller falls back to the mmap_lock.
+//! the VMA's stamp is below the address space's current sequence.
+//! Otherwise the caller falls back to the mmap_lock.
 //!
 //! The only writer is the holder of the mmap_lock write side. It
 //! write-locks a VMA by adding the offset, waiting for the readers to
-//! drain, stamping the mm's (odd) sequence into the VMA, and removing the
-//! offset. The VMA then stays write-locked — every reader sees the
-//! sequence match and backs out — until the writer releases the mmap_lock,
-//! which advances the sequence and so unlocks every stamped VMA at once.
+//! drain, stamping its section's value into the VMA, and removing the
+//! offset. The VMA then stays write-locked — every reader sees a stamp at
+//! or above the sequence and backs out — until the writer's section ends:
+//! the mm's (odd) sequence, which releasing the mmap_lock advances past
+//! every stamp at once; or, with range-locked writers, `LOCKED | token`,
+//! which the writer's own end stamps back to `token`, VMA by VMA
+//! ([`VmaLock::unlock_own`], `vma::seq`'s "Own write sections").
 //!
 //! # Locking
 //!
@@ -49,6 +52,12 @@
 //! - the stamp store is `Release`, so a reader that reads a stamp also
 //!   sees what preceded it (a recycled object's detach from its old
 //!   space).
+//! - own sections: the unlock is a `Release` compare-exchange of the
+//!   section's own locked stamp back to its token, and the reader's
+//!   re-check loads the stamp with `Acquire`: a reader that sees the
+//!   token sees every change the section made to the VMA. Only a stamp
+//!   still the section's is unlocked: an object it freed and another
+//!   writer took from the pool meanwhile keeps that writer's stamp.
 
 use super::seq::MmLockSeq;
 use crate::sync::{fence, wait_until, AtomicU32, AtomicU64, Ordering};
@@ -86,11 +95,13 @@ impl Default for VmaLock {
 }
 
 impl VmaLock {
-    /// A detached lock: count 0, no sequence stamped.
+    /// A detached lock: count 0, no sequence stamped (0: below every
+    /// sequence, so unlocked; a writer stamps an object before attaching
+    /// it, so no reader reaches one that was never stamped).
     pub fn new() -> Self {
         VmaLock {
             refcnt: AtomicU32::new(0),
-            lock_seq: AtomicU64::new(u64::MAX),
+            lock_seq: AtomicU64::new(0),
         }
     }
 
@@ -98,13 +109,16 @@ impl VmaLock {
     #[inline]
     pub fn try_read(&self, mm: &MmLockSeq) -> Result<(), ReadLockError> {
         // Cheap early bail-out; not relied upon.
-        if self.lock_seq.load(Ordering::Relaxed) == mm.current_relaxed() {
+        if self.lock_seq.load(Ordering::Relaxed) >= mm.current_relaxed() {
             return Err(ReadLockError::WriteLocked);
         }
         self.inc_limited()?;
         // Re-check with Acquire now that we hold a count: pairs with the
-        // Release in write_end (and in the offset removal).
-        if self.lock_seq.load(Ordering::Relaxed) == mm.current() {
+        // Release in write_end (and in the offset removal), and with an
+        // own section's unlock (the stamp's own Acquire). A stamp below
+        // the sequence is of a section that has ended (the sequence only
+        // grows, and an own section's token is below `LOCKED`).
+        if self.lock_seq.load(Ordering::Acquire) >= mm.current() {
             self.read_unlock();
             return Err(ReadLockError::WriteLocked);
         }
@@ -151,16 +165,13 @@ impl VmaLock {
     }
 
     /// Write-locks the VMA (Linux's `vma_start_write`). The caller holds
-    /// the mmap_lock write side; `mm` is its sequence. Waits for readers;
-    /// idempotent within one write section; works on a detached VMA too
-    /// (it only stamps it). Returns false if the VMA was already locked in
-    /// this section (nothing was done).
-    pub fn write_lock(&self, mm: &MmLockSeq) -> bool {
-        let seq = mm.current_relaxed();
-        debug_assert!(
-            mm.is_write_locked(),
-            "write_lock without the mmap_lock write side"
-        );
+    /// the mmap_lock write side; `seq` is its section's locked stamp (the
+    /// mm's odd sequence, or `LOCKED | token` for an own section: the
+    /// write guard's `stamp()`). Waits for readers; idempotent within one
+    /// write section; works on a detached VMA too (it only stamps it).
+    /// Returns false if the VMA was already locked in this section
+    /// (nothing was done).
+    pub fn write_lock(&self, seq: u64) -> bool {
         if self.lock_seq.load(Ordering::Relaxed) == seq {
             return false;
         }
@@ -205,10 +216,23 @@ impl VmaLock {
         }
     }
 
-    /// True if the VMA is write-locked in the current write section.
+    /// Ends an own write section's lock of this VMA (module docs): if its
+    /// stamp is still `LOCKED | token`, stores `token` (`Release`: a
+    /// reader that reads it sees the section's changes); a stamp another
+    /// section took since (the object was freed and taken again) stays.
+    pub fn unlock_own(&self, token: u64) {
+        let _ = self.lock_seq.compare_exchange(
+            token | super::seq::LOCKED,
+            token,
+            Ordering::Release,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// True if the VMA is write-locked for readers of `mm`.
     #[cfg(test)]
     pub fn is_write_locked(&self, mm: &MmLockSeq) -> bool {
-        mm.is_write_locked() && self.lock_seq.load(Ordering::Relaxed) == mm.current_relaxed()
+        self.lock_seq.load(Ordering::Relaxed) >= mm.current_relaxed()
     }
 
     /// Marks a detached VMA attached (count 0 → 1, Release: its
@@ -235,7 +259,7 @@ impl VmaLock {
     }
 
     /// The stamp: the mm sequence of the write section that last locked
-    /// this VMA (`u64::MAX` if never). `Acquire`, for the speculative
+    /// this VMA (0 if never). `Acquire`, for the speculative
     /// fault's snapshot and validation (a read; it writes nothing).
     #[inline]
     pub fn stamp(&self) -> u64 {
@@ -267,11 +291,11 @@ mod tests {
         assert_eq!(l.try_read(mm.seq()), Err(ReadLockError::Detached));
         {
             let w = mm.write();
-            l.write_lock(w.seq());
+            l.write_lock(w.stamp());
             l.mark_attached();
             assert!(l.is_write_locked(w.seq()));
             assert_eq!(l.try_read(w.seq()), Err(ReadLockError::WriteLocked));
-            l.write_lock(w.seq()); // idempotent
+            l.write_lock(w.stamp()); // idempotent
             assert_eq!(l.refcount(), 1);
         }
         assert!(!l.is_write_locked(mm.seq()));
@@ -282,7 +306,7 @@ mod tests {
         l.read_unlock();
         {
             let w = mm.write();
-            l.write_lock(w.seq());
+            l.write_lock(w.stamp());
             l.mark_detached();
         }
         assert_eq!(l.refcount(), 0);
@@ -299,7 +323,7 @@ mod tests {
         l.mark_attached();
         let old = MmLockSeq::starting_at(6);
         old.write_begin();
-        l.write_lock(&old);
+        l.write_lock(old.current_relaxed());
         old.write_end();
         let later = MmLockSeq::starting_at(6 + (1 << 32));
         later.write_begin();
@@ -309,7 +333,7 @@ mod tests {
         l.try_read(&later).expect("not locked in this section yet");
         std::thread::scope(|s| {
             s.spawn(|| {
-                l.write_lock(&later);
+                l.write_lock(later.current_relaxed());
                 done.store(true, Ordering::SeqCst);
             });
             std::thread::sleep(std::time::Duration::from_millis(20));
@@ -348,7 +372,7 @@ mod tests {
             let (mm, l, done) = (mm.clone(), l.clone(), done.clone());
             std::thread::spawn(move || {
                 let w = mm.write();
-                l.write_lock(w.seq());
+                l.write_lock(w.stamp());
                 done.store(true, Ordering::SeqCst);
                 l.mark_detached();
             })
@@ -399,7 +423,7 @@ mod tests {
         while rounds < 2000 || (reads.load(Ordering::Relaxed) < 1000 && t0.elapsed().as_secs() < 5)
         {
             let w = mm.write();
-            l.write_lock(w.seq());
+            l.write_lock(w.stamp());
             assert_eq!(
                 inside.load(Ordering::SeqCst),
                 0,

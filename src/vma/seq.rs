@@ -20,24 +20,63 @@
 //! jumps to the next block when one runs out. A space's sequence still
 //! only grows, which is all the VMA lock's comparisons need.
 //!
-//! # Shared write sections (range-locked writers)
+//! # Own write sections (range-locked writers)
 //!
-//! With `WriterLocking::Range`, writers on disjoint ranges run at once and
-//! share one write section: [`join`](MmLockSeq::join) begins it if no
-//! writer is in one, [`leave`](MmLockSeq::leave) ends it when the last
-//! writer leaves. Every VMA any of them stamps stays write-locked until
-//! then, and the ending store comes after every writer's changes (each
-//! leaves under the section mutex, which the last one takes before it
-//! stores). See `mm/range_lock.rs` for why each reader stays correct.
+//! With `WriterLocking::Range`, writers on disjoint ranges run at once, so
+//! no one sequence can say when "the" writer is done. The space's
+//! sequence then stays at [`LOCKED`] (even, and above every value a
+//! section takes), and each writer, whole-space ones included, runs its
+//! own section: it takes a [`token`] (a value unique in the process,
+//! below `LOCKED`), stamps the VMAs it locks `LOCKED | token`, and when
+//! it ends stamps each of them back to `token` (`Release`,
+//! `VmaLock::unlock_own`). The readers' rule is the same in both modes: a
+//! VMA is write-locked while its stamp is at or above the space's
+//! sequence. So a VMA is readable again as soon as its own writer is
+//! done, whatever other writers run; a stamp never repeats on one object
+//! (each section's values are its own), so a stamp read equal to a
+//! snapshot still means no writer has touched the VMA since.
 //!
 //! # Locking
 //!
 //! Only the holder of the mmap_lock's write side moves the sequence (with
-//! range-locked writers: under the section mutex, a leaf); any thread
-//! reads it. The lock order is in [`crate::mm`].
+//! range-locked writers nobody does); any thread reads it. The lock order
+//! is in [`crate::mm`].
 
 use crate::sync::counter;
-use crate::sync::{AtomicU64, Mutex, Ordering};
+use crate::sync::{AtomicU64, Ordering};
+
+/// The stamp bit of a VMA locked by an own write section, and the
+/// sequence of a space with range-locked writers (module docs): every
+/// such stamp is at or above it.
+pub(crate) const LOCKED: u64 = 1 << 63;
+
+/// A token for an own write section (module docs): unique in the
+/// process, below [`LOCKED`], and never a value a shared sequence takes
+/// (both come in blocks of one counter). A thread takes its tokens from a
+/// block of its own, so the counter is written once per [`BLOCK`]
+/// sections.
+pub(crate) fn token() -> u64 {
+    // Loom threads share the OS thread: each section takes a block.
+    #[cfg(aspace_loom)]
+    {
+        next_block()
+    }
+    #[cfg(not(aspace_loom))]
+    {
+        thread_local! {
+            static NEXT: core::cell::Cell<(u64, u64)> = const { core::cell::Cell::new((0, 0)) };
+        }
+        NEXT.with(|c| {
+            let (mut next, mut end) = c.get();
+            if next == end {
+                next = next_block();
+                end = next + BLOCK;
+            }
+            c.set((next + 1, end));
+            next
+        })
+    }
+}
 
 /// Sequence values a space takes from the global counter at a time.
 pub(crate) const BLOCK: u64 = 1 << 12;
@@ -68,9 +107,6 @@ pub struct MmLockSeq {
     /// Protected by: the mmap_lock's write side (only the writer reads or
     /// stores it; an atomic only to be `Sync`, invisible to loom).
     block_end: counter::AtomicU64,
-    /// Writers in the current shared section (`join`/`leave` only).
-    /// Protected by: itself (a leaf mutex); the sequence moves under it.
-    writers: Mutex<u32>,
 }
 
 impl Default for MmLockSeq {
@@ -80,37 +116,21 @@ impl Default for MmLockSeq {
 }
 
 impl MmLockSeq {
-    /// Sequence 0, not write-locked.
+    /// Not write-locked, and above the stamp of a VMA never locked (0):
+    /// sequence 2, even and below every value a section takes.
     pub fn new() -> Self {
         MmLockSeq {
-            seq: AtomicU64::new(0),
+            seq: AtomicU64::new(2),
             block_end: counter::AtomicU64::new(0),
-            writers: Mutex::new(0),
         }
     }
 
-    /// Joins the shared write section of range-locked writers, beginning
-    /// one ([`write_begin`](Self::write_begin)) if no writer is in one.
-    /// The caller holds its range (or the whole space) exclusive.
-    pub fn join(&self) {
-        let mut n = self.writers.lock();
-        if *n == 0 {
-            self.write_begin();
-        }
-        *n += 1;
-    }
-
-    /// Leaves the shared write section; the last writer out ends it
-    /// ([`write_end`](Self::write_end)), unlocking every VMA stamped in it.
-    /// Each writer's changes precede its unlock of the section mutex, which
-    /// the last writer takes before its `Release` store: a reader that
-    /// reads the even value sees every writer's changes.
-    pub fn leave(&self) {
-        let mut n = self.writers.lock();
-        debug_assert!(*n > 0, "leave without join");
-        *n -= 1;
-        if *n == 0 {
-            self.write_end();
+    /// The sequence of a space whose writers run own sections (module
+    /// docs): [`LOCKED`], for good.
+    pub fn own_sections() -> Self {
+        MmLockSeq {
+            seq: AtomicU64::new(LOCKED),
+            block_end: counter::AtomicU64::new(0),
         }
     }
 
@@ -173,11 +193,11 @@ impl MmLockSeq {
         MmLockSeq {
             seq: AtomicU64::new(seq),
             block_end: counter::AtomicU64::new(seq.saturating_add(BLOCK)),
-            writers: Mutex::new(0),
         }
     }
 
-    /// True inside a write section.
+    /// True inside a shared write section.
+    #[cfg(any(test, aspace_loom))]
     pub fn is_write_locked(&self) -> bool {
         self.seq.load(Ordering::Relaxed) & 1 == 1
     }
@@ -187,23 +207,24 @@ impl MmLockSeq {
 mod tests {
     use super::*;
 
-    /// Overlapping writers share one odd value; the sequence becomes even
-    /// only when the last one leaves, and the next section is new.
+    /// Tokens are unique, below `LOCKED`, and never a value of a
+    /// shared sequence (one counter hands out both).
     #[test]
-    fn joined_writers_share_a_section_until_the_last_leaves() {
+    fn tokens_are_unique_and_apart_from_sequences() {
         let s = MmLockSeq::new();
-        s.join();
-        let v = s.current();
-        assert!(v & 1 == 1);
-        s.join();
-        assert_eq!(s.current(), v, "the second writer shares the section");
-        s.leave();
-        assert!(s.is_write_locked(), "one writer is still in");
-        s.leave();
-        assert_eq!(s.current(), v + 1);
-        s.join();
-        assert!(s.current() > v + 1 && s.is_write_locked());
-        s.leave();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..3 * BLOCK {
+            let t = token();
+            assert!(t < LOCKED && seen.insert(t), "token {t}");
+            s.write_begin();
+            assert!(seen.insert(s.current()), "a token equalled a section");
+            s.write_end();
+        }
+        let other = std::thread::spawn(|| (0..BLOCK).map(|_| token()).collect::<Vec<_>>());
+        for t in other.join().unwrap() {
+            assert!(seen.insert(t), "two threads took token {t}");
+        }
+        assert!(!MmLockSeq::own_sections().is_write_locked());
     }
 
     /// Two spaces' write sections never take the same value, however

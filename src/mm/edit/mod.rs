@@ -193,7 +193,7 @@ impl<'a> Edit<'a> {
             },
             "a range writer locked a VMA outside its range"
         );
-        if !v.lock.write_lock(self.state.seq()) || !v.lock.is_attached() {
+        if !self.state.lock_vma(v) || !v.lock.is_attached() {
             // Locked already in this section (and swept then), or a new or
             // detached object: no fault can reach it through this tree.
             return;

@@ -7,6 +7,7 @@ use super::Edit;
 use crate::addr::{Range, PAGE_SIZE};
 use crate::error::{Error, Result};
 use crate::mm::mmap_lock::RangeHold;
+use crate::mm::range_lock::{RangeLock, Wait};
 use crate::mm::AddressSpace;
 use crate::pt::ROOT_ENTRY_SPAN;
 use crate::reclaim::Guard;
@@ -35,6 +36,7 @@ impl<'a> Edit<'a> {
         }
         let (st, pin) = lock_validated(
             mm,
+            r.start,
             |pin| neighbourhood(mm, r, reach, pin),
             |want| {
                 mm.mmap_lock
@@ -52,58 +54,70 @@ impl<'a> Edit<'a> {
 
     /// A range writer at an address that `search` (mmap's placement)
     /// chooses, `len` bytes there and their neighbourhood (range mode only,
-    /// else `None`). The search runs on a [`View`] that skips the ranges
-    /// other writers hold or wait for; its choice is then try-locked and
-    /// checked again under the lock (still free, neighbourhood inside the
-    /// hold); if another writer got there first, it runs again. A search
-    /// that fails while others hold ranges waits for one to be released.
+    /// else `None`). The search runs on a [`View`] that skips candidates
+    /// near ranges other writers hold or wait for; its choice is then
+    /// try-locked and checked again under the lock (still free,
+    /// neighbourhood inside the hold); if another writer got there first,
+    /// it runs again. A search that fails after skipping a busy candidate
+    /// waits for that range's release. `near` is where the search is
+    /// likely to land (the placement window, else below `mmap_base`): the
+    /// re-check is skipped when the hold lies in that address's shard of
+    /// the range lock and nothing changed there since the search began.
     pub(crate) fn begin_placed(
         mm: &'a AddressSpace,
         len: u64,
+        near: u64,
         mut search: impl FnMut(&View<'_>) -> Result<u64>,
     ) -> Option<Result<(u64, Self)>> {
         let ranges = mm.mmap_lock.ranges()?;
         Some(loop {
-            let (avoid, gen, mark) = ranges.busy();
+            let mark = ranges.mark(near);
             let pin = mm.tree.pin();
             let view = View {
                 mm,
                 pin: &pin,
-                avoid: &avoid,
+                busy: Some(ranges),
+                skipped: core::cell::Cell::new(None),
             };
             let addr = match search(&view) {
                 Ok(a) => a,
-                Err(e) if avoid.is_empty() => break Err(e),
-                Err(_) => {
-                    ranges.wait_release(gen);
-                    continue;
-                }
+                Err(e) => match view.skipped.get() {
+                    None => break Err(e),
+                    Some(w) => {
+                        drop(pin);
+                        ranges.wait(w);
+                        continue;
+                    }
+                },
             };
             let Some(r) = Range::from_len(addr, len) else {
                 break Err(Error::NoMem);
             };
             let want = neighbourhood(mm, r, Reach::Vmas, &pin);
             drop(pin);
-            let Some(st) = mm.mmap_lock.try_write_range(want) else {
-                // Taken since the snapshot (or a hint on a busy range):
-                // wait for a release, then look again.
-                ranges.wait_release(gen);
-                continue;
+            let st = match mm.mmap_lock.try_write_range(want)? {
+                Ok(st) => st,
+                // Taken since the search (or a hint on a busy range):
+                // wait for its release, then look again.
+                Err(w) => {
+                    ranges.wait(w);
+                    continue;
+                }
             };
             let pin = mm.tree.pin();
-            // No writer since `busy`: the search, the neighbourhood and
-            // the gap's usability read the tree as it is now. Else both
-            // are checked again under the lock.
-            let valid = st.undisturbed_since(mark) || {
-                let now = neighbourhood(mm, r, Reach::Vmas, &pin);
-                let view = View {
-                    mm,
-                    pin: &pin,
-                    avoid: &[],
+            // No writer in the shard since the search began: the search,
+            // the neighbourhood and the gap's usability read the tree as it
+            // is now. A stack's guard gap above the hold may reach into the
+            // next shard, which the mark does not cover. Else all is
+            // checked again under the lock.
+            let gap = want.end.saturating_add(mm.cfg.stack_guard_gap);
+            let valid = (st.undisturbed_since(mark) && ranges.same_shard(want.start, gap))
+                || {
+                    let now = neighbourhood(mm, r, Reach::Vmas, &pin);
+                    let view = View::new(mm, &pin);
+                    let usable = mm.range_usable(&view, r);
+                    usable && want.start <= now.start && now.end <= want.end
                 };
-                let usable = mm.range_usable(&view, r);
-                usable && want.start <= now.start && now.end <= want.end
-            };
             if valid {
                 break Ok((
                     addr,
@@ -141,18 +155,22 @@ fn free_area_in(
 /// the guard and an epoch pin taken under it. The protocol of range
 /// writers and readers (`range_lock`'s module docs) rests on this: what
 /// the holder validated can be changed only by a holder of an overlapping
-/// range. When no range was held exclusive from before the first
-/// computation to the grant ([`RangeLock::quiet`]), nothing it read can
-/// have changed, and the second computation is skipped (one thread alone
-/// always; the recomputation remains for every grant a writer preceded).
+/// range. When the hold lies in the range lock's shard of `at` (where
+/// `compute` reads) and no range was held exclusive there, nor the whole
+/// space by a writer, from before the first computation to the grant
+/// ([`RangeLock::mark`]), nothing it read can have changed, and the
+/// second computation is skipped (one thread alone always; the
+/// recomputation remains for every grant a writer of that shard
+/// preceded).
 ///
-/// [`RangeLock::quiet`]: crate::mm::range_lock::RangeLock::quiet
+/// [`RangeLock::mark`]: crate::mm::range_lock::RangeLock::mark
 pub(crate) fn lock_validated<G: RangeHold>(
     mm: &AddressSpace,
+    at: u64,
     mut compute: impl FnMut(&Guard) -> Range,
     mut lock: impl FnMut(Range) -> G,
 ) -> (G, Guard) {
-    let mut mark = mm.mmap_lock.ranges().and_then(|l| l.quiet());
+    let mut mark = mm.mmap_lock.ranges().and_then(|l| l.mark(at));
     let mut want = compute(&mm.tree.pin());
     loop {
         let held = lock(want);
@@ -232,12 +250,14 @@ pub(crate) fn neighbourhood(mm: &AddressSpace, r: Range, reach: Reach, pin: &Gua
 
 /// What a placement reads (Linux's `get_unmapped_area` needs only the
 /// tree): an edit's view, or a range writer's before it holds anything,
-/// whose gap searches skip candidates that ranges in `avoid` (held or
-/// waited for by other writers) make busy.
+/// whose gap searches skip candidates near ranges that other writers hold
+/// or wait for in `busy`.
 pub(crate) struct View<'v> {
     mm: &'v AddressSpace,
     pin: &'v Guard,
-    avoid: &'v [Range],
+    busy: Option<&'v RangeLock>,
+    /// What the last skipped candidate waits for.
+    skipped: core::cell::Cell<Option<Wait>>,
 }
 
 impl<'v> View<'v> {
@@ -246,7 +266,8 @@ impl<'v> View<'v> {
         View {
             mm,
             pin,
-            avoid: &[],
+            busy: None,
+            skipped: core::cell::Cell::new(None),
         }
     }
 
@@ -258,7 +279,7 @@ impl<'v> View<'v> {
     /// The lowest (or, with `top_down`, the highest) page-aligned free
     /// range of `len` bytes inside `[low, high)` (Linux's
     /// `unmapped_area` and `unmapped_area_topdown`) whose range, a page
-    /// wider on each side, meets no range in `avoid`.
+    /// wider on each side, meets no range held or waited for in `busy`.
     pub(crate) fn free_area(
         &self,
         mut low: u64,
@@ -270,9 +291,10 @@ impl<'v> View<'v> {
             let s = free_area_in(&self.mm.tree, self.pin, low, high, len, top_down)?;
             let lo = s.saturating_sub(PAGE_SIZE);
             let hi = s.saturating_add(len).saturating_add(PAGE_SIZE);
-            let Some(a) = self.avoid.iter().find(|a| a.start < hi && lo < a.end) else {
+            let Some((a, w)) = self.busy.and_then(|b| b.busy_near(Range::new(lo, hi))) else {
                 return Some(s);
             };
+            self.skipped.set(Some(w));
             // Each step moves the window past `a`: it ends.
             if top_down {
                 high = high.min(a.start.checked_sub(PAGE_SIZE)?);
