@@ -68,13 +68,11 @@ fn range_munmaps_in_different_slots_free_their_tables() {
 /// neighbourhoods are disjoint): both take effect, the written page at
 /// `A` keeps its byte and refuses writes, and no entry outlives its VMA.
 ///
-/// Catches: the last writer out of a shared section not ending it
-/// (`if *n == 0 {` in `MmLockSeq::leave` made `if *n == u32::MAX {`,
-/// src/vma/seq.rs): the VMA at `A` stays write-locked to readers, and the
-/// per-VMA fault at `A` after both writers falls back to the mmap_lock.
-/// (A writer that begins a new section while another is in one is a
-/// three-thread race, writer, writer and reader, left to
-/// tests/range_writers.rs.)
+/// Catches: a writer's own section not unlocking the VMAs it stamped
+/// (`v.lock.unlock_own(*token);` deleted from `MmapWriteGuard`'s drop,
+/// src/mm/mmap_lock.rs): the VMA at `A` stays write-locked to readers,
+/// and the per-VMA fault at `A` after both writers falls back to the
+/// mmap_lock.
 #[test]
 fn range_writers_on_disjoint_ranges() {
     model(|| {
@@ -128,6 +126,88 @@ fn range_writers_whose_neighbourhoods_touch() {
                 (A, A + PAGE_SIZE, Prot::READ),
                 (A + PAGE_SIZE, A + 2 * PAGE_SIZE, rw())
             ]
+        );
+    });
+}
+
+/// The same two mprotects astride a 512 GiB boundary (`S`), where the
+/// range lock's shards meet: the page below `S` is one shard's, the page
+/// above the next one's, and each neighbourhood reaches a page into the
+/// other shard. Either order leaves `[S-P, S)` read-only and `[S, S+P)`
+/// read-write as two VMAs; so must any interleaving.
+///
+/// Catches: a request holding only its first shard (`for i in 0..n {`
+/// made `for i in 0..1 {` in `RangeLock::acquire`, src/mm/range_lock.rs):
+/// the writer below then holds nothing above the boundary, and the two
+/// rewrite each other's VMA.
+#[test]
+fn range_writers_whose_neighbourhoods_touch_across_shards() {
+    const S: u64 = 0x80_0000_0000;
+    model(|| {
+        let mm = space(FaultLocking::PerVma);
+        mm.mmap(S - PAGE_SIZE, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.mmap(S, PAGE_SIZE, Prot::READ, fixed()).unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.mprotect(S - PAGE_SIZE, PAGE_SIZE, Prot::READ).unwrap());
+        mm.mprotect(S, PAGE_SIZE, rw()).unwrap();
+        t.join().unwrap();
+        assert_eq!(
+            spans(&mm),
+            vec![(S - PAGE_SIZE, S, Prot::READ), (S, S + PAGE_SIZE, rw())]
+        );
+    });
+}
+
+/// A range writer (an mmap at `C`, which reads the space's default flags
+/// behind the mmap_lock) races `mlockall(MCL_FUTURE)`, a whole-space
+/// writer that changes them. The gate keeps them apart: either the mmap
+/// comes first and its VMA is not locked, or it sees the new default and
+/// maps locked. loom reports the mmap's read of the state as a data race
+/// if the two overlap (the state is read through a tracked cell).
+///
+/// Catches: a range request passing a closed gate (`if
+/// !self.closed.load(Ordering::SeqCst) {` made `if true {` in
+/// `Gate::enter`, src/mm/range_lock.rs), and a closer that does not wait
+/// for the requests inside (`while self.inside() != 0 {` made `while
+/// false {` in `Gate::close`).
+#[test]
+fn range_writer_vs_whole_space_writer() {
+    model(|| {
+        let mm = space(FaultLocking::PerVma);
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.mmap(C, PAGE_SIZE, rw(), fixed()).unwrap());
+        mm.mlockall(aspace::MlockAllFlags::FUTURE).unwrap();
+        assert_eq!(t.join().unwrap(), C);
+        let v = mm.vmas();
+        assert_eq!(v.len(), 1);
+    });
+}
+
+/// A per-VMA write fault at `A` races a range-locked mprotect(PROT_READ)
+/// of the VMA (its anon_vma made, its page emptied again). A fault whose
+/// read-trylock finds the writer's token (its own section ended) must
+/// see the read-only flags: no writable entry in the read-only VMA
+/// (`check_ptes`), and the fault fails with `AccessDenied` unless it
+/// came first.
+///
+/// Catches: the own section's unlock without `Release` (`Ordering::Release`
+/// made `Ordering::Relaxed` in `VmaLock::unlock_own`, src/vma/lock.rs):
+/// the fault then reads the token but the old flags.
+#[test]
+fn per_vma_fault_vs_range_mprotect() {
+    model(|| {
+        let mm = space(FaultLocking::PerVma);
+        mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(A, &[1]).unwrap();
+        mm.madvise(A, PAGE_SIZE, Advice::DontNeed).unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.fault(A, Access::Write));
+        mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
+        let r = t.join().unwrap();
+        loom_door::check_ptes(&mm).unwrap();
+        assert!(
+            r.is_ok() || r == Err(aspace::FaultError::AccessDenied),
+            "{r:?}"
         );
     });
 }
@@ -239,10 +319,10 @@ fn range_brks_race() {
 /// mm.range_usable(&view, r);` made `let usable = true;`, src/mm/edit/range.rs
 /// `begin_placed`): a placement that searched before the other mapped
 /// and locked after it released maps over it. Also catches the
-/// re-check skipped for a grant that a writer preceded (`st.writes +=
-/// u64::from(me.exclusive);` deleted in src/mm/range_lock.rs `grant`: the
-/// count of exclusive grants never moves, so every grant looks
-/// undisturbed since `RangeLock::quiet`).
+/// re-check skipped for a grant that a writer preceded (`self.writes +=
+/// u64::from(me.exclusive);` deleted in src/mm/range_lock.rs
+/// `State::grant`: a shard's count of exclusive grants never moves, so
+/// every grant looks undisturbed since `RangeLock::mark`).
 #[test]
 fn range_placements_race_for_one_gap() {
     model(|| {

@@ -43,7 +43,7 @@ fn reader_vs_writer_exclusion() {
         };
         {
             let w = mm.write();
-            vma.write_lock(w.seq());
+            vma.write_lock(w.stamp());
             assert_eq!(
                 owner.swap(1, Ordering::SeqCst),
                 0,
@@ -68,8 +68,8 @@ fn bulk_unlock_releases_every_stamped_vma() {
         a.mark_attached();
         b.mark_attached();
         let w = mm.write();
-        a.write_lock(w.seq());
-        b.write_lock(w.seq());
+        a.write_lock(w.stamp());
+        b.write_lock(w.stamp());
         let released = Arc::new(AtomicUsize::new(0));
         let r = {
             let (mm, a, b, released) = (mm.clone(), a.clone(), b.clone(), released.clone());
@@ -121,7 +121,7 @@ fn detach_vs_reader() {
         };
         {
             let w = mm.write();
-            vma.write_lock(w.seq());
+            vma.write_lock(w.stamp());
             vma.mark_detached();
             detached.store(1, Ordering::SeqCst);
         }
@@ -155,7 +155,7 @@ fn two_write_sections_vs_reader() {
             thread::spawn(move || {
                 {
                     let g = mm.write();
-                    vma.write_lock(g.seq());
+                    vma.write_lock(g.stamp());
                     fields.with_mut(|p| unsafe_write(p, 1));
                 }
                 drop(mm.write());

@@ -226,7 +226,7 @@ impl AddressSpace {
                 v.set_flags(v.flags() | VmFlags::SOFTDIRTY);
             }
             None => {
-                if ed.map_count() >= self.cfg.max_map_count || !ed.vma_room(1) {
+                if ed.map_count_at_least(self.cfg.max_map_count) || !ed.vma_room(1) {
                     return (old, None);
                 }
                 let r = Range::new(oldbrk, newbrk);

@@ -218,7 +218,7 @@ impl AddressSpace {
                     let ed = Edit::begin(self);
                     // Linux checks `map_count > max`; we keep the inclusive rule
                     // (the count never exceeds the limit), as Linux since late 2025.
-                    if ed.map_count() >= self.cfg.max_map_count {
+                    if ed.map_count_at_least(self.cfg.max_map_count) {
                         return Err(Error::NoMem);
                     }
                     (
@@ -351,7 +351,7 @@ impl AddressSpace {
         // MAP_FIXED replaces what is there, data included.
         if fixed {
             ed.unmap(r)?;
-            if ed.map_count() >= self.cfg.max_map_count {
+            if ed.map_count_at_least(self.cfg.max_map_count) {
                 return Err(Error::NoMem);
             }
         }
@@ -444,7 +444,7 @@ impl AddressSpace {
             return None;
         }
         // Linux checks `map_count > max`; we keep the inclusive rule.
-        if ed.map_count() >= self.cfg.max_map_count {
+        if ed.map_count_at_least(self.cfg.max_map_count) {
             return Some(Err(Error::NoMem));
         }
         Some(Ok((addr, ed)))

@@ -84,8 +84,33 @@ enum Section {
     Own {
         token: u64,
         /// The VMAs this section stamped.
-        locked: RefCell<Vec<VmaRef>>,
+        locked: RefCell<Stamped>,
     },
+}
+
+/// The VMAs an own section stamped: a few in place (a call locks one to
+/// four, and this is on every range writer's path: no allocation), any
+/// more on the heap.
+#[derive(Default)]
+struct Stamped {
+    first: [Option<VmaRef>; 6],
+    more: Vec<VmaRef>,
+}
+
+impl Stamped {
+    fn push(&mut self, v: VmaRef) {
+        match self.first.iter_mut().find(|s| s.is_none()) {
+            Some(slot) => *slot = Some(v),
+            None => self.more.push(v),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &VmaRef> {
+        self.first
+            .iter()
+            .map_while(Option::as_ref)
+            .chain(&self.more)
+    }
 }
 
 /// Write guard of [`MmapLock`]; dropping it ends the write section.
@@ -246,7 +271,7 @@ impl Section {
     fn own() -> Self {
         Section::Own {
             token: token(),
-            locked: RefCell::new(Vec::new()),
+            locked: RefCell::default(),
         }
     }
 }

@@ -145,10 +145,9 @@ use mmap_lock::MmapLock;
 /// State protected by the mmap_lock.
 pub(crate) struct MmState {
     /// Number of VMAs (`mm->map_count`).
-    /// Protected by: written by mmap_lock writers; an atomic (relaxed)
-    /// because range-locked writers change it at once (it is a count: its
-    /// value after every writer is what one writer after another makes).
-    pub(crate) map_count: crate::sync::counter::AtomicUsize,
+    /// Protected by: changed by mmap_lock writers, through per-CPU counts
+    /// because range-locked writers change it at once (see [`MapCount`]).
+    pub(crate) map_count: MapCount,
     /// The initial stack pointer (`mm->start_stack`); 0 for none (see
     /// [`AddressSpace::set_start_stack`]).
     /// Protected by: the mmap_lock (written under its write side).
@@ -163,16 +162,80 @@ pub(crate) struct MmState {
 impl MmState {
     /// [`map_count`](Self::map_count)'s value.
     pub(crate) fn map_count(&self) -> usize {
-        self.map_count.load(crate::sync::counter::Ordering::Relaxed)
+        self.map_count.get()
+    }
+
+    /// True if the map count is at least `limit`.
+    pub(crate) fn map_count_at_least(&self, limit: usize) -> bool {
+        self.map_count.at_least(limit)
     }
 
     /// Adds `n` (may be negative) to the map count.
     pub(crate) fn add_map_count(&self, n: isize) {
+        self.map_count.add(n);
+    }
+}
+
+/// The number of VMAs, counted per CPU slot: every writer changes it, and
+/// with range-locked writers one count would be a line that writers on
+/// disjoint ranges all write. A slot folds its changes into the shared
+/// total when they pass [`MapCount::BATCH`] either way, so the total is
+/// within `BATCH` per slot of the count, and a limit check reads only the
+/// total unless it is that close to the limit. The count is a statistic
+/// of the writers (`sync::counter` atomics): its value after every writer
+/// is what one writer after another makes; with one writer at a time (the
+/// mmap_lock modes) every read is exact.
+pub(crate) struct MapCount {
+    /// Each slot's changes not yet in `total`.
+    /// Protected by: counter atomics, read-modify-written (a slot is
+    /// shared by the threads of its CPU, `percpu`).
+    slots: crate::percpu::PerCpu<crate::sync::counter::AtomicI64>,
+    /// The folded count.
+    /// Protected by: a counter atomic.
+    total: crate::sync::counter::AtomicI64,
+}
+
+impl MapCount {
+    /// A slot's changes kept before they are folded into the total.
+    const BATCH: i64 = 32;
+
+    /// Zero VMAs; allocates nothing until the first change.
+    pub(crate) fn new() -> Self {
+        MapCount {
+            slots: crate::percpu::PerCpu::new(Default::default),
+            total: crate::sync::counter::AtomicI64::new(0),
+        }
+    }
+
+    /// Adds `n` (may be negative).
+    pub(crate) fn add(&self, n: isize) {
         use crate::sync::counter::Ordering::Relaxed;
-        if n >= 0 {
-            self.map_count.fetch_add(n.unsigned_abs(), Relaxed);
+        let s = self.slots.local();
+        let v = s.fetch_add(n as i64, Relaxed) + n as i64;
+        if v.abs() > Self::BATCH {
+            self.total.fetch_add(s.swap(0, Relaxed), Relaxed);
+        }
+    }
+
+    /// The count: the total and every slot's part of it.
+    pub(crate) fn get(&self) -> usize {
+        use crate::sync::counter::Ordering::Relaxed;
+        let parts: i64 = self.slots.iter().map(|s| s.load(Relaxed)).sum();
+        usize::try_from(self.total.load(Relaxed) + parts).unwrap_or(0)
+    }
+
+    /// True if the count is at least `limit`: the total alone decides
+    /// unless it lies within the slots' slack of `limit`.
+    pub(crate) fn at_least(&self, limit: usize) -> bool {
+        use crate::sync::counter::Ordering::Relaxed;
+        let slack = Self::BATCH * self.slots.len() as i64;
+        let (t, limit) = (self.total.load(Relaxed), limit as i64);
+        if t + slack < limit {
+            false
+        } else if t - slack >= limit {
+            true
         } else {
-            self.map_count.fetch_sub(n.unsigned_abs(), Relaxed);
+            self.get() as i64 >= limit
         }
     }
 }
@@ -377,7 +440,7 @@ impl AddressSpace {
             },
             mmap_lock: MmapLock::with_ranges(
                 MmState {
-                    map_count: crate::sync::counter::AtomicUsize::new(0),
+                    map_count: MapCount::new(),
                     start_stack: 0,
                     def_flags: crate::vma::VmFlags::empty(),
                 },

@@ -148,7 +148,7 @@ impl AddressSpace {
             if old_end > new_addr && new_end > old_addr {
                 return Err(Error::Inval);
             }
-            if ed.map_count() + 2 >= self.cfg.max_map_count.saturating_sub(3) {
+            if ed.map_count_at_least(self.cfg.max_map_count.saturating_sub(3).saturating_sub(2)) {
                 return Err(Error::NoMem);
             }
         }
@@ -398,7 +398,7 @@ impl AddressSpace {
             flags,
             ..
         } = req;
-        if ed.map_count() >= self.cfg.max_map_count.saturating_sub(3) {
+        if ed.map_count_at_least(self.cfg.max_map_count.saturating_sub(3)) {
             return Err(Error::NoMem);
         }
         ed.lock(vma);

@@ -25,13 +25,16 @@
 //! every reader but the range readers; also a range that meets more than
 //! four shards) go through the gate instead, a per-CPU reader-writer lock
 //! as Linux's `percpu_rw_semaphore`: a shard request adds one to its
-//! CPU's count of requests inside (`SeqCst`) and goes on if the gate is
-//! open (a `SeqCst` load of a line only whole-space requests write); a
+//! CPU's count of requests inside, issues a light fence and goes on if
+//! the gate is open (a load of a line only whole-space requests write); a
 //! whole-space request waits its turn among whole-space requests, closes
-//! the gate (`SeqCst`) and waits until the counts sum to zero. Either the
-//! shard request's increment comes first in the `SeqCst` order, and the
-//! closer's sum sees it, or its load sees the gate closed, and it leaves
-//! and waits for the gate to open. After the gate closes no count rises
+//! the gate, issues a heavy fence (`sync::asymmetric`: `membarrier`, the
+//! part `percpu_rw_semaphore` leaves to RCU) and waits until the counts
+//! sum to zero. The fence pair orders like two `SeqCst` fences: either
+//! the shard request's increment is visible to the closer's sum, or its
+//! load sees the gate closed, and it leaves and waits for the gate to
+//! open (a leaver likewise either is seen gone or sees the gate closed and
+//! wakes the closer). After the gate closes no count rises
 //! for good, so a sum read slot by slot is never below the number inside
 //! when it ends. The gate stays closed while whole-space requests wait,
 //! so they do not starve; shard requests inside are never held up by it.
@@ -215,7 +218,7 @@
 
 use crate::addr::Range;
 use crate::percpu::{cpu_id, nr_cpus};
-use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
+use crate::sync::{asymmetric, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
 use crossbeam_utils::CachePadded;
 
 /// The whole address space, as a lockable range.
@@ -291,7 +294,11 @@ impl State {
     }
 
     /// Waits on `cv` until `me` (queued) is grantable, then grants it.
-    fn wait_grant<'a>(mut st: MutexGuard<'a, State>, cv: &Condvar, me: Hold) -> (MutexGuard<'a, State>, u64) {
+    fn wait_grant<'a>(
+        mut st: MutexGuard<'a, State>,
+        cv: &Condvar,
+        me: Hold,
+    ) -> (MutexGuard<'a, State>, u64) {
         if !st.grantable(&me) {
             st.waiting.push(me);
             loop {
@@ -350,21 +357,29 @@ struct Shard {
 /// space (a per-CPU reader-writer lock, as Linux's `percpu_rw_semaphore`):
 /// a shard request counts itself in its CPU's slot of `inside` and goes
 /// on if the gate is open; a whole-space request closes the gate and
-/// waits until every slot's count is back to zero. See the module docs.
+/// waits until every slot's count is back to zero. The two sides order
+/// their count and flag accesses with an asymmetric fence pair
+/// ([`asymmetric`]: a compiler fence on the shard side, `membarrier` on
+/// the closer's). See the module docs.
 struct Gate {
     /// Shard requests past the gate, per CPU slot (each on its own line).
     /// A request decrements the slot it incremented.
-    /// Protected by: `SeqCst` read-modify-writes; summed by a closer.
+    /// Protected by: atomic read-modify-writes, each followed by a light
+    /// fence; summed (`Acquire`) by a closer after its heavy fence.
     inside: Box<[CachePadded<AtomicU64>]>,
+    /// [`asymmetric::expedited`], read once.
+    /// Protected by: immutable after construction.
+    expedited: bool,
     /// True while a whole-space request holds the space, waits for it, or
     /// drains the shard requests inside.
-    /// Protected by: stored under `state`'s mutex, `SeqCst`; read by
-    /// shard requests without it.
+    /// Protected by: stored under `state`'s mutex (set before the closer's
+    /// heavy fence, cleared with `Release`); read by shard requests
+    /// without it, after their light fence.
     closed: AtomicBool,
     /// Twice the whole-space exclusive grants so far, plus one while one
     /// holds: the part of [`RangeLock::mark`] whole-space writers move.
-    /// Protected by: written under `state`'s mutex (`SeqCst`); read by
-    /// anyone.
+    /// Protected by: written under `state`'s mutex (`AcqRel`); read by
+    /// anyone (`Acquire`).
     gen: AtomicU64,
     /// The whole-space holds and requests (every range [`WHOLE`]).
     /// Protected by: itself.
@@ -388,6 +403,7 @@ impl Gate {
             inside: (0..nr_cpus())
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
+            expedited: asymmetric::expedited(),
             closed: AtomicBool::new(false),
             gen: AtomicU64::new(0),
             state: Mutex::new(State::default()),
@@ -401,10 +417,13 @@ impl Gate {
     fn enter(&self, wait: bool) -> Option<usize> {
         loop {
             let slot = cpu_id() & (self.inside.len() - 1);
-            // SeqCst pair with `close`: either this increment comes first
-            // and the closer's sum sees it, or our load sees `closed`.
-            self.inside[slot].fetch_add(1, Ordering::SeqCst);
-            if !self.closed.load(Ordering::SeqCst) {
+            self.inside[slot].fetch_add(1, Ordering::Relaxed);
+            // Pairs with the closer's heavy fence: either our increment is
+            // visible to its sum, or its `closed` is visible to this load.
+            asymmetric::light(self.expedited);
+            // Acquire: pairs with the Release of the last opening, after
+            // the last whole-space holder's changes.
+            if !self.closed.load(Ordering::Acquire) {
                 return Some(slot);
             }
             self.leave(slot);
@@ -412,7 +431,7 @@ impl Gate {
                 return None;
             }
             let mut st = self.state.lock();
-            while self.closed.load(Ordering::SeqCst) {
+            while self.closed.load(Ordering::Acquire) {
                 st = self.changed.wait(st);
             }
         }
@@ -421,8 +440,10 @@ impl Gate {
     /// Counts a shard request out of `slot`; wakes a closer waiting for
     /// the requests inside to leave.
     fn leave(&self, slot: usize) {
-        self.inside[slot].fetch_sub(1, Ordering::SeqCst);
-        if self.closed.load(Ordering::SeqCst) {
+        // Release: a closer whose sum reads this sees the holder's changes.
+        self.inside[slot].fetch_sub(1, Ordering::Release);
+        asymmetric::light(self.expedited);
+        if self.closed.load(Ordering::Relaxed) {
             // Under the mutex: a closer checks the sum and sleeps under it,
             // so this wake cannot fall between its check and its sleep.
             let _st = self.state.lock();
@@ -437,7 +458,7 @@ impl Gate {
     fn inside(&self) -> u64 {
         self.inside
             .iter()
-            .fold(0u64, |s, c| s.wrapping_add(c.load(Ordering::SeqCst)))
+            .fold(0u64, |s, c| s.wrapping_add(c.load(Ordering::Acquire)))
     }
 
     /// A whole-space request: waits its turn among whole-space requests
@@ -454,9 +475,15 @@ impl Gate {
         if exclusive {
             // Odd while held: a mark taken now is not quiet, and a grant
             // that reads it moved knows a whole-space writer came between.
-            self.gen.fetch_add(1, Ordering::SeqCst);
+            self.gen.fetch_add(1, Ordering::AcqRel);
         }
-        self.closed.store(true, Ordering::SeqCst);
+        if !self.closed.load(Ordering::Relaxed) {
+            self.closed.store(true, Ordering::Relaxed);
+            // Pairs with the entrants' light fences (see `enter`), and
+            // with the leavers' (a leaver that missed `closed` left before
+            // our sum).
+            asymmetric::heavy();
+        }
         while self.inside() != 0 {
             if !wait {
                 self.open(st, me);
@@ -472,10 +499,11 @@ impl Gate {
     fn open(&self, mut st: MutexGuard<'_, State>, me: Hold) {
         st.release(me.ticket);
         if me.exclusive {
-            self.gen.fetch_add(1, Ordering::SeqCst);
+            self.gen.fetch_add(1, Ordering::AcqRel);
         }
         if st.held.is_empty() && st.waiting.is_empty() {
-            self.closed.store(false, Ordering::SeqCst);
+            // Release: an entrant that reads it sees this holder's changes.
+            self.closed.store(false, Ordering::Release);
         }
         self.changed.notify_all();
     }
@@ -550,12 +578,21 @@ impl RangeGuard<'_> {
     /// between, so what the holder read of it then is what it would read
     /// now (`edit::lock_validated`).
     pub(crate) fn undisturbed_since(&self, mark: Option<Mark>) -> bool {
-        let (Some(m), Held::Pieces { first, n: 1, writes_before, .. }) = (mark, &self.held) else {
+        let (
+            Some(m),
+            Held::Pieces {
+                first,
+                n: 1,
+                writes_before,
+                ..
+            },
+        ) = (mark, &self.held)
+        else {
             return false;
         };
         *first == m.shard
             && *writes_before == m.writes
-            && self.lock.gate.gen.load(Ordering::SeqCst) == m.gen
+            && self.lock.gate.gen.load(Ordering::Acquire) == m.gen
     }
 }
 
@@ -711,11 +748,11 @@ impl RangeLock {
     /// every other writer the whole space), so a later grant in that shard
     /// alone that finds both counts unchanged was preceded by no change
     /// there since the mark: the shard's mutex orders every earlier
-    /// holder's changes before it, and the gate's count (read `SeqCst`
+    /// holder's changes before it, and the gate's count (read `Acquire`
     /// after a whole-space writer's last change) those of whole-space
     /// writers.
     pub(crate) fn mark(&self, addr: u64) -> Option<Mark> {
-        let gen = self.gate.gen.load(Ordering::SeqCst);
+        let gen = self.gate.gen.load(Ordering::Acquire);
         if gen & 1 == 1 {
             return None;
         }
@@ -757,7 +794,7 @@ impl RangeLock {
             }
             Wait::Gate => {
                 let mut st = self.gate.state.lock();
-                while self.gate.closed.load(Ordering::SeqCst) {
+                while self.gate.closed.load(Ordering::Acquire) {
                     st = self.gate.changed.wait(st);
                 }
             }
@@ -769,7 +806,12 @@ impl RangeLock {
     #[cfg(test)]
     pub(crate) fn busy(&self) -> Vec<Range> {
         let whole = self.gate.state.lock();
-        let mut v: Vec<Range> = whole.held.iter().chain(&whole.waiting).map(|h| h.r).collect();
+        let mut v: Vec<Range> = whole
+            .held
+            .iter()
+            .chain(&whole.waiting)
+            .map(|h| h.r)
+            .collect();
         drop(whole);
         for sh in self.shards.iter() {
             let st = sh.state.lock();
@@ -827,7 +869,10 @@ mod tests {
         // More shards than a request holds piece by piece: the whole space.
         let big = l.lock(r(0, (MAX_PIECES as u64 + 1) * SH), false);
         assert_eq!(l.busy(), vec![WHOLE]);
-        assert_eq!(l.try_lock(r(15 * SH, 15 * SH + 1), true).err(), Some(Wait::Gate));
+        assert_eq!(
+            l.try_lock(r(15 * SH, 15 * SH + 1), true).err(),
+            Some(Wait::Gate)
+        );
         drop(big);
         assert!(l.try_lock(r(15 * SH, 15 * SH + 1), true).is_ok());
     }
@@ -850,7 +895,10 @@ mod tests {
         }
         // A later writer far from the hold, in another shard, queues
         // behind the reader.
-        assert_eq!(l.try_lock(r(9 * SH, 9 * SH + 1), true).err(), Some(Wait::Gate));
+        assert_eq!(
+            l.try_lock(r(9 * SH, 9 * SH + 1), true).err(),
+            Some(Wait::Gate)
+        );
         assert!(!got.load(O::SeqCst));
         drop(g);
         t.join().unwrap();

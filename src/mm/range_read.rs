@@ -56,7 +56,10 @@ fn read_locked<'a>(
 /// writer waits for): in range mode the neighbourhood a writer of the
 /// VMA would lock, shared, if it is still that under the lock (its
 /// neighbours are what the prepare reads); otherwise the whole read side.
-pub(crate) fn try_read_neighbours(mm: &AddressSpace, vr: Range) -> Option<MmapReadGuard<'_, MmState>> {
+pub(crate) fn try_read_neighbours(
+    mm: &AddressSpace,
+    vr: Range,
+) -> Option<MmapReadGuard<'_, MmState>> {
     if !mm.mmap_lock.is_range_mode() {
         return mm.mmap_lock.try_read();
     }

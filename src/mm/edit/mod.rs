@@ -107,6 +107,12 @@ impl<'a> Edit<'a> {
         self.state.map_count()
     }
 
+    /// True if there are at least `limit` VMAs (reads one shared count
+    /// unless the count is near `limit`: `MapCount`).
+    pub(crate) fn map_count_at_least(&self, limit: usize) -> bool {
+        self.state.map_count_at_least(limit)
+    }
+
     /// What a placement reads, for this edit (nothing to avoid: the
     /// ranges it may change are its own).
     pub(crate) fn view(&self) -> View<'_> {
@@ -314,7 +320,7 @@ impl<'a> Edit<'a> {
     /// `split_vma` limit (`map_count >= max_map_count` fails).
     pub(crate) fn split(&mut self, v: VmaRef, at: u64, check_count: bool) -> Result<VmaRef> {
         debug_assert!(v.start() < at && at < v.end());
-        if check_count && self.state.map_count() >= self.mm.cfg.max_map_count {
+        if check_count && self.state.map_count_at_least(self.mm.cfg.max_map_count) {
             return Err(Error::NoMem);
         }
         if !self.vma_room(1) {

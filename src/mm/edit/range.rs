@@ -111,13 +111,12 @@ impl<'a> Edit<'a> {
             // next shard, which the mark does not cover. Else all is
             // checked again under the lock.
             let gap = want.end.saturating_add(mm.cfg.stack_guard_gap);
-            let valid = (st.undisturbed_since(mark) && ranges.same_shard(want.start, gap))
-                || {
-                    let now = neighbourhood(mm, r, Reach::Vmas, &pin);
-                    let view = View::new(mm, &pin);
-                    let usable = mm.range_usable(&view, r);
-                    usable && want.start <= now.start && now.end <= want.end
-                };
+            let valid = (st.undisturbed_since(mark) && ranges.same_shard(want.start, gap)) || {
+                let now = neighbourhood(mm, r, Reach::Vmas, &pin);
+                let view = View::new(mm, &pin);
+                let usable = mm.range_usable(&view, r);
+                usable && want.start <= now.start && now.end <= want.end
+            };
             if valid {
                 break Ok((
                     addr,
