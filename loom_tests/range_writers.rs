@@ -130,31 +130,33 @@ fn range_writers_whose_neighbourhoods_touch() {
     });
 }
 
-/// The same two mprotects astride a 512 GiB boundary (`S`), where the
-/// range lock's shards meet: the page below `S` is one shard's, the page
-/// above the next one's, and each neighbourhood reaches a page into the
-/// other shard. Either order leaves `[S-P, S)` read-only and `[S, S+P)`
-/// read-write as two VMAs; so must any interleaving.
+/// Two fixed mmaps beside a VMA `X = [S-P, S+P)` that crosses a 512 GiB
+/// boundary `S`, where the range lock's shards meet: one maps
+/// `[S+P, S+2P)`, growing `X`, whose neighbourhood (it holds `X` whole)
+/// has a piece in each shard; the other maps `[S+2P, S+3P)`, whose
+/// neighbourhood lies above `S` alone and meets the first one's upper
+/// piece. In either order the three pages end as one VMA; so must any
+/// interleaving.
 ///
 /// Catches: a request holding only its first shard (`for i in 0..n {`
 /// made `for i in 0..1 {` in `RangeLock::acquire`, src/mm/range_lock.rs):
-/// the writer below then holds nothing above the boundary, and the two
-/// rewrite each other's VMA.
+/// the two then both read the page between them as a hole and the new
+/// VMAs do not merge.
 #[test]
-fn range_writers_whose_neighbourhoods_touch_across_shards() {
+fn range_mmaps_beside_a_vma_across_shards() {
     const S: u64 = 0x80_0000_0000;
     model(|| {
         let mm = space(FaultLocking::PerVma);
-        mm.mmap(S - PAGE_SIZE, PAGE_SIZE, rw(), fixed()).unwrap();
-        mm.mmap(S, PAGE_SIZE, Prot::READ, fixed()).unwrap();
+        mm.mmap(S - PAGE_SIZE, 2 * PAGE_SIZE, rw(), fixed())
+            .unwrap();
         let m2 = mm.clone();
-        let t = thread::spawn(move || m2.mprotect(S - PAGE_SIZE, PAGE_SIZE, Prot::READ).unwrap());
-        mm.mprotect(S, PAGE_SIZE, rw()).unwrap();
+        let t = thread::spawn(move || {
+            m2.mmap(S + PAGE_SIZE, PAGE_SIZE, rw(), fixed()).unwrap();
+        });
+        mm.mmap(S + 2 * PAGE_SIZE, PAGE_SIZE, rw(), fixed())
+            .unwrap();
         t.join().unwrap();
-        assert_eq!(
-            spans(&mm),
-            vec![(S - PAGE_SIZE, S, Prot::READ), (S, S + PAGE_SIZE, rw())]
-        );
+        assert_eq!(spans(&mm), vec![(S - PAGE_SIZE, S + 3 * PAGE_SIZE, rw())]);
     });
 }
 
