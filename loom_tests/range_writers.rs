@@ -437,6 +437,46 @@ fn range_fault_fallback_vs_mprotect_splitting_its_neighbour() {
     });
 }
 
+/// The speculative fault's first write of `[A, A+2P)` (no anon_vma yet:
+/// it prepares one, `spec_fault::prepare_anon_vma`) races the same range
+/// mprotect(PROT_NONE) splitting its lower neighbour `[A-2P, A)`. The
+/// prepare try-locks its VMA's neighbourhood shared
+/// (`range_read::try_read_neighbours`), so in either order it finds the
+/// neighbour (whole or its upper half) adjacent and compatible, or fails
+/// the try-lock and changes nothing; the fault then completes on the
+/// locked fallback. Once the upper half is made read-write it merges with
+/// the faulted VMA.
+///
+/// Catches: the prepare's lock not reaching the VMAs beside its own
+/// (`neighbourhood(mm, vr, Reach::Vmas, &mm.tree.pin())` made `vr` for
+/// `want` in `try_read_neighbours`, src/mm/range_read.rs): the prepare
+/// reads the neighbour mid-split, takes a fresh anon_vma, and the two
+/// halves never merge.
+#[test]
+fn range_spec_first_write_vs_mprotect_splitting_its_neighbour() {
+    model(|| {
+        let mm = space(FaultLocking::Speculative);
+        let lo = A - 2 * PAGE_SIZE;
+        mm.mmap(lo, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.write(lo, &[1]).unwrap();
+        mm.mprotect(lo, 2 * PAGE_SIZE, Prot::READ).unwrap();
+        mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.mprotect(lo, PAGE_SIZE, Prot::NONE).unwrap());
+        loom_door::speculative_fault(&mm, A, Access::Write);
+        t.join().unwrap();
+        mm.fault(A, Access::Write).unwrap();
+        mm.mprotect(A - PAGE_SIZE, PAGE_SIZE, rw()).unwrap();
+        assert_eq!(
+            spans(&mm),
+            vec![
+                (lo, A - PAGE_SIZE, Prot::NONE),
+                (A - PAGE_SIZE, A + 2 * PAGE_SIZE, rw())
+            ]
+        );
+    });
+}
+
 /// MADV_DONTNEED of `[A, A+2P)` (range-locked shared: that VMA) and a
 /// range munmap of `[A+4P, A+5P)` run at once in one PTE table: their
 /// holds are disjoint (the munmap's hole stops at the VMA the zap holds).
