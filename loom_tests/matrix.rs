@@ -65,7 +65,7 @@ const WRITERS: [&str; 28] = [
     "THP fault",
     "THP collapse",
     // `WriterLocking::Range` (mm/range_lock.rs): the same edits under a
-    // range lock, in a write section shared with other range writers.
+    // range lock, each in a write section of its own.
     "range munmap",
     "range mprotect",
     "range mmap",
@@ -136,7 +136,7 @@ const HINT: &str = "a hinted VMA is validated as a tree result is (stamp below t
 /// read side, stamp re-read under it.
 const PREPARE_LOCKED_OUT: Cell = Apart("serialized by the mmap_lock: the prepare holds its read side (try-locked) with the stamp re-read under it, the writer its write side from its anon_vma reads to its end; its install afterwards is the speculative fault's cell");
 /// With range writers the prepare's try-read is the whole space shared.
-const PREPARE_RANGE_LOCKED_OUT: Cell = Apart("serialized by the range lock: the prepare's mmap_lock try-read is, with range writers, a try-lock of the whole space shared (mm/mmap_lock.rs), which no range writer's exclusive hold overlaps, and a range writer holds its range from its neighbours' anon_vma reads to its end; its install afterwards is the speculative fault's cell");
+const PREPARE_RANGE_LOCKED_OUT: Cell = Apart("serialized by the range lock where they meet: the prepare's mmap_lock try-read is, with range writers, a try-lock of its VMA's neighbourhood shared, validated under it (range_read::try_read_neighbours), which any range writer of that VMA or of a neighbour it reads overlaps (range_writers.rs: range_spec_first_write_vs_mprotect_splitting_its_neighbour), and a range writer holds its range from its neighbours' anon_vma reads to its end; its install afterwards is the speculative fault's cell");
 /// Why a first write's install shares the speculative fault's models.
 const PREPARE_THEN_INSTALL: &str = "runs under the mmap_lock read side beside the prepare but reads and changes no anon_vma; the install after the prepare is the speculative fault's, ordered by the same stamp and PTE lock";
 
@@ -144,7 +144,7 @@ const PREPARE_THEN_INSTALL: &str = "runs under the mmap_lock read side beside th
 const WB_OWN_PAGES: Cell = Apart("writeback holds the object (its Arc) and reads the object's pages through its tree, each under a frame reference taken while the frame lives; this writer changes entries or VMAs, never the object's slots");
 
 /// Why a range writer shares the mmap_lock writer's model.
-const RANGE_SAME: &str = "a range writer runs the mmap_lock writer's edit (Edit::lock stamps and sweeps each VMA, the same zap, free and flush), only under its range lock; a VMA stamped in a write section shared with other range writers reads write-locked until every writer has left (range_writers.rs: range_writers_on_disjoint_ranges)";
+const RANGE_SAME: &str = "a range writer runs the mmap_lock writer's edit (Edit::lock stamps and sweeps each VMA, the same zap, free and flush), only under its range lock; a VMA it stamped, in a write section of its own, reads write-locked until that writer stores its token back with Release (range_writers.rs: range_writers_on_disjoint_ranges, per_vma_fault_vs_range_mprotect)";
 /// A range mmap changes no existing VMA's entries.
 const RANGE_MMAP_NEW: Cell = Apart("a new VMA is attached write-locked in the writer's section, a merge stamps and sweeps the neighbour it grows as mprotect's merge does, and an mmap over mapped pages unmaps them with munmap's code (the range munmap row): no entry a reader uses changes otherwise");
 /// Range writers and the forced access exclude each other.
@@ -226,7 +226,7 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("speculative first write (anon_vma prepare)", "THP fault", Apart("a huge fault prepares the anon_vma the same way (mmap_lock read side, compare-exchange under the family's lock): one links it, the other adopts it")),
     ("speculative first write (anon_vma prepare)", "THP collapse", PREPARE_LOCKED_OUT),
     ("speculative first write (anon_vma prepare)", "range munmap", PREPARE_RANGE_LOCKED_OUT),
-    ("speculative first write (anon_vma prepare)", "range mprotect", PREPARE_RANGE_LOCKED_OUT),
+    ("speculative first write (anon_vma prepare)", "range mprotect", Model("range_writers.rs", "range_spec_first_write_vs_mprotect_splitting_its_neighbour")),
     ("speculative first write (anon_vma prepare)", "range mmap", PREPARE_RANGE_LOCKED_OUT),
     // The per-VMA fault: holds the VMA's read lock.
     ("per-VMA fault", "munmap", Model("fault.rs", "fault_vs_munmap_same_page")),
@@ -425,7 +425,7 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("speculative fault via VMA hint", "range mprotect", Shares("range_writers.rs", "spec_fault_vs_range_mprotect", HINT)),
     ("speculative fault via VMA hint", "range mmap", RANGE_MMAP_NEW),
     ("per-VMA fault", "range munmap", Shares("fault.rs", "fault_vs_munmap_same_page", RANGE_SAME)),
-    ("per-VMA fault", "range mprotect", Shares("fault.rs", "write_vs_mprotect_read", RANGE_SAME)),
+    ("per-VMA fault", "range mprotect", Model("range_writers.rs", "per_vma_fault_vs_range_mprotect")),
     ("per-VMA fault", "range mmap", RANGE_MMAP_NEW),
     ("translator access", "range munmap", Model("range_writers.rs", "translator_store_vs_range_munmap")),
     ("translator access", "range mprotect", Shares("translator.rs", "translator_store_vs_mprotect_read", RANGE_SAME)),

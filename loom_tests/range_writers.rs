@@ -447,11 +447,11 @@ fn range_fault_fallback_vs_mprotect_splitting_its_neighbour() {
 /// locked fallback. Once the upper half is made read-write it merges with
 /// the faulted VMA.
 ///
-/// Catches: the prepare's lock not reaching the VMAs beside its own
-/// (`neighbourhood(mm, vr, Reach::Vmas, &mm.tree.pin())` made `vr` for
-/// `want` in `try_read_neighbours`, src/mm/range_read.rs): the prepare
-/// reads the neighbour mid-split, takes a fresh anon_vma, and the two
-/// halves never merge.
+/// Catches: the prepare's lock not reaching the VMAs beside its own (both
+/// `neighbourhood(mm, vr, Reach::Vmas, &mm.tree.pin())` made
+/// `vma_hull(mm, vr, &mm.tree.pin())` in `try_read_neighbours`,
+/// src/mm/range_read.rs): the prepare reads the neighbour mid-split,
+/// takes a fresh anon_vma, and the two halves never merge.
 #[test]
 fn range_spec_first_write_vs_mprotect_splitting_its_neighbour() {
     model(|| {
