@@ -19,8 +19,8 @@
 //! 2. VMA write locks (`vma::lock::VmaLock`) — taken only by the
 //!    mmap_lock writer, on every VMA it changes, before changing it. They
 //!    are all released together when the writer drops the mmap_lock (the
-//!    sequence advances; with range writers, when the last writer of a
-//!    shared write section leaves it).
+//!    sequence advances; with range writers, each writer's own section
+//!    stamps its VMAs back one by one as it ends: `vma::seq`).
 //! 3. The tree's writer mutex (uncontended with one writer: only mmap_lock
 //!    writers take it; range writers take it for each tree store only).
 //!    With range writers the tree is a forest, one mutex per 512 GiB slot

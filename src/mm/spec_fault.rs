@@ -350,8 +350,10 @@ fn prepare_anon_vma(
     let Some(_st) = crate::mm::range_read::try_read_neighbours(mm, range) else {
         return Err(Event::spec_abort_needs_more);
     };
-    // The read side synchronized with the last writer's release: a stamp
-    // any writer stored since the snapshot is visible now.
+    // The read side synchronized with the last writer's release (with
+    // range writers, of every writer whose range overlaps this VMA's
+    // neighbourhood): a stamp any writer stored since the snapshot is
+    // visible now.
     if v.lock.stamp() != stamp {
         return Err(Event::spec_abort_stamp);
     }
