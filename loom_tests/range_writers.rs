@@ -138,8 +138,9 @@ fn range_writers_whose_neighbourhoods_touch() {
 /// piece. In either order the three pages end as one VMA; so must any
 /// interleaving.
 ///
-/// Catches: a request holding only its first shard (`for i in 0..n {`
-/// made `for i in 0..1 {` in `RangeLock::acquire`, src/mm/range_lock.rs):
+/// Catches: a request holding only its first shard (`for k in first..first
+/// + n {` made `for k in first..first + 1 {` in `RangeLock::acquire`,
+/// src/mm/range_lock.rs):
 /// the two then both read the page between them as a hole and the new
 /// VMAs do not merge.
 #[test]

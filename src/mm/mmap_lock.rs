@@ -31,7 +31,8 @@ use crate::sync::{read_unlocked, RwLock, RwLockReadGuard, RwLockWriteGuard, Unlo
 pub(crate) use crate::vma::seq::MmLockSeq;
 use crate::vma::seq::{token, LOCKED};
 use crate::vma::VmaRef;
-use core::cell::RefCell;
+use core::cell::Cell;
+use core::mem::ManuallyDrop;
 use core::ops::{Deref, DerefMut};
 
 /// The mmap_lock: a reader-writer lock over `T` plus an [`MmLockSeq`]
@@ -75,49 +76,28 @@ pub struct MmapReadGuard<'a, T> {
 }
 
 /// How a writer's VMA locks end (`vma::seq`).
-enum Section {
+enum Section<'a> {
     /// With the write side: the mm sequence's odd value, which the
     /// guard's drop advances past every stamp at once.
-    Shared,
+    Shared(&'a MmLockSeq),
     /// An own section: `LOCKED | token`, each VMA stamped back to `token`
     /// by the guard's drop.
     Own {
         token: u64,
-        /// The VMAs this section stamped.
-        locked: RefCell<Stamped>,
+        /// The VMAs this section stamped: a few in place (a range writer
+        /// locks one to three, and this is on its path: no allocation,
+        /// and a guard small enough to move cheaply), any more on the
+        /// heap.
+        first: [Cell<Option<VmaRef>>; 3],
+        more: Cell<Option<Box<Vec<VmaRef>>>>,
     },
-}
-
-/// The VMAs an own section stamped: a few in place (a call locks one to
-/// four, and this is on every range writer's path: no allocation), any
-/// more on the heap.
-#[derive(Default)]
-struct Stamped {
-    first: [Option<VmaRef>; 6],
-    more: Vec<VmaRef>,
-}
-
-impl Stamped {
-    fn push(&mut self, v: VmaRef) {
-        match self.first.iter_mut().find(|s| s.is_none()) {
-            Some(slot) => *slot = Some(v),
-            None => self.more.push(v),
-        }
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &VmaRef> {
-        self.first
-            .iter()
-            .map_while(Option::as_ref)
-            .chain(&self.more)
-    }
 }
 
 /// Write guard of [`MmapLock`]; dropping it ends the write section.
 pub struct MmapWriteGuard<'a, T> {
-    g: Option<Side<'a, T>>,
-    seq: &'a MmLockSeq,
-    section: Section,
+    /// Released (dropped) before the range, in `drop`.
+    g: ManuallyDrop<Side<'a, T>>,
+    section: Section<'a>,
     /// The range held in range mode (the whole space for a global writer).
     range: Option<RangeGuard<'a>>,
 }
@@ -176,8 +156,7 @@ impl<T> MmapLock<T> {
 
     fn range_writer<'a>(&'a self, rg: RangeGuard<'a>) -> MmapWriteGuard<'a, T> {
         MmapWriteGuard {
-            g: Some(self.ranged()),
-            seq: &self.seq,
+            g: ManuallyDrop::new(self.ranged()),
             section: Section::own(),
             range: Some(rg),
         }
@@ -256,22 +235,22 @@ impl<T> MmapLock<T> {
             Section::own()
         } else {
             self.seq.write_begin();
-            Section::Shared
+            Section::Shared(&self.seq)
         };
         MmapWriteGuard {
-            g: Some(Side::Write(g)),
-            seq: &self.seq,
+            g: ManuallyDrop::new(Side::Write(g)),
             section,
             range,
         }
     }
 }
 
-impl Section {
+impl Section<'_> {
     fn own() -> Self {
         Section::Own {
             token: token(),
-            locked: RefCell::default(),
+            first: Default::default(),
+            more: Cell::new(None),
         }
     }
 }
@@ -299,10 +278,13 @@ impl<T> RangeHold for MmapReadGuard<'_, T> {
 }
 
 impl<'a, T> MmapWriteGuard<'a, T> {
-    /// The sequence readers compare stamps with.
+    /// The sequence of a shared section (classic mode).
     #[cfg(any(test, aspace_loom))]
     pub fn seq(&self) -> &'a MmLockSeq {
-        self.seq
+        match self.section {
+            Section::Shared(seq) => seq,
+            Section::Own { .. } => panic!("an own section has no sequence of its own"),
+        }
     }
 
     /// The stamp this section writes into the VMAs it locks
@@ -311,7 +293,7 @@ impl<'a, T> MmapWriteGuard<'a, T> {
     #[inline]
     pub fn stamp(&self) -> u64 {
         match &self.section {
-            Section::Shared => self.seq.current_relaxed(),
+            Section::Shared(seq) => seq.current_relaxed(),
             Section::Own { token, .. } => token | LOCKED,
         }
     }
@@ -320,8 +302,15 @@ impl<'a, T> MmapWriteGuard<'a, T> {
     /// see); an own section records it to unlock when it ends.
     pub(crate) fn lock_vma(&self, v: VmaRef) -> bool {
         let fresh = v.lock.write_lock(self.stamp());
-        if let (true, Section::Own { locked, .. }) = (fresh, &self.section) {
-            locked.borrow_mut().push(v);
+        if let (true, Section::Own { first, more, .. }) = (fresh, &self.section) {
+            match first.iter().find(|s| s.get().is_none()) {
+                Some(slot) => slot.set(Some(v)),
+                None => {
+                    let mut m = more.take().unwrap_or_default();
+                    m.push(v);
+                    more.set(Some(m));
+                }
+            }
         }
         fresh
     }
@@ -334,7 +323,7 @@ impl<'a, T> MmapWriteGuard<'a, T> {
     /// True for a range writer (it may change only VMAs inside
     /// [`range`](Self::range), and not the state behind the lock).
     pub(crate) fn is_range_writer(&self) -> bool {
-        matches!(self.g, Some(Side::Ranged(_)))
+        matches!(*self.g, Side::Ranged(_))
     }
 }
 
@@ -343,14 +332,16 @@ impl<T> Drop for MmapWriteGuard<'_, T> {
         // Release every VMA locked in this section (at once, or one by
         // one for an own section), then the lock itself, then the range.
         match &self.section {
-            Section::Shared => self.seq.write_end(),
-            Section::Own { token, locked } => {
-                for v in locked.borrow().iter() {
+            Section::Shared(seq) => seq.write_end(),
+            Section::Own { token, first, more } => {
+                let more = more.take().map_or_else(Vec::new, |m| *m);
+                for v in first.iter().map_while(Cell::get).chain(more) {
                     v.lock.unlock_own(*token);
                 }
             }
         }
-        drop(self.g.take());
+        // SAFETY: `g` is dropped once, here, and not used after.
+        unsafe { ManuallyDrop::drop(&mut self.g) };
         drop(self.range.take());
     }
 }
@@ -365,13 +356,13 @@ impl<T> Deref for MmapReadGuard<'_, T> {
 impl<T> Deref for MmapWriteGuard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
-        self.g.as_ref().expect("guard holds the lock until dropped")
+        &self.g
     }
 }
 
 impl<T> DerefMut for MmapWriteGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
-        match self.g.as_mut().expect("guard holds the lock until dropped") {
+        match &mut *self.g {
             Side::Write(g) => g,
             Side::Read(_) | Side::Ranged(_) => panic!("a range writer changed the mm-wide state"),
         }

@@ -176,20 +176,22 @@ impl MmState {
     }
 }
 
-/// The number of VMAs, counted per CPU slot: every writer changes it, and
-/// with range-locked writers one count would be a line that writers on
-/// disjoint ranges all write. A slot folds its changes into the shared
-/// total when they pass [`MapCount::BATCH`] either way, so the total is
-/// within `BATCH` per slot of the count, and a limit check reads only the
-/// total unless it is that close to the limit. The count is a statistic
-/// of the writers (`sync::counter` atomics): its value after every writer
-/// is what one writer after another makes; with one writer at a time (the
-/// mmap_lock modes) every read is exact.
+/// The number of VMAs. With range-locked writers it is counted per CPU
+/// slot: every writer changes it, and one count would be a line that
+/// writers on disjoint ranges all write. A slot folds its changes into the
+/// shared total when they pass [`MapCount::BATCH`] either way, so the
+/// total is within `BATCH` per slot of the count, and a limit check reads
+/// only the total unless it is that close to the limit. With one writer
+/// at a time (the mmap_lock modes) it is the total alone, and every read
+/// is exact. The count is a statistic of the writers (`sync::counter`
+/// atomics): its value after every writer is what one writer after
+/// another makes.
 pub(crate) struct MapCount {
-    /// Each slot's changes not yet in `total`.
+    /// Each slot's changes not yet in `total`; `None` without range
+    /// writers.
     /// Protected by: counter atomics, read-modify-written (a slot is
     /// shared by the threads of its CPU, `percpu`).
-    slots: crate::percpu::PerCpu<crate::sync::counter::AtomicI64>,
+    slots: Option<crate::percpu::PerCpu<crate::sync::counter::AtomicI64>>,
     /// The folded count.
     /// Protected by: a counter atomic.
     total: crate::sync::counter::AtomicI64,
@@ -199,10 +201,11 @@ impl MapCount {
     /// A slot's changes kept before they are folded into the total.
     const BATCH: i64 = 32;
 
-    /// Zero VMAs; allocates nothing until the first change.
-    pub(crate) fn new() -> Self {
+    /// Zero VMAs, counted per CPU slot if `per_cpu`; allocates nothing
+    /// until the first change.
+    pub(crate) fn new(per_cpu: bool) -> Self {
         MapCount {
-            slots: crate::percpu::PerCpu::new(Default::default),
+            slots: per_cpu.then(|| crate::percpu::PerCpu::new(Default::default)),
             total: crate::sync::counter::AtomicI64::new(0),
         }
     }
@@ -210,7 +213,11 @@ impl MapCount {
     /// Adds `n` (may be negative).
     pub(crate) fn add(&self, n: isize) {
         use crate::sync::counter::Ordering::Relaxed;
-        let s = self.slots.local();
+        let Some(slots) = &self.slots else {
+            self.total.fetch_add(n as i64, Relaxed);
+            return;
+        };
+        let s = slots.local();
         let v = s.fetch_add(n as i64, Relaxed) + n as i64;
         if v.abs() > Self::BATCH {
             self.total.fetch_add(s.swap(0, Relaxed), Relaxed);
@@ -220,7 +227,12 @@ impl MapCount {
     /// The count: the total and every slot's part of it.
     pub(crate) fn get(&self) -> usize {
         use crate::sync::counter::Ordering::Relaxed;
-        let parts: i64 = self.slots.iter().map(|s| s.load(Relaxed)).sum();
+        let parts: i64 = self
+            .slots
+            .iter()
+            .flat_map(|s| s.iter())
+            .map(|s| s.load(Relaxed))
+            .sum();
         usize::try_from(self.total.load(Relaxed) + parts).unwrap_or(0)
     }
 
@@ -228,7 +240,10 @@ impl MapCount {
     /// unless it lies within the slots' slack of `limit`.
     pub(crate) fn at_least(&self, limit: usize) -> bool {
         use crate::sync::counter::Ordering::Relaxed;
-        let slack = Self::BATCH * self.slots.len() as i64;
+        let slack = self
+            .slots
+            .as_ref()
+            .map_or(0, |s| Self::BATCH * s.len() as i64);
         let (t, limit) = (self.total.load(Relaxed), limit as i64);
         if t + slack < limit {
             false
@@ -440,7 +455,7 @@ impl AddressSpace {
             },
             mmap_lock: MmapLock::with_ranges(
                 MmState {
-                    map_count: MapCount::new(),
+                    map_count: MapCount::new(cfg.writer_locking == WriterLocking::Range),
                     start_stack: 0,
                     def_flags: crate::vma::VmFlags::empty(),
                 },

@@ -23,7 +23,7 @@
 //!
 //! Requests of the whole space (every writer but the range writers, and
 //! every reader but the range readers; also a range that meets more than
-//! four shards) go through the gate instead, a per-CPU reader-writer lock
+//! two shards) go through the gate instead, a per-CPU reader-writer lock
 //! as Linux's `percpu_rw_semaphore`: a shard request adds one to its
 //! CPU's count of requests inside, issues a light fence and goes on if
 //! the gate is open (a load of a line only whole-space requests write); a
@@ -229,9 +229,9 @@ pub(crate) const WHOLE: Range = Range {
 
 /// Shards a request may span before it takes the whole space instead: a
 /// range writer's neighbourhood lies in one or two (a mapping across a
-/// 512 GiB boundary); only a fault in a hole with nothing above, or an
-/// unusual range, reaches more.
-const MAX_PIECES: usize = 4;
+/// 512 GiB boundary); only a fault in a hole with nothing above, or a
+/// mapping of more than 512 GiB, reaches more.
+const MAX_PIECES: usize = 2;
 
 /// Most shards a lock has: as the forest's slots (`tree::RangeForest`),
 /// a shard grows where the space would need more.
@@ -320,9 +320,14 @@ impl State {
         (st, before)
     }
 
-    /// Removes the hold `ticket`.
-    fn release(&mut self, ticket: u64) {
-        if let Some(i) = self.held.iter().position(|h| h.ticket == ticket) {
+    /// Removes a hold of `r` (exclusive or not as given): the holder's
+    /// own, or one equal to it, which is the same to every other request.
+    fn release(&mut self, r: Range, exclusive: bool) {
+        if let Some(i) = self
+            .held
+            .iter()
+            .position(|h| h.r == r && h.exclusive == exclusive)
+        {
             self.held.swap_remove(i);
         }
         self.releases += 1;
@@ -465,7 +470,7 @@ impl Gate {
     /// (arrival order, as a shard's), closes the gate and waits for the
     /// shard requests inside to leave. Without `wait`, fails instead of
     /// waiting for either.
-    fn close(&self, exclusive: bool, wait: bool) -> Option<u64> {
+    fn close(&self, exclusive: bool, wait: bool) -> Option<()> {
         let mut st = self.state.lock();
         let me = st.request(WHOLE, exclusive);
         if !wait && !st.grantable(&me) {
@@ -491,13 +496,13 @@ impl Gate {
             }
             st = self.changed.wait(st);
         }
-        Some(me.ticket)
+        Some(())
     }
 
     /// Releases the whole-space hold `me`: the gate opens when no
     /// whole-space request holds or waits.
     fn open(&self, mut st: MutexGuard<'_, State>, me: Hold) {
-        st.release(me.ticket);
+        st.release(WHOLE, me.exclusive);
         if me.exclusive {
             self.gen.fetch_add(1, Ordering::AcqRel);
         }
@@ -522,29 +527,22 @@ pub(crate) struct RangeLock {
     gate: CachePadded<Gate>,
 }
 
-/// What a held range holds.
-#[derive(Debug)]
-enum Held {
-    /// The whole space, through the gate.
-    Whole(Hold),
-    /// Shards `first..first + n`, hold `tickets[i]` in each, past the gate
-    /// through `slot`.
-    Pieces {
-        slot: usize,
-        first: usize,
-        n: usize,
-        tickets: [u64; MAX_PIECES],
-        /// The exclusive grants of the first shard before this one.
-        writes_before: u64,
-    },
-}
-
-/// A held range; dropping it releases the range.
+/// A held range; dropping it releases the range. Kept small: it is part
+/// of every writer's guard, which moves by value.
 #[derive(Debug)]
 pub(crate) struct RangeGuard<'a> {
     lock: &'a RangeLock,
     range: Range,
-    held: Held,
+    /// The first shard held, or `u32::MAX` for the whole space (through
+    /// the gate).
+    first: u32,
+    /// Shards held from `first` on (each holds the range clipped to it).
+    n: u8,
+    exclusive: bool,
+    /// The gate's slot this request counted itself in.
+    slot: u32,
+    /// The exclusive grants of the first shard before this one.
+    writes_before: u64,
 }
 
 /// A moment at which one shard had no exclusive hold and no whole-space
@@ -578,44 +576,31 @@ impl RangeGuard<'_> {
     /// between, so what the holder read of it then is what it would read
     /// now (`edit::lock_validated`).
     pub(crate) fn undisturbed_since(&self, mark: Option<Mark>) -> bool {
-        let (
-            Some(m),
-            Held::Pieces {
-                first,
-                n: 1,
-                writes_before,
-                ..
-            },
-        ) = (mark, &self.held)
-        else {
-            return false;
-        };
-        *first == m.shard
-            && *writes_before == m.writes
-            && self.lock.gate.gen.load(Ordering::Acquire) == m.gen
+        mark.is_some_and(|m| {
+            self.n == 1
+                && self.first as usize == m.shard
+                && self.writes_before == m.writes
+                && self.lock.gate.gen.load(Ordering::Acquire) == m.gen
+        })
     }
 }
 
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
-        match &self.held {
-            Held::Whole(me) => {
-                let gate = &self.lock.gate;
-                gate.open(gate.state.lock(), *me);
-            }
-            &Held::Pieces {
-                slot,
-                first,
-                n,
-                tickets,
-                ..
-            } => {
-                for i in 0..n {
-                    self.lock.release_piece(first + i, tickets[i]);
-                }
-                self.lock.gate.leave(slot);
-            }
+        let l = self.lock;
+        if self.first == u32::MAX {
+            let me = Hold {
+                ticket: 0,
+                r: WHOLE,
+                exclusive: self.exclusive,
+            };
+            l.gate.open(l.gate.state.lock(), me);
+            return;
         }
+        for k in self.first as usize..self.first as usize + usize::from(self.n) {
+            l.release_piece(k, l.clip(self.range, k), self.exclusive);
+        }
+        l.gate.leave(self.slot as usize);
     }
 }
 
@@ -664,9 +649,9 @@ impl RangeLock {
         Range::new(r.start.max(lo), r.end.min(hi))
     }
 
-    fn release_piece(&self, k: usize, ticket: u64) {
+    fn release_piece(&self, k: usize, r: Range, exclusive: bool) {
         let sh = &self.shards[k];
-        sh.state.lock().release(ticket);
+        sh.state.lock().release(r, exclusive);
         sh.released.notify_all();
     }
 
@@ -686,26 +671,27 @@ impl RangeLock {
     }
 
     fn acquire(&self, r: Range, exclusive: bool, wait: bool) -> Result<RangeGuard<'_>, Wait> {
+        let mut g = RangeGuard {
+            lock: self,
+            range: r,
+            first: u32::MAX,
+            n: 0,
+            exclusive,
+            slot: 0,
+            writes_before: 0,
+        };
         let Some((first, n)) = (!r.is_empty()).then(|| self.pieces(r)).flatten() else {
-            let ticket = self.gate.close(exclusive, wait).ok_or(Wait::Gate)?;
-            return Ok(RangeGuard {
-                lock: self,
-                range: r,
-                held: Held::Whole(Hold {
-                    ticket,
-                    r: WHOLE,
-                    exclusive,
-                }),
-            });
+            self.gate.close(exclusive, wait).ok_or(Wait::Gate)?;
+            return Ok(g);
         };
         let slot = self.gate.enter(wait).ok_or(Wait::Gate)?;
-        let mut tickets = [0; MAX_PIECES];
-        let mut writes_before = 0;
+        // From here on, dropping `g` releases the pieces it counts and
+        // leaves the gate.
+        (g.first, g.slot) = (first as u32, slot as u32);
         // Shards in address order: a request waits only at its lowest
         // shard not yet held, holding only lower ones, so no two wait
         // for each other.
-        for i in 0..n {
-            let k = first + i;
+        for k in first..first + n {
             let sh = &self.shards[k];
             let mut st = sh.state.lock();
             let me = st.request(self.clip(r, k), exclusive);
@@ -716,28 +702,15 @@ impl RangeLock {
             } else {
                 let releases = st.releases;
                 drop(st);
-                for j in 0..i {
-                    self.release_piece(first + j, tickets[j]);
-                }
-                self.gate.leave(slot);
+                drop(g);
                 return Err(Wait::Shard { shard: k, releases });
             };
-            tickets[i] = me.ticket;
-            if i == 0 {
-                writes_before = before;
+            if k == first {
+                g.writes_before = before;
             }
+            g.n += 1;
         }
-        Ok(RangeGuard {
-            lock: self,
-            range: r,
-            held: Held::Pieces {
-                slot,
-                first,
-                n,
-                tickets,
-                writes_before,
-            },
-        })
+        Ok(g)
     }
 
     /// A mark for [`RangeGuard::undisturbed_since`], for a holder about to
