@@ -28,6 +28,7 @@
 //! | `phys` | frame cache, alloc/free counts | a mutex per cache; atomic counts, summed |
 //! | `tlb` | CPU-mask bit, in-flight access counts | an access decrements the count it incremented (the guard keeps it); a flush waits on every slot in the mask, its own included |
 //! | `vmap` | home zone, counters | the zone is only a locality hint (each has a lock); atomic counters |
+//! | `vma::pool` | free VMA objects (a LIFO cache), their count | a mutex per cache; a thread that moved uses the slot it looked up, under its lock; the count is a hint for thieves, stored under the lock |
 //!
 //! # Locking
 //!
