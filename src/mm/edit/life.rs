@@ -77,7 +77,9 @@ impl Edit<'_> {
         } = spec;
         // Callers checked for room (`vma_room`) before changing anything;
         // a concurrent charge from another space may pass the limit by a
-        // VMA or two.
+        // VMA or two. The bytes come from this CPU's stock when it holds
+        // them (an unmap's uncharge refills it), so a writer's loop writes
+        // no shared line of the budget.
         self.mm.frames.memory().force_charge(VMA_BYTES);
         let (v, reused) = self.mm.pool.get().alloc();
         if reused {
