@@ -21,7 +21,7 @@
 //! bytes, as for fork's many VMAs) and [`Budget::used`] read every slot.
 
 use crate::addr::PAGE_SIZE;
-use crate::percpu::PerCpu;
+use crate::percpu::{cpu_id, PerCpu};
 use crate::sync::counter::AtomicU64 as CounterU64;
 use crate::sync::Ordering;
 
@@ -135,7 +135,15 @@ impl Budget {
     /// charged already), else added to the shared count.
     #[inline]
     pub(crate) fn force_charge(&self, bytes: u64) {
-        if !take_stock(&self.slots.local().stock, bytes) {
+        self.force_charge_on(cpu_id(), bytes)
+    }
+
+    /// [`force_charge`](Self::force_charge) through CPU slot `cpu`, for a
+    /// caller that read its CPU once for several per-CPU structures (any
+    /// slot is correct; the caller's own keeps the line local).
+    #[inline]
+    pub(crate) fn force_charge_on(&self, cpu: usize, bytes: u64) {
+        if !take_stock(&self.slots.get(cpu).stock, bytes) {
             self.charged.fetch_add(bytes, Ordering::Relaxed);
         }
     }
@@ -176,7 +184,13 @@ impl Budget {
 
     /// Gives back `bytes` charged earlier.
     pub(crate) fn uncharge(&self, bytes: u64) {
-        let s = &self.slots.local().stock;
+        self.uncharge_on(cpu_id(), bytes)
+    }
+
+    /// [`uncharge`](Self::uncharge) through CPU slot `cpu` (as for
+    /// [`force_charge_on`](Self::force_charge_on)).
+    pub(crate) fn uncharge_on(&self, cpu: usize, bytes: u64) {
+        let s = &self.slots.get(cpu).stock;
         let mut cur = s.fetch_add(bytes, Ordering::Relaxed) + bytes;
         // Keep one batch in stock; return the rest to the shared count.
         while cur > 2 * STOCK_BATCH {

@@ -49,9 +49,9 @@
 //! `loom_tests/pool.rs` races two threads on one cache).
 
 use super::Vma;
-use crate::percpu::{cpu_id, PerCpu};
+use crate::percpu::PerCpu;
 use crate::sync::counter::{self, AtomicUsize as CounterUsize};
-use crate::sync::Mutex;
+use crate::sync::{Mutex, MutexGuard};
 use core::ptr::NonNull;
 
 /// Free objects a CPU cache keeps at most: a free that leaves more moves
@@ -85,10 +85,10 @@ impl VmaRef {
     /// The handle of a VMA object.
     ///
     /// # Safety
-    /// `v` must have been allocated by a [`VmaPool`] (by [`VmaPool::alloc`])
-    /// that outlives every use of the returned handle: that is what makes
-    /// the handle type-stable, and [`Deref`](core::ops::Deref) relies on
-    /// it.
+    /// `v` must have been allocated by a [`VmaPool`] (by
+    /// [`VmaPool::alloc_on`]) that outlives every use of the returned
+    /// handle: that is what makes the handle type-stable, and
+    /// [`Deref`](core::ops::Deref) relies on it.
     pub(crate) unsafe fn from_vma(v: &Vma) -> VmaRef {
         VmaRef(NonNull::from(v))
     }
@@ -206,13 +206,35 @@ impl CpuCache {
         v
     }
 
-    /// Adds `objs` (oldest first, at most [`BATCH`]); if the cache then
-    /// holds more than [`CACHE_MAX`], takes its oldest [`BATCH`] back out,
-    /// for the caller to move to the global list (so it never holds more
-    /// than `CACHE_MAX` when its lock is dropped).
+    /// Adds `v`; if the cache then holds more than [`CACHE_MAX`], takes
+    /// its oldest [`BATCH`] back out, for the caller to move to the global
+    /// list (so it never holds more than `CACHE_MAX` when its lock is
+    /// dropped).
     #[inline]
-    fn put(&self, objs: impl Iterator<Item = VmaRef>) -> Option<Batch> {
+    fn put(&self, v: VmaRef) -> Option<Batch> {
         let mut c = self.free.lock();
+        // The common free: room, and the buffer made.
+        if c.len() < CACHE_MAX && c.capacity() != 0 {
+            c.push(v);
+            self.held.store(c.len(), counter::Ordering::Relaxed);
+            return None;
+        }
+        self.put_locked(c, core::iter::once(v))
+    }
+
+    /// [`put`](Self::put) for up to [`BATCH`] objects, oldest first.
+    fn put_all(&self, objs: impl Iterator<Item = VmaRef>) -> Option<Batch> {
+        self.put_locked(self.free.lock(), objs)
+    }
+
+    /// [`put_all`](Self::put_all) with the lock held: the cache's first
+    /// object, a spill, or a refill's rest.
+    #[cold]
+    fn put_locked(
+        &self,
+        mut c: MutexGuard<'_, Vec<VmaRef>>,
+        objs: impl Iterator<Item = VmaRef>,
+    ) -> Option<Batch> {
         if c.capacity() == 0 {
             // Never more than `CACHE_MAX + BATCH` inside the lock.
             c.reserve_exact(CACHE_MAX + BATCH);
@@ -237,14 +259,10 @@ impl VmaPool {
     }
 
     /// A detached VMA object (refcount 0), recycled if one is free. The
-    /// bool says whether it was recycled.
-    #[inline]
-    pub(crate) fn alloc(&self) -> (VmaRef, bool) {
-        self.alloc_on(cpu_id())
-    }
-
-    /// [`alloc`](Self::alloc) through CPU slot `cpu` (modulo the slot
-    /// count): the calling thread's, or any for a model of migration.
+    /// bool says whether it was recycled. `cpu` is the calling thread's
+    /// CPU slot ([`cpu_id`](crate::percpu::cpu_id), read once by a caller
+    /// that also charges the budget through it); any slot is correct (a
+    /// thread that moved since, or a model of migration), only slower.
     #[inline]
     pub(crate) fn alloc_on(&self, cpu: usize) -> (VmaRef, bool) {
         let slot = self.cpus.get(cpu);
@@ -266,7 +284,7 @@ impl VmaPool {
         if let Some(v) = batch.pop() {
             // Others on this CPU may have filled the slot meanwhile: then
             // `put` moves a batch back.
-            if let Some(back) = slot.put(batch.iter()) {
+            if let Some(back) = slot.put_all(batch.iter()) {
                 self.global.lock().free.extend(back.iter());
             }
             return (v, true);
@@ -290,20 +308,15 @@ impl VmaPool {
             .find_map(CpuCache::pop)
     }
 
-    /// Returns a detached object for reuse; drops its backing references.
-    #[inline]
-    pub(crate) fn free(&self, v: VmaRef) {
-        self.free_on(cpu_id(), v)
-    }
-
-    /// [`free`](Self::free) into CPU slot `cpu` (modulo the slot count).
+    /// Returns a detached object for reuse, through CPU slot `cpu` (as for
+    /// [`alloc_on`](Self::alloc_on)); drops its backing references.
     #[inline]
     pub(crate) fn free_on(&self, cpu: usize, v: VmaRef) {
         debug_assert!(!v.lock.is_attached());
         v.set_anon_vma(None);
         v.set_shmem(None);
         v.set_name(None);
-        if let Some(spill) = self.cpus.get(cpu).put(core::iter::once(v)) {
+        if let Some(spill) = self.cpus.get(cpu).put(v) {
             self.global.lock().free.extend(spill.iter());
         }
     }
