@@ -90,7 +90,8 @@ pub use vma::{RmapHit, VmFlags};
 
 /// The internals that the loom models in `loom_tests/` drive directly (the
 /// page table, the per-VMA lock, the mmap_lock, objects made on first
-/// use, one speculative fault attempt): loom builds only, not API.
+/// use, the VMA pool, one speculative fault attempt): loom builds only,
+/// not API.
 #[cfg(aspace_loom)]
 #[doc(hidden)]
 pub mod loom_door {
@@ -118,6 +119,47 @@ pub mod loom_door {
         };
         mm.vma_hints.set(&around);
         true
+    }
+
+    /// A VMA pool alone (`vma/pool.rs`), driven through CPU slots the
+    /// caller names (a thread "moves" by naming another), for the model of
+    /// its per-CPU caches.
+    #[derive(Default)]
+    pub struct VmaPool(crate::vma::VmaPool);
+
+    /// An object a [`VmaPool`] handed out.
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    pub struct VmaObj(crate::vma::VmaRef);
+
+    impl VmaPool {
+        /// An empty pool.
+        pub fn new() -> Self {
+            Self::default()
+        }
+
+        /// An object through CPU slot `cpu`, and whether it was recycled.
+        pub fn alloc_on(&self, cpu: usize) -> (VmaObj, bool) {
+            let (v, reused) = self.0.alloc_on(cpu);
+            (VmaObj(v), reused)
+        }
+
+        /// Gives `v` back through CPU slot `cpu`.
+        pub fn free_on(&self, cpu: usize, v: VmaObj) {
+            self.0.free_on(cpu, v.0)
+        }
+
+        /// Objects made so far.
+        pub fn allocated(&self) -> usize {
+            self.0.allocated()
+        }
+
+        /// Every object made is free exactly once or in `held`, and every
+        /// CPU cache is within its bound (`Err`: what is wrong). Call it
+        /// with no allocation or free running.
+        pub fn check(&self, held: &[VmaObj]) -> Result<(), String> {
+            let held: Vec<_> = held.iter().map(|o| o.0).collect();
+            self.0.check(&held)
+        }
     }
 
     /// Every present page-table entry of `mm` lies in a VMA, is writable

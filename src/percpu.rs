@@ -25,9 +25,10 @@
 //! |------|------------|---------------|
 //! | `stats` | event counters | atomic adds; a snapshot sums all slots |
 //! | `pt` | table-page counts | atomic adds; the sum is what counts, a slot may go negative |
-//! | `phys` | frame cache, alloc/free counts | a mutex per cache; atomic counts, summed |
+//! | `phys` | frame cache, alloc/free counts, budget stock | a mutex per cache; atomic counts, summed; the stock taken and refilled by read-modify-writes, part of the shared count whichever slot holds it |
 //! | `tlb` | CPU-mask bit, in-flight access counts | an access decrements the count it incremented (the guard keeps it); a flush waits on every slot in the mask, its own included |
 //! | `vmap` | home zone, counters | the zone is only a locality hint (each has a lock); atomic counters |
+//! | `vma::pool` | free VMA objects (a LIFO cache), their count | a mutex per cache; a thread that moved uses the slot it looked up, under its lock; the count is a hint for thieves, stored under the lock |
 //!
 //! # Locking
 //!
@@ -254,6 +255,21 @@ impl<T> PerCpu<T> {
     pub fn local(&self) -> &T {
         // `len` is a power of two (`nr_cpus`): a mask, not a division.
         &self.slots()[cpu_id() & (self.len - 1)]
+    }
+
+    /// The calling thread's slot if the slots exist yet, for a reader
+    /// that must not allocate them (every slot still holds its initial
+    /// value until then).
+    #[inline]
+    pub fn local_if_made(&self) -> Option<&T> {
+        // Acquire: as in `slots`.
+        let p = self.slots.load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: as in `slots`.
+        let slots = unsafe { core::slice::from_raw_parts(p, self.len) };
+        Some(&slots[cpu_id() & (self.len - 1)])
     }
 
     /// Slot `cpu` (modulo the slot count).

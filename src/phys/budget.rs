@@ -6,9 +6,22 @@
 //! writes anyway, and is written under the frame cache's lock with a load
 //! and a store, so counting a frame adds neither a line nor a locked
 //! instruction to the fault path.
+//!
+//! Lines written: a charge (of a frame, a table page or a VMA's metadata)
+//! and an uncharge write only their CPU slot's stock while it holds
+//! enough and stays under two batches; metadata charges take from the
+//! stock too ([`Budget::force_charge`]), and a writer's room check reads
+//! only that stock when it holds the bytes ([`Budget::has_room`]), so an
+//! mmap, mprotect or munmap loop on one CPU writes no shared line here.
+//! The shared count is written when a stock runs dry (a batch taken; a
+//! forced charge larger than the stock adds its bytes alone, since it may
+//! pass the limit), when an uncharge leaves more than two batches in
+//! stock (the excess given back), and when a charge that finds the count
+//! full drains every stock. The exact room check (the stock short of the
+//! bytes, as for fork's many VMAs) and [`Budget::used`] read every slot.
 
 use crate::addr::PAGE_SIZE;
-use crate::percpu::PerCpu;
+use crate::percpu::{cpu_id, PerCpu};
 use crate::sync::counter::AtomicU64 as CounterU64;
 use crate::sync::Ordering;
 
@@ -23,8 +36,9 @@ pub(super) const STOCK_BATCH: u64 = 256 * PAGE_SIZE;
 /// Charges are taken from a per-CPU stock refilled from the shared count in
 /// batches (like memcg's per-CPU stock), so the common charge and uncharge
 /// write no shared cache line. The shared count includes the stocks, so the
-/// memory really in use never exceeds the limit; a charge that finds the
-/// shared count full drains every stock before it fails.
+/// memory really in use never exceeds the limit (forced charges aside); a
+/// charge that finds the shared count full drains every stock before it
+/// fails.
 pub struct Budget {
     /// The limit in bytes.
     ///
@@ -91,12 +105,8 @@ impl Budget {
     /// limit.
     pub(crate) fn try_charge(&self, bytes: u64) -> bool {
         let s = &self.slots.local().stock;
-        let mut cur = s.load(Ordering::Relaxed);
-        while cur >= bytes {
-            match s.compare_exchange_weak(cur, cur - bytes, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return true,
-                Err(c) => cur = c,
-            }
+        if take_stock(s, bytes) {
+            return true;
         }
         if let Some(more) = bytes.checked_add(STOCK_BATCH) {
             if self.reserve(more) {
@@ -120,17 +130,48 @@ impl Budget {
     /// Charges `bytes` even past the limit, for memory a caller cannot do
     /// without: an address space's root table, mremap's destination tables
     /// (its source tables are freed right after), and VMAs whose room was
-    /// checked just before ([`has_room`](Self::has_room)).
+    /// checked just before ([`has_room`](Self::has_room)). Taken from the
+    /// CPU's stock when it holds them (which passes no limit: they are
+    /// charged already), else added to the shared count.
+    #[inline]
     pub(crate) fn force_charge(&self, bytes: u64) {
-        self.charged.fetch_add(bytes, Ordering::Relaxed);
+        self.force_charge_on(cpu_id(), bytes)
+    }
+
+    /// [`force_charge`](Self::force_charge) through CPU slot `cpu`, for a
+    /// caller that read its CPU once for several per-CPU structures (any
+    /// slot is correct; the caller's own keeps the line local).
+    #[inline]
+    pub(crate) fn force_charge_on(&self, cpu: usize, bytes: u64) {
+        if !take_stock(&self.slots.get(cpu).stock, bytes) {
+            self.charged.fetch_add(bytes, Ordering::Relaxed);
+        }
     }
 
     /// True if `bytes` could be charged now (a hint: others may charge
-    /// before the caller does).
+    /// before the caller does). At once if the CPU's stock holds them:
+    /// charging them from there does not add to the shared count, so it
+    /// cannot take it past the limit. Else the exact check, which reads
+    /// every CPU's stock. Makes no slots (an idle space's fork checks
+    /// room before anything is charged).
+    #[inline]
     pub(crate) fn has_room(&self, bytes: u64) -> bool {
-        self.used()
-            .checked_add(bytes)
-            .is_some_and(|t| t <= self.limit)
+        let local = self
+            .slots
+            .local_if_made()
+            .map_or(0, |s| s.stock.load(Ordering::Relaxed));
+        local >= bytes
+            || self
+                .used()
+                .checked_add(bytes)
+                .is_some_and(|t| t <= self.limit)
+    }
+
+    /// The shared count (stocks included), for tests of what a charge
+    /// writes.
+    #[cfg(test)]
+    pub(super) fn shared(&self) -> u64 {
+        self.charged.load(Ordering::Relaxed)
     }
 
     fn reserve(&self, bytes: u64) -> bool {
@@ -143,7 +184,13 @@ impl Budget {
 
     /// Gives back `bytes` charged earlier.
     pub(crate) fn uncharge(&self, bytes: u64) {
-        let s = &self.slots.local().stock;
+        self.uncharge_on(cpu_id(), bytes)
+    }
+
+    /// [`uncharge`](Self::uncharge) through CPU slot `cpu` (as for
+    /// [`force_charge_on`](Self::force_charge_on)).
+    pub(crate) fn uncharge_on(&self, cpu: usize, bytes: u64) {
+        let s = &self.slots.get(cpu).stock;
         let mut cur = s.fetch_add(bytes, Ordering::Relaxed) + bytes;
         // Keep one batch in stock; return the rest to the shared count.
         while cur > 2 * STOCK_BATCH {
@@ -201,4 +248,18 @@ impl Budget {
         }
         a.wrapping_sub(f).min(i64::MAX as u64)
     }
+}
+
+/// Takes `bytes` from stock `s`, if it holds them (they are charged
+/// already: the shared count does not change).
+#[inline]
+fn take_stock(s: &CounterU64, bytes: u64) -> bool {
+    let mut cur = s.load(Ordering::Relaxed);
+    while cur >= bytes {
+        match s.compare_exchange_weak(cur, cur - bytes, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return true,
+            Err(c) => cur = c,
+        }
+    }
+    false
 }

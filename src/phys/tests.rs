@@ -53,6 +53,52 @@ fn budget_stocks_are_drained_before_a_charge_fails() {
     assert!(b.has_room(4 * STOCK_BATCH) && !b.has_room(4 * STOCK_BATCH + 1));
 }
 
+/// Metadata charges take from the CPU's stock when it holds the bytes: the
+/// room check answers from it and the forced charge leaves the shared
+/// count alone. Short of them, both fall back (the exact check, an add to
+/// the shared count), `used` stays exact, and a full budget still refuses
+/// until bytes are given back.
+#[test]
+fn metadata_charges_take_from_the_local_stock() {
+    std::thread::spawn(|| {
+        stay_on_this_cpu();
+        let b = Budget::new(4 * STOCK_BATCH);
+        assert!(b.has_room(4 * STOCK_BATCH) && !b.has_room(4 * STOCK_BATCH + 1));
+        // A frame's charge takes a batch into this CPU's stock; its
+        // uncharge goes back there.
+        assert!(b.try_charge(PAGE_SIZE));
+        b.uncharge(PAGE_SIZE);
+        let shared = b.shared();
+        assert_eq!((shared, b.used()), (STOCK_BATCH + PAGE_SIZE, 0));
+        assert!(b.has_room(STOCK_BATCH));
+        b.force_charge(STOCK_BATCH);
+        assert_eq!(b.shared(), shared, "taken from the stock");
+        assert_eq!(b.used(), STOCK_BATCH);
+        // A page left in stock: a larger forced charge adds to the count.
+        b.force_charge(2 * PAGE_SIZE);
+        assert_eq!(b.shared(), shared + 2 * PAGE_SIZE);
+        assert_eq!(b.used(), STOCK_BATCH + 2 * PAGE_SIZE);
+        // The exact check past the stock, to the byte.
+        let rest = b.limit() - b.used();
+        assert!(b.has_room(rest) && !b.has_room(rest + 1));
+        // The rest is charged (the stock's page drained), then nothing.
+        assert!(b.try_charge(rest));
+        assert_eq!(b.used(), b.limit());
+        assert!(!b.has_room(1) && !b.try_charge(1));
+        // Bytes given back are room again, answered from the stock, and
+        // charged from it without passing the limit.
+        b.uncharge(2 * PAGE_SIZE);
+        assert!(b.has_room(2 * PAGE_SIZE) && !b.has_room(2 * PAGE_SIZE + 1));
+        let shared = b.shared();
+        b.force_charge(2 * PAGE_SIZE);
+        assert_eq!(b.shared(), shared);
+        assert_eq!(b.used(), b.limit());
+        assert!(b.shared() <= b.limit());
+    })
+    .join()
+    .unwrap();
+}
+
 #[test]
 fn frames_and_metadata_share_the_budget() {
     let f = FrameAllocator::new(8 * PAGE_SIZE, true);

@@ -126,9 +126,10 @@ impl Vma {
     /// This object as a `VmaRef`.
     pub(super) fn as_ref_unchecked(&self) -> VmaRef {
         // SAFETY: every `Vma` lives in a `VmaPool`: `new_detached` is
-        // private to this module and only `VmaPool::alloc` calls it, and
-        // the pool keeps its objects until it is dropped, after every
-        // holder of their handles (the tree and the address space).
+        // private to this module and only `VmaPool::alloc_on` calls it
+        // (through `alloc_slow`), and the pool keeps its objects until it
+        // is dropped, after every holder of their handles (the tree and
+        // the address space).
         unsafe { VmaRef::from_vma(self) }
     }
 

@@ -98,8 +98,9 @@ pub struct Vma {
 pub(crate) struct AnonName(pub(crate) Box<str>);
 
 impl Vma {
-    /// A detached VMA object. Only [`VmaPool::alloc`] calls this, which is
-    /// what makes every `Vma` type-stable (see `as_ref_unchecked`).
+    /// A detached VMA object. Only [`VmaPool::alloc_on`] calls this (when
+    /// no object is free), which is what makes every `Vma` type-stable
+    /// (see `as_ref_unchecked`).
     fn new_detached() -> Self {
         Vma {
             lock: VmaLock::new(),

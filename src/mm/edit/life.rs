@@ -3,6 +3,7 @@
 
 use super::Edit;
 use crate::addr::Range;
+use crate::percpu::cpu_id;
 use crate::stats::Event;
 use crate::sync::Arc;
 use crate::vma::userfault::UffdCtx;
@@ -77,9 +78,12 @@ impl Edit<'_> {
         } = spec;
         // Callers checked for room (`vma_room`) before changing anything;
         // a concurrent charge from another space may pass the limit by a
-        // VMA or two.
-        self.mm.frames.memory().force_charge(VMA_BYTES);
-        let (v, reused) = self.mm.pool.get().alloc();
+        // VMA or two. The bytes come from this CPU's stock when it holds
+        // them (an unmap's uncharge refills it), so a writer's loop writes
+        // no shared line of the budget.
+        let cpu = cpu_id();
+        self.mm.frames.memory().force_charge_on(cpu, VMA_BYTES);
+        let (v, reused) = self.mm.pool.get().alloc_on(cpu);
         if reused {
             self.mm.stats.inc(Event::vma_reused);
         }
@@ -136,13 +140,16 @@ impl Edit<'_> {
         }
         crate::vma::unlink_all(vs, &self.mm.stats);
         self.state.add_map_count(-(vs.len() as isize));
+        // One CPU for the batch (a thread that moves meanwhile only
+        // writes its old CPU's lines).
+        let (cpu, pool) = (cpu_id(), self.mm.pool.get());
         for &v in vs {
-            self.mm.pool.get().free(v);
+            pool.free_on(cpu, v);
         }
         self.mm
             .frames
             .memory()
-            .uncharge(VMA_BYTES * vs.len() as u64);
+            .uncharge_on(cpu, VMA_BYTES * vs.len() as u64);
     }
 
     /// Removes one VMA from the tree if `erase` (else its range is no
@@ -174,7 +181,8 @@ impl Edit<'_> {
             None => v.set_anon_vma_counted(None, Some(&self.mm.stats)),
         }
         self.state.add_map_count(-1);
-        self.mm.pool.get().free(v);
-        self.mm.frames.memory().uncharge(VMA_BYTES);
+        let cpu = cpu_id();
+        self.mm.pool.get().free_on(cpu, v);
+        self.mm.frames.memory().uncharge_on(cpu, VMA_BYTES);
     }
 }

@@ -310,7 +310,8 @@ impl<'a> Edit<'a> {
     }
 
     /// True if the budget has room for the metadata of `n` more VMAs
-    /// (Linux: `vm_area_alloc` failing with ENOMEM).
+    /// (Linux: `vm_area_alloc` failing with ENOMEM). Read from this CPU's
+    /// budget stock alone when it holds the bytes (`Budget::has_room`).
     pub(crate) fn vma_room(&self, n: u64) -> bool {
         self.mm.frames.memory().has_room(n * VMA_BYTES)
     }
