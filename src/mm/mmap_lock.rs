@@ -298,11 +298,12 @@ impl<'a, T> MmapWriteGuard<'a, T> {
         }
     }
 
-    /// Write-locks `v` for this section (`VmaLock::write_lock`, which
-    /// see); an own section records it to unlock when it ends.
-    pub(crate) fn lock_vma(&self, v: VmaRef) -> bool {
-        let fresh = v.lock.write_lock(self.stamp());
-        if let (true, Section::Own { first, more, .. }) = (fresh, &self.section) {
+    /// Records `v`, which this section has just stamped
+    /// (`VmaLock::write_lock` returned true), for an own section to
+    /// unlock when it ends; nothing for a shared one.
+    #[inline]
+    pub(crate) fn stamped(&self, v: VmaRef) {
+        if let Section::Own { first, more, .. } = &self.section {
             match first.iter().find(|s| s.get().is_none()) {
                 Some(slot) => slot.set(Some(v)),
                 None => {
@@ -312,7 +313,6 @@ impl<'a, T> MmapWriteGuard<'a, T> {
                 }
             }
         }
-        fresh
     }
 
     /// The range held: the whole space, except for a range writer.

@@ -199,9 +199,14 @@ impl<'a> Edit<'a> {
             },
             "a range writer locked a VMA outside its range"
         );
-        if !self.state.lock_vma(v) || !v.lock.is_attached() {
-            // Locked already in this section (and swept then), or a new or
-            // detached object: no fault can reach it through this tree.
+        if !v.lock.write_lock(self.state.stamp()) {
+            // Locked already in this section (and swept then).
+            return;
+        }
+        self.state.stamped(v);
+        if !v.lock.is_attached() {
+            // A new or detached object: no fault can reach it through
+            // this tree.
             return;
         }
         // A page table made after this call is made after the stamp: a
