@@ -18,7 +18,8 @@
 //! through the PTE table it keeps alive (`page_table_bytes`).
 //!
 //! The VMA-reuse model races the speculative attempt alone, without its
-//! fallbacks (see there why).
+//! fallbacks, in a one-page VMA beside a neighbour that keeps its PTE
+//! table (see there why).
 #![cfg(aspace_loom)]
 
 mod common;
@@ -167,34 +168,41 @@ fn spec_fault_vs_mremap() {
     });
 }
 
-/// VMA reuse (hazard 5): mmap(MAP_FIXED, PROT_NONE) over the VMA's first
-/// page races a speculative read fault there. The mmap splits the VMA at
-/// `A + PAGE_SIZE`, detaches and frees its object, zaps the page (the PTE
-/// table stays: the upper part still maps the rest of its span) and at
-/// once takes the same object back from the pool for the new PROT_NONE
-/// VMA `[A, A + PAGE_SIZE)`. An attempt that looked the object up before
-/// holds a recycled object at the same address, whose old life (2 MiB,
-/// read-write) passes every check but the stamp. It must either complete
-/// before the zap (which clears its entry) or abort: no page is ever
-/// present in the PROT_NONE VMA, and the fault there is then denied.
-/// Catches: the stamp re-check in `spec_fault::handle`
-/// (`v.lock.stamp() == stamp`) replaced by `true`: the attempt installs
-/// the zero page through the old life's snapshot after the zap. (Dropping
-/// the `mm_id`/`range.contains` check, or `new_vma`'s stamp, is not
-/// caught: a snapshot of the new life is PROT_NONE, which the access
-/// check refuses, and the object is stamped by this section's detach
-/// already.)
+/// VMA reuse (hazard 5): mmap(MAP_FIXED, PROT_NONE) over the VMA `O =
+/// [A, A + PAGE_SIZE)` races a speculative read fault there. The mmap
+/// detaches and frees `O`, zaps its range (the PTE table stays: a
+/// read-only neighbour two pages up maps in its span) and at once takes
+/// the same object back from the pool for the new PROT_NONE VMA over the
+/// same page. An attempt that looked the object up before (in the tree:
+/// the CPU's hint is the neighbour, faulted last) holds a recycled object
+/// at the same address, whose old life (read-write) passes every check
+/// but the stamp. It must either complete before the zap (which clears
+/// its entry) or abort: no page is ever present in the PROT_NONE VMA,
+/// and the fault there is then denied. Catches: the stamp re-check in
+/// `spec_fault::handle` (`v.lock.stamp() == stamp`) replaced by `true`:
+/// the attempt installs the zero page through the old life's snapshot
+/// after the zap. (Dropping the `mm_id`/`range.contains` check, or
+/// `new_vma`'s stamp, is not caught: a snapshot of the new life is
+/// PROT_NONE, which the access check refuses, and the object is stamped
+/// by this section's detach already.)
 ///
 /// The thread runs the speculative attempt alone
 /// (`loom_door::speculative_fault`): behind it, the per-VMA and mmap_lock
 /// fallbacks racing the same mmap did not finish at bound 1 in 240 s
-/// (360,000 executions); alone it finishes at bound 2 (14,256). The
-/// fallback's verdict is checked after the join; its races with writers
-/// are `loom_tests/fault.rs`'s models.
+/// (360,000 executions); alone it finishes at bound 2. The fallback's
+/// verdict is checked after the join; its races with writers are
+/// `loom_tests/fault.rs`'s models. The VMA is one page, replaced whole
+/// (not the first page of a 2 MiB VMA, split off): no split, a one-entry
+/// zap, and a tree lookup, whose reads meet fewer of the mmap's stores
+/// than the hint's, take it from 73 s to about 25 s.
 #[test]
 fn spec_fault_vs_vma_reuse() {
     model(|| {
-        let mm = setup();
+        let mm = space();
+        mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
+        mm.mmap(A + 2 * PAGE_SIZE, PAGE_SIZE, Prot::READ, fixed())
+            .unwrap();
+        mm.fault(A + 2 * PAGE_SIZE, Access::Read).unwrap();
         let t = spawn_spec(&mm, A, Access::Read);
         mm.mmap(A, PAGE_SIZE, Prot::NONE, fixed()).unwrap();
         t.join().unwrap();

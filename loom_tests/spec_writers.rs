@@ -89,23 +89,32 @@ fn spec_fault_vs_mremap_dontunmap_over_empty_table() {
     });
 }
 
-/// A parent and its fork child share the VMA pool. A speculative write
-/// fault in the parent snapshots its VMA `O` at `A`; the parent unmaps
-/// `O`'s first page (the split leaves `O` that page, so `O` goes back to
-/// the pool while the PTE table stays for the rest of the span); the
-/// child's next mmap recycles `O` and stamps it with its own sequence.
-/// When both spaces counted their write sections from zero, the child's
-/// stamp equalled the parent's snapshot and the fault installed a page at
-/// `A`, where the parent has no VMA any more. Catches: `write_begin`
-/// (src/vma/seq.rs) counting each space's sections from its own zero
-/// again (`next = prev + 1` without taking a fresh block from the
-/// process-wide counter).
+/// A parent and its fork child share the VMA pool. The parent's VMA `O =
+/// [A, A + 1 page)` is forked before it has an anon_vma (the child copies
+/// no table, so checking it costs nothing), then written once and emptied
+/// beside a read-only neighbour that keeps its PTE table
+/// (`common::emptied_with_neighbour`). A speculative write fault in the
+/// parent snapshots `O`, found by a tree walk (the CPU's hint is the
+/// neighbour, faulted last); the parent unmaps `O` whole, so `O` goes
+/// back to the pool while the table stays; the child's next mmap recycles
+/// `O` and stamps it with its own sequence. When both spaces counted
+/// their write sections from zero, the child's stamp (its second section,
+/// after fork) equalled the parent's snapshot (fork's stamp, the parent's
+/// second section) and the fault installed a page at `A`, where the
+/// parent has no VMA any more. Catches: `write_begin` (src/vma/seq.rs)
+/// counting each space's sections from its own zero again (`next = prev +
+/// 1` without taking a fresh block from the process-wide counter).
+///
+/// The shape keeps the race small: a split of a 2 MiB VMA, four copied
+/// tables and a lookup through the hint (whose range reads each meet the
+/// child's stores) made the same race take 20 minutes at bound 2.
 #[test]
 fn spec_fault_vs_vma_reused_by_fork_child() {
     model(|| {
         let mm = space();
-        setup(&mm, false);
+        mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
         let child = mm.fork().unwrap();
+        common::emptied_with_neighbour(&mm, A);
         let t = spawn_spec(&mm, A);
         mm.munmap(A, PAGE_SIZE).unwrap();
         child.mmap(C, PAGE_SIZE, rw(), fixed()).unwrap();
