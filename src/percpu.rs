@@ -29,6 +29,8 @@
 //! | `tlb` | CPU-mask bit, in-flight access counts | an access decrements the count it incremented (the guard keeps it); a flush waits on every slot in the mask, its own included |
 //! | `vmap` | home zone, counters | the zone is only a locality hint (each has a lock); atomic counters |
 //! | `vma::pool` | free VMA objects (a LIFO cache), their count | a mutex per cache; a thread that moved uses the slot it looked up, under its lock; the count is a hint for thieves, stored under the lock |
+//! | `mm` (range writers) | map-count changes not yet folded | atomic adds; the total plus every slot is the count, a slot may go negative |
+//! | `mm::range_lock` (its own array) | range requests past the gate | a request decrements the count it incremented (the guard keeps the slot); a closer sums every slot |
 //!
 //! # Locking
 //!
