@@ -87,8 +87,9 @@ enum Section<'a> {
         /// The VMAs this section stamped: a few in place (a range writer
         /// locks one to three, and this is on its path: no allocation,
         /// and a guard small enough to move cheaply), any more on the
-        /// heap.
+        /// heap (boxed: one word in the guard instead of a `Vec`'s three).
         first: [Cell<Option<VmaRef>>; 3],
+        #[allow(clippy::box_collection)]
         more: Cell<Option<Box<Vec<VmaRef>>>>,
     },
 }
