@@ -671,23 +671,26 @@ impl RangeLock {
     }
 
     fn acquire(&self, r: Range, exclusive: bool, wait: bool) -> Result<RangeGuard<'_>, Wait> {
-        let mut g = RangeGuard {
+        // The guard is made only once the gate is passed (or closed by
+        // this request): dropping it releases what it says it holds, so
+        // a request refused at the gate must have none.
+        let guard = |first: u32, slot: usize| RangeGuard {
             lock: self,
             range: r,
-            first: u32::MAX,
+            first,
             n: 0,
             exclusive,
-            slot: 0,
+            slot: slot as u32,
             writes_before: 0,
         };
         let Some((first, n)) = (!r.is_empty()).then(|| self.pieces(r)).flatten() else {
             self.gate.close(exclusive, wait).ok_or(Wait::Gate)?;
-            return Ok(g);
+            return Ok(guard(u32::MAX, 0));
         };
         let slot = self.gate.enter(wait).ok_or(Wait::Gate)?;
         // From here on, dropping `g` releases the pieces it counts and
         // leaves the gate.
-        (g.first, g.slot) = (first as u32, slot as u32);
+        let mut g = guard(first as u32, slot);
         // Shards in address order: a request waits only at its lowest
         // shard not yet held, holding only lower ones, so no two wait
         // for each other.
@@ -848,6 +851,33 @@ mod tests {
         );
         drop(big);
         assert!(l.try_lock(r(15 * SH, 15 * SH + 1), true).is_ok());
+    }
+
+    /// A request refused at the closed gate, or by the whole space's
+    /// holds, holds nothing: dropping what it made releases no one
+    /// else's hold (a refused request once "opened" the gate and so
+    /// removed the whole-space holder's hold).
+    #[test]
+    fn refused_requests_leave_whole_space_holds_alone() {
+        let l = small();
+        for exclusive in [true, false] {
+            let w = l.lock(WHOLE, exclusive);
+            for _ in 0..2 {
+                assert_eq!(l.try_lock(r(0, 10), true).err(), Some(Wait::Gate));
+                assert_eq!(l.try_lock(r(SH, SH + 10), false).err(), Some(Wait::Gate));
+                assert_eq!(l.try_lock(WHOLE, true).err(), Some(Wait::Gate));
+            }
+            if !exclusive {
+                // A second shared whole-space hold is granted, and
+                // releasing it leaves the first in place.
+                drop(l.try_lock(WHOLE, false).expect("shared with shared"));
+                assert!(l.try_lock(r(0, 10), true).is_err(), "the first still holds");
+            }
+            assert!(l.gate.closed.load(Ordering::Relaxed), "still closed");
+            drop(w);
+            assert!(!l.gate.closed.load(Ordering::Relaxed), "opened by its holder");
+            drop(l.try_lock(r(0, 10), true).expect("free again"));
+        }
     }
 
     #[test]
