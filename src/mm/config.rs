@@ -44,10 +44,10 @@ pub enum WriterLocking {
     /// two mmaps placed at once leave a page or two between them).
     /// Linux's placement puts concurrent threads' mappings side by side,
     /// so their writers meet; [`Config::placement_window`] keeps them
-    /// apart. With windows, on 2 cores, full instantiation at 2 threads
-    /// ran 1.3-1.6x its 1-thread rate; at 1 thread a writers-only loop is
-    /// about a fifth slower than `PerVma` (`docs/RESULTS.md`,
-    /// "Instantiation").
+    /// apart. With windows, on 2 cores, writers-only loops at 2 threads
+    /// ran 1.2-1.6x their 1-thread rate and full instantiation
+    /// 1.25-1.5x; at 1 thread a writers-only loop is about a quarter
+    /// slower than `PerVma` (`docs/RESULTS.md`, "Instantiation").
     Range,
 }
 
