@@ -400,6 +400,36 @@ fn translator_store_vs_range_munmap() {
     );
 }
 
+/// The setup of the two models below: `[A-2P, A)` read-only with an
+/// anon_vma, `[A, A+2P)` read-write without one, and a thread that
+/// mprotects the first page of the former `PROT_NONE` (splitting it).
+fn neighbour_split(fault_locking: FaultLocking) -> (Arc<AddressSpace>, thread::JoinHandle<()>) {
+    let mm = space(fault_locking);
+    let lo = A - 2 * PAGE_SIZE;
+    mm.mmap(lo, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+    mm.write(lo, &[1]).unwrap();
+    mm.mprotect(lo, 2 * PAGE_SIZE, Prot::READ).unwrap();
+    mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+    let m2 = mm.clone();
+    let t = thread::spawn(move || m2.mprotect(lo, PAGE_SIZE, Prot::NONE).unwrap());
+    (mm, t)
+}
+
+/// After [`neighbour_split`] and a write fault at `A`: the neighbour's
+/// upper half made read-write merges with the faulted VMA (they share
+/// the neighbour's anon_vma).
+fn check_merged_after_split(mm: &AddressSpace) {
+    let lo = A - 2 * PAGE_SIZE;
+    mm.mprotect(A - PAGE_SIZE, PAGE_SIZE, rw()).unwrap();
+    assert_eq!(
+        spans(mm),
+        vec![
+            (lo, A - PAGE_SIZE, Prot::NONE),
+            (A - PAGE_SIZE, A + 2 * PAGE_SIZE, rw())
+        ]
+    );
+}
+
 /// A range-locked fault fallback (`FaultLocking::MmapLock`: every fault
 /// takes it) at `A`, the first write to a VMA `[A, A+2P)` with no
 /// anon_vma, races a range mprotect(PROT_NONE) of the first page of its
@@ -417,24 +447,10 @@ fn translator_store_vs_range_munmap() {
 #[test]
 fn range_fault_fallback_vs_mprotect_splitting_its_neighbour() {
     model(|| {
-        let mm = space(FaultLocking::MmapLock);
-        let lo = A - 2 * PAGE_SIZE;
-        mm.mmap(lo, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
-        mm.write(lo, &[1]).unwrap();
-        mm.mprotect(lo, 2 * PAGE_SIZE, Prot::READ).unwrap();
-        mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
-        let m2 = mm.clone();
-        let t = thread::spawn(move || m2.mprotect(lo, PAGE_SIZE, Prot::NONE).unwrap());
+        let (mm, t) = neighbour_split(FaultLocking::MmapLock);
         mm.fault(A, Access::Write).unwrap();
         t.join().unwrap();
-        mm.mprotect(A - PAGE_SIZE, PAGE_SIZE, rw()).unwrap();
-        assert_eq!(
-            spans(&mm),
-            vec![
-                (lo, A - PAGE_SIZE, Prot::NONE),
-                (A - PAGE_SIZE, A + 2 * PAGE_SIZE, rw())
-            ]
-        );
+        check_merged_after_split(&mm);
     });
 }
 
@@ -456,25 +472,11 @@ fn range_fault_fallback_vs_mprotect_splitting_its_neighbour() {
 #[test]
 fn range_spec_first_write_vs_mprotect_splitting_its_neighbour() {
     model(|| {
-        let mm = space(FaultLocking::Speculative);
-        let lo = A - 2 * PAGE_SIZE;
-        mm.mmap(lo, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
-        mm.write(lo, &[1]).unwrap();
-        mm.mprotect(lo, 2 * PAGE_SIZE, Prot::READ).unwrap();
-        mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
-        let m2 = mm.clone();
-        let t = thread::spawn(move || m2.mprotect(lo, PAGE_SIZE, Prot::NONE).unwrap());
+        let (mm, t) = neighbour_split(FaultLocking::Speculative);
         loom_door::speculative_fault(&mm, A, Access::Write);
         t.join().unwrap();
         mm.fault(A, Access::Write).unwrap();
-        mm.mprotect(A - PAGE_SIZE, PAGE_SIZE, rw()).unwrap();
-        assert_eq!(
-            spans(&mm),
-            vec![
-                (lo, A - PAGE_SIZE, Prot::NONE),
-                (A - PAGE_SIZE, A + 2 * PAGE_SIZE, rw())
-            ]
-        );
+        check_merged_after_split(&mm);
     });
 }
 

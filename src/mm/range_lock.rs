@@ -233,10 +233,6 @@ pub(crate) const WHOLE: Range = Range {
 /// mapping of more than 512 GiB, reaches more.
 const MAX_PIECES: usize = 2;
 
-/// Most shards a lock has: as the forest's slots (`tree::RangeForest`),
-/// a shard grows where the space would need more.
-const MAX_SHARDS: u64 = 4096;
-
 /// One hold or waiting request, in one shard (or, with `r == WHOLE`, at
 /// the gate).
 #[derive(Clone, Copy, Debug)]
@@ -606,14 +602,11 @@ impl Drop for RangeGuard<'_> {
 
 impl RangeLock {
     /// An unlocked range lock over `[0, space_end)` (and above, in its
-    /// last shard), in shards of `1 << shift` bytes (fewer if more than
-    /// 4096 would be needed).
-    pub(crate) fn new(mut shift: u32, space_end: u64) -> Self {
-        shift = shift.clamp(12, 63);
-        while (space_end >> shift) > MAX_SHARDS {
-            shift += 1;
-        }
-        let n = space_end.div_ceil(1 << shift).max(1) as usize;
+    /// last shard), in shards of `1 << shift` bytes, cut as the forest's
+    /// slots (`tree::slot_geometry`: larger if more than 4096 would be
+    /// needed).
+    pub(crate) fn new(shift: u32, space_end: u64) -> Self {
+        let (shift, n) = crate::tree::slot_geometry(shift, space_end);
         RangeLock {
             shift,
             shards: (0..n).map(|_| CachePadded::new(Shard::default())).collect(),
@@ -875,7 +868,10 @@ mod tests {
             }
             assert!(l.gate.closed.load(Ordering::Relaxed), "still closed");
             drop(w);
-            assert!(!l.gate.closed.load(Ordering::Relaxed), "opened by its holder");
+            assert!(
+                !l.gate.closed.load(Ordering::Relaxed),
+                "opened by its holder"
+            );
             drop(l.try_lock(r(0, 10), true).expect("free again"));
         }
     }

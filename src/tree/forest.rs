@@ -82,6 +82,18 @@ use crossbeam_utils::CachePadded;
 /// The most slots a forest is cut into (a larger space gets larger slots).
 const MAX_SLOTS: u64 = 4096;
 
+/// The slots of `[0, space_end)` cut by `1 << shift` (at least 4 KiB):
+/// the shift, raised until at most 4096 slots cover the space, and the
+/// slot count. The range lock's shards are cut alike, so that a shard is
+/// a slot.
+pub(crate) fn slot_geometry(shift: u32, space_end: u64) -> (u32, usize) {
+    let mut shift = shift.clamp(12, 63);
+    while (space_end >> shift) > MAX_SLOTS {
+        shift += 1;
+    }
+    (shift, space_end.div_ceil(1 << shift).max(1) as usize)
+}
+
 /// Range trees over fixed slots of the key space, read as one tree.
 pub struct RangeForest<V> {
     /// log2 of a slot's size.
@@ -133,16 +145,8 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// slots grow where `space_end` would need more than 4096 of them.
     /// `reclaimer` makes each slot's policy: they must share one epoch
     /// (any [`Reclaimer::epoch`] does), since one pin covers every slot.
-    pub fn sliced(
-        mut shift: u32,
-        space_end: u64,
-        mut reclaimer: impl FnMut() -> Reclaimer,
-    ) -> Self {
-        shift = shift.clamp(12, 63);
-        while (space_end >> shift) > MAX_SLOTS {
-            shift += 1;
-        }
-        let n = space_end.div_ceil(1 << shift).max(1) as usize;
+    pub fn sliced(shift: u32, space_end: u64, mut reclaimer: impl FnMut() -> Reclaimer) -> Self {
+        let (shift, n) = slot_geometry(shift, space_end);
         RangeForest {
             shift,
             trees: Trees::Many(

@@ -60,6 +60,7 @@ mod node;
 mod read;
 mod write;
 
+pub(crate) use forest::slot_geometry;
 pub use forest::{ForestAround, ForestWriter, RangeForest};
 pub use read::Around;
 pub use write::TreeWriter;
