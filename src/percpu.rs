@@ -218,13 +218,28 @@ impl<T> PerCpu<T> {
     /// The slot array, allocated (race-free) on first use.
     #[inline]
     fn slots(&self) -> &[CachePadded<T>] {
+        match self.made() {
+            Some(s) => s,
+            None => self.slice(self.install()),
+        }
+    }
+
+    /// The slot array if it was allocated yet (`None` before first use).
+    #[inline]
+    fn made(&self) -> Option<&[CachePadded<T>]> {
         // Acquire: pairs with the Release of the install, so the slots'
         // initialization is visible before we use them.
         let p = self.slots.load(Ordering::Acquire);
-        let p = if p.is_null() { self.install() } else { p };
-        // SAFETY: a non-null pointer came from `install`: the first of
-        // `len` initialized slots of a boxed slice, published once and
-        // freed only by `drop` (`&mut self`), so it outlives `&self`.
+        (!p.is_null()).then(|| self.slice(p))
+    }
+
+    /// The slots at `p`, a pointer `install` returned.
+    #[inline]
+    fn slice(&self, p: *mut CachePadded<T>) -> &[CachePadded<T>] {
+        // SAFETY: a non-null pointer from `install` (or loaded from
+        // `slots`, which holds only those) is the first of `len`
+        // initialized slots of a boxed slice, published once and freed
+        // only by `drop` (`&mut self`), so it outlives `&self`.
         unsafe { core::slice::from_raw_parts(p, self.len) }
     }
 
@@ -264,14 +279,7 @@ impl<T> PerCpu<T> {
     /// value until then).
     #[inline]
     pub fn local_if_made(&self) -> Option<&T> {
-        // Acquire: as in `slots`.
-        let p = self.slots.load(Ordering::Acquire);
-        if p.is_null() {
-            return None;
-        }
-        // SAFETY: as in `slots`.
-        let slots = unsafe { core::slice::from_raw_parts(p, self.len) };
-        Some(&slots[cpu_id() & (self.len - 1)])
+        self.made().map(|s| &*s[cpu_id() & (self.len - 1)])
     }
 
     /// Slot `cpu` (modulo the slot count).
@@ -282,15 +290,7 @@ impl<T> PerCpu<T> {
 
     /// All slots, for summing; none before first use.
     pub fn iter(&self) -> impl Iterator<Item = &T> {
-        // Acquire: as in `slots`.
-        let p = self.slots.load(Ordering::Acquire);
-        let slots: &[CachePadded<T>] = if p.is_null() {
-            &[]
-        } else {
-            // SAFETY: as in `slots`.
-            unsafe { core::slice::from_raw_parts(p, self.len) }
-        };
-        slots.iter().map(|s| &**s)
+        self.made().unwrap_or(&[]).iter().map(|s| &**s)
     }
 
     /// Number of slots.
@@ -302,7 +302,7 @@ impl<T> PerCpu<T> {
     /// True once the slots exist (tests of laziness).
     #[cfg(test)]
     pub(crate) fn is_allocated(&self) -> bool {
-        !self.slots.load(Ordering::Acquire).is_null()
+        self.made().is_some()
     }
 }
 

@@ -443,28 +443,23 @@ impl AddressSpace {
         let start_brk = cfg.brk_start;
         let stack_limit = cfg.stack_limit;
         let memlock_limit = cfg.memlock_limit;
+        // Range writers: the tree a forest, the range lock sharded alike
+        // (a root entry's span each), the map count per CPU.
+        let ranged = cfg.writer_locking == WriterLocking::Range;
+        let slot_shift = crate::pt::ROOT_ENTRY_SPAN.trailing_zeros();
         AddressSpace {
-            tree: if cfg.writer_locking == WriterLocking::Range {
-                RangeForest::sliced(
-                    crate::pt::ROOT_ENTRY_SPAN.trailing_zeros(),
-                    cfg.task_size,
-                    reclaimer,
-                )
+            tree: if ranged {
+                RangeForest::sliced(slot_shift, cfg.task_size, reclaimer)
             } else {
                 RangeForest::single(reclaimer())
             },
             mmap_lock: MmapLock::with_ranges(
                 MmState {
-                    map_count: MapCount::new(cfg.writer_locking == WriterLocking::Range),
+                    map_count: MapCount::new(ranged),
                     start_stack: 0,
                     def_flags: crate::vma::VmFlags::empty(),
                 },
-                (cfg.writer_locking == WriterLocking::Range).then(|| {
-                    range_lock::RangeLock::new(
-                        crate::pt::ROOT_ENTRY_SPAN.trailing_zeros(),
-                        cfg.task_size,
-                    )
-                }),
+                ranged.then(|| range_lock::RangeLock::new(slot_shift, cfg.task_size)),
             ),
             heap: brk::Heap::new(start_brk),
             pt: LazyWith::new((deferred_reclaim, frames.clone()), |(deferred, frames)| {

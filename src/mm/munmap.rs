@@ -70,7 +70,7 @@ impl Edit<'_> {
         // at the limit.
         if first.start() < r.start
             && r.end < first.end()
-            && self.map_count() >= self.mm().cfg.max_map_count
+            && self.map_count_at_least(self.mm().cfg.max_map_count)
         {
             return Err(Error::NoMem);
         }

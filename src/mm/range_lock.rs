@@ -334,13 +334,14 @@ impl State {
         (!self.held.iter().any(|h| h.exclusive)).then_some(self.writes)
     }
 
+    /// The ranges held, then those waited for.
+    fn ranges(&self) -> impl Iterator<Item = Range> + '_ {
+        self.held.iter().chain(&self.waiting).map(|h| h.r)
+    }
+
     /// A range held or waited for that meets `r`.
     fn meeting(&self, r: Range) -> Option<Range> {
-        self.held
-            .iter()
-            .chain(self.waiting.iter())
-            .map(|h| h.r)
-            .find(|h| h.start < r.end && r.start < h.end)
+        self.ranges().find(|h| h.start < r.end && r.start < h.end)
     }
 }
 
@@ -431,10 +432,15 @@ impl Gate {
             if !wait {
                 return None;
             }
-            let mut st = self.state.lock();
-            while self.closed.load(Ordering::Acquire) {
-                st = self.changed.wait(st);
-            }
+            self.wait_open();
+        }
+    }
+
+    /// Waits until the gate is open (at once if it is).
+    fn wait_open(&self) {
+        let mut st = self.state.lock();
+        while self.closed.load(Ordering::Acquire) {
+            st = self.changed.wait(st);
         }
     }
 
@@ -619,6 +625,11 @@ impl RangeLock {
         ((addr >> self.shift) as usize).min(self.shards.len() - 1)
     }
 
+    /// The first and last shard `r` (non-empty) meets.
+    fn shards_met(&self, r: Range) -> (usize, usize) {
+        (self.shard_of(r.start), self.shard_of(r.end - 1))
+    }
+
     /// True if `a` and `b` lie in one shard.
     pub(crate) fn same_shard(&self, a: u64, b: u64) -> bool {
         self.shard_of(a) == self.shard_of(b)
@@ -627,7 +638,7 @@ impl RangeLock {
     /// The shards `r` (non-empty) meets, or `None` if that is more than a
     /// request may hold piece by piece.
     fn pieces(&self, r: Range) -> Option<(usize, usize)> {
-        let (first, last) = (self.shard_of(r.start), self.shard_of(r.end - 1));
+        let (first, last) = self.shards_met(r);
         (r != WHOLE && last - first < MAX_PIECES).then_some((first, last - first + 1))
     }
 
@@ -737,7 +748,7 @@ impl RangeLock {
         if r.is_empty() {
             return None;
         }
-        let (first, last) = (self.shard_of(r.start), self.shard_of(r.end - 1));
+        let (first, last) = self.shards_met(r);
         (first..=last).find_map(|k| {
             let st = self.shards[k].state.lock();
             st.meeting(r).map(|m| {
@@ -761,12 +772,7 @@ impl RangeLock {
                     st = sh.released.wait(st);
                 }
             }
-            Wait::Gate => {
-                let mut st = self.gate.state.lock();
-                while self.gate.closed.load(Ordering::Acquire) {
-                    st = self.gate.changed.wait(st);
-                }
-            }
+            Wait::Gate => self.gate.wait_open(),
         }
     }
 
@@ -774,17 +780,9 @@ impl RangeLock {
     /// each shard's pieces in shard order (tests).
     #[cfg(test)]
     pub(crate) fn busy(&self) -> Vec<Range> {
-        let whole = self.gate.state.lock();
-        let mut v: Vec<Range> = whole
-            .held
-            .iter()
-            .chain(&whole.waiting)
-            .map(|h| h.r)
-            .collect();
-        drop(whole);
+        let mut v: Vec<Range> = self.gate.state.lock().ranges().collect();
         for sh in self.shards.iter() {
-            let st = sh.state.lock();
-            v.extend(st.held.iter().chain(&st.waiting).map(|h| h.r));
+            v.extend(sh.state.lock().ranges());
         }
         v
     }
