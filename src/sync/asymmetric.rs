@@ -33,6 +33,22 @@
 //! switch retries both routes, sleeping between tries, until one works:
 //! heavy fences (and the flushes that issue them) wait rather than go on
 //! unordered, and nothing panics.
+//!
+//! # Watched light fences
+//!
+//! A hot path that already loads a word of its own after its light fence
+//! and branches on it (a translator's generation) can skip the mode load
+//! too: it registers a [`Watcher`] ([`watch`]) and then fences with
+//! [`light_watched`], a compiler fence alone. The switch, after storing
+//! the new mode and before serializing every CPU, tells each live watcher
+//! ([`Watcher::switched`]), which changes that word, so the same two
+//! cases hold with the word in the mode's place: a watched fence whose
+//! word load ran before the switch's interrupt had its earlier stores
+//! drained by it; one whose load ran after it sees the changed word,
+//! takes its slow path, finds there what `switched` marked and from then
+//! on issues full fences itself. A watcher registered after the switch
+//! stored the mode is told so by [`watch`] (registration and the switch's
+//! calls are serialized by one lock) and never uses the watched fence.
 
 use super::{fence, Ordering};
 use crossbeam_utils::CachePadded;
@@ -67,6 +83,39 @@ fn full_fence() {
     fence(Ordering::SeqCst);
 }
 
+/// What a hot path that fences with [`light_watched`] registers
+/// ([`watch`]): told once, if the process switches to full fences, before
+/// any CPU is serialized for the switch (see the [module docs](self)).
+pub trait Watcher: Send + Sync {
+    /// The process switched to full fences: make the hot path's next
+    /// check of its own word fail, so that its slow path sees the mode.
+    fn switched(&self);
+}
+
+/// Registers `w` for the switch; true if light fences are compiler fences
+/// now, so that its hot path may use [`light_watched`] until
+/// [`Watcher::switched`] runs. False (fenced, or already switched): the
+/// hot path must issue full fences. Registers for membarrier first, as
+/// [`expedited`] does. Not under loom, where [`light_watched`] is a full
+/// fence and nothing switches.
+#[cfg(not(aspace_loom))]
+pub fn watch(w: std::sync::Weak<dyn Watcher>) -> bool {
+    MODE.watch(sys::register, w)
+}
+
+/// The hot side of a path registered with [`watch`] while [`expedited`]:
+/// a compiler fence, with no load of the mode (its own word's check
+/// stands in for it, see the [module docs](self)). Under loom, loom's
+/// `SeqCst` fence, like [`light`].
+#[inline(always)]
+pub fn light_watched() {
+    if cfg!(aspace_loom) {
+        fence(Ordering::SeqCst);
+    } else {
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    }
+}
+
 /// The rare side: a full barrier on every running thread of the process
 /// (a few microseconds: an IPI to each CPU running one). Never fails: see
 /// the [module docs](self) for what happens when `membarrier` does.
@@ -92,6 +141,10 @@ struct Mode {
     state: std::sync::atomic::AtomicU8,
     /// Ends once every CPU serialized after the switch to `SWITCHED`.
     switch: std::sync::Once,
+    /// The hot paths that fence with [`light_watched`] (pruned of dead
+    /// ones as it grows); its lock orders a registration against the
+    /// switch's calls.
+    watchers: std::sync::Mutex<Vec<std::sync::Weak<dyn Watcher>>>,
 }
 
 impl Mode {
@@ -99,6 +152,7 @@ impl Mode {
         Mode {
             state: std::sync::atomic::AtomicU8::new(UNKNOWN),
             switch: std::sync::Once::new(),
+            watchers: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -116,6 +170,25 @@ impl Mode {
             self.state
                 .compare_exchange(UNKNOWN, m, std::sync::atomic::Ordering::AcqRel, Acquire);
         self.state.load(Acquire)
+    }
+
+    /// Registers `w` (see [`watch`]); true if the mode is expedited.
+    #[cfg(not(aspace_loom))]
+    fn watch(&self, register: impl FnOnce() -> bool, w: std::sync::Weak<dyn Watcher>) -> bool {
+        let m = self.get(register);
+        let mut all = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
+        if all.len() == all.capacity() {
+            // Amortized: the list at most doubles between prunes.
+            all.retain(|w| w.strong_count() > 0);
+        }
+        // Read under the lock: a switch stores the mode before taking it,
+        // so either it calls `w` or this load sees its mode.
+        let expedited =
+            m == EXPEDITED && self.state.load(std::sync::atomic::Ordering::Acquire) == EXPEDITED;
+        if expedited {
+            all.push(w);
+        }
+        expedited
     }
 
     /// True if a light fence must be a full fence.
@@ -148,6 +221,13 @@ impl Mode {
     fn switch_to_fences(&self, mut serialize_all: impl FnMut() -> bool) {
         self.state
             .store(SWITCHED, std::sync::atomic::Ordering::SeqCst);
+        // Before the serialization below: a watched fence whose word load
+        // runs after it must see its word changed (module docs).
+        let watchers =
+            std::mem::take(&mut *self.watchers.lock().unwrap_or_else(|e| e.into_inner()));
+        for w in watchers.iter().filter_map(|w| w.upgrade()) {
+            w.switched();
+        }
         let mut pause = std::time::Duration::from_millis(1);
         while !serialize_all() {
             std::thread::sleep(pause);
@@ -273,6 +353,44 @@ mod tests {
             || unreachable!(),
         );
         assert_eq!(tries.get(), 3, "the switch runs once");
+    }
+
+    /// A watcher registered while expedited is told of the switch before
+    /// any CPU is serialized for it; one registering after the switch is
+    /// refused (it must fence itself); dead ones are pruned.
+    #[test]
+    fn the_switch_tells_watchers_before_serializing() {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        struct Count(AtomicUsize);
+        impl Watcher for Count {
+            fn switched(&self) {
+                self.0.fetch_add(1, SeqCst);
+            }
+        }
+        let m = Mode::new();
+        let live = std::sync::Arc::new(Count(AtomicUsize::new(0)));
+        let weak = |c: &std::sync::Arc<Count>| {
+            std::sync::Arc::downgrade(c) as std::sync::Weak<dyn Watcher>
+        };
+        assert!(m.watch(|| true, weak(&live)));
+        for _ in 0..10 {
+            let dead = std::sync::Arc::new(Count(AtomicUsize::new(0)));
+            assert!(m.watch(|| unreachable!(), weak(&dead)));
+        }
+        assert!(m.watchers.lock().unwrap().len() < 11, "dead watchers kept");
+        m.heavy(
+            || unreachable!(),
+            || false,
+            || {
+                assert_eq!(live.0.load(SeqCst), 1, "serialized before telling");
+                true
+            },
+        );
+        assert_eq!(live.0.load(SeqCst), 1);
+        let late = std::sync::Arc::new(Count(AtomicUsize::new(0)));
+        assert!(!m.watch(|| unreachable!(), weak(&late)));
+        let fenced = Mode::new();
+        assert!(!fenced.watch(|| false, weak(&late)));
     }
 
     /// Without membarrier from the start, nothing switches.

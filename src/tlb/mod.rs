@@ -155,7 +155,9 @@
 //!
 //! Shared lines: a hit writes only its own slot's hot line (which a
 //! flusher writes only when it reaches that slot) and reads nothing
-//! another thread writes in steady state but the fence mode; a miss whose
+//! another thread writes in steady state (not even the fence mode: a
+//! switch to full fences bumps its generation instead, see
+//! `asymmetric`'s "Watched light fences"); a miss whose
 //! region is new, and the first access on another thread, write the
 //! slot's published line (summary and home), which flushers only read;
 //! the home check reads a thread-local word. A flush reads every slot's
@@ -292,6 +294,11 @@ pub(crate) struct Published {
     /// `SeqCst` fence, before its first access on another thread loads its
     /// generation (the home argument in the module docs).
     home: AtomicU64,
+    /// Set by a switch of the process to full fences, before it bumps the
+    /// generation ([`asymmetric::Watcher`]): the translator's accesses must
+    /// then issue full fences. A `std` atomic even under loom, where no
+    /// switch happens.
+    fenced: std::sync::atomic::AtomicBool,
 }
 
 impl TranslatorSlot {
@@ -318,11 +325,50 @@ impl TranslatorSlot {
         fence(Ordering::SeqCst);
     }
 
+    /// True once the process switched to full fences (read by the
+    /// translator after it saw the generation that switch bumped).
+    pub(crate) fn fenced(&self) -> bool {
+        self.published
+            .fenced
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Empties the summary: the translator has dropped all its entries
     /// (Release: the accesses that used them happen before a flusher that
     /// reads the empty summary).
     pub(crate) fn clear_regions(&self) {
         self.published.regions.store(0, Ordering::Release);
+    }
+}
+
+/// A switch to full fences bumps the generation, like a flush that
+/// reaches the translator, so that its next access's check fails and its
+/// slow path sees the new mode (`asymmetric`, "Watched light fences").
+impl asymmetric::Watcher for TranslatorSlot {
+    fn switched(&self) {
+        // Ordered before the bump (Release), which the translator's
+        // Acquire load of the generation reads before it reads this.
+        self.published
+            .fenced
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.hot.gen.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Registers `slot`'s translator for the switch to full fences (and the
+/// process for membarrier); true if its accesses may fence with
+/// [`asymmetric::light_watched`]. Under loom always true: that fence is a
+/// full one there, and loom's `Arc` has no `std` weak reference.
+pub(crate) fn watch_fences(slot: &TranslatorRef) -> bool {
+    #[cfg(not(aspace_loom))]
+    {
+        let weak: std::sync::Weak<TranslatorSlot> = Arc::downgrade(slot);
+        asymmetric::watch(weak as std::sync::Weak<dyn asymmetric::Watcher>)
+    }
+    #[cfg(aspace_loom)]
+    {
+        let _ = slot;
+        true
     }
 }
 
@@ -470,6 +516,7 @@ impl TlbState {
             published: CachePadded::new(Published {
                 regions: AtomicU64::new(0),
                 home: AtomicU64::new(home),
+                fenced: std::sync::atomic::AtomicBool::new(false),
             }),
             owner: thread_token(),
         });
@@ -497,7 +544,8 @@ fn shoot_translators(translators: &[TranslatorRef], regions: Regions) -> u64 {
         // The overlap check: skipping it (reaching every slot) is the old
         // untargeted flush; inverting it misses stale entries.
         if Regions(slot.published.regions.load(Ordering::Acquire)).meets(regions) {
-            // Flushers are serialized by `flush_lock`: no other writer.
+            // Flushers are serialized by `flush_lock`; the only other
+            // writer, a switch to full fences, also adds one.
             let target = slot.hot.gen.fetch_add(1, Ordering::Release) + 1;
             reached.push((slot, target));
         }

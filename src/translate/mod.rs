@@ -11,10 +11,13 @@
 //! A hit is a few instructions and writes one shared line: the
 //! translator's own slot's hot line (`busy` set and cleared around the
 //! access, and its generation read), which another thread writes only
-//! when a flush reaches this translator. It also reads the fence mode (a
-//! line no one writes in steady state), the calling thread's id (a
-//! thread-local word, compared with the translator's home in the branch
-//! that checks its generation: one branch for both) and the frame. The
+//! when a flush reaches this translator. Its light fence is a compiler
+//! fence with no load of the process's fence mode: the generation check
+//! stands in for it (a switch to full fences bumps every translator's
+//! generation, `sync::asymmetric`'s "Watched light fences"). It also reads
+//! the calling thread's id (a thread-local word, compared with the
+//! translator's home in the branch that checks its generation: one branch
+//! for both) and the frame. The
 //! entry check is one compare of tag, permissions and alignment. A miss
 //! also counts
 //! itself (`translator_walks` or `translator_huge_hits`) in the space's
@@ -119,6 +122,10 @@ use crate::tlb::{Regions, SlotHot, TranslatorRef};
 
 /// The `busy` word inside one access.
 const IN_ACCESS: u64 = 1;
+
+/// A translator's `key` when its accesses must issue full fences: no
+/// thread's id (ids count up from 1).
+const FENCED: u64 = u64::MAX;
 
 /// Entries in a translator (direct-mapped by page number).
 const ENTRIES: usize = 256;
@@ -239,6 +246,11 @@ pub struct Translator<'a> {
     /// The thread the slot names as the translator's home (its last
     /// access's, [`crate::sync::thread_id`], never 0).
     home: u64,
+    /// What an access compares the calling thread's id with: `home` while
+    /// its light fence may be a compiler fence ([`asymmetric::watch`]),
+    /// else [`FENCED`], which no thread's id is, so that every access
+    /// takes `enter_slow` and its full fence.
+    key: u64,
     entries: [Entry; ENTRIES],
     /// PMD leaves cached as one translation each: `tag` is the 2 MiB
     /// span's address | its permissions, `base` its first byte. A miss of
@@ -282,16 +294,22 @@ impl Translator<'static> {
 
 impl<'a> Translator<'a> {
     fn new(mm: &'a AddressSpace, owner: Option<std::sync::Arc<AddressSpace>>) -> Self {
-        // Registers for membarrier now, off the hot path.
-        asymmetric::expedited();
         mm.tlb.note_cpu();
         let home = thread_id();
         let slot = mm.tlb.register_translator(home);
+        // Registers for membarrier now, off the hot path, and for the
+        // switch to full fences, which bumps the slot's generation.
+        let key = if crate::tlb::watch_fences(&slot) {
+            home
+        } else {
+            FENCED
+        };
         Translator {
             mm,
             gen: slot.hot.acked.load(Ordering::Relaxed),
             regions: Regions::NONE,
             home,
+            key,
             slot,
             entries: [EMPTY; ENTRIES],
             huge: [EMPTY; HUGE_ENTRIES],
@@ -318,27 +336,41 @@ impl<'a> Translator<'a> {
         // fence (which would otherwise reload `self.slot`).
         let busy = Busy(&*self.slot.hot);
         busy.get().busy.store(mark, Ordering::Relaxed);
-        // `true`: the light fence reads the process's fence mode itself
-        // and is a full fence unless membarrier is in use.
-        asymmetric::light(true);
+        // A compiler fence, with no load of the fence mode: the
+        // generation check below stands in for it (a switch to full
+        // fences bumps the generation, see `asymmetric`'s "Watched light
+        // fences"); with full fences `key` sends every access to
+        // `enter_slow`, which fences.
+        asymmetric::light_watched();
         let gen = busy.get().gen.load(Ordering::Acquire);
-        // One branch for a flush since the last access and for an access
-        // on another thread than the last (a thread-local load, 0 on a
-        // thread that never made its id, which no home is).
-        if (gen ^ self.gen) | (thread_id_if_made() ^ self.home) != 0 {
+        // One branch for a flush since the last access, for an access on
+        // another thread than the last (a thread-local load, 0 on a
+        // thread that never made its id, which no home is) and for full
+        // fences.
+        if (gen ^ self.gen) | (thread_id_if_made() ^ self.key) != 0 {
             self.enter_slow(gen);
         }
         busy
     }
 
-    /// [`enter`](Self::enter) after a flush or on a new thread: on a new
-    /// thread, publishes it as the home (a store and a full fence, so a
-    /// flush on the old home no longer skips this translator, see `tlb`)
-    /// and loads the generation again, after that fence; then obeys the
-    /// flushes.
+    /// [`enter`](Self::enter) after a flush, on a new thread or with full
+    /// fences: with full fences (the process has no membarrier, or
+    /// switched away from it), issues the light fence's full fence and
+    /// loads the generation again; on a new thread, publishes it as the
+    /// home (a store and a full fence, so a flush on the old home no
+    /// longer skips this translator, see `tlb`) and loads the generation
+    /// again, after that fence; then obeys the flushes.
     #[cold]
     #[inline(never)]
     fn enter_slow(&mut self, mut gen: u64) {
+        if self.key == FENCED || self.slot.fenced() {
+            // Mutation the unit test `a_switch_to_fences_reaches_translators`
+            // catches: keeping `key` (the switched translator would go on
+            // with compiler fences).
+            self.key = FENCED;
+            crate::sync::fence(Ordering::SeqCst);
+            gen = self.slot.hot.gen.load(Ordering::Acquire);
+        }
         let here = thread_id();
         if here != self.home {
             // Mutation the loom model `translator_moved_vs_own_flush`
@@ -346,6 +378,9 @@ impl<'a> Translator<'a> {
             // old thread, whose flushes then skip this translator).
             self.slot.rehome(here);
             self.home = here;
+            if self.key != FENCED {
+                self.key = here;
+            }
             gen = self.slot.hot.gen.load(Ordering::Acquire);
         }
         if gen != self.gen {
@@ -586,5 +621,53 @@ impl core::fmt::Debug for Translator<'_> {
             .field("regions", &format_args!("{:#x}", self.regions.0))
             .field("owned", &self._owner.is_some())
             .finish()
+    }
+}
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests {
+    use super::*;
+    use crate::{Config, MapFlags, Prot};
+
+    /// A switch of the process to full fences reaches a live translator
+    /// through its generation (`asymmetric`'s "Watched light fences"): its
+    /// next access takes the slow path and from then on fences in every
+    /// access, on every thread, while it still translates and obeys
+    /// flushes.
+    #[test]
+    fn a_switch_to_fences_reaches_translators() {
+        let mm = AddressSpace::new(Config::default());
+        let a = mm
+            .mmap(
+                0,
+                2 * PAGE_SIZE,
+                Prot::READ | Prot::WRITE,
+                MapFlags::PRIVATE | MapFlags::ANONYMOUS,
+            )
+            .unwrap();
+        let mut t = mm.translator();
+        t.store::<u64>(a, 1).unwrap();
+        t.store::<u64>(a + PAGE_SIZE, 2).unwrap();
+        if asymmetric::expedited() {
+            assert_eq!(t.key, t.home, "an expedited translator fenced");
+        }
+        asymmetric::Watcher::switched(&*t.slot);
+        assert_eq!(t.load::<u64>(a).unwrap(), 1);
+        assert_eq!(t.key, FENCED, "the switch did not reach the translator");
+        mm.munmap(a + PAGE_SIZE, PAGE_SIZE).unwrap();
+        let e = t.load::<u64>(a + PAGE_SIZE).unwrap_err();
+        assert_eq!((e.addr, e.kind), (a + PAGE_SIZE, FaultError::NoMapping));
+        let here = thread_id();
+        let t = std::thread::scope(|s| {
+            s.spawn(move || {
+                t.store::<u64>(a, 3).unwrap();
+                t
+            })
+            .join()
+            .unwrap()
+        });
+        assert_ne!(t.home, here, "the access on the new thread rehomed");
+        assert_eq!(t.key, FENCED, "a move to another thread unfenced it");
+        assert_eq!(mm.translator().load::<u64>(a).unwrap(), 3);
     }
 }
