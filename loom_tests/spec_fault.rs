@@ -336,23 +336,70 @@ fn spec_fault_in_shared_table_vs_uffd_register() {
 /// when it would link one: afterwards no entry lies outside a VMA and no
 /// table is left in the hole. Catches: the lock of the empty slot in
 /// `PageTable::sweep_at` (src/pt/range.rs, `let _l =
-/// self.holder_lock(holder);`) deleted: the attempt then links a table and
-/// installs the zero page after munmap returned.
+/// self.holder_lock(holder, level, va);`) deleted: the attempt then links
+/// a table and installs the zero page after munmap returned.
 #[test]
 fn spec_fault_without_table_vs_munmap() {
-    model(|| {
+    without_tables_vs_munmap(A, Some(B));
+}
+
+/// The same race one level up, where the empty slot is the root table's:
+/// the VMA that keeps the root table lies in another 512 GiB slot, so
+/// neither the PUD, the PMD nor the PTE table above `A` exists, and the
+/// sweep and the attempt's links meet at the root slot's striped lock
+/// (`PageTable::slot_lock`). Catches: the link naming its slot one level
+/// down (src/pt/walk.rs, `table_checked`: `Some((t, level, va))` made
+/// `Some((t, level - 1, va))`, so a root slot's link takes the root
+/// table's own lock while the sweep takes the slot's stripe): the attempt
+/// then links the tables and installs the zero page after munmap
+/// returned.
+#[test]
+fn spec_fault_without_upper_tables_vs_munmap() {
+    without_tables_vs_munmap(A, Some(A + ROOT_SLOT));
+}
+
+/// The same race with no table at all: the space has never faulted, so
+/// the sweep finds the root slot empty (under the stripe of the root
+/// table slot its range lies in, stripe 1 here) and the attempt must link
+/// the root itself (under stripe 0: an empty root orders nothing), then
+/// the tables below it, the first under stripe 1. Either the root is made
+/// (it is never freed) or nothing is. Catches: the sweep's stripe for a
+/// missing root made the next one (src/pt/walk.rs, `holder_lock`:
+/// `index(va, LEVELS - 1) + 1`): the sweep then misses the link below the
+/// root, and the attempt installs the zero page after munmap returned.
+#[test]
+fn spec_fault_without_root_vs_munmap() {
+    without_tables_vs_munmap(A + ROOT_SLOT, None);
+}
+
+/// A root table slot's span (512 GiB).
+const ROOT_SLOT: u64 = 1 << 39;
+
+/// The body of the three models above: the two-page VMA at `at` is
+/// unmapped while a speculative read fault in it races; `keep` is where a
+/// faulted VMA keeps the tables above the hole, if anywhere.
+fn without_tables_vs_munmap(at: u64, keep: Option<u64>) {
+    model(move || {
         let mm = space();
-        mm.mmap(B, PAGE_SIZE, rw(), fixed()).unwrap();
-        mm.fault(B, Access::Read).unwrap();
+        if let Some(keep) = keep {
+            mm.mmap(keep, PAGE_SIZE, rw(), fixed()).unwrap();
+            mm.fault(keep, Access::Read).unwrap();
+        }
         let tables = mm.page_table_bytes();
-        mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
-        let t = spawn_spec(&mm, A, Access::Read);
-        mm.munmap(A, 2 * PAGE_SIZE).unwrap();
+        mm.mmap(at, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+        let t = spawn_spec(&mm, at, Access::Read);
+        mm.munmap(at, 2 * PAGE_SIZE).unwrap();
         t.join().unwrap();
         loom_door::check_ptes(&mm).unwrap();
+        // A root made by the attempt stays (a root is never freed).
+        let root = if keep.is_none() && mm.page_table_bytes() > 0 {
+            PAGE_SIZE
+        } else {
+            0
+        };
         assert_eq!(
             mm.page_table_bytes(),
-            tables,
+            tables + root,
             "a table was left in the hole"
         );
     });

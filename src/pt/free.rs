@@ -112,7 +112,7 @@ impl PageTable {
                 // tables meanwhile: every linker validates the same way,
                 // or holds a VMA lock that keeps it out of the hole.
                 let v = {
-                    let _l = t.lock.lock();
+                    let _l = self.slot_lock(t, level, i);
                     t.used.fetch_sub(1, Ordering::Relaxed);
                     e.swap(0, Ordering::AcqRel)
                 };

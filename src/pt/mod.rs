@@ -7,13 +7,18 @@
 //! user-mode accesses) read entries lock-free with `Acquire`. Each table has
 //! its own lock. At level 0 it is Linux's split PTE lock: installs,
 //! updates, zaps and moves of entries take it; lookups never do. Above,
-//! it is the lock of the table's entry slots (the root slot has
-//! `root_lock`): a missing table is linked (`Release`) and an empty one
-//! unlinked only under the lock of the table holding its entry, so two
-//! faults racing on one region agree on one table (the loser frees its
-//! own), and a writer's sweep that finds a slot empty under that lock is
-//! ordered before any table linked there later (`PageTable::sweep`, the
-//! speculative fault's rule: see `mm::spec_fault`).
+//! it is the lock of the table's entry slots (the root table's 512 GiB
+//! slots have striped locks of their own, `root_slots`, so that writers
+//! and faults in different slots, as range-locked writers in their own
+//! windows are, share no lock: `PageTable::slot_lock`; a sweep reads the
+//! root slot empty under the stripe of the root table slot it would
+//! reach, which the first link below a root made later takes): a missing
+//! table is linked
+//! (`Release`) and an empty one unlinked only under its slot's lock, so
+//! two faults racing on one region agree on one table (the loser frees
+//! its own), and a writer's sweep that finds a slot empty under that lock
+//! is ordered before any table linked there later (`PageTable::sweep`,
+//! the speculative fault's rule: see `mm::spec_fault`).
 //!
 //! Every table page is charged to the pool's budget while it is linked:
 //! a fault that would need a table past the budget gets no table
@@ -66,6 +71,7 @@ use crate::phys::FrameAllocator;
 use crate::reclaim::{Guard, Reclaimer};
 use crate::sync::counter::AtomicI64;
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
+use crossbeam_utils::CachePadded;
 
 mod copy;
 mod entry;
@@ -85,6 +91,11 @@ const ENTRIES: usize = 512;
 const LEVELS: u32 = 4;
 /// Bits of virtual address translated (48).
 const VA_BITS: u32 = PAGE_SHIFT + 9 * LEVELS;
+/// Striped locks of the root table's slots (see `PageTable::slot_lock`):
+/// neighbouring 512 GiB slots never share one. Four under loom, so that
+/// in its models a slot's stripe, the next slot's and the root link's
+/// (the first) are three different locks.
+const ROOT_STRIPES: usize = if cfg!(aspace_loom) { 4 } else { 16 };
 /// Marks an upper-level entry as pointing to a table.
 const TABLE_BIT: u64 = 1;
 
@@ -163,18 +174,22 @@ pub struct PageTable {
     /// table, so an idle address space allocates no table at all. Never
     /// freed before the page table.
     ///
-    /// Protected by: `root_lock`, under which the first creating walker
-    /// fills it once, like any upper-level entry (`Release` publishes the
+    /// Protected by: the first stripe of `root_slots`, under which the
+    /// first creating walker fills it once (a sweep that finds it empty
+    /// holds the stripe of its root table slot instead: see
+    /// `holder_lock`), like any upper-level entry (`Release` publishes the
     /// zeroed table; walkers load it with `Acquire`); a walker that finds
     /// it filled under the lock frees its own table. Never emptied until
     /// drop (its contents: see `Table`'s fields).
     root: AtomicU64,
-    /// The lock of the root slot, as each table's lock is the lock of
-    /// its entry slots above level 0: the root is linked under it, and a
-    /// writer's sweep of a range with no root takes it.
+    /// The locks of the root table's slots, slot `i` taking stripe
+    /// `i % ROOT_STRIPES`, each on a line of its own: the root table's
+    /// own lock is never taken. They stand for the root slot's lock too:
+    /// a sweep that finds no root takes the stripe of the root table slot
+    /// its range lies in, and the root is linked under the first.
     ///
-    /// Protected by: immutable (it is the lock).
-    root_lock: Mutex<()>,
+    /// Protected by: immutable (they are the locks).
+    root_slots: [CachePadded<Mutex<()>>; ROOT_STRIPES],
     /// Where unlinked table pages wait for the walkers that may still see
     /// them.
     ///
@@ -220,7 +235,7 @@ impl PageTable {
     pub fn with_frames(reclaimer: Reclaimer, frames: Arc<FrameAllocator>) -> Self {
         PageTable {
             root: AtomicU64::new(0),
-            root_lock: Mutex::new(()),
+            root_slots: core::array::from_fn(|_| CachePadded::new(Mutex::new(()))),
             reclaimer,
             tables: PerCpu::new(|| AtomicI64::new(0)),
             splits: PerCpu::new(|| AtomicI64::new(0)),

@@ -232,7 +232,7 @@ impl PageTable {
                     e = &t.entries[index(va, level)];
                 }
                 None => {
-                    let _l = self.holder_lock(holder);
+                    let _l = self.holder_lock(holder, level, va);
                     let v = e.load(Ordering::Acquire);
                     if is_leaf(v) {
                         // A PMD leaf: its slot lock, held now, is the
@@ -243,8 +243,9 @@ impl PageTable {
                         continue; // linked meanwhile: sweep that table
                     }
                     // This slot and the empty ones after it in the same
-                    // table, under the one acquisition.
-                    let Some(h) = holder else {
+                    // table, under the one acquisition (the root table's
+                    // slots have a lock each: one slot).
+                    let Some(h) = holder.filter(|_| level < LEVELS - 1) else {
                         return next;
                     };
                     let mut stop = next;

@@ -3,8 +3,8 @@
 //! entry.
 
 use super::{
-    entry_span, index, is_leaf, is_table, leaf_pte, PageTable, Pte, Table, LEVELS, TABLE_BIT,
-    TABLE_BYTES, VA_BITS,
+    entry_span, index, is_leaf, is_table, leaf_pte, PageTable, Pte, Table, LEVELS, ROOT_STRIPES,
+    TABLE_BIT, TABLE_BYTES, VA_BITS,
 };
 use crate::addr::PAGE_SIZE;
 use crate::reclaim::Guard;
@@ -160,25 +160,65 @@ impl PageTable {
                     if is_leaf(v) {
                         return Err(CheckedInstallError::Taken(leaf_pte(v)));
                     }
-                    self.make_table(e, Some(t), create, valid, g)?
+                    // Mutation the loom model
+                    // `spec_fault_without_upper_tables_vs_munmap` catches:
+                    // `level - 1` for `level` (a root slot linked under the
+                    // root table's own lock, not the slot's stripe).
+                    self.make_table(e, Some((t, level, va)), create, valid, g)?
                 }
             };
         }
         Ok(t)
     }
 
-    /// The lock under which entry slots of `holder` (the root slot when
-    /// `None`) go from empty to a table and back.
-    pub(super) fn holder_lock<'a>(&'a self, holder: Option<&'a Table>) -> MutexGuard<'a, ()> {
+    /// The lock under which an entry slot of `holder` goes from empty to a
+    /// table and back: `level` is the level of `holder`'s entries and `va`
+    /// an address in the slot (see [`slot_lock`](Self::slot_lock)). For
+    /// the root slot (`None`), the lock a sweep reads it empty under: the
+    /// stripe of `va`'s root table slot.
+    pub(super) fn holder_lock<'a>(
+        &'a self,
+        holder: Option<&'a Table>,
+        level: u32,
+        va: u64,
+    ) -> MutexGuard<'a, ()> {
         match holder {
-            Some(t) => t.lock.lock(),
-            None => self.root_lock.lock(),
+            Some(t) => self.slot_lock(t, level, index(va, level)),
+            // The root slot, read empty by a sweep: the stripe of `va`'s
+            // root table slot, the lock the first link below the root in
+            // that slot takes (`make_table`), so that sweeps in a space
+            // with no root yet (a writers-only one) share no lock either.
+            // Mutation the loom model `spec_fault_without_root_vs_munmap`
+            // catches: `index(va, LEVELS - 1) + 1` (the sweep then misses
+            // the link of the tables below a root made after it).
+            None => self.root_slots[index(va, LEVELS - 1) % ROOT_STRIPES].lock(),
+        }
+    }
+
+    /// The lock of slot `i` of `t`, a table above level 0 whose entries
+    /// are at `level`: the table's own lock, except in the root table,
+    /// whose slots (512 GiB each) take striped locks of their own, so
+    /// that linking, unlinking and sweeping in one slot neither waits for
+    /// nor writes the line of another's. Nothing holds all of a table's
+    /// slots at once, so a lock per slot keeps every rule a table's lock
+    /// kept (each is about one slot).
+    pub(super) fn slot_lock<'a>(
+        &'a self,
+        t: &'a Table,
+        level: u32,
+        i: usize,
+    ) -> MutexGuard<'a, ()> {
+        if level == LEVELS - 1 {
+            self.root_slots[i % ROOT_STRIPES].lock()
+        } else {
+            t.lock.lock()
         }
     }
 
     /// Creates the table entry `e` (of `parent`, or the root slot) points
-    /// to, charging it as `create` says, and links it under the holder's
-    /// lock if `valid()` holds there; if another walker linked one first,
+    /// to, charging it as `create` says, and links it under the slot's
+    /// lock if `valid()` holds there (`parent` is the holding table, the
+    /// level of its entries and an address in the slot); if another walker linked one first,
     /// frees ours and returns theirs. `NoTable` if the budget refuses or
     /// the pool has no frame (a forced table then is a heap page).
     ///
@@ -189,7 +229,7 @@ impl PageTable {
     fn make_table<'g>(
         &'g self,
         e: &AtomicU64,
-        parent: Option<&Table>,
+        parent: Option<(&Table, u32, u64)>,
         create: Make,
         valid: &dyn Fn() -> bool,
         g: &'g Guard,
@@ -205,7 +245,15 @@ impl PageTable {
             budget.uncharge(TABLE_BYTES);
             return Err(CheckedInstallError::NoTable);
         };
-        let l = self.holder_lock(parent);
+        let l = match parent {
+            Some((t, level, va)) => self.holder_lock(Some(t), level, va),
+            // The root: under one lock for every linker (they agree on
+            // one root), the first stripe. It need not be the stripe a
+            // sweep that found no root held: linking an empty root orders
+            // nothing, and the first link below it, into its slot `i`, is
+            // made under slot `i`'s stripe, which that sweep held.
+            None => self.root_slots[0].lock(),
+        };
         let cur = e.load(Ordering::Relaxed);
         let linked = if is_leaf(cur) {
             // A huge fault filled the slot with a 2 MiB page.
@@ -218,7 +266,7 @@ impl PageTable {
             // Release: the zeroed table is visible to any walker that
             // loads the entry with Acquire (`child`).
             e.store(new.as_ptr() as u64 | TABLE_BIT, Ordering::Release);
-            if let Some(p) = parent {
+            if let Some((p, ..)) = parent {
                 p.used.fetch_add(1, Ordering::Relaxed);
             }
             Ok(true)
