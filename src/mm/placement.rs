@@ -225,7 +225,7 @@ impl AddressSpace {
     /// True if `r` is free and respects the stack guard gaps of its
     /// neighbours (`vm_start_gap(next)` / `vm_end_gap(prev)`).
     pub(super) fn range_usable(&self, ed: &View<'_>, r: Range) -> bool {
-        match ed.find_after(r.start) {
+        match ed.find_after_below(r.start, self.gap_reach(r.end)) {
             Some(next) => r.end <= self.vm_start_gap(next) && next.start() >= r.end,
             None => true,
         }
@@ -238,6 +238,14 @@ impl AddressSpace {
         } else {
             v.start()
         }
+    }
+
+    /// How far above a range ending at `end` a VMA can still matter to it:
+    /// one starting at or past this bound has its guard gap (growsdown)
+    /// above `end` too. The bound of the placements' lookups of the VMA
+    /// after a candidate.
+    fn gap_reach(&self, end: u64) -> u64 {
+        end.saturating_add(self.cfg.stack_guard_gap)
     }
 
     /// Where a search for a mapping with `hint` is likely to land: the
@@ -288,7 +296,7 @@ impl AddressSpace {
             }
             // The gap search keeps `s + len <= high`: no overflow below.
             let s = ed.free_area(low, high, len, true)?;
-            match ed.find_after(s) {
+            match ed.find_after_below(s, self.gap_reach(s + len)) {
                 Some(next) if s + len > self.vm_start_gap(next) => {
                     // The gap below a stack is shortened by its guard gap.
                     high = self.vm_start_gap(next);
@@ -338,7 +346,7 @@ impl AddressSpace {
             }
             // The gap search keeps `s + len <= high`: no overflow below.
             let s = ed.free_area(low, high, len, false)?;
-            match ed.find_after(s) {
+            match ed.find_after_below(s, self.gap_reach(s + len)) {
                 Some(next) if s + len > self.vm_start_gap(next) => low = next.end(),
                 _ => return Some(s),
             }

@@ -270,9 +270,15 @@ impl<'v> View<'v> {
         }
     }
 
-    /// The first VMA ending above `addr` (Linux's `find_vma`).
-    pub(crate) fn find_after(&self, addr: u64) -> Option<VmaRef> {
-        self.mm.tree.find_after(addr, self.pin).map(|(_, v)| *v)
+    /// The first VMA that ends after `addr`, if it starts below
+    /// `ceiling`: reads only the forest's slots from `addr` to `ceiling`,
+    /// so a placement near the top of its slot does not read the trees of
+    /// the slots above, which other range writers are changing.
+    pub(crate) fn find_after_below(&self, addr: u64, ceiling: u64) -> Option<VmaRef> {
+        self.mm
+            .tree
+            .find_after_below(addr, ceiling, self.pin)
+            .map(|(_, v)| *v)
     }
 
     /// The lowest (or, with `top_down`, the highest) page-aligned free
