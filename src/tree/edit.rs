@@ -15,13 +15,10 @@
 //! the current tree under the writer's pin: every node it borrows lives
 //! as long as that pin.
 
-use super::cache::{NodeCache, Spare};
+use super::cache::{Batch, BatchPtr, NodeCache, Spare};
 use super::node::{node, Internal, Leaf, Node, NodePtr, Summary, B, MIN};
 use crate::reclaim::Guard;
 use crate::sync::MutexGuard;
-
-/// Replaced nodes an edit has room for before its garbage list grows.
-const GARBAGE_ROOM: usize = 16;
 
 /// What an insert below a node produced: one replacement, or two after a
 /// split.
@@ -33,9 +30,10 @@ enum Grown<V> {
 /// The functional edits of one write. `garbage` collects every node
 /// replaced.
 pub(super) struct Editor<'e, V> {
-    /// The nodes this edit replaced, to retire after the publish.
+    /// The nodes this edit replaced, to retire after the publish, in a
+    /// batch the cache kept (or a new one).
     /// Protected by: owned by the edit (under the tree's writer mutex).
-    garbage: Vec<NodePtr<V>>,
+    garbage: Box<Batch<V>>,
     /// Where new nodes' memory comes from.
     /// Protected by: see [`NodeCache`]'s fields.
     cache: &'e NodeCache<V>,
@@ -52,21 +50,26 @@ impl<'e, V: Clone> Editor<'e, V> {
     /// An edit by the tree's (single, serialized) writer, reading the tree
     /// under `pin`.
     pub(super) fn new(cache: &'e NodeCache<V>, pin: &'e Guard) -> Self {
+        let mut spare = cache.spare();
         Editor {
-            // Room for the paths of a few edits (an overwrite removes and
-            // inserts): one allocation, not a few regrowths per edit.
-            garbage: Vec::with_capacity(GARBAGE_ROOM),
+            garbage: spare.batch(),
             cache,
-            spare: cache.spare(),
+            spare,
             pin,
         }
     }
 
-    /// Ends the edit: the nodes it replaced, which the caller retires (the
-    /// cache counts them in flight).
-    pub(super) fn finish(mut self) -> Vec<NodePtr<V>> {
-        self.spare.retired(self.garbage.len());
-        self.garbage
+    /// Ends the edit: the batch of the nodes it replaced, which the caller
+    /// retires (the cache counts them in flight), or `None` if it replaced
+    /// none (the empty batch is kept for the next edit).
+    pub(super) fn finish(mut self) -> Option<BatchPtr<V>> {
+        let n = self.garbage.nodes.len();
+        self.spare.retired(n);
+        if n == 0 {
+            self.spare.keep_batch(self.garbage);
+            return None;
+        }
+        Some(Batch::into_ptr(self.garbage))
     }
 
     /// Borrows a node of the working tree.
@@ -83,7 +86,7 @@ impl<'e, V: Clone> Editor<'e, V> {
 
     /// Records `n` as replaced by this edit.
     fn replaced(&mut self, n: &Node<V>) {
-        self.garbage.push(n as NodePtr<V>);
+        self.garbage.nodes.push(n as NodePtr<V>);
     }
 
     /// Places a new node (in recycled memory when there is some) and
@@ -172,7 +175,7 @@ impl<'e, V: Clone> Editor<'e, V> {
         if !root.is_null() {
             // SAFETY: `root` is the working root (see `working`).
             let n = unsafe { self.working(root) };
-            rec(&mut self.garbage, n);
+            rec(&mut self.garbage.nodes, n);
         }
     }
 
@@ -269,7 +272,7 @@ impl<'e, V: Clone> Editor<'e, V> {
             // a node it built (so part of the working tree).
             match unsafe { self.working(p) } {
                 Node::Internal(n) if n.len == 1 => {
-                    self.garbage.push(p);
+                    self.garbage.nodes.push(p);
                     r = Some((n.kids[0], n.kid_summary(0)));
                 }
                 _ => break,

@@ -13,7 +13,6 @@
 //! uncontended there). Readers are never blocked: they see the old root or
 //! the new one, never a mix.
 
-use super::cache::Batch;
 use super::edit::Editor;
 use super::node::{Node, NodePtr, B};
 use super::{RangeTree, TreeError};
@@ -266,13 +265,11 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
             .store(root as *mut Node<V>, Ordering::Release);
         let len = self.tree.len.load(Ordering::Relaxed) as isize + delta;
         self.tree.len.store(len as usize, Ordering::Relaxed);
-        let garbage = ed.finish();
-        if garbage.is_empty() {
+        let Some(batch) = ed.finish() else {
             return;
-        }
+        };
         // One deferred step per edit (not per node), and a cheap one: it
         // only hands the batch back to the writer's node cache.
-        let batch = Batch::boxed(garbage);
         let cache = self.tree.cache.arc();
         self.tree.reclaimer.defer(g, move || {
             // SAFETY: the batch's nodes were unlinked by this edit (not
