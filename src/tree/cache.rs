@@ -64,6 +64,12 @@ pub(super) struct Spare<V> {
     /// reclaimer as the box's pointer.
     #[allow(clippy::vec_box)]
     batches: Vec<Box<Batch<V>>>,
+    /// Batches retired and not back through `ready` yet.
+    batches_in_flight: usize,
+    /// The most `batches_in_flight` reached since the last refill: how
+    /// many batches a refill keeps (within [`BATCHES_KEPT`] and
+    /// [`BATCHES_LIMIT`]), as for nodes (module docs).
+    batches_peak: usize,
 }
 
 impl<V> Spare<V> {
@@ -93,12 +99,27 @@ impl<V> Spare<V> {
         })
     }
 
-    /// Keeps `b` for a later edit, emptied, if there is room for it and
+    /// Gives back the empty batch an edit took ([`batch`](Self::batch))
+    /// and did not fill: kept whatever the limits (it was just taken).
+    pub(super) fn unused_batch(&mut self, b: Box<Batch<V>>) {
+        debug_assert!(b.nodes.is_empty());
+        self.batches.push(b);
+    }
+
+    /// Counts a batch just retired (handed to the reclaimer).
+    pub(super) fn retired_batch(&mut self) {
+        self.batches_in_flight += 1;
+        self.batches_peak = self.batches_peak.max(self.batches_in_flight);
+    }
+
+    /// Keeps `b` for a later edit, emptied, if fewer than the most batches
+    /// in flight since the last refill are kept (within the limits) and
     /// its list did not grow past what an edit usually needs.
     pub(super) fn keep_batch(&mut self, mut b: Box<Batch<V>>) {
         b.nodes.clear();
         b.next = core::ptr::null_mut();
-        if self.batches.len() < BATCHES_KEPT && b.nodes.capacity() <= BATCH_ROOM_KEPT {
+        let keep = self.batches_peak.clamp(BATCHES_KEPT, BATCHES_LIMIT);
+        if self.batches.len() < keep && b.nodes.capacity() <= BATCH_ROOM_KEPT {
             self.batches.push(b);
         }
     }
@@ -108,9 +129,12 @@ impl<V> Spare<V> {
 /// paths of a few edits (an overwrite removes and inserts).
 const GARBAGE_ROOM: usize = 16;
 
-/// Emptied batches a cache keeps for reuse: more than a grace period's
-/// edits rarely come back at once.
+/// Emptied batches a refill may always keep for reuse.
 const BATCHES_KEPT: usize = 64;
+
+/// Emptied batches a refill keeps at most, however many were in flight
+/// (about 150 KiB with lists of 16).
+const BATCHES_LIMIT: usize = 1024;
 
 /// The most room a kept batch's list may have: one a large edit grew is
 /// freed rather than kept.
@@ -191,6 +215,8 @@ impl<V> NodeCache<V> {
                 in_flight: 0,
                 peak: 0,
                 batches: Vec::new(),
+                batches_in_flight: 0,
+                batches_peak: 0,
             }),
         }
     }
@@ -250,9 +276,11 @@ impl<V> NodeCache<V> {
                 }
                 spare.in_flight = spare.in_flight.saturating_sub(1);
             }
+            spare.batches_in_flight = spare.batches_in_flight.saturating_sub(1);
             spare.keep_batch(batch);
         }
         spare.peak = spare.in_flight;
+        spare.batches_peak = spare.batches_in_flight;
     }
 }
 
@@ -263,6 +291,8 @@ impl<V> Drop for NodeCache<V> {
             in_flight: 0,
             peak: 0,
             batches: Vec::new(),
+            batches_in_flight: 0,
+            batches_peak: 0,
         };
         self.refill(&mut spare);
         for p in spare.nodes {
@@ -290,6 +320,7 @@ mod tests {
             .map(|_| Box::into_raw(Box::new(Node::Leaf(Leaf::from_entries(&[])))) as NodePtr<u64>)
             .collect();
         spare.retired(n);
+        spare.retired_batch();
         // SAFETY: the nodes were never linked into a tree: nobody else
         // can reach them.
         unsafe { cache.push_ready(Batch::boxed(nodes)) };
@@ -303,8 +334,9 @@ mod tests {
     }
 
     /// A refill keeps the batches it empties for the next edits (their
-    /// lists' room too), up to `BATCHES_KEPT`, but not one a large edit
-    /// grew; an edit then takes a kept batch rather than a new one.
+    /// lists' room too): as many as were in flight, within
+    /// `BATCHES_KEPT..=BATCHES_LIMIT`, but not one a large edit grew; an
+    /// edit then takes a kept batch rather than a new one.
     #[test]
     fn a_refill_keeps_emptied_batches_for_the_next_edits() {
         let cache = NodeCache::<u64>::new();
@@ -314,6 +346,19 @@ mod tests {
         }
         burst(&cache, &mut spare, BATCH_ROOM_KEPT + 1);
         cache.refill(&mut spare);
+        assert_eq!(spare.batches.len(), BATCHES_KEPT + 3);
+        assert_eq!((spare.batches_in_flight, spare.batches_peak), (0, 0));
+        // Nothing in flight since: a burst pushed unannounced keeps only
+        // the floor.
+        spare.batches.clear();
+        for _ in 0..BATCHES_KEPT + 3 {
+            let nodes =
+                vec![Box::into_raw(Box::new(Node::Leaf(Leaf::from_entries(&[])))) as NodePtr<u64>];
+            spare.retired(1);
+            // SAFETY: as in `burst`.
+            unsafe { cache.push_ready(Batch::boxed(nodes)) };
+        }
+        cache.refill(&mut spare);
         assert_eq!(spare.batches.len(), BATCHES_KEPT);
         assert!(spare
             .batches
@@ -322,7 +367,7 @@ mod tests {
         let kept: *const Batch<u64> = &**spare.batches.last().unwrap();
         let b = spare.batch();
         assert!(core::ptr::eq(&*b, kept), "an edit allocated a new batch");
-        assert!(b.nodes.capacity() >= 2);
+        assert!(b.nodes.capacity() >= 1, "its room was not kept");
         spare.keep_batch(b);
         free_all(&mut spare);
     }

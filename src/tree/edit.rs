@@ -66,9 +66,10 @@ impl<'e, V: Clone> Editor<'e, V> {
         let n = self.garbage.nodes.len();
         self.spare.retired(n);
         if n == 0 {
-            self.spare.keep_batch(self.garbage);
+            self.spare.unused_batch(self.garbage);
             return None;
         }
+        self.spare.retired_batch();
         Some(Batch::into_ptr(self.garbage))
     }
 
