@@ -95,7 +95,7 @@
 //!
 //! | writer | why the install is ordered | cell |
 //! |---|---|---|
-//! | munmap | stamp and sweep; the zap runs under each table's lock, then empty tables go through the epoch, unlinked under their slot locks (hazard 3: a table we walked stays readable, its lock works, the stamp check fails); a table shared with a neighbour is not freed | `spec_fault_without_table_vs_munmap`, `spec_fault_without_upper_tables_vs_munmap` (the root table's striped slot locks), `spec_fault_in_shared_table_vs_neighbour_munmap`, `spec_fault_vs_munmap` |
+//! | munmap | stamp and sweep; the zap runs under each table's lock, then empty tables go through the epoch, unlinked under their slot locks (hazard 3: a table we walked stays readable, its lock works, the stamp check fails); a table shared with a neighbour is not freed | `spec_fault_without_table_vs_munmap`, `spec_fault_without_upper_tables_vs_munmap`, `spec_fault_without_root_vs_munmap` (the root table's striped slot locks), `spec_fault_in_shared_table_vs_neighbour_munmap`, `spec_fault_vs_munmap` |
 //! | mprotect, splits, merges | stamp and sweep every VMA they resize or change; entries rewritten under the locks | `spec_fault_in_shared_table_vs_mprotect`, `spec_fault_vs_mprotect_read`, `spec_fault_vs_split` |
 //! | mremap move | stamp and sweep the source; entries move under both locks or a table (whose span the moved range covers) is relinked under its lock and both slot locks (hazard 4: a fault that walked in through the old PMD entry takes the same lock) | `spec_fault_in_shared_table_vs_mremap`, `spec_fault_vs_mremap` |
 //! | mremap grow, shrink | stamp and sweep; a shrink zaps the tail as munmap | `spec_fault_vs_mremap_grow`, `_shrink` |
