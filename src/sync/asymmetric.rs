@@ -175,7 +175,8 @@ impl Mode {
     /// Registers `w` (see [`watch`]); true if the mode is expedited.
     #[cfg(not(aspace_loom))]
     fn watch(&self, register: impl FnOnce() -> bool, w: std::sync::Weak<dyn Watcher>) -> bool {
-        let m = self.get(register);
+        // Registers first, so the mode is known (not `UNKNOWN`) below.
+        self.get(register);
         let mut all = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
         if all.len() == all.capacity() {
             // Amortized: the list at most doubles between prunes.
@@ -183,8 +184,7 @@ impl Mode {
         }
         // Read under the lock: a switch stores the mode before taking it,
         // so either it calls `w` or this load sees its mode.
-        let expedited =
-            m == EXPEDITED && self.state.load(std::sync::atomic::Ordering::Acquire) == EXPEDITED;
+        let expedited = self.state.load(std::sync::atomic::Ordering::Acquire) == EXPEDITED;
         if expedited {
             all.push(w);
         }

@@ -53,10 +53,10 @@ pub(super) struct NodeCache<V> {
 pub(super) struct Spare<V> {
     /// Free node memory (contents already dropped).
     nodes: Vec<*mut Node<V>>,
-    /// Nodes retired by publishes and not back through `ready` yet.
-    in_flight: usize,
-    /// The most `in_flight` reached since the last refill.
-    peak: usize,
+    /// Nodes retired by publishes and not back through `ready` yet: a
+    /// refill keeps as many as its peak (within [`CACHE_MIN`] and
+    /// [`CACHE_LIMIT`]).
+    nodes_out: InFlight,
     /// Emptied batches (their lists' room kept) for the next edits: an
     /// edit's garbage list and its batch come from here, not from the
     /// allocator (whose frees, with two range-locked writers, were a
@@ -64,12 +64,53 @@ pub(super) struct Spare<V> {
     /// reclaimer as the box's pointer.
     #[allow(clippy::vec_box)]
     batches: Vec<Box<Batch<V>>>,
-    /// Batches retired and not back through `ready` yet.
-    batches_in_flight: usize,
-    /// The most `batches_in_flight` reached since the last refill: how
-    /// many batches a refill keeps (within [`BATCHES_KEPT`] and
+    /// Batches retired and not back through `ready` yet: a refill keeps
+    /// as many as its peak (within [`BATCHES_KEPT`] and
     /// [`BATCHES_LIMIT`]), as for nodes (module docs).
-    batches_peak: usize,
+    batches_out: InFlight,
+}
+
+impl<V> Default for Spare<V> {
+    fn default() -> Self {
+        Spare {
+            nodes: Vec::new(),
+            nodes_out: InFlight::default(),
+            batches: Vec::new(),
+            batches_out: InFlight::default(),
+        }
+    }
+}
+
+/// Things retired and not back yet, and the most there were since the
+/// last refill: what the next burst may bring back, so what a refill
+/// keeps (module docs, `# How much is kept`).
+#[derive(Default)]
+struct InFlight {
+    count: usize,
+    peak: usize,
+}
+
+impl InFlight {
+    /// `n` more retired.
+    fn retired(&mut self, n: usize) {
+        self.count += n;
+        self.peak = self.peak.max(self.count);
+    }
+
+    /// One back through `ready`.
+    fn back(&mut self) {
+        self.count = self.count.saturating_sub(1);
+    }
+
+    /// How many to keep: the peak, within `min..=max`.
+    fn keep(&self, min: usize, max: usize) -> usize {
+        self.peak.clamp(min, max)
+    }
+
+    /// A refill ended: the peak starts again from what is still out.
+    fn restart(&mut self) {
+        self.peak = self.count;
+    }
 }
 
 impl<V> Spare<V> {
@@ -85,8 +126,7 @@ impl<V> Spare<V> {
 
     /// Counts `n` nodes just retired (handed to the reclaimer).
     pub(super) fn retired(&mut self, n: usize) {
-        self.in_flight += n;
-        self.peak = self.peak.max(self.in_flight);
+        self.nodes_out.retired(n);
     }
 
     /// An empty batch for an edit's garbage: a kept one, else a new one.
@@ -108,8 +148,7 @@ impl<V> Spare<V> {
 
     /// Counts a batch just retired (handed to the reclaimer).
     pub(super) fn retired_batch(&mut self) {
-        self.batches_in_flight += 1;
-        self.batches_peak = self.batches_peak.max(self.batches_in_flight);
+        self.batches_out.retired(1);
     }
 
     /// Keeps `b` for a later edit, emptied, if fewer than the most batches
@@ -118,7 +157,7 @@ impl<V> Spare<V> {
     pub(super) fn keep_batch(&mut self, mut b: Box<Batch<V>>) {
         b.nodes.clear();
         b.next = core::ptr::null_mut();
-        let keep = self.batches_peak.clamp(BATCHES_KEPT, BATCHES_LIMIT);
+        let keep = self.batches_out.keep(BATCHES_KEPT, BATCHES_LIMIT);
         if self.batches.len() < keep && b.nodes.capacity() <= BATCH_ROOM_KEPT {
             self.batches.push(b);
         }
@@ -210,14 +249,7 @@ impl<V> NodeCache<V> {
     pub(super) fn new() -> Self {
         NodeCache {
             ready: AtomicPtr::new(core::ptr::null_mut()),
-            spare: Mutex::new(Spare {
-                nodes: Vec::new(),
-                in_flight: 0,
-                peak: 0,
-                batches: Vec::new(),
-                batches_in_flight: 0,
-                batches_peak: 0,
-            }),
+            spare: Mutex::new(Spare::default()),
         }
     }
 
@@ -253,7 +285,7 @@ impl<V> NodeCache<V> {
     /// and keeps up to the most nodes in flight since the last refill
     /// (module docs).
     pub(super) fn refill(&self, spare: &mut Spare<V>) {
-        let keep = spare.peak.clamp(CACHE_MIN, CACHE_LIMIT);
+        let keep = spare.nodes_out.keep(CACHE_MIN, CACHE_LIMIT);
         // Acquire: pairs with the Release of `push_ready`.
         let mut b = self.ready.swap(core::ptr::null_mut(), Ordering::Acquire);
         while !b.is_null() {
@@ -274,13 +306,13 @@ impl<V> NodeCache<V> {
                         dealloc_node(p);
                     }
                 }
-                spare.in_flight = spare.in_flight.saturating_sub(1);
+                spare.nodes_out.back();
             }
-            spare.batches_in_flight = spare.batches_in_flight.saturating_sub(1);
+            spare.batches_out.back();
             spare.keep_batch(batch);
         }
-        spare.peak = spare.in_flight;
-        spare.batches_peak = spare.batches_in_flight;
+        spare.nodes_out.restart();
+        spare.batches_out.restart();
     }
 }
 
@@ -288,11 +320,7 @@ impl<V> Drop for NodeCache<V> {
     fn drop(&mut self) {
         let mut spare = Spare {
             nodes: core::mem::take(&mut self.spare.lock().nodes),
-            in_flight: 0,
-            peak: 0,
-            batches: Vec::new(),
-            batches_in_flight: 0,
-            batches_peak: 0,
+            ..Spare::default()
         };
         self.refill(&mut spare);
         for p in spare.nodes {
@@ -347,7 +375,7 @@ mod tests {
         burst(&cache, &mut spare, BATCH_ROOM_KEPT + 1);
         cache.refill(&mut spare);
         assert_eq!(spare.batches.len(), BATCHES_KEPT + 3);
-        assert_eq!((spare.batches_in_flight, spare.batches_peak), (0, 0));
+        assert_eq!((spare.batches_out.count, spare.batches_out.peak), (0, 0));
         // Nothing in flight since: a burst pushed unannounced keeps only
         // the floor.
         spare.batches.clear();
@@ -383,7 +411,7 @@ mod tests {
         burst(&cache, &mut spare, 3 * CACHE_MIN);
         cache.refill(&mut spare);
         assert_eq!(spare.nodes.len(), 3 * CACHE_MIN);
-        assert_eq!((spare.in_flight, spare.peak), (0, 0));
+        assert_eq!((spare.nodes_out.count, spare.nodes_out.peak), (0, 0));
         free_all(&mut spare);
         burst(&cache, &mut spare, 10);
         cache.refill(&mut spare);
