@@ -295,7 +295,11 @@ fn range_mremap_grow_vs_mprotect_of_the_vma_it_meets() {
 /// computed its neighbourhood after it holds only the pages above the old
 /// break, then grows the heap VMA below them from the break it finds,
 /// and `Edit::lock` stops it ("a range writer locked a VMA outside its
-/// range").
+/// range"). Also catches a waiter that sleeps without looking at the
+/// release count again once it holds the mutex (`if !moved && st.releases
+/// == seen` made `if !moved` in src/mm/range_lock.rs
+/// `Shard::wait_release`): a release between its spin's last look and its
+/// relock is missed, and loom reports the deadlock.
 #[test]
 fn range_brks_race() {
     model(|| {
