@@ -176,7 +176,7 @@
 //! | frame zeroing | the frame | private until installed |
 //! | PTE lock, entry, `used` | the table's 128-byte-aligned header and its entry | shared only by threads faulting in the same 2 MiB span (the `interleaved` workload measures that case) |
 //! | stats | the per-CPU counter slot | per-CPU line |
-//! | first write of a VMA: mmap_lock read side (try), the family's lock, its reverse-map index, the anon_vma's refcount, the VMA's anon_vma pointer | once per VMA, its first write (the per-VMA path wrote the same lines before, plus the VMA's refcount) | amortized over the VMA's pages: once per 64 faults in 256 KiB VMAs |
+//! | first write of a VMA: mmap_lock read side (try), the family's lock, its reverse-map index, the anon_vma's refcount, the VMA's anon_vma pointer | once per VMA, its first write (the per-VMA path wrote the same lines before, plus the VMA's refcount) | amortized over the VMA's pages: once per 64 faults in 256 KiB VMAs (but on a lent 16-core machine, 16 threads faulting 256 KiB VMAs ran at 0.5-0.8x the rate of 1 GiB ones in five rounds of six; not profiled there, and the mmap_lock's line, written about a million times a second then, is the first suspect: `docs/RESULTS.md`, "Small VMAs") |
 //!
 //! Nothing else is written in the VMA, the tree or the mm sequence. Finding
 //! the CPU for the per-CPU slots writes nothing: it reads the thread's
