@@ -391,7 +391,7 @@ impl Shard {
     /// Waits for the next release after the state `st` shows, and returns
     /// the state relocked. Holds last about a microsecond (one writer's
     /// edit), less than a sleep and a wake-up cost (two context switches:
-    /// at 2 threads on 2 cores they were 40% of range writers' CPU when
+    /// at 2 threads on 2 cores they were 37% of range writers' CPU when
     /// their ranges met), so a waiter with `spin` first spins a few
     /// microseconds with the mutex dropped, watching `releases`; then (or
     /// at once without `spin`) it sleeps on `released`, the release count
@@ -757,7 +757,7 @@ impl RangeLock {
                 // Only a request that waits for holds alone spins: one
                 // queued behind other requests waits for their holds too,
                 // and N spinners on 16 cores cost more than they save (as
-                // Linux lets one optimistic spinner per rwsem spin).
+                // Linux lets only one optimistic spinner spin per rwsem).
                 State::wait_grant(
                     st,
                     |st| {
