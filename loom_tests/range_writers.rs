@@ -329,7 +329,12 @@ fn range_brks_race() {
 /// re-check skipped for a grant that a writer preceded (`self.writes +=
 /// u64::from(me.exclusive);` deleted in src/mm/range_lock.rs
 /// `State::grant`: a shard's count of exclusive grants never moves, so
-/// every grant looks undisturbed since `RangeLock::mark`).
+/// every grant looks undisturbed since `RangeLock::mark`), a mark that
+/// reads a shard as quiet while a range is held exclusive there
+/// (`self.quiet.store(st.quiet_word(), ..)` made `st.writes` in
+/// `Shard::publish`), and a mark that reads that word `Relaxed` instead
+/// of `Acquire` (`RangeLock::mark`: it then need not see the last
+/// holder's changes). All three were seen failing.
 #[test]
 fn range_placements_race_for_one_gap() {
     model(|| {

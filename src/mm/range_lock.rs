@@ -42,7 +42,12 @@
 //!
 //! A range writer's call thus writes its CPU's count, its shard's mutex
 //! and holds, and its own VMAs; what two writers in different shards
-//! share is only read (the gate's state). See "What range writers share"
+//! share is only read (the gate's state). A writer takes its shard's
+//! mutex twice per call (grant, release): its mark
+//! ([`RangeLock::mark`]) and a placement's look for busy ranges
+//! ([`RangeLock::busy_near`], in an empty shard) read words the mutex's
+//! holders publish after each change (`Shard::publish`) instead of
+//! taking it. See "What range writers share"
 //! below for the rest of the path.
 //!
 //! # Waiting
@@ -234,6 +239,9 @@ use crate::sync::{
 };
 use crossbeam_utils::CachePadded;
 
+/// [`State::quiet_word`] while a range is held exclusive.
+const NOT_QUIET: u64 = u64::MAX;
+
 /// The whole address space, as a lockable range.
 pub(crate) const WHOLE: Range = Range {
     start: 0,
@@ -352,6 +360,12 @@ impl State {
         (!self.held.iter().any(|h| h.exclusive)).then_some(self.writes)
     }
 
+    /// [`quiet`](Self::quiet) as one word: [`NOT_QUIET`] for `None` (the
+    /// count of grants never reaches it).
+    fn quiet_word(&self) -> u64 {
+        self.quiet().unwrap_or(NOT_QUIET)
+    }
+
     /// The ranges held, then those waited for.
     fn ranges(&self) -> impl Iterator<Item = Range> + '_ {
         self.held.iter().chain(&self.waiting).map(|h| h.r)
@@ -376,6 +390,14 @@ struct Shard {
     /// Only a hint of when to relock: what a waiter acts on it reads under
     /// the mutex, so `Relaxed` suffices.
     releases: AtomicU64,
+    /// `state.quiet_word()`, stored (`Release`) under the mutex after each
+    /// grant and release, so that [`RangeLock::mark`] reads it without
+    /// the mutex (an `Acquire` load: see there).
+    quiet: AtomicU64,
+    /// Holds and waiting requests in `state`, stored under the mutex after
+    /// each change: zero lets [`RangeLock::busy_near`] skip the mutex. A
+    /// hint (the placement's try-lock decides), so `Relaxed`.
+    occupied: AtomicU64,
 }
 
 impl Shard {
@@ -384,8 +406,21 @@ impl Shard {
         let mut st = self.state.lock();
         st.release(r, exclusive);
         self.releases.store(st.releases, Ordering::Relaxed);
+        self.publish(&st);
         drop(st);
         self.released.notify_all();
+    }
+
+    /// Stores the words read without the mutex (`quiet`, `occupied`) from
+    /// `st`, this shard's locked state, after a change to its holds or
+    /// requests.
+    fn publish(&self, st: &State) {
+        // Release: a mark that reads this word sees every change the
+        // holders released before it made (they released under the
+        // mutex, before this store).
+        self.quiet.store(st.quiet_word(), Ordering::Release);
+        let n = st.held.len() + st.waiting.len();
+        self.occupied.store(n as u64, Ordering::Relaxed);
     }
 
     /// Waits for the next release after the state `st` shows, and returns
@@ -758,17 +793,22 @@ impl RangeLock {
                 // queued behind other requests waits for their holds too,
                 // and N spinners on 16 cores cost more than they save (as
                 // Linux lets only one optimistic spinner spin per rwsem).
-                State::wait_grant(
+                let (st, before) = State::wait_grant(
                     st,
                     |st| {
+                        // Queued: placements see the request.
+                        sh.publish(&st);
                         let spin = !st.queued_behind(&me);
                         sh.wait_release(st, spin)
                     },
                     me,
-                )
-                .1
+                );
+                sh.publish(&st);
+                before
             } else if st.grantable(&me) {
-                st.grant(me)
+                let before = st.grant(me);
+                sh.publish(&st);
+                before
             } else {
                 let releases = st.releases;
                 drop(st);
@@ -790,18 +830,23 @@ impl RangeLock {
     /// the shards it touches (range writers hold their neighbourhood,
     /// every other writer the whole space), so a later grant in that shard
     /// alone that finds both counts unchanged was preceded by no change
-    /// there since the mark: the shard's mutex orders every earlier
-    /// holder's changes before it, and the gate's count (read `Acquire`
-    /// after a whole-space writer's last change) those of whole-space
-    /// writers.
+    /// there since the mark. The shard's count is read without its mutex,
+    /// from the word each grant and release stores under it
+    /// (`Shard::publish`): that `Release` store follows every earlier
+    /// holder's release in the mutex's order, so this `Acquire` load sees
+    /// their changes; and the grant that later compares the count takes
+    /// the mutex after this load, so it comes after that store in the
+    /// mutex's order, and an unchanged count means no exclusive grant
+    /// came between. The gate's count (read `Acquire` after a whole-space
+    /// writer's last change) orders those of whole-space writers.
     pub(crate) fn mark(&self, addr: u64) -> Option<Mark> {
         let gen = self.gate.gen.load(Ordering::Acquire);
         if gen & 1 == 1 {
             return None;
         }
         let shard = self.shard_of(addr);
-        let writes = self.shards[shard].state.lock().quiet()?;
-        Some(Mark { gen, shard, writes })
+        let writes = self.shards[shard].quiet.load(Ordering::Acquire);
+        (writes != NOT_QUIET).then_some(Mark { gen, shard, writes })
     }
 
     /// A range held or waited for that meets `r` (a placement's
@@ -813,6 +858,11 @@ impl RangeLock {
         }
         let (first, last) = self.shards_met(r);
         (first..=last).find_map(|k| {
+            // Nothing held or waited for (a hint: a request that comes
+            // after this look is met by the placement's try-lock).
+            if self.shards[k].occupied.load(Ordering::Relaxed) == 0 {
+                return None;
+            }
             let st = self.shards[k].state.lock();
             st.meeting(r).map(|m| {
                 let w = Wait::Shard {
