@@ -290,7 +290,20 @@ impl FrameAllocator {
     /// ones, which then wait as zero frames.
     #[inline]
     pub(super) fn give(&self, pfn: Pfn, u: Use, clear: bool) {
-        let cpu = cpu_id();
+        self.give_on(cpu_id(), pfn, u, clear);
+    }
+
+    /// The dirty frames waiting in the cache of CPU slot `cpu` (tests).
+    #[cfg(all(test, not(aspace_loom)))]
+    pub(crate) fn cached_dirty_on(&self, cpu: usize) -> Vec<Pfn> {
+        self.cpus.get(cpu).cache.lock().free.clone()
+    }
+
+    /// [`give`](Self::give) into the cache of CPU slot `cpu` (which may be
+    /// another CPU's: a frame freed for it after a grace period, on
+    /// whichever thread ran the deferred free, goes back to the CPU that
+    /// last wrote it).
+    pub(super) fn give_on(&self, cpu: usize, pfn: Pfn, u: Use, clear: bool) {
         let slot = self.cpus.get(cpu);
         let mut c = slot.cache.lock();
         if let Use::Data(budget) = u {

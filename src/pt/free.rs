@@ -1,6 +1,7 @@
 //! Freeing table pages: the empty tables of an unmapped range (Linux's
-//! `free_pgtables`), retired through the epoch and given back to the
-//! frame pool after it, and the whole tree when the page table is dropped.
+//! `free_pgtables`), retired through the epoch and given back after it to
+//! the frame cache of the CPU that retired them, and the whole tree when
+//! the page table is dropped.
 
 use super::{entry_span, PageTable, Table, ENTRIES, LEVELS, TABLE_BIT, TABLE_BYTES};
 use crate::addr::Range;
@@ -11,10 +12,11 @@ use crate::sync::{Arc, Ordering};
 use core::ptr::NonNull;
 
 /// An unlinked table page on its way back to its pool after the grace
-/// period.
+/// period, to the cache of the CPU that retired it.
 struct Retired {
     frames: Arc<FrameAllocator>,
     table: NonNull<Table>,
+    cpu: usize,
 }
 
 // SAFETY: the retired page is owned by this request alone (unlinked, and
@@ -26,7 +28,7 @@ impl Retired {
         // SAFETY: the page came from `alloc_table` of this pool, was
         // unlinked before it was retired, and the reclaimer runs this only
         // once the walkers that might have reached it are gone.
-        unsafe { self.frames.free_table(self.table) };
+        unsafe { self.frames.free_table_on(self.cpu, self.table) };
     }
 }
 
@@ -42,6 +44,9 @@ impl PageTable {
         let retired = Retired {
             frames: self.frames.clone(),
             table,
+            // The deferred free may run on another thread: the page goes
+            // back to this CPU, whose cache holds its lines.
+            cpu: crate::percpu::cpu_id(),
         };
         self.reclaimer.defer(g, move || retired.free());
     }

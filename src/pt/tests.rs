@@ -415,3 +415,74 @@ fn update_inside_a_leaf_splits_it_only_for_a_change() {
     assert_eq!(p.lookup(va + 6 * PAGE_SIZE, &g), leaf.subpage(6));
     assert_eq!(p.lookup(va, &g), leaf.subpage(0));
 }
+
+/// The first two CPUs this thread may run on, if it may run on two.
+fn two_cpus() -> Option<(usize, usize)> {
+    // SAFETY: a zeroed `cpu_set_t` is a valid empty set, which
+    // sched_getaffinity fills in.
+    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    // SAFETY: the set is ours and its size is passed.
+    let r = unsafe { libc::sched_getaffinity(0, core::mem::size_of_val(&set), &mut set) };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: `set` was filled in above; CPU_ISSET only reads it.
+    let mut it = (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) });
+    Some((it.next()?, it.next()?))
+}
+
+/// Binds the calling thread to CPU `c`.
+fn pin_to(c: usize) {
+    // SAFETY: as in `two_cpus`: a valid set of one CPU, its size passed.
+    unsafe {
+        let mut set: libc::cpu_set_t = core::mem::zeroed();
+        libc::CPU_SET(c, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, core::mem::size_of_val(&set), &set),
+            0
+        );
+    }
+}
+
+/// A table retired on one CPU and freed after the grace period on another
+/// (the deferred free runs on whichever thread collects) goes back to the
+/// cache of the CPU that retired it, whose cache holds its lines.
+#[test]
+fn retired_tables_go_back_to_the_cpu_that_retired_them() {
+    let Some((a, b)) = two_cpus() else {
+        return; // one CPU: nothing to tell apart
+    };
+    let frames = Arc::new(FrameAllocator::new(64 * PAGE_SIZE, false));
+    // The deferred reclaimer frees what was retired when the page table
+    // is dropped: on the second thread below.
+    let p = PageTable::with_frames(Reclaimer::deferred(), frames.clone());
+    let va = 0x7f00_0000_3000;
+    let slot = std::thread::scope(|s| {
+        s.spawn(|| {
+            pin_to(a);
+            let g = p.pin();
+            p.install(va, Pte::new(Pfn::new(42), PteFlags::USER), &g)
+                .unwrap();
+            p.zap_range(Range::new(va, va + PAGE_SIZE), &g, |_, _| {});
+            let slot = crate::percpu::cpu_id();
+            // The PTE, PMD and PUD tables on the path are retired here.
+            p.free_tables(Range::new(0, 1 << 47), &g);
+            assert_eq!(p.table_pages(), 1);
+            slot
+        })
+        .join()
+        .unwrap()
+    });
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            pin_to(b);
+            assert_ne!(crate::percpu::cpu_id(), slot, "two CPU slots");
+            drop(p);
+        });
+    });
+    assert_eq!(
+        frames.cached_dirty_on(slot).len(),
+        3,
+        "the three retired tables are back in the retiring CPU's cache"
+    );
+}
