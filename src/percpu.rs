@@ -323,6 +323,33 @@ impl<T: core::fmt::Debug> core::fmt::Debug for PerCpu<T> {
     }
 }
 
+/// The CPUs the calling thread may run on, in ascending order (tests).
+#[cfg(all(test, target_os = "linux", not(aspace_loom)))]
+pub(crate) fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is a plain bit array, valid when zeroed.
+    let mut allowed: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    let size = core::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `allowed` is a writable cpu_set_t of `size` bytes.
+    assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut allowed) }, 0);
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `c` is below CPU_SETSIZE, the set's capacity.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &allowed) })
+        .collect()
+}
+
+/// Binds the calling thread to CPU `cpu`, one of [`allowed_cpus`]
+/// (tests); the kernel moves the thread there before this returns.
+#[cfg(all(test, target_os = "linux", not(aspace_loom)))]
+pub(crate) fn pin_to(cpu: usize) {
+    let size = core::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: as for `allowed` in `allowed_cpus`.
+    let mut one: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    // SAFETY: `cpu` is an allowed CPU, so below CPU_SETSIZE.
+    unsafe { libc::CPU_SET(cpu, &mut one) };
+    // SAFETY: `one` is a valid set of `size` bytes; 0 is this thread.
+    assert_eq!(unsafe { libc::sched_setaffinity(0, size, &one) }, 0);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -355,23 +382,9 @@ mod tests {
     #[test]
     fn the_rseq_cpu_is_the_cpu_the_thread_runs_on() {
         std::thread::spawn(|| {
-            // SAFETY: cpu_set_t is a plain bit array, valid when zeroed.
-            let mut allowed: libc::cpu_set_t = unsafe { core::mem::zeroed() };
-            let size = core::mem::size_of::<libc::cpu_set_t>();
-            // SAFETY: `allowed` is a writable cpu_set_t of `size` bytes.
-            assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut allowed) }, 0);
             let mut checked = 0;
-            for cpu in 0..libc::CPU_SETSIZE as usize {
-                // SAFETY: `cpu` is below CPU_SETSIZE.
-                if !unsafe { libc::CPU_ISSET(cpu, &allowed) } {
-                    continue;
-                }
-                // SAFETY: as for `allowed`.
-                let mut one: libc::cpu_set_t = unsafe { core::mem::zeroed() };
-                // SAFETY: `cpu` is below CPU_SETSIZE.
-                unsafe { libc::CPU_SET(cpu, &mut one) };
-                // SAFETY: `one` is a valid set of `size` bytes; 0 is this thread.
-                assert_eq!(unsafe { libc::sched_setaffinity(0, size, &one) }, 0);
+            for cpu in allowed_cpus() {
+                pin_to(cpu);
                 // The kernel moves us before sched_setaffinity returns.
                 let got = rseq::cpu();
                 if got.is_some() {

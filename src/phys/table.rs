@@ -156,8 +156,8 @@ impl FrameAllocator {
     /// retired it (whose cache holds its lines), not to whichever thread
     /// ran the deferred free. Given to the other CPU, its 64 lines came
     /// from the retiring one when the page was next cleared: two threads
-    /// instantiating in one process spent 12.8% of their cycles clearing
-    /// frames, against 9.1% for two processes of one thread each
+    /// instantiating in one process spent 14.5% of their cycles clearing
+    /// frames, against 10.0% for two processes of one thread each
     /// (`docs/RESULTS.md`, "Retired page tables go back to their CPU").
     ///
     /// # Safety

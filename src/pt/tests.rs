@@ -416,40 +416,13 @@ fn update_inside_a_leaf_splits_it_only_for_a_change() {
     assert_eq!(p.lookup(va, &g), leaf.subpage(0));
 }
 
-/// The first two CPUs this thread may run on, if it may run on two.
-fn two_cpus() -> Option<(usize, usize)> {
-    // SAFETY: a zeroed `cpu_set_t` is a valid empty set, which
-    // sched_getaffinity fills in.
-    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
-    // SAFETY: the set is ours and its size is passed.
-    let r = unsafe { libc::sched_getaffinity(0, core::mem::size_of_val(&set), &mut set) };
-    if r != 0 {
-        return None;
-    }
-    // SAFETY: `set` was filled in above; CPU_ISSET only reads it.
-    let mut it = (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) });
-    Some((it.next()?, it.next()?))
-}
-
-/// Binds the calling thread to CPU `c`.
-fn pin_to(c: usize) {
-    // SAFETY: as in `two_cpus`: a valid set of one CPU, its size passed.
-    unsafe {
-        let mut set: libc::cpu_set_t = core::mem::zeroed();
-        libc::CPU_SET(c, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, core::mem::size_of_val(&set), &set),
-            0
-        );
-    }
-}
-
 /// A table retired on one CPU and freed after the grace period on another
 /// (the deferred free runs on whichever thread collects) goes back to the
 /// cache of the CPU that retired it, whose cache holds its lines.
+#[cfg(target_os = "linux")]
 #[test]
 fn retired_tables_go_back_to_the_cpu_that_retired_them() {
-    let Some((a, b)) = two_cpus() else {
+    let &[a, b, ..] = crate::percpu::allowed_cpus().as_slice() else {
         return; // one CPU: nothing to tell apart
     };
     let frames = Arc::new(FrameAllocator::new(64 * PAGE_SIZE, false));
@@ -459,7 +432,7 @@ fn retired_tables_go_back_to_the_cpu_that_retired_them() {
     let va = 0x7f00_0000_3000;
     let slot = std::thread::scope(|s| {
         s.spawn(|| {
-            pin_to(a);
+            crate::percpu::pin_to(a);
             let g = p.pin();
             p.install(va, Pte::new(Pfn::new(42), PteFlags::USER), &g)
                 .unwrap();
@@ -475,7 +448,7 @@ fn retired_tables_go_back_to_the_cpu_that_retired_them() {
     });
     std::thread::scope(|s| {
         s.spawn(|| {
-            pin_to(b);
+            crate::percpu::pin_to(b);
             assert_ne!(crate::percpu::cpu_id(), slot, "two CPU slots");
             drop(p);
         });
