@@ -43,7 +43,7 @@ const READERS: [&str; 14] = [
 /// The writers: every change of a VMA's range, flags, backing or
 /// registration (all through `Edit::lock`, which stamps and sweeps), and
 /// the calls that change entries under the mmap_lock read side.
-const WRITERS: [&str; 28] = [
+const WRITERS: [&str; 29] = [
     "munmap",
     "mprotect",
     "mremap move",
@@ -81,6 +81,10 @@ const WRITERS: [&str; 28] = [
     "range brk",
     // madvise's zaps holding only their VMAs, shared (mm/range_read.rs).
     "range madvise DONTNEED",
+    // The range lock's bias (mm/range_bias.rs): the owner's writers and
+    // readers take the whole space, granted by the bias, until another
+    // thread's request revokes the bias.
+    "range writer holding the bias",
 ];
 
 enum Cell {
@@ -149,6 +153,9 @@ const RANGE_SAME: &str = "a range writer runs the mmap_lock writer's edit (Edit:
 const RANGE_MMAP_NEW: Cell = Apart("a new VMA is attached write-locked in the writer's section, a merge stamps and sweeps the neighbour it grows as mprotect's merge does, and an mmap over mapped pages unmaps them with munmap's code (the range munmap row): no entry a reader uses changes otherwise");
 /// Range writers and the forced access exclude each other.
 const RANGE_LOCKED_OUT: Cell = Apart("serialized by the range lock where they meet: a forced access holds its page's VMA's neighbourhood shared (mm/range_read.rs) from the VMA lookup to the end of the copy, and a range writer that changes, splits, merges or replaces that VMA holds it whole; one elsewhere changes nothing the access reads");
+
+/// Why the bias's owner's writers share the range writers' models.
+const BIAS_SAME: &str = "the owner's writers run the whole-space edit of range mode (Edit::begin: the mmap_lock writer's stamps, sweeps, zaps, frees and flushes, in a write section of its own as every range-mode writer), granted by the bias instead of the gate; a reader meets the same code as the range writer's model shows, and another thread's request waits for the owner's call to end (range_writers.rs: range_bias_owner_vs_revoking_writer)";
 
 /// Why a range-locked zap shares the mmap_lock zap's models.
 const RANGE_ZAP_SAME: &str = "the same zap_range and gather as DONTNEED under the mmap_lock read side, only under a shared hold of its VMAs: a reader meets it at the PTE lock and the flush exactly as before";
@@ -594,6 +601,20 @@ const MATRIX: &[(&str, &str, Cell)] = &[
     ("translator block", "range mremap shrink", Shares("translator_writers.rs", "translator_store_vs_mremap_shrink", BLOCK)),
     ("translator block", "range mremap grow", NO_ENTRY_CHANGE),
     ("translator block", "range brk", Shares("translator.rs", "translator_store_vs_munmap", BLOCK)),
+    ("speculative fault", "range writer holding the bias", Shares("range_writers.rs", "spec_fault_vs_range_mprotect", BIAS_SAME)),
+    ("speculative fault via VMA hint", "range writer holding the bias", Shares("range_writers.rs", "spec_fault_vs_range_mprotect", BIAS_SAME)),
+    ("speculative first write (anon_vma prepare)", "range writer holding the bias", Shares("range_writers.rs", "range_spec_first_write_vs_mprotect_splitting_its_neighbour", "the prepare's try-read of the neighbourhood is a try-lock of the range lock: from another thread it revokes the bias and fails while the owner is inside its call (falling back as when a writer holds the range), from the owner's thread it is granted by the bias; either way the owner's whole-space edit and the prepare do not overlap")),
+    ("per-VMA fault", "range writer holding the bias", Shares("range_writers.rs", "per_vma_fault_vs_range_mprotect", BIAS_SAME)),
+    ("translator access", "range writer holding the bias", Shares("range_writers.rs", "translator_store_vs_range_munmap", BIAS_SAME)),
+    ("translator access, flush on its home thread", "range writer holding the bias", Shares("translator.rs", "translator_moved_vs_own_flush", OWN_FLUSH)),
+    ("translator block", "range writer holding the bias", Shares("range_writers.rs", "translator_store_vs_range_munmap", BLOCK)),
+    ("instruction fetch", "range writer holding the bias", Shares("range_writers.rs", "translator_store_vs_range_munmap", FETCH)),
+    ("device slice", "range writer holding the bias", Apart("the slice's frame holds a pin taken under its PTE lock, and no writer frees a pinned frame (phys/chunk.rs): the slice reaches the page it named, orphaned, never another (tests/device_slices.rs)")),
+    ("userfault waiter", "range writer holding the bias", Shares("uffd.rs", "missing_fault_vs_munmap", BIAS_SAME)),
+    ("forced access", "range writer holding the bias", Apart("serialized by the bias: a forced access from another thread requests its neighbourhood of the range lock, which revokes the bias and waits for the owner's call to end; one from the owner's thread runs between its calls")),
+    ("file writeback", "range writer holding the bias", WB_OWN_PAGES),
+    ("range-locked fault fallback", "range writer holding the bias", Shares("range_writers.rs", "range_bias_owner_vs_revoking_writer", "the fallback's read_range is a request of the range lock as the revoking mprotect's lock is: from another thread it revokes the bias and waits for the owner's call to end; from the owner's thread it is the whole space, granted by the bias")),
+    ("VMA lookup in the forest", "range writer holding the bias", Shares("tree.rs", "forest_crossing_store_vs_reader", FOREST_STORES)),
 ];
 
 fn source(file: &str) -> &'static str {

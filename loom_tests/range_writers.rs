@@ -3,7 +3,9 @@
 //! touch (mprotect against mprotect, `set_anon_name` and an mremap grow
 //! in place), two brks from one break, two placements racing for one gap,
 //! and a range writer against the speculative fault and a translator
-//! access. The real AddressSpace runs through src/sync.rs (deferred
+//! access; and the range lock's bias (`mm/range_bias.rs`): its owner's
+//! writer against a writer that revokes it, and a placement that looked
+//! while the owner placed. The real AddressSpace runs through src/sync.rs (deferred
 //! reclamation, as the other models). Each names the one-line mutation it catches (checked by breaking that
 //! line, running the model and restoring it).
 //!
@@ -24,10 +26,24 @@ const A: u64 = 0x4000_0000;
 const B: u64 = 0x5000_0000;
 const C: u64 = 0x8000_0000;
 
+/// A range-mode space without the bias (`mm/range_bias.rs`): these
+/// models check the range protocol itself, and the bias would grant the
+/// setup's thread everything. The bias has models of its own below.
 fn space(fault_locking: FaultLocking) -> Arc<AddressSpace> {
     Arc::new(AddressSpace::new(Config {
         writer_locking: WriterLocking::Range,
+        range_bias: false,
         fault_locking,
+        ..cfg()
+    }))
+}
+
+/// A range-mode space with the bias on, passed up to `handovers` times.
+fn biased_space(handovers: u32) -> Arc<AddressSpace> {
+    Arc::new(AddressSpace::new(Config {
+        writer_locking: WriterLocking::Range,
+        range_bias: true,
+        range_bias_handovers: handovers,
         ..cfg()
     }))
 }
@@ -100,6 +116,27 @@ fn range_writers_on_disjoint_ranges() {
     });
 }
 
+/// Two mprotects on VMAs that touch at `A + PAGE_SIZE`, from the
+/// setup's thread and another: each merges its page into the other's VMA,
+/// and in either order `[A, A+P)` ends read-only and `[A+P, A+2P)`
+/// read-write, as two VMAs.
+fn touching_mprotects(mm: Arc<AddressSpace>) {
+    mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
+    mm.mmap(A + PAGE_SIZE, PAGE_SIZE, Prot::READ, fixed())
+        .unwrap();
+    let m2 = mm.clone();
+    let t = thread::spawn(move || m2.mprotect(A, PAGE_SIZE, Prot::READ).unwrap());
+    mm.mprotect(A + PAGE_SIZE, PAGE_SIZE, rw()).unwrap();
+    t.join().unwrap();
+    assert_eq!(
+        spans(&mm),
+        vec![
+            (A, A + PAGE_SIZE, Prot::READ),
+            (A + PAGE_SIZE, A + 2 * PAGE_SIZE, rw())
+        ]
+    );
+}
+
 /// Two mprotects on VMAs that touch at `A + PAGE_SIZE`: the first merges
 /// its page into the second VMA, the second merges its page into the
 /// first. One after the other (either order) leaves `[A, A+P)` read-only
@@ -112,21 +149,7 @@ fn range_writers_on_disjoint_ranges() {
 #[test]
 fn range_writers_whose_neighbourhoods_touch() {
     model(|| {
-        let mm = space(FaultLocking::PerVma);
-        mm.mmap(A, PAGE_SIZE, rw(), fixed()).unwrap();
-        mm.mmap(A + PAGE_SIZE, PAGE_SIZE, Prot::READ, fixed())
-            .unwrap();
-        let m2 = mm.clone();
-        let t = thread::spawn(move || m2.mprotect(A, PAGE_SIZE, Prot::READ).unwrap());
-        mm.mprotect(A + PAGE_SIZE, PAGE_SIZE, rw()).unwrap();
-        t.join().unwrap();
-        assert_eq!(
-            spans(&mm),
-            vec![
-                (A, A + PAGE_SIZE, Prot::READ),
-                (A + PAGE_SIZE, A + 2 * PAGE_SIZE, rw())
-            ]
-        );
+        touching_mprotects(space(FaultLocking::PerVma));
     });
 }
 
@@ -523,5 +546,65 @@ fn range_dontneed_vs_munmap_in_one_pte_table() {
         assert_eq!(b, [0]);
         mm.munmap(A, 2 * PAGE_SIZE).unwrap();
         assert_eq!(mm.page_table_bytes(), PAGE_SIZE, "only the root is left");
+    });
+}
+
+/// The bias: the setup's thread claims it (its mmaps are its first
+/// requests), then writes on as the bias's owner (a whole-space edit
+/// granted by the bias) while another thread's mprotect revokes it and
+/// takes it over; the two VMAs touch, so each writer's change is the
+/// other's neighbour. In either order the result is `[A, A+P)` read-only
+/// and `[A+P, A+2P)` read-write as two VMAs; so must any interleaving,
+/// and the owner's edit and the revoker's must not overlap (loom reports
+/// the revoker's read of the state behind the lock against the owner's
+/// write side as a data race).
+///
+/// Catches: the owner's entry without its re-check after the fence (`if
+/// h.word.load(Ordering::Relaxed) == me {` made `if true {` in
+/// `Bias::count_in`, src/mm/range_bias.rs): the revoker then reads the
+/// count before the owner's store and takes the bias while the owner
+/// edits; and a revoker that does not wait for the count (`if
+/// h.depth.load(Ordering::Acquire) == 0 {` made `if true {` in
+/// `Bias::enter_slow`).
+#[test]
+fn range_bias_owner_vs_revoking_writer() {
+    model(|| {
+        touching_mprotects(biased_space(Config::default().range_bias_handovers));
+    });
+}
+
+/// The bias, with no handover (the first revocation ends it): the
+/// setup's thread owns it and places a mapping with no hint, while
+/// another thread's placement searches the same gap, then try-locks its
+/// choice and so revokes the bias (waiting, if the owner is inside its
+/// call, for it to end). Its search may have read the tree before the
+/// owner's mapping: the choice must be checked again under its grant,
+/// never taken as undisturbed since a mark read while the bias was on.
+/// The two mappings must not share the gap.
+///
+/// Catches: a mark that ignores the bias (`if !self.bias.is_off() {`
+/// made `if false {` in `RangeLock::mark`, src/mm/range_lock.rs): the
+/// shards' counts never moved while the owner placed, so the grant after
+/// the bias ended looks undisturbed and both take one gap.
+#[test]
+fn range_bias_placement_vs_owner_placing() {
+    model(|| {
+        let mm = biased_space(0);
+        let anon = MapFlags::PRIVATE | MapFlags::ANONYMOUS;
+        mm.mmap(C, PAGE_SIZE, rw(), fixed()).unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.mmap(0, PAGE_SIZE, Prot::READ, anon).unwrap());
+        let a = mm.mmap(0, PAGE_SIZE, rw(), anon).unwrap();
+        let b = t.join().unwrap();
+        assert_ne!(a, b, "two placements took one gap");
+        let mut s = spans(&mm);
+        s.sort_by_key(|x| x.0);
+        let mut want = vec![
+            (a, a + PAGE_SIZE, rw()),
+            (b, b + PAGE_SIZE, Prot::READ),
+            (C, C + PAGE_SIZE, rw()),
+        ];
+        want.sort_by_key(|x| x.0);
+        assert_eq!(s, want);
     });
 }

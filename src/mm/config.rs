@@ -45,9 +45,13 @@ pub enum WriterLocking {
     /// Linux's placement puts concurrent threads' mappings side by side,
     /// so their writers meet; [`Config::placement_window`] keeps them
     /// apart. With windows, on 2 cores, writers-only loops at 2 threads
-    /// ran 1.2-1.6x their 1-thread rate and full instantiation
-    /// 1.25-1.5x; at 1 thread a writers-only loop is about a quarter
-    /// slower than `PerVma` (`docs/RESULTS.md`, "Instantiation").
+    /// ran 1.7-2.2x their 1-thread rate and full instantiation
+    /// 1.45-1.55x (`docs/RESULTS.md`, "Instantiation"). A thread alone
+    /// in the space holds the lock's bias ([`Config::range_bias`]) and
+    /// takes the whole space for each call instead: at 1 thread a
+    /// writers-only loop runs at about 0.85x `PerVma`'s rate, against
+    /// 0.7x without the bias (`docs/RESULTS.md`, "The range lock's
+    /// bias").
     Range,
 }
 
@@ -152,8 +156,26 @@ pub struct Config {
     pub fault_locking: FaultLocking,
     /// How writers lock (default [`WriterLocking::MmapLock`]; with the
     /// `range-writers-default` feature, a testing aid that runs the
-    /// existing tests in the other mode, [`WriterLocking::Range`]).
+    /// existing tests in the other mode, [`WriterLocking::Range`]; with
+    /// `range-unbiased-default`, that mode without its bias).
     pub writer_locking: WriterLocking,
+    /// With [`WriterLocking::Range`]: the first thread to lock anything
+    /// holds the whole space between and during its calls at the cost of
+    /// two read-modify-writes of a line of its own per call, its writers
+    /// skipping the neighbourhoods, until another thread locks anything; the bias then
+    /// passes to that thread (after the first one's call ends), at most
+    /// [`range_bias_handovers`](Config::range_bias_handovers) times, and
+    /// is off for good after that. On by default (with the
+    /// `range-unbiased-default` feature, a testing aid, off): a space
+    /// changed by one thread at a time pays for the range lock only once
+    /// another thread writes. See `docs/RESULTS.md`, "The range lock's
+    /// bias".
+    pub range_bias: bool,
+    /// How many times the range lock's bias may pass from one thread to
+    /// another before it is off for good (default 4; 0: the first other
+    /// thread's request ends it). Each pass costs that thread a heavy
+    /// fence (`membarrier`) and perhaps a wait for the owner's call.
+    pub range_bias_handovers: u32,
     /// How mremap moves page-table entries and batches TLB flushes.
     pub mremap_extent: MremapExtent,
     /// Simulated cost of one TLB shootdown, in nanoseconds: a flush spins
@@ -267,6 +289,8 @@ impl Default for Config {
             } else {
                 WriterLocking::MmapLock
             },
+            range_bias: !cfg!(feature = "range-unbiased-default"),
+            range_bias_handovers: super::range_bias::DEFAULT_HANDOVERS,
             mremap_extent: MremapExtent::Batched,
             shootdown_cost_ns: 0,
             #[cfg(aspace_loom)]

@@ -403,7 +403,9 @@ impl AddressSpace {
     /// `MAP_LOCKED` or `MAP_GROWSDOWN` (and no `mlockall(MCL_FUTURE)` in
     /// force) as a range writer: a fixed one over its range and the hole
     /// around it (it may unmap), any other placed by
-    /// [`Edit::begin_placed`]. `None`: take the whole space.
+    /// [`Edit::begin_placed`]. `None`: take the whole space (also for the
+    /// range lock bias's owner, whose whole-space request is granted at
+    /// once: `range_bias`).
     fn begin_range_mmap(
         &self,
         hint: u64,
@@ -414,6 +416,7 @@ impl AddressSpace {
         has_obj: bool,
     ) -> Option<Result<(u64, Edit<'_>)>> {
         if !self.mmap_lock.is_range_mode()
+            || self.mmap_lock.bias_likely_mine()
             || has_obj
             || flags.intersects(MapFlags::LOCKED | MapFlags::GROWSDOWN)
         {

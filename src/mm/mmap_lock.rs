@@ -150,6 +150,18 @@ impl<T> MmapLock<T> {
         Some(l.try_lock(r, true).map(|rg| self.range_writer(rg)))
     }
 
+    /// True in range mode if the calling thread holds the range lock's
+    /// bias or may claim it (`range_bias`): its writers and readers then
+    /// take the whole space, granted at once, instead of computing,
+    /// locking and validating a neighbourhood. A hint (the request
+    /// decides): wrong, it costs a whole-space request, never correctness.
+    #[inline]
+    pub(crate) fn bias_likely_mine(&self) -> bool {
+        self.ranges
+            .as_ref()
+            .is_some_and(RangeLock::bias_likely_mine)
+    }
+
     /// The range lock (range mode only).
     pub(crate) fn ranges(&self) -> Option<&RangeLock> {
         self.ranges.as_ref()

@@ -88,6 +88,7 @@
 pub mod config;
 pub mod flags;
 pub(crate) mod mmap_lock;
+pub(crate) mod range_bias;
 pub(crate) mod range_lock;
 pub(crate) mod range_read;
 
@@ -459,7 +460,14 @@ impl AddressSpace {
                     start_stack: 0,
                     def_flags: crate::vma::VmFlags::empty(),
                 },
-                ranged.then(|| range_lock::RangeLock::new(slot_shift, cfg.task_size)),
+                ranged.then(|| {
+                    range_lock::RangeLock::with_bias(
+                        slot_shift,
+                        cfg.task_size,
+                        cfg.range_bias,
+                        cfg.range_bias_handovers,
+                    )
+                }),
             ),
             heap: brk::Heap::new(start_brk),
             pt: LazyWith::new((deferred_reclaim, frames.clone()), |(deferred, frames)| {

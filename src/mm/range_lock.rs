@@ -50,6 +50,23 @@
 //! taking it. See "What range writers share"
 //! below for the rest of the path.
 //!
+//! # The bias
+//!
+//! A space changed by one thread at a time needs none of this. The first
+//! thread to request anything holds the lock's bias (`range_bias`,
+//! [`Config::range_bias`](crate::Config::range_bias)): its requests are
+//! granted by a count on a line of its own, reach neither the gate nor
+//! a shard, and its writers and range readers take the whole space
+//! instead of computing and validating a neighbourhood
+//! ([`MmapLock::bias_likely_mine`](super::mmap_lock::MmapLock::bias_likely_mine)).
+//! Another thread's request revokes the bias first (waiting for the
+//! owner's call to end; a try-lock fails instead, with
+//! [`Wait::Bias`]), and the bias passes to it, or ends for good after
+//! the configured handovers; only then do requests reach the shards,
+//! which the owner never touched. A mark says nothing while the bias is
+//! on ([`RangeLock::mark`]), since the owner changes the tree without
+//! the shards' counts moving.
+//!
 //! # Waiting
 //!
 //! A request that meets a conflicting hold waits on its shard's
@@ -232,6 +249,7 @@
 //! holds (or while sleeping on its condition variable, which releases
 //! it), never across another lock or a wait for a hold.
 
+use super::range_bias::{Bias, Entry};
 use crate::addr::Range;
 use crate::percpu::{cpu_id, nr_cpus};
 use crate::sync::{
@@ -615,7 +633,14 @@ pub(crate) struct RangeLock {
     shards: Box<[CachePadded<Shard>]>,
     /// Whole-space requests, and what keeps them apart from the shards'.
     gate: CachePadded<Gate>,
+    /// The bias: while on, every request is granted or waits here, and
+    /// none reaches the shards or the gate (`range_bias`).
+    /// Protected by: its own line and mutex.
+    bias: Bias,
 }
+
+/// [`RangeGuard::first`] of a request the bias granted.
+const BIASED: u32 = u32::MAX - 1;
 
 /// A held range; dropping it releases the range. Kept small: it is part
 /// of every writer's guard, which moves by value.
@@ -623,8 +648,9 @@ pub(crate) struct RangeLock {
 pub(crate) struct RangeGuard<'a> {
     lock: &'a RangeLock,
     range: Range,
-    /// The first shard held, or `u32::MAX` for the whole space (through
-    /// the gate).
+    /// The first shard held, `u32::MAX` for the whole space (through the
+    /// gate), or [`BIASED`] (the bias's owner: everything, through
+    /// nothing).
     first: u32,
     /// Shards held from `first` on (each holds the range clipped to it).
     n: u8,
@@ -651,6 +677,8 @@ pub(crate) enum Wait {
     Shard { shard: usize, releases: u64 },
     /// The gate's opening.
     Gate,
+    /// The end of the bias owner's call (`range_bias`).
+    Bias,
 }
 
 impl RangeGuard<'_> {
@@ -665,6 +693,9 @@ impl RangeGuard<'_> {
     /// this grant: no writer changed the tree or a VMA of that shard in
     /// between, so what the holder read of it then is what it would read
     /// now (`edit::lock_validated`).
+    /// A grant of the bias holds no shard (`n == 0`), so is never: its
+    /// owner may have held the bias since before the mark, or got it
+    /// back since.
     pub(crate) fn undisturbed_since(&self, mark: Option<Mark>) -> bool {
         mark.is_some_and(|m| {
             self.n == 1
@@ -678,6 +709,10 @@ impl RangeGuard<'_> {
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
         let l = self.lock;
+        if self.first == BIASED {
+            l.bias.exit();
+            return;
+        }
         if self.first == u32::MAX {
             let me = Hold {
                 ticket: 0,
@@ -698,14 +733,30 @@ impl RangeLock {
     /// An unlocked range lock over `[0, space_end)` (and above, in its
     /// last shard), in shards of `1 << shift` bytes, cut as the forest's
     /// slots (`tree::slot_geometry`: larger if more than 4096 would be
-    /// needed).
+    /// needed), with no bias.
+    #[cfg(any(test, aspace_loom))]
     pub(crate) fn new(shift: u32, space_end: u64) -> Self {
+        Self::with_bias(shift, space_end, false, 0)
+    }
+
+    /// [`new`](Self::new), with a bias the first request claims if `bias`,
+    /// passed between threads up to `handovers` times (`range_bias`).
+    pub(crate) fn with_bias(shift: u32, space_end: u64, bias: bool, handovers: u32) -> Self {
         let (shift, n) = crate::tree::slot_geometry(shift, space_end);
         RangeLock {
             shift,
             shards: (0..n).map(|_| CachePadded::new(Shard::default())).collect(),
             gate: CachePadded::new(Gate::new()),
+            bias: Bias::new(bias, handovers),
         }
+    }
+
+    /// True if the calling thread holds the bias or may claim it: its
+    /// writers take the whole space (granted at once), not a
+    /// neighbourhood (`range_bias`). A hint.
+    #[inline]
+    pub(crate) fn bias_likely_mine(&self) -> bool {
+        self.bias.likely_mine()
     }
 
     /// The shard holding `addr`.
@@ -761,6 +812,21 @@ impl RangeLock {
     }
 
     fn acquire(&self, r: Range, exclusive: bool, wait: bool) -> Result<RangeGuard<'_>, Wait> {
+        match self.bias.enter(wait) {
+            Entry::Off => {}
+            Entry::Owner => {
+                return Ok(RangeGuard {
+                    lock: self,
+                    range: r,
+                    first: BIASED,
+                    n: 0,
+                    exclusive,
+                    slot: 0,
+                    writes_before: 0,
+                })
+            }
+            Entry::Revoking => return Err(Wait::Bias),
+        }
         // The guard is made only once the gate is passed (or closed by
         // this request): dropping it releases what it says it holds, so
         // a request refused at the gate must have none.
@@ -839,7 +905,13 @@ impl RangeLock {
     /// mutex's order, and an unchanged count means no exclusive grant
     /// came between. The gate's count (read `Acquire` after a whole-space
     /// writer's last change) orders those of whole-space writers.
+    ///
+    /// While the bias is on, `None`: its owner changes the tree without
+    /// the counts moving (`range_bias`).
     pub(crate) fn mark(&self, addr: u64) -> Option<Mark> {
+        if !self.bias.is_off() {
+            return None;
+        }
         let gen = self.gate.gen.load(Ordering::Acquire);
         if gen & 1 == 1 {
             return None;
@@ -851,7 +923,9 @@ impl RangeLock {
 
     /// A range held or waited for that meets `r` (a placement's
     /// candidate, a page wider on each side), and what to wait for before
-    /// trying it again; looks at the shards `r` meets only.
+    /// trying it again; looks at the shards `r` meets only. While the bias
+    /// is on, nothing is (its owner's holds are not in the shards): the
+    /// placement's try-lock then meets the bias.
     pub(crate) fn busy_near(&self, r: Range) -> Option<(Range, Wait)> {
         if r.is_empty() {
             return None;
@@ -886,6 +960,7 @@ impl RangeLock {
                 }
             }
             Wait::Gate => self.gate.wait_open(),
+            Wait::Bias => self.bias.wait_revoked(),
         }
     }
 

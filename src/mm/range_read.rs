@@ -44,7 +44,8 @@ fn read_locked<'a>(
     at: u64,
     want: impl Fn(&Guard) -> Range,
 ) -> (MmapReadGuard<'a, MmState>, Guard) {
-    if !mm.mmap_lock.is_range_mode() {
+    // The bias's owner: the whole space, granted at once (`range_bias`).
+    if !mm.mmap_lock.is_range_mode() || mm.mmap_lock.bias_likely_mine() {
         let st = mm.mmap_lock.read();
         return (st, mm.tree.pin());
     }
@@ -60,7 +61,7 @@ pub(crate) fn try_read_neighbours(
     mm: &AddressSpace,
     vr: Range,
 ) -> Option<MmapReadGuard<'_, MmState>> {
-    if !mm.mmap_lock.is_range_mode() {
+    if !mm.mmap_lock.is_range_mode() || mm.mmap_lock.bias_likely_mine() {
         return mm.mmap_lock.try_read();
     }
     let want = neighbourhood(mm, vr, Reach::Vmas, &mm.tree.pin());
@@ -90,9 +91,11 @@ mod tests {
 
     const A: u64 = 0x4000_0000;
 
+    /// Without the bias: its owner would lock the whole space.
     fn space() -> AddressSpace {
         AddressSpace::new(Config {
             writer_locking: WriterLocking::Range,
+            range_bias: false,
             ..Config::default()
         })
     }
@@ -151,6 +154,36 @@ mod tests {
         assert_eq!(
             fault_range(&mm, A + 20 * PAGE_SIZE, &mm.tree.pin()),
             Range::new(A + 20 * PAGE_SIZE, u64::MAX)
+        );
+    }
+
+    /// The bias's owner reads with the whole space granted by the bias
+    /// (nothing in the range lock's shards); once another thread's call
+    /// ended the bias (no handovers), the same read holds its range there.
+    #[test]
+    fn the_bias_owner_locks_nothing_in_the_shards_until_another_thread_calls() {
+        let mm = std::sync::Arc::new(AddressSpace::new(Config {
+            writer_locking: WriterLocking::Range,
+            range_bias: true,
+            range_bias_handovers: 0,
+            ..Config::default()
+        }));
+        map(&mm, A, 4, Prot::READ | Prot::WRITE);
+        assert!(mm.mmap_lock.bias_likely_mine());
+        let r = Range::new(A, A + PAGE_SIZE);
+        {
+            let (_st, _g) = read_vmas(&mm, r);
+            assert_eq!(mm.mmap_lock.ranges().unwrap().busy(), vec![]);
+        }
+        let m2 = mm.clone();
+        std::thread::spawn(move || map(&m2, A + 8 * PAGE_SIZE, 1, Prot::READ))
+            .join()
+            .unwrap();
+        assert!(!mm.mmap_lock.bias_likely_mine());
+        let (_st, _g) = read_vmas(&mm, r);
+        assert_eq!(
+            mm.mmap_lock.ranges().unwrap().busy(),
+            vec![Range::new(A, A + 4 * PAGE_SIZE)]
         );
     }
 }

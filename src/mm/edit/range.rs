@@ -29,9 +29,10 @@ impl<'a> Edit<'a> {
     /// in range mode, only that is locked; otherwise the mmap_lock's write
     /// side, as [`begin`](Self::begin). The neighbourhood is computed, locked,
     /// then computed again under the lock; if it grew, the writer starts
-    /// over with the larger one.
+    /// over with the larger one. The owner of the range lock's bias takes
+    /// the whole space instead (`range_bias`).
     pub(crate) fn begin_range(mm: &'a AddressSpace, r: Range, reach: Reach) -> Self {
-        if !mm.mmap_lock.is_range_mode() {
+        if !mm.mmap_lock.is_range_mode() || mm.mmap_lock.bias_likely_mine() {
             return Self::begin(mm);
         }
         let (st, pin) = lock_validated(

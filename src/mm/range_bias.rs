@@ -1,0 +1,384 @@
+//! The range lock's bias: a thread alone in an address space holds the
+//! whole space for nothing.
+//!
+//! Most processes change their address space from one thread at a time.
+//! For them the range lock's protocol (a neighbourhood computed, locked in
+//! its shard, validated; a gate passed; a placement that avoids busy
+//! ranges) is pure cost: at one thread a writers-only loop ran at 0.7x
+//! `PerVma`'s rate, about 900 more instructions per mprotect or munmap.
+//! So the first thread to lock anything becomes the bias's *owner*: its
+//! requests, of any range, are granted by two read-modify-writes of a
+//! line of the lock that only it writes, and its writers take the whole space as the
+//! mmap_lock's writers do (`Edit::begin`), skipping the neighbourhood. It
+//! is biased locking as Java VMs had it (Kawachiya, Koseki and Onodera,
+//! "Lock Reservation", OOPSLA 2002), with the revocation's handshake done
+//! by an asymmetric fence pair instead of a safepoint.
+//!
+//! # Revocation
+//!
+//! Any other thread's request revokes the bias first. The owner's call
+//! and the revoker meet as Dekker's two flags, ordered by
+//! [`asymmetric`]'s pair (the owner's side is a compiler fence):
+//! - the owner, entering, counts itself in (`depth`, a read-modify-write:
+//!   a thread that lost the bias as it entered counts itself in and out
+//!   beside the next owner), fences (light) and
+//!   reads the word again: if it still names it, the revoker will see the
+//!   count; else it counts itself out and takes the lock's usual path;
+//! - the revoker, under the bias's mutex, marks the word `REVOKING`,
+//!   fences (heavy) and reads the count: zero means the owner is out of
+//!   every call and sees the mark when it tries to enter again; else it
+//!   waits (the owner, counting itself out, fences and sees the mark, and
+//!   wakes it under the mutex, so the wake cannot fall between the
+//!   revoker's check and its sleep).
+//!
+//! Whoever finds the mark and the count at zero, under the mutex,
+//! completes the revocation: the bias passes to it (a process whose main
+//! thread set up the space and whose worker then does all the calls
+//! keeps the fast path), at most `Config::range_bias_handovers` times
+//! ([`DEFAULT_HANDOVERS`]); after that it is
+//! off for good, and every request takes the range lock's usual path. The
+//! owner's `Release` count-out, read `Acquire` by the completer, and the
+//! completer's `Release` store of the word, read `Acquire` by every later
+//! request, order the owner's changes before theirs.
+//!
+//! A try-lock never waits for the owner's call (the caller may hold a
+//! VMA lock that call waits for): it marks the word, and if the owner is
+//! inside, fails with what to wait for, as a conflicting hold makes it.
+//!
+//! # Why the rest of the lock needs no change
+//!
+//! While the bias is on, no request reaches the shards or the gate: the
+//! owner's are granted here, every other thread's waits here for the
+//! bias to pass or to end. So the shards' holds and published words are
+//! what they were when the bias began (nothing), and the first requests
+//! after it ends find them so. Only two readers of the shards look
+//! without requesting: a mark ([`RangeLock::mark`](super::range_lock::RangeLock::mark))
+//! says nothing while the bias is on (the owner changes the tree without
+//! the shards' counts moving), and a placement's look for busy ranges
+//! sees nothing busy, and its try-lock then meets the bias.
+//!
+//! # Cost
+//!
+//! The owner's request: a load of the word, an increment of the count
+//! (a locked instruction on x86-64, on a line in the owner's cache), a
+//! compiler fence, a second load; its release: a decrement, a fence, a
+//! load. The line is written by the owner (the word by revokers, a few
+//! times in the space's life); no other thread touches it while the bias
+//! holds. Every request after the bias ends loads the word, a line no
+//! one writes any more.
+
+use crate::sync::{asymmetric, thread_id, thread_id_if_made, AtomicU64, Condvar, Mutex, Ordering};
+use crossbeam_utils::CachePadded;
+
+/// How many times the bias passes from one thread to another before it is
+/// off for good, by default (`Config::range_bias_handovers`). Each pass
+/// costs its revoker a heavy fence (a few microseconds, more with more
+/// CPUs) and perhaps a wait for the owner's call; two threads that both
+/// keep calling would pass it back and forth for ever. Java VMs likewise
+/// stop biasing a class after some number of revocations.
+pub(crate) const DEFAULT_HANDOVERS: u32 = 4;
+
+/// The word before any request: the first one claims the bias.
+const UNCLAIMED: u64 = u64::MAX - 2;
+/// The word while a revoker waits for the owner's calls to end.
+const REVOKING: u64 = u64::MAX - 1;
+/// The word once the bias is off for good (or was never on).
+const OFF: u64 = u64::MAX;
+
+/// What a request found ([`Bias::enter`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Entry {
+    /// The caller holds the bias and is counted in: its request is
+    /// granted, and it calls [`Bias::exit`] when it releases it.
+    Owner,
+    /// The bias is off: the caller requests as usual.
+    Off,
+    /// Another thread's call must end first (only without `wait`):
+    /// [`Bias::wait_revoked`], then request again.
+    Revoking,
+}
+
+/// The bias of one range lock (see the module docs).
+pub(crate) struct Bias {
+    /// The owner's calls in progress, nested ones counted (and, for a
+    /// moment, the one of a thread that lost the bias as it entered).
+    /// Protected by: read-modify-writes by the thread(s) that read their
+    /// id in the word (`Release` on the way out), each followed by a
+    /// light fence; read by revokers after their heavy fence (`Acquire`).
+    hot: CachePadded<Hot>,
+    /// [`asymmetric::expedited`], read once.
+    /// Protected by: immutable after construction.
+    expedited: bool,
+    /// Handovers allowed before the bias ends.
+    /// Protected by: immutable after construction.
+    max_handovers: u32,
+    /// The handovers so far; its mutex serializes revokers and the
+    /// claim.
+    /// Protected by: itself.
+    handovers: Mutex<u32>,
+    /// Signalled when a revocation can complete: the owner counted itself
+    /// out of its last call, or a revocation completed.
+    changed: Condvar,
+}
+
+/// The owner's line.
+struct Hot {
+    /// [`UNCLAIMED`], the owner's thread id, [`REVOKING`] or [`OFF`].
+    /// Protected by: stored under `handovers`' mutex (`Release`), loaded
+    /// by anyone (`Acquire`; the owner's re-check after its fence
+    /// `Relaxed`).
+    word: AtomicU64,
+    /// See [`Bias::hot`].
+    depth: AtomicU64,
+}
+
+impl core::fmt::Debug for Bias {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Bias")
+            .field("word", &self.hot.word.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Bias {
+    /// A bias the first request claims (`on`) and that passes between
+    /// threads up to `max_handovers` times, or one that is off.
+    pub(crate) fn new(on: bool, max_handovers: u32) -> Self {
+        Bias {
+            hot: CachePadded::new(Hot {
+                word: AtomicU64::new(if on { UNCLAIMED } else { OFF }),
+                depth: AtomicU64::new(0),
+            }),
+            expedited: asymmetric::expedited(),
+            max_handovers,
+            handovers: Mutex::new(0),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// True if the calling thread holds the bias, or may claim it (no one
+    /// has): a writer then takes the whole space, whose request this
+    /// bias grants at once (if another thread got there first, that
+    /// request simply takes the whole space the usual way). A hint: the
+    /// request decides.
+    #[inline]
+    pub(crate) fn likely_mine(&self) -> bool {
+        let w = self.hot.word.load(Ordering::Relaxed);
+        w == thread_id_if_made() || w == UNCLAIMED
+    }
+
+    /// True once the bias is off for good: the range lock's shards hold
+    /// every request from now on (`Acquire`: the last owner's changes
+    /// are visible).
+    #[inline]
+    pub(crate) fn is_off(&self) -> bool {
+        self.hot.word.load(Ordering::Acquire) == OFF
+    }
+
+    /// A request's first step: granted here if the caller holds the bias
+    /// (or claims it, or it passes to the caller); [`Entry::Off`] if the
+    /// bias is off; otherwise it revokes the bias, waiting for the
+    /// owner's call to end with `wait`, failing with
+    /// [`Entry::Revoking`] without.
+    #[inline]
+    pub(crate) fn enter(&self, wait: bool) -> Entry {
+        let w = self.hot.word.load(Ordering::Acquire);
+        if w == OFF {
+            return Entry::Off;
+        }
+        if w == thread_id_if_made() && self.count_in(w) {
+            return Entry::Owner;
+        }
+        self.enter_slow(wait)
+    }
+
+    /// The owner's entry: counts itself in, then checks that no revoker
+    /// marked the word before its count could be seen (the module docs'
+    /// handshake). False: counted out again, revoked.
+    ///
+    /// The count is a read-modify-write, not a plain store, though only
+    /// the owner counts itself in: a thread that read its own id just
+    /// before a revocation completed still adds its one and takes it back
+    /// after the new owner counted itself in (loom's
+    /// `range_bias_owner_vs_revoking_writer` found a plain load and store
+    /// losing the new owner's count that way).
+    #[inline]
+    fn count_in(&self, me: u64) -> bool {
+        let h = &*self.hot;
+        h.depth.fetch_add(1, Ordering::Relaxed);
+        // Pairs with the revoker's heavy fence: either it sees the count,
+        // or this load sees its mark.
+        asymmetric::light(self.expedited);
+        if h.word.load(Ordering::Relaxed) == me {
+            return true;
+        }
+        self.exit();
+        false
+    }
+
+    /// The owner's release of a request [`enter`](Self::enter) granted.
+    #[inline]
+    pub(crate) fn exit(&self) {
+        let h = &*self.hot;
+        // Release: the completer of a revocation, reading the count
+        // `Acquire`, sees the owner's changes.
+        let d = h.depth.fetch_sub(1, Ordering::Release) - 1;
+        if d == 0 {
+            // Pairs with the revoker's heavy fence: either it sees the
+            // count at zero, or this load sees its mark and wakes it.
+            asymmetric::light(self.expedited);
+            if h.word.load(Ordering::Relaxed) == REVOKING {
+                // Under the mutex: the revoker checks the count and sleeps
+                // under it, so this wake cannot fall between the two.
+                let _n = self.handovers.lock();
+                self.changed.notify_all();
+            }
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn enter_slow(&self, wait: bool) -> Entry {
+        let me = thread_id();
+        let h = &*self.hot;
+        let mut n = self.handovers.lock();
+        loop {
+            match h.word.load(Ordering::Acquire) {
+                OFF => return Entry::Off,
+                UNCLAIMED => return self.take(&mut n, me, false),
+                REVOKING => {
+                    // Acquire: pairs with the owner's last count-out.
+                    if h.depth.load(Ordering::Acquire) == 0 {
+                        return self.take(&mut n, me, true);
+                    }
+                    if !wait {
+                        return Entry::Revoking;
+                    }
+                    n = self.changed.wait(n);
+                }
+                w if w == me => {
+                    // Ours, but our fast path was not taken (our id was
+                    // made only now) or lost a race with a revocation
+                    // that then passed the bias back to us.
+                    drop(n);
+                    if self.count_in(me) {
+                        return Entry::Owner;
+                    }
+                    n = self.handovers.lock();
+                }
+                _owner => {
+                    h.word.store(REVOKING, Ordering::Relaxed);
+                    // Pairs with the owner's light fences (`count_in`,
+                    // `exit`): either its count is visible to the load
+                    // above in the next round, or it sees the mark.
+                    asymmetric::heavy();
+                }
+            }
+        }
+    }
+
+    /// Completes a claim or a revocation under the mutex (`n`): the bias
+    /// passes to the caller, counted in, or (past the handovers) goes
+    /// off for good. Wakes every waiter either way.
+    fn take(&self, n: &mut u32, me: u64, handover: bool) -> Entry {
+        let h = &*self.hot;
+        if handover {
+            *n += 1;
+        }
+        let e = if *n <= self.max_handovers {
+            // Counted in before the word names us: a revoker that reads
+            // the word under the mutex after us sees the count.
+            h.depth.fetch_add(1, Ordering::Relaxed);
+            h.word.store(me, Ordering::Release);
+            Entry::Owner
+        } else {
+            h.word.store(OFF, Ordering::Release);
+            Entry::Off
+        };
+        self.changed.notify_all();
+        e
+    }
+
+    /// Waits until a revocation that [`Entry::Revoking`] reported can
+    /// complete (the owner's calls ended) or has completed.
+    pub(crate) fn wait_revoked(&self) {
+        let h = &*self.hot;
+        let mut n = self.handovers.lock();
+        while h.word.load(Ordering::Acquire) == REVOKING && h.depth.load(Ordering::Acquire) != 0 {
+            n = self.changed.wait(n);
+        }
+    }
+}
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering as O};
+    use std::sync::Arc;
+
+    #[test]
+    fn the_first_thread_owns_others_revoke_and_it_ends_after_the_handovers() {
+        let b = Arc::new(Bias::new(true, DEFAULT_HANDOVERS));
+        assert!(b.likely_mine(), "unclaimed");
+        assert_eq!(b.enter(true), Entry::Owner, "the first request claims");
+        assert_eq!(b.enter(false), Entry::Owner, "nested");
+        b.exit();
+        b.exit();
+        assert!(b.likely_mine() && !b.is_off());
+        let other = |b: &Arc<Bias>| {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                let e = b.enter(false);
+                if e == Entry::Owner {
+                    b.exit();
+                }
+                e
+            })
+            .join()
+            .unwrap()
+        };
+        // Each new thread's request finds the owner out of its calls and
+        // takes the bias at once, until the handovers are spent.
+        for round in 1..=DEFAULT_HANDOVERS {
+            assert_eq!(other(&b), Entry::Owner, "handover {round}");
+            assert!(!b.likely_mine() && !b.is_off());
+        }
+        assert_eq!(other(&b), Entry::Off);
+        assert!(b.is_off() && !b.likely_mine());
+        assert_eq!(b.enter(true), Entry::Off);
+        assert_eq!(Bias::new(false, 1).enter(true), Entry::Off);
+        let once = Arc::new(Bias::new(true, 0));
+        assert_eq!(once.enter(true), Entry::Owner);
+        once.exit();
+        assert_eq!(
+            other(&once),
+            Entry::Off,
+            "no handover: the first revocation ends it"
+        );
+    }
+
+    #[test]
+    fn a_revoker_waits_for_the_owners_call_and_a_try_does_not() {
+        let b = Arc::new(Bias::new(true, DEFAULT_HANDOVERS));
+        assert_eq!(b.enter(true), Entry::Owner);
+        let b2 = b.clone();
+        let tried = std::thread::spawn(move || b2.enter(false)).join().unwrap();
+        assert_eq!(tried, Entry::Revoking, "the owner is inside its call");
+        let done = Arc::new(AtomicBool::new(false));
+        let (b3, d3) = (b.clone(), done.clone());
+        let t = std::thread::spawn(move || {
+            b3.wait_revoked();
+            let e = b3.enter(true);
+            d3.store(true, O::SeqCst);
+            if e == Entry::Owner {
+                b3.exit();
+            }
+            e
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!done.load(O::SeqCst), "revoked while the owner was inside");
+        assert_eq!(b.enter(false), Entry::Revoking, "no entry once marked");
+        b.exit();
+        assert_eq!(t.join().unwrap(), Entry::Owner, "passed to the revoker");
+    }
+}

@@ -1,0 +1,150 @@
+//! The range lock's bias (`Config::range_bias`, `src/mm/range_bias.rs`)
+//! through the public API: a thread alone in a range-mode space takes the
+//! whole space for each call, and the bias passes to (or, past
+//! `range_bias_handovers`, ends at) the next thread that calls. Each check
+//! would fail if the owner's calls and another thread's could change one
+//! VMA at once, or if data written under one owner were lost under the
+//! next: every thread writes patterns and reads them back, and the final
+//! layout is compared with what one thread alone would leave.
+
+use aspace::{AddressSpace, Config, MapFlags, Prot, WriterLocking, PAGE_SIZE};
+use std::sync::{Arc, Barrier};
+
+const RW: Prot = Prot::READ.union(Prot::WRITE);
+const A: u64 = 0x4000_0000;
+
+fn anon() -> MapFlags {
+    MapFlags::PRIVATE | MapFlags::ANONYMOUS
+}
+
+fn space(handovers: u32) -> Arc<AddressSpace> {
+    Arc::new(AddressSpace::new(Config {
+        writer_locking: WriterLocking::Range,
+        range_bias: true,
+        range_bias_handovers: handovers,
+        ..Config::default()
+    }))
+}
+
+/// One thread's round on its own 64-page zone at `base`: map, write a
+/// pattern, split the middle read-only, read back, merge back, unmap half.
+fn round(mm: &AddressSpace, base: u64, tag: u8) {
+    let len = 64 * PAGE_SIZE;
+    let fixed = anon() | MapFlags::FIXED;
+    assert_eq!(mm.mmap(base, len, RW, fixed).unwrap(), base);
+    let data: Vec<u8> = (0..len).map(|i| tag ^ (i / PAGE_SIZE) as u8).collect();
+    mm.write(base, &data).unwrap();
+    mm.mprotect(base + 16 * PAGE_SIZE, 16 * PAGE_SIZE, Prot::READ)
+        .unwrap();
+    assert!(
+        mm.write(base + 20 * PAGE_SIZE, &[1]).is_err(),
+        "the read-only middle took a write"
+    );
+    let mut back = vec![0u8; len as usize];
+    mm.read(base, &mut back).unwrap();
+    assert_eq!(back, data, "zone {base:#x} lost its pattern");
+    mm.mprotect(base + 16 * PAGE_SIZE, 16 * PAGE_SIZE, RW)
+        .unwrap();
+    mm.munmap(base + 32 * PAGE_SIZE, 32 * PAGE_SIZE).unwrap();
+}
+
+/// The layout `round` leaves at `base`: one read-write VMA of 32 pages.
+fn left_by_round(mm: &AddressSpace, base: u64) -> bool {
+    mm.vmas()
+        .iter()
+        .any(|v| v.start == base && v.end == base + 32 * PAGE_SIZE && v.prot == RW)
+}
+
+/// Threads that call one after another (the main thread, then workers
+/// joined in turn): each takes the bias over from the last, until the
+/// handovers are spent and the range lock takes every call; every zone
+/// keeps its pattern and layout across the changes of owner.
+#[test]
+fn threads_in_turn_take_the_bias_over_and_keep_their_data() {
+    for handovers in [0, 1, 4] {
+        let mm = space(handovers);
+        round(&mm, A, 0x11);
+        for t in 1..8u64 {
+            let m = mm.clone();
+            std::thread::spawn(move || round(&m, A + t * (1 << 30), t as u8))
+                .join()
+                .unwrap();
+        }
+        for t in 0..8u64 {
+            assert!(left_by_round(&mm, A + t * (1 << 30)), "zone {t}");
+            let mut b = [0u8; 1];
+            mm.read(A + t * (1 << 30) + 3 * PAGE_SIZE, &mut b).unwrap();
+            let tag = if t == 0 { 0x11 } else { t as u8 };
+            assert_eq!(b[0], tag ^ 3, "zone {t} after {handovers} handovers");
+        }
+        assert_eq!(mm.vmas().len(), 8);
+    }
+}
+
+/// Threads that all call at once from the start, on touching zones (each
+/// zone's neighbourhood meets the next one's), while the owner of the
+/// moment runs its calls on the whole space: the revocations and
+/// handovers happen under load, and every zone still ends as one thread
+/// alone would leave it.
+#[test]
+fn threads_at_once_revoke_the_bias_under_load() {
+    for handovers in [0, 4, 1000] {
+        let mm = space(handovers);
+        let threads = 4u64;
+        let go = Arc::new(Barrier::new(threads as usize));
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let (mm, go) = (mm.clone(), go.clone());
+                std::thread::spawn(move || {
+                    go.wait();
+                    for i in 0..50u64 {
+                        // Zones 64 pages apart: a zone's unmapped upper
+                        // half is the next zone's margin.
+                        let base = A + (t * 50 + i) * 64 * PAGE_SIZE;
+                        round(&mm, base, (t * 50 + i) as u8);
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        let v = mm.vmas();
+        assert_eq!(v.len() as u64, threads * 50, "handovers {handovers}");
+        for z in 0..threads * 50 {
+            assert!(left_by_round(&mm, A + z * 64 * PAGE_SIZE), "zone {z}");
+        }
+    }
+}
+
+/// Placements without a hint by the owner and by threads revoking the
+/// bias never share a gap.
+#[test]
+fn placements_across_a_revocation_never_overlap() {
+    for handovers in [0, 4] {
+        let mm = space(handovers);
+        let go = Arc::new(Barrier::new(3));
+        let hs: Vec<_> = (0..3)
+            .map(|_| {
+                let (mm, go) = (mm.clone(), go.clone());
+                std::thread::spawn(move || {
+                    go.wait();
+                    (0..200)
+                        .map(|_| mm.mmap(0, 2 * PAGE_SIZE, RW, anon()).unwrap())
+                        .collect::<Vec<u64>>()
+                })
+            })
+            .collect();
+        let mut all: Vec<u64> = hs.into_iter().flat_map(|h| h.join().unwrap()).collect();
+        all.sort_unstable();
+        for w in all.windows(2) {
+            assert!(
+                w[0] + 2 * PAGE_SIZE <= w[1],
+                "{:#x} and {:#x} overlap",
+                w[0],
+                w[1]
+            );
+        }
+        assert_eq!(all.len(), 600);
+    }
+}
