@@ -44,14 +44,14 @@ pub enum WriterLocking {
     /// two mmaps placed at once leave a page or two between them).
     /// Linux's placement puts concurrent threads' mappings side by side,
     /// so their writers meet; [`Config::placement_window`] keeps them
-    /// apart. With windows, on 2 cores, writers-only loops at 2 threads
-    /// ran 1.7-2.2x their 1-thread rate and full instantiation
-    /// 1.45-1.55x (`docs/RESULTS.md`, "Instantiation"). A thread alone
-    /// in the space holds the lock's bias ([`Config::range_bias`]) and
-    /// takes the whole space for each call instead: at 1 thread a
-    /// writers-only loop runs at about 0.85x `PerVma`'s rate, against
-    /// 0.7x without the bias (`docs/RESULTS.md`, "The range lock's
-    /// bias").
+    /// apart. With windows, on 2 cores, full instantiation at 2 threads
+    /// ran 1.45-1.6x its 1-thread rate (`docs/RESULTS.md`,
+    /// "Instantiation"). A thread alone in the space holds the lock's
+    /// bias ([`Config::range_bias`]) and takes the whole space for each
+    /// call instead: at 1 thread a writers-only loop runs at about 0.9x
+    /// `PerVma`'s rate, against 0.7x without the bias, and 2 threads
+    /// writers-only at 1.3-1.5x that faster rate (1.7-1.8x the rate
+    /// without the bias; `docs/RESULTS.md`, "The range lock's bias").
     Range,
 }
 

@@ -171,9 +171,15 @@ impl MmState {
         self.map_count.at_least(limit)
     }
 
-    /// Adds `n` (may be negative) to the map count.
-    pub(crate) fn add_map_count(&self, n: isize) {
-        self.map_count.add(n);
+    /// Adds `n` (may be negative) to the map count: by a range writer
+    /// (`per_cpu`) in its CPU's slot, by any other writer (alone in the
+    /// space) in the total, with no CPU lookup.
+    pub(crate) fn add_map_count(&self, n: isize, per_cpu: bool) {
+        if per_cpu {
+            self.map_count.add(n);
+        } else {
+            self.map_count.add_total(n);
+        }
     }
 }
 
@@ -209,6 +215,14 @@ impl MapCount {
             slots: per_cpu.then(|| crate::percpu::PerCpu::new(Default::default)),
             total: crate::sync::counter::AtomicI64::new(0),
         }
+    }
+
+    /// Adds `n` (may be negative) to the total itself: for a writer with
+    /// the space to itself, for whom the total's line is no one else's
+    /// (every count remains the total plus the slots').
+    pub(crate) fn add_total(&self, n: isize) {
+        use crate::sync::counter::Ordering::Relaxed;
+        self.total.fetch_add(n as i64, Relaxed);
     }
 
     /// Adds `n` (may be negative).

@@ -499,13 +499,16 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     }
 
     /// Takes the writer side: with one slot, that slot's writer mutex for
-    /// the writer's whole life (as [`RangeTree::writer`]); with more, each
-    /// write takes the mutex of each slot it changes, one at a time.
-    /// Writers of overlapping ranges must be kept apart by the caller.
+    /// the writer's whole life (as [`RangeTree::writer`]); with more, a
+    /// write takes the mutex of each slot it changes, one at a time, and
+    /// the writer keeps the last one until it writes another slot or is
+    /// dropped (a whole-space edit, whose stores mostly meet one slot,
+    /// then takes it once, not once per store). Writers of overlapping
+    /// ranges must be kept apart by the caller.
     pub fn writer(&self) -> ForestWriter<'_, V> {
         ForestWriter {
             forest: self,
-            held: (self.all().len() == 1).then(|| self.all()[0].writer()),
+            held: (self.all().len() == 1).then(|| (0, self.all()[0].writer())),
         }
     }
 
@@ -579,9 +582,11 @@ pub struct ForestWriter<'t, V> {
     /// The forest written.
     /// Protected by: see [`RangeForest`]'s fields.
     forest: &'t RangeForest<V>,
-    /// The only slot's writer, held for the writer's life (one slot).
+    /// The last slot written and its writer (with one slot, held for the
+    /// writer's life): at most one slot's mutex is held at a time, so
+    /// writers holding one each never wait for each other's.
     /// Protected by: owned by this writer.
-    held: Option<TreeWriter<'t, V>>,
+    held: Option<(usize, TreeWriter<'t, V>)>,
 }
 
 impl<V> core::ops::Deref for ForestWriter<'_, V> {
@@ -592,13 +597,18 @@ impl<V> core::ops::Deref for ForestWriter<'_, V> {
 }
 
 impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
-    /// Runs `f` with slot `k`'s writer: the held one, or one taken for
-    /// this call only.
+    /// Runs `f` with slot `k`'s writer: the held one if it is `k`'s, else
+    /// `k`'s, taken after the held one is released.
     fn with_slot<R>(&mut self, k: usize, f: impl FnOnce(&mut TreeWriter<'_, V>) -> R) -> R {
-        match &mut self.held {
-            Some(w) => f(w),
-            None => f(&mut self.forest.all()[k].writer()),
+        if self.held.as_ref().is_some_and(|(j, _)| *j != k) {
+            // Released before the next is taken: one mutex at a time.
+            self.held = None;
         }
+        let forest = self.forest;
+        let (_, w) = self
+            .held
+            .get_or_insert_with(|| (k, forest.all()[k].writer()));
+        f(w)
     }
 
     /// Inserts `r -> v` into a free range.
@@ -649,7 +659,15 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
         if r.is_empty() {
             return out;
         }
-        for k in self.forest.slots_of(r) {
+        let ks = self.forest.slots_of(r);
+        if ks.start() == ks.end() {
+            // One slot (nearly every store): no clipping or joining.
+            return self.with_slot(*ks.start(), |t| match v {
+                Some(v) => t.store(r, v),
+                None => t.erase(r),
+            });
+        }
+        for k in ks {
             let c = self.forest.clip(r, k);
             let hit = self.with_slot(k, |t| match &v {
                 Some(v) => t.store(c, v.clone()),

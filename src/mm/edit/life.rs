@@ -124,7 +124,7 @@ impl Edit<'_> {
     pub(crate) fn insert(&mut self, v: VmaRef) {
         v.lock.mark_attached();
         self.with_tree(|t| t.store(v.range(), v));
-        self.state.add_map_count(1);
+        self.add_map_count(1);
     }
 
     /// Removes VMAs whose ranges are no longer in the tree: unlinks them
@@ -139,7 +139,7 @@ impl Edit<'_> {
             v.set_uffd(None);
         }
         crate::vma::unlink_all(vs, &self.mm.stats);
-        self.state.add_map_count(-(vs.len() as isize));
+        self.add_map_count(-(vs.len() as isize));
         // One CPU for the batch (a thread that moves meanwhile only
         // writes its old CPU's lines).
         let (cpu, pool) = (cpu_id(), self.mm.pool.get());
@@ -180,7 +180,7 @@ impl Edit<'_> {
             Some(idx) => v.unlink_anon_held(idx),
             None => v.set_anon_vma_counted(None, Some(&self.mm.stats)),
         }
-        self.state.add_map_count(-1);
+        self.add_map_count(-1);
         let cpu = cpu_id();
         self.mm.pool.get().free_on(cpu, v);
         self.mm.frames.memory().uncharge_on(cpu, VMA_BYTES);

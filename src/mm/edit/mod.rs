@@ -75,6 +75,12 @@ impl<'a> Edit<'a> {
         self.state.range()
     }
 
+    /// Counts `n` more VMAs (fewer if negative): a range writer in its
+    /// CPU's slot of the map count, any other writer in its total.
+    pub(crate) fn add_map_count(&self, n: isize) {
+        self.state.add_map_count(n, self.is_range_writer());
+    }
+
     /// True for a range writer.
     pub(crate) fn is_range_writer(&self) -> bool {
         self.state.is_range_writer()
@@ -136,7 +142,7 @@ impl<'a> Edit<'a> {
             t.replace_all(vmas.iter().map(|&v| (v.range(), v)))
                 .expect("the VMAs are sorted and disjoint")
         });
-        self.state.add_map_count(vmas.len() as isize);
+        self.add_map_count(vmas.len() as isize);
     }
 
     /// The VMA containing `addr`.
@@ -349,7 +355,7 @@ impl<'a> Edit<'a> {
             n.lock.mark_attached();
             // One store moves [at, end) from v to n atomically for readers.
             ed.with_tree(|t| t.store(upper, n));
-            ed.state.add_map_count(1);
+            ed.add_map_count(1);
             v.set_end(at);
             // `n` was filed first: the two cover the range throughout.
             if let Some(obj) = v.shmem_arc() {
