@@ -8,8 +8,9 @@
 //! `PerVma`'s rate, about 900 more instructions per mprotect or munmap.
 //! So the first thread to lock anything becomes the bias's *owner*: its
 //! requests, of any range, are granted by two read-modify-writes of a
-//! line of the lock that only it writes, and its writers take the whole space as the
-//! mmap_lock's writers do (`Edit::begin`), skipping the neighbourhood. It
+//! line of the lock that only it writes, and its writers take the whole
+//! space as the mmap_lock's writers do (`Edit::begin`), skipping the
+//! neighbourhood. It
 //! is biased locking as Java VMs had it (Kawachiya, Koseki and Onodera,
 //! "Lock Reservation", OOPSLA 2002), with the revocation's handshake done
 //! by an asymmetric fence pair instead of a safepoint.
@@ -21,9 +22,9 @@
 //! [`asymmetric`]'s pair (the owner's side is a compiler fence):
 //! - the owner, entering, counts itself in (`depth`, a read-modify-write:
 //!   a thread that lost the bias as it entered counts itself in and out
-//!   beside the next owner), fences (light) and
-//!   reads the word again: if it still names it, the revoker will see the
-//!   count; else it counts itself out and takes the lock's usual path;
+//!   beside the next owner), fences (light) and reads the word again: if
+//!   it still names it, the revoker will see the count; else it counts
+//!   itself out and takes the lock's usual path;
 //! - the revoker, under the bias's mutex, marks the word `REVOKING`,
 //!   fences (heavy) and reads the count: zero means the owner is out of
 //!   every call and sees the mark when it tries to enter again; else it
@@ -35,8 +36,8 @@
 //! completes the revocation: the bias passes to it (a process whose main
 //! thread set up the space and whose worker then does all the calls
 //! keeps the fast path), at most `Config::range_bias_handovers` times
-//! ([`DEFAULT_HANDOVERS`]); after that it is
-//! off for good, and every request takes the range lock's usual path. The
+//! ([`DEFAULT_HANDOVERS`]); after that it is off for good, and every
+//! request takes the range lock's usual path. The
 //! owner's `Release` count-out, read `Acquire` by the completer, and the
 //! completer's `Release` store of the word, read `Acquire` by every later
 //! request, order the owner's changes before theirs.
@@ -52,20 +53,22 @@
 //! bias to pass or to end. So the shards' holds and published words are
 //! what they were when the bias began (nothing), and the first requests
 //! after it ends find them so. Only two readers of the shards look
-//! without requesting: a mark ([`RangeLock::mark`](super::range_lock::RangeLock::mark))
-//! says nothing while the bias is on (the owner changes the tree without
-//! the shards' counts moving), and a placement's look for busy ranges
-//! sees nothing busy, and its try-lock then meets the bias.
+//! without requesting: a mark
+//! ([`RangeLock::mark`](super::range_lock::RangeLock::mark)) says
+//! nothing while the bias is on (the owner changes the tree without the
+//! shards' counts moving), and a placement's look for busy ranges sees
+//! nothing busy, and its try-lock then meets the bias.
 //!
 //! # Cost
 //!
 //! The owner's request: a load of the word, an increment of the count
 //! (a locked instruction on x86-64, on a line in the owner's cache), a
 //! compiler fence, a second load; its release: a decrement, a fence, a
-//! load. The line is written by the owner (the word by revokers, a few
-//! times in the space's life); no other thread touches it while the bias
-//! holds. Every request after the bias ends loads the word, a line no
-//! one writes any more.
+//! load. These are the only shared-memory writes of the owner's lock
+//! path, and the line is written by the owner alone while the bias
+//! holds (the word by revokers, a few times in the space's life; another
+//! thread reads the line only to revoke). Every request after the bias
+//! ends loads the word, a line no one writes any more.
 
 use crate::sync::{asymmetric, thread_id, thread_id_if_made, AtomicU64, Condvar, Mutex, Ordering};
 use crossbeam_utils::CachePadded;
