@@ -693,9 +693,9 @@ impl RangeGuard<'_> {
     /// this grant: no writer changed the tree or a VMA of that shard in
     /// between, so what the holder read of it then is what it would read
     /// now (`edit::lock_validated`).
-    /// A grant of the bias holds no shard (`n == 0`), so is never: its
-    /// owner may have held the bias since before the mark, or got it
-    /// back since.
+    /// A grant of the bias holds no shard (`n == 0`) and so is never
+    /// undisturbed: its owner may have held the bias since before the
+    /// mark, or got it back since.
     pub(crate) fn undisturbed_since(&self, mark: Option<Mark>) -> bool {
         mark.is_some_and(|m| {
             self.n == 1
