@@ -360,20 +360,25 @@ fn range_brks_race() {
 /// holder's changes). All three were seen failing.
 #[test]
 fn range_placements_race_for_one_gap() {
-    model(|| {
-        let mm = space(FaultLocking::PerVma);
-        let anon = MapFlags::PRIVATE | MapFlags::ANONYMOUS;
-        let m2 = mm.clone();
-        let t = thread::spawn(move || m2.mmap(0, PAGE_SIZE, Prot::READ, anon).unwrap());
-        let a = mm.mmap(0, PAGE_SIZE, rw(), anon).unwrap();
-        let b = t.join().unwrap();
-        assert_ne!(a, b, "two placements took one gap");
-        let mut s = spans(&mm);
-        s.sort_by_key(|x| x.0);
-        let mut want = vec![(a, a + PAGE_SIZE, rw()), (b, b + PAGE_SIZE, Prot::READ)];
-        want.sort_by_key(|x| x.0);
-        assert_eq!(s, want);
-    });
+    model(|| racing_placements(space(FaultLocking::PerVma), &[]));
+}
+
+/// Two one-page mmaps without a hint, from the setup's thread and
+/// another, at once: they must land in different gaps, and the space must
+/// then hold exactly them beside `also` (what the setup mapped).
+fn racing_placements(mm: Arc<AddressSpace>, also: &[(u64, u64, Prot)]) {
+    let anon = MapFlags::PRIVATE | MapFlags::ANONYMOUS;
+    let m2 = mm.clone();
+    let t = thread::spawn(move || m2.mmap(0, PAGE_SIZE, Prot::READ, anon).unwrap());
+    let a = mm.mmap(0, PAGE_SIZE, rw(), anon).unwrap();
+    let b = t.join().unwrap();
+    assert_ne!(a, b, "two placements took one gap");
+    let mut s = spans(&mm);
+    s.sort_by_key(|x| x.0);
+    let mut want = vec![(a, a + PAGE_SIZE, rw()), (b, b + PAGE_SIZE, Prot::READ)];
+    want.extend_from_slice(also);
+    want.sort_by_key(|x| x.0);
+    assert_eq!(s, want);
 }
 
 /// A range-locked mprotect(PROT_READ) of `[A, A+2P)` races a speculative
@@ -590,21 +595,7 @@ fn range_bias_owner_vs_revoking_writer() {
 fn range_bias_placement_vs_owner_placing() {
     model(|| {
         let mm = biased_space(0);
-        let anon = MapFlags::PRIVATE | MapFlags::ANONYMOUS;
         mm.mmap(C, PAGE_SIZE, rw(), fixed()).unwrap();
-        let m2 = mm.clone();
-        let t = thread::spawn(move || m2.mmap(0, PAGE_SIZE, Prot::READ, anon).unwrap());
-        let a = mm.mmap(0, PAGE_SIZE, rw(), anon).unwrap();
-        let b = t.join().unwrap();
-        assert_ne!(a, b, "two placements took one gap");
-        let mut s = spans(&mm);
-        s.sort_by_key(|x| x.0);
-        let mut want = vec![
-            (a, a + PAGE_SIZE, rw()),
-            (b, b + PAGE_SIZE, Prot::READ),
-            (C, C + PAGE_SIZE, rw()),
-        ];
-        want.sort_by_key(|x| x.0);
-        assert_eq!(s, want);
+        racing_placements(mm, &[(C, C + PAGE_SIZE, rw())]);
     });
 }

@@ -260,9 +260,11 @@ impl Bias {
                     n = self.changed.wait(n);
                 }
                 w if w == me => {
-                    // Ours, but our fast path was not taken (our id was
-                    // made only now) or lost a race with a revocation
-                    // that then passed the bias back to us.
+                    // Not reached: the bias passes only to the thread
+                    // that completes a revocation (`take`, which returns
+                    // at once), and `enter` tried ours first. Kept so that
+                    // an owner never marks its own bias: inside a call of
+                    // its own it would wait for itself.
                     drop(n);
                     if self.count_in(me) {
                         return Entry::Owner;

@@ -583,8 +583,8 @@ pub struct ForestWriter<'t, V> {
     /// Protected by: see [`RangeForest`]'s fields.
     forest: &'t RangeForest<V>,
     /// The last slot written and its writer (with one slot, held for the
-    /// writer's life): at most one slot's mutex is held at a time, so
-    /// writers holding one each never wait for each other's.
+    /// writer's life): at most one slot's mutex is held at a time, so no
+    /// two writers can each hold a slot the other waits for.
     /// Protected by: owned by this writer.
     held: Option<(usize, TreeWriter<'t, V>)>,
 }
@@ -649,19 +649,17 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
     }
 
     fn overwrite(&mut self, r: Range, v: Option<V>) -> Vec<(Range, V)> {
-        if self.forest.one().is_some() {
-            return self.with_slot(0, |t| match v {
-                Some(v) => t.store(r, v),
-                None => t.erase(r),
-            });
-        }
         let mut out = Vec::new();
-        if r.is_empty() {
+        // The single tree, or a range inside one slot (nearly every
+        // store): that slot's writer, no clipping or joining.
+        let ks = if self.forest.one().is_some() {
+            0..=0
+        } else if r.is_empty() {
             return out;
-        }
-        let ks = self.forest.slots_of(r);
+        } else {
+            self.forest.slots_of(r)
+        };
         if ks.start() == ks.end() {
-            // One slot (nearly every store): no clipping or joining.
             return self.with_slot(*ks.start(), |t| match v {
                 Some(v) => t.store(r, v),
                 None => t.erase(r),

@@ -378,19 +378,14 @@ impl<'a> Edit<'a> {
         // A range writer frees only tables inside the range it holds: no
         // other writer maps there meanwhile (its neighbourhood reaches the
         // PTE tables `r` meets: `Reach::Hole`). Every writer looks no
-        // further than `r` rounded out to a root entry's span: no table
-        // it may free lies beyond (the largest, a PUD table, covers one
-        // such span, and the root is never freed; `range_lock`'s module
-        // docs), and in range mode's forest an unbounded look for the
-        // VMA before would visit every empty 512 GiB slot below.
+        // further than `r` rounded out to root entries' spans
+        // (`root_spans_around`: no table it may free lies beyond), and in
+        // range mode's forest an unbounded look for the VMA before would
+        // visit every empty 512 GiB slot below.
         let held = self.held();
-        let (lo, hi) = (held.start.min(r.start), held.end.max(r.end));
-        let lo = lo.max(r.start - r.start % crate::pt::ROOT_ENTRY_SPAN);
-        let hi = hi.min(
-            r.end
-                .checked_next_multiple_of(crate::pt::ROOT_ENTRY_SPAN)
-                .unwrap_or(u64::MAX),
-        );
+        let spans = range::root_spans_around(r);
+        let lo = held.start.min(r.start).max(spans.start);
+        let hi = held.end.max(r.end).min(spans.end);
         // Bounded lookups: nothing beyond the clamps counts.
         let floor = self
             .mm

@@ -224,12 +224,10 @@ pub(crate) fn neighbourhood(mm: &AddressSpace, r: Range, reach: Reach, pin: &Gua
         // beyond, so the clamp frees exactly what the whole hole would
         // (`range_lock`'s module docs), and two unmaps in different
         // 512 GiB slots do not meet.
-        let (clamp_lo, clamp_hi) = (
-            r.start - r.start % ROOT_ENTRY_SPAN,
-            r.end
-                .checked_next_multiple_of(ROOT_ENTRY_SPAN)
-                .unwrap_or(u64::MAX),
-        );
+        let Range {
+            start: clamp_lo,
+            end: clamp_hi,
+        } = root_spans_around(r);
         // Bounded lookups (nothing beyond the clamp counts): they visit
         // the forest's slots of the clamp only.
         let floor = mm
@@ -246,6 +244,20 @@ pub(crate) fn neighbourhood(mm: &AddressSpace, r: Range, reach: Reach, pin: &Gua
         hi = hi.max(ceiling);
     }
     Range::new(lo, hi)
+}
+
+/// `r` rounded out to whole root entries' spans (512 GiB,
+/// `pt::ROOT_ENTRY_SPAN`): no page table an unmap of `r` may free lies
+/// beyond (the largest, a PUD table, covers one such span, and the root
+/// is never freed), so an unmap's hole clamped to it frees what the whole
+/// hole would.
+pub(crate) fn root_spans_around(r: Range) -> Range {
+    Range::new(
+        r.start - r.start % ROOT_ENTRY_SPAN,
+        r.end
+            .checked_next_multiple_of(ROOT_ENTRY_SPAN)
+            .unwrap_or(u64::MAX),
+    )
 }
 
 /// What a placement reads (Linux's `get_unmapped_area` needs only the
