@@ -288,7 +288,7 @@ impl Bias {
     fn take(&self, n: &mut u32, me: u64, handover: bool) -> Entry {
         let h = &*self.hot;
         if handover {
-            *n += 1;
+            *n = n.saturating_add(1);
         }
         let e = if *n <= self.max_handovers {
             // Counted in before the word names us: a revoker that reads
