@@ -4,8 +4,9 @@
 //! in place), two brks from one break, two placements racing for one gap,
 //! and a range writer against the speculative fault and a translator
 //! access; and the range lock's bias (`mm/range_bias.rs`): its owner's
-//! writer against a writer that revokes it, and a placement that looked
-//! while the owner placed. The real AddressSpace runs through src/sync.rs (deferred
+//! writer against a writer that revokes it, a placement that looked
+//! while the owner placed, and the split of the tree the owner kept
+//! unified against a speculative fault. The real AddressSpace runs through src/sync.rs (deferred
 //! reclamation, as the other models). Each names the one-line mutation it catches (checked by breaking that
 //! line, running the model and restoring it).
 //!
@@ -597,5 +598,62 @@ fn range_bias_placement_vs_owner_placing() {
         let mm = biased_space(0);
         mm.mmap(C, PAGE_SIZE, rw(), fixed()).unwrap();
         racing_placements(mm, &[(C, C + PAGE_SIZE, rw())]);
+    });
+}
+
+/// The bias, with no handover: a setup thread owns it, so the tree is
+/// unified (`RangeForest::sliced_unified`); the model's thread then
+/// mprotects, which revokes the bias, splits the tree and changes the VMA
+/// beside the one a speculative fault of another thread looks up (the
+/// speculative fault first, the locked paths if it gives up). The fault
+/// reads the one tree or the slots, and either way finds `A`'s VMA,
+/// writable before and after the mprotect; the page tables stay
+/// consistent.
+///
+/// Catches: the one tree unlinked before the slots are built (the
+/// `self.unified.store(core::ptr::null_mut(), Ordering::Release);` line of
+/// `RangeForest::split`, src/tree/forest/unified.rs, moved above its
+/// `replace_all`): the fault then finds no VMA at `A` and fails with
+/// `SEGV_MAPERR`.
+#[test]
+fn range_bias_split_vs_spec_fault() {
+    model(|| {
+        let mm = Arc::new(AddressSpace::new(Config {
+            writer_locking: WriterLocking::Range,
+            range_bias: true,
+            range_bias_handovers: 0,
+            fault_locking: FaultLocking::Speculative,
+            ..cfg()
+        }));
+        let m1 = mm.clone();
+        thread::spawn(move || {
+            m1.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+            m1.write(A + PAGE_SIZE, &[1]).unwrap();
+            // The CPU's VMA hint (`vma_hint`) moves to `B`: the fault at
+            // `A` walks the tree.
+            m1.mmap(B, PAGE_SIZE, rw(), fixed()).unwrap();
+            m1.write(B, &[2]).unwrap();
+        })
+        .join()
+        .unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || {
+            m2.fault(A, Access::Write)
+                .expect("A is mapped writable throughout")
+        });
+        mm.mprotect(A + PAGE_SIZE, PAGE_SIZE, Prot::READ).unwrap();
+        t.join().unwrap();
+        loom_door::check_ptes(&mm).unwrap();
+        assert_eq!(
+            spans(&mm),
+            vec![
+                (A, A + PAGE_SIZE, rw()),
+                (A + PAGE_SIZE, A + 2 * PAGE_SIZE, Prot::READ),
+                (B, B + PAGE_SIZE, rw())
+            ]
+        );
+        let mut b = [9u8; 1];
+        mm.read(A + PAGE_SIZE, &mut b).unwrap();
+        assert_eq!(b, [1]);
     });
 }

@@ -2,8 +2,11 @@
 //! writer replaces the node it reads, with the old node reclaimed and its
 //! memory reused by the next edit; and of the forest (one tree per slot,
 //! `src/tree/forest.rs`): a store across a slot boundary against a reader,
-//! writers in two slots at once, two writers in one slot. Runs
-//! the real `RangeTree` and `RangeForest` through src/sync.rs. `./loom.sh --test loom_tree` runs them.
+//! writers in two slots at once, two writers in one slot; and of a
+//! unified forest's split (one tree until then, range mode's while the
+//! range lock's bias holds) against a reader and against a writer of the
+//! one tree. Runs the real `RangeTree` and `RangeForest` through
+//! src/sync.rs. `./loom.sh --test loom_tree` runs them.
 #![cfg(aspace_loom)]
 
 use aspace::reclaim::Reclaimer;
@@ -224,6 +227,99 @@ fn forest_writers_in_one_slot() {
             .is_ok();
         let theirs = w.join().unwrap();
         assert!(mine != theirs, "exactly one insert wins: {mine} {theirs}");
+        f.check_invariants().unwrap();
+    });
+}
+
+// A unified forest (`RangeForest::sliced_unified`, `src/tree/forest/unified.rs`): one tree until
+// `split` moves its entries into the slots.
+
+/// A unified forest of three one-page slots holding `entries` in its one
+/// tree.
+fn unified(entries: &[(u64, u64, u64)], reclaimer: fn() -> Reclaimer) -> Arc<RangeForest<Canary>> {
+    let f = RangeForest::sliced_unified(SLOT_SHIFT, 0x3000, reclaimer);
+    for &(s, e, tag) in entries {
+        f.writer().store(Range::new(s, e), Canary::new(tag));
+    }
+    assert!(f.is_unified());
+    Arc::new(f)
+}
+
+/// The split against a lock-free reader of an entry crossing two slots
+/// and of one inside a slot: each reads whole and live throughout, from
+/// the one tree before the unlink and from the slots after it.
+///
+/// Catches: the one tree unlinked before the slots are built (the
+/// `self.unified.store(core::ptr::null_mut(), Ordering::Release);` line
+/// of `RangeForest::split` moved above its `replace_all`): the reader
+/// then finds the slots empty, and `0x1000` unmapped.
+#[test]
+fn forest_split_vs_reader() {
+    loom::model::Builder::new().check(|| {
+        let f = unified(
+            &[(0x800, 0x1800, 1), (0x2000, 0x2800, 2)],
+            Reclaimer::deferred,
+        );
+        let f2 = f.clone();
+        let r = thread::spawn(move || {
+            assert_eq!(found(&f2, 0x1000), Some((Range::new(0x800, 0x1800), 1)));
+            assert_eq!(found(&f2, 0x2100), Some((Range::new(0x2000, 0x2800), 2)));
+        });
+        f.split();
+        r.join().unwrap();
+        assert!(!f.is_unified());
+        f.check_invariants().unwrap();
+    });
+}
+
+/// The split against a writer of the one tree: the writer's store is
+/// never lost, whichever comes first (the split waits for the writer's
+/// hold of the one tree; a writer that loaded the one tree before the
+/// split unlinked it sees the unlink under its mutex and writes the
+/// slots).
+///
+/// Catches: the writer's check of the link under the one tree's mutex
+/// dropped (`(self.unified.load(Ordering::Acquire) == p).then(|| ..)`
+/// made `Some(..)` in `RangeForest::unified_writer`): the writer then
+/// stores into the unlinked tree after the split, and its entry is lost.
+#[test]
+fn forest_split_vs_unified_writer() {
+    loom::model::Builder::new().check(|| {
+        let f = unified(&[(0x800, 0x1800, 1)], Reclaimer::deferred);
+        let f2 = f.clone();
+        let w = thread::spawn(move || {
+            f2.writer()
+                .store(Range::new(0x2100, 0x2200), Canary::new(4));
+        });
+        f.split();
+        w.join().unwrap();
+        assert_eq!(found(&f, 0x2180), Some((Range::new(0x2100, 0x2200), 4)));
+        assert_eq!(found(&f, 0x1000), Some((Range::new(0x800, 0x1800), 1)));
+        f.check_invariants().unwrap();
+    });
+}
+
+/// With epoch reclamation: the split retires the one tree while a pinned
+/// reader may still walk it; the reader's pin keeps it (and the values
+/// in it) alive, however hard the splitter collects.
+///
+/// Catches: the one tree freed at once instead of retired
+/// (`self.all()[0].reclaimer.retire_with(&g, p, free_unified::<V>)` made
+/// `free_unified(p)` in `RangeForest::split`): the reader walks a freed
+/// tree (loom saw it find `0x1000` unmapped).
+#[test]
+fn forest_split_vs_reader_epoch() {
+    loom::model::Builder::new().check(|| {
+        let f = unified(&[(0x800, 0x1800, 1)], Reclaimer::epoch);
+        let f2 = f.clone();
+        let r = thread::spawn(move || {
+            assert_eq!(found(&f2, 0x1000), Some((Range::new(0x800, 0x1800), 1)));
+        });
+        f.split();
+        for _ in 0..3 {
+            f.collect();
+        }
+        r.join().unwrap();
         f.check_invariants().unwrap();
     });
 }

@@ -328,6 +328,12 @@ impl<'a, T> MmapWriteGuard<'a, T> {
         }
     }
 
+    /// True if this writer holds the range lock's bias (`range_bias`).
+    #[inline]
+    pub(crate) fn holds_bias(&self) -> bool {
+        self.range.as_ref().is_some_and(RangeGuard::is_biased)
+    }
+
     /// The range held: the whole space, except for a range writer.
     pub(crate) fn range(&self) -> Range {
         self.range.as_ref().map_or(WHOLE, RangeGuard::range)

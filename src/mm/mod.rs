@@ -463,7 +463,12 @@ impl AddressSpace {
         let ranged = cfg.writer_locking == WriterLocking::Range;
         let slot_shift = crate::pt::ROOT_ENTRY_SPAN.trailing_zeros();
         AddressSpace {
-            tree: if ranged {
+            // With the bias, unified until a writer other than its owner
+            // comes (`Edit::begin`): the owner's writers and every lookup
+            // then run on one tree.
+            tree: if ranged && cfg.range_bias {
+                RangeForest::sliced_unified(slot_shift, cfg.task_size, reclaimer)
+            } else if ranged {
                 RangeForest::sliced(slot_shift, cfg.task_size, reclaimer)
             } else {
                 RangeForest::single(reclaimer())

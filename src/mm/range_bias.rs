@@ -59,6 +59,22 @@
 //! shards' counts moving), and a placement's look for busy ranges sees
 //! nothing busy, and its try-lock then meets the bias.
 //!
+//! # The tree stays one tree while the bias holds
+//!
+//! Range mode's VMA tree is a forest of 512 GiB slots so that writers in
+//! different slots commit at once; the owner is the only writer, so the
+//! slots would only cost it (about 500 instructions of slot arithmetic
+//! per instantiation). With the bias on, the space makes the forest
+//! *unified* (`RangeForest::sliced_unified`): one tree, read and written
+//! as in the other modes. The first writer that does not hold the bias
+//! (a range writer, or a whole-space writer once the bias is off) splits
+//! it into the slots before it writes (`Edit::begin`, `begin_range`,
+//! `begin_placed`); the forest's module docs argue the split against
+//! readers and writers, and `loom_tests/range_writers.rs`'s
+//! `range_bias_split_vs_spec_fault` runs it against a speculative fault.
+//! Correctness does not depend on when the split comes (a writer of the
+//! one tree is as correct as one of the slots), only scaling does.
+//!
 //! # Cost
 //!
 //! The owner's request: a load of the word, an increment of the count

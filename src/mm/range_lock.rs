@@ -687,6 +687,12 @@ impl RangeGuard<'_> {
         self.range
     }
 
+    /// True if the bias granted this hold (`range_bias`).
+    #[inline]
+    pub(crate) fn is_biased(&self) -> bool {
+        self.first == BIASED
+    }
+
     /// True if the hold lies in the shard of `mark` alone, and neither a
     /// range was held exclusive there nor a whole-space writer held the
     /// space from the [`RangeLock::mark`] call that returned `mark` to

@@ -53,6 +53,13 @@
 //! Whole-space writes ([`ForestWriter::replace_all`],
 //! [`ForestWriter::retain`]: fork, exec, purges) run slot by slot as well.
 //!
+//! # Unified until split
+//!
+//! A forest made with [`RangeForest::sliced_unified`] is one tree until
+//! [`RangeForest::split`] moves its entries into the slots (range mode's,
+//! while the range lock's bias holds); `forest/unified.rs` has the
+//! argument.
+//!
 //! # Free-area searches
 //!
 //! [`gap_highest`](RangeForest::gap_highest) visits the slots the window
@@ -77,6 +84,7 @@
 use super::{Around, RangeTree, TreeError, TreeWriter};
 use crate::addr::Range;
 use crate::reclaim::{Guard, Reclaimer};
+use crate::sync::{AtomicPtr, Ordering};
 use crossbeam_utils::CachePadded;
 
 /// The most slots a forest is cut into (a larger space gets larger slots).
@@ -102,6 +110,13 @@ pub struct RangeForest<V> {
     /// The slots' trees, each on its own cache lines.
     /// Protected by: each tree's own fields (see [`RangeTree`]).
     trees: Trees<V>,
+    /// A unified forest's one tree, holding every entry until
+    /// [`split`](RangeForest::split) (module docs, "Unified until split");
+    /// null otherwise.
+    /// Protected by: its own writer mutex for the one store that unlinks
+    /// it (`Release`, by `split`, which then retires it through slot 0's
+    /// reclaimer); readers and writers load it (`Acquire`) pinned.
+    unified: AtomicPtr<RangeTree<V>>,
 }
 
 /// A forest's trees: one kept inline (making a space allocates nothing
@@ -127,6 +142,7 @@ impl<V> core::fmt::Debug for RangeForest<V> {
         f.debug_struct("RangeForest")
             .field("shift", &self.shift)
             .field("slots", &self.all().len())
+            .field("unified", &!self.unified.load(Ordering::Relaxed).is_null())
             .finish()
     }
 }
@@ -137,6 +153,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         RangeForest {
             shift: 63,
             trees: Trees::One(CachePadded::new(RangeTree::with_reclaimer(reclaimer))),
+            unified: AtomicPtr::new(core::ptr::null_mut()),
         }
     }
 
@@ -154,6 +171,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
                     .map(|_| CachePadded::new(RangeTree::with_reclaimer(reclaimer())))
                     .collect(),
             ),
+            unified: AtomicPtr::new(core::ptr::null_mut()),
         }
     }
 
@@ -162,14 +180,22 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         self.all().len()
     }
 
-    /// The one tree of a forest of one slot (every mode but range
-    /// writers): the calls below then run the single tree's own, with no
-    /// slot arithmetic or piece joining on the way.
+    /// The one tree holding every entry, if there is one: a forest of one
+    /// slot (every mode but range writers), or a unified one. The calls
+    /// below then run the single tree's own, with no slot arithmetic or
+    /// piece joining on the way.
     #[inline]
-    fn one(&self) -> Option<&RangeTree<V>> {
+    fn one<'g>(&'g self, _g: &'g Guard) -> Option<&'g RangeTree<V>> {
         match &self.trees {
             Trees::One(t) => Some(t),
-            Trees::Many(_) => None,
+            Trees::Many(_) => {
+                let p = self.unified.load(Ordering::Acquire);
+                // SAFETY: a non-null `unified` is a live tree: `split`
+                // unlinks it before retiring it through the reclaimer
+                // this forest's pins come from, so it stays valid while
+                // `_g`, pinned before this load, lives.
+                unsafe { p.as_ref() }
+            }
         }
     }
 
@@ -252,7 +278,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// The entry containing `addr`.
     #[inline]
     pub fn find<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
-        if let Some(t) = self.one() {
+        if let Some(t) = self.one(g) {
             return t.find(addr, g);
         }
         let (r, v) = self.all()[self.slot_of(addr)].find(addr, g)?;
@@ -263,7 +289,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// it (see [`ForestAround`]).
     #[inline]
     pub fn find_around<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<ForestAround<'g, V>> {
-        if let Some(t) = self.one() {
+        if let Some(t) = self.one(g) {
             let leaf = t.find_around(addr, g)?;
             return Some(ForestAround {
                 range: leaf.entry().0,
@@ -285,7 +311,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
 
     /// The first entry whose end is above `addr` (Linux's `find_vma`).
     pub fn find_after<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
-        if let Some(t) = self.one() {
+        if let Some(t) = self.one(g) {
             return t.find_after(addr, g);
         }
         (self.slot_of(addr)..self.all().len()).find_map(|k| {
@@ -296,7 +322,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
 
     /// The last entry whose end is at or below `addr`.
     pub fn prev<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
-        if let Some(t) = self.one() {
+        if let Some(t) = self.one(g) {
             return t.prev(addr, g);
         }
         let (r, v) = (0..=self.slot_of(addr))
@@ -315,7 +341,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// the slots from `floor` to `addr` (a lookup near the top of an
     /// otherwise empty space does not visit every slot below).
     pub fn prev_above<'g>(&'g self, addr: u64, floor: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
-        if let Some(t) = self.one() {
+        if let Some(t) = self.one(g) {
             return t.prev(addr, g).filter(|(w, _)| w.end > floor);
         }
         let (r, v) = (self.slot_of(floor.min(addr))..=self.slot_of(addr))
@@ -336,7 +362,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         ceiling: u64,
         g: &'g Guard,
     ) -> Option<(Range, &'g V)> {
-        if let Some(t) = self.one() {
+        if let Some(t) = self.one(g) {
             return t.find_after(addr, g).filter(|(w, _)| w.start < ceiling);
         }
         let last = self.slot_of(ceiling.saturating_sub(1).max(addr));
@@ -350,7 +376,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
 
     /// The first entry whose start is at or above `addr`.
     pub fn next<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
-        if let Some(t) = self.one() {
+        if let Some(t) = self.one(g) {
             return t.next(addr, g);
         }
         let (r, v) =
@@ -369,7 +395,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         r: Range,
         g: &'g Guard,
     ) -> impl Iterator<Item = (Range, &'g V)> + 'g {
-        if let Some(t) = self.one() {
+        if let Some(t) = self.one(g) {
             return t.range_vec(r, g).into_iter();
         }
         let mut out: Vec<(Range, &'g V)> = Vec::new();
@@ -403,24 +429,36 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// Number of stored pieces (an entry crossing `n` boundaries counts
     /// `n + 1`; a figure, as [`RangeTree::len`]).
     pub fn len(&self) -> usize {
-        self.all().iter().map(|t| t.len()).sum()
+        let g = self.pin();
+        self.one(&g)
+            .map_or_else(|| self.all().iter().map(|t| t.len()).sum(), RangeTree::len)
     }
 
     /// True if there are no entries.
     pub fn is_empty(&self) -> bool {
-        self.all().iter().all(|t| t.is_empty())
+        let g = self.pin();
+        self.one(&g).map_or_else(
+            || self.all().iter().all(|t| t.is_empty()),
+            RangeTree::is_empty,
+        )
     }
 
-    /// Bytes of node memory reachable from the slots' roots.
+    /// Bytes of node memory reachable from the slots' roots (and a
+    /// unified forest's one tree).
     pub fn memory_bytes(&self) -> usize {
-        self.all().iter().map(|t| t.memory_bytes()).sum()
+        let g = self.pin();
+        let unified = match &self.trees {
+            Trees::One(_) => 0,
+            Trees::Many(_) => self.one(&g).map_or(0, RangeTree::memory_bytes),
+        };
+        unified + self.all().iter().map(|t| t.memory_bytes()).sum::<usize>()
     }
 
     /// The lowest `s`, a multiple of `align`, such that `[s, s + size)`
     /// lies inside `[lo, hi)` and overlaps no entry (the rules of
     /// [`RangeTree::gap_lowest`], and its answer).
     pub fn gap_lowest(&self, lo: u64, hi: u64, size: u64, align: u64, g: &Guard) -> Option<u64> {
-        if let Some(t) = self.one() {
+        if let Some(t) = self.one(g) {
             return t.gap_lowest(lo, hi, size, align, g);
         }
         if size == 0 || lo >= hi || hi - lo < size {
@@ -461,7 +499,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// lies inside `[lo, hi)` and overlaps no entry (the rules of
     /// [`RangeTree::gap_highest`], and its answer).
     pub fn gap_highest(&self, lo: u64, hi: u64, size: u64, align: u64, g: &Guard) -> Option<u64> {
-        if let Some(t) = self.one() {
+        if let Some(t) = self.one(g) {
             return t.gap_highest(lo, hi, size, align, g);
         }
         if size == 0 || lo >= hi || hi - lo < size {
@@ -505,16 +543,61 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// dropped (a whole-space edit, whose stores mostly meet one slot,
     /// then takes it once, not once per store). Writers of overlapping
     /// ranges must be kept apart by the caller.
+    ///
+    /// A writer of a unified forest writes its one tree, holding that
+    /// tree's writer mutex for its whole life; [`split`](Self::split)
+    /// waits for it.
     pub fn writer(&self) -> ForestWriter<'_, V> {
-        ForestWriter {
-            forest: self,
-            held: (self.all().len() == 1).then(|| (0, self.all()[0].writer())),
+        if self.unified.load(Ordering::Acquire).is_null() {
+            return self.sliced_writer();
+        }
+        let g = self.pin();
+        // SAFETY: the writer keeps `g` (field order: its tree writer is
+        // dropped first).
+        match unsafe { self.unified_writer(&g) } {
+            Some(mut w) => {
+                w._pin = Some(g);
+                w
+            }
+            None => self.sliced_writer(),
         }
     }
 
-    /// Checks every slot's invariants, and that each keeps to its slot.
+    /// [`writer`](Self::writer) for a caller that holds a pin of this
+    /// forest for the writer's whole life (the address space's `Edit`),
+    /// which spares the writer a pin of its own.
+    ///
+    /// # Safety
+    /// `g` must be a pin of this forest that outlives the writer.
+    pub(crate) unsafe fn writer_pinned(&self, g: &Guard) -> ForestWriter<'_, V> {
+        if self.unified.load(Ordering::Acquire).is_null() {
+            return self.sliced_writer();
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.unified_writer(g) }.unwrap_or_else(|| self.sliced_writer())
+    }
+
+    /// A writer of the slots (or of the one slot).
+    fn sliced_writer(&self) -> ForestWriter<'_, V> {
+        ForestWriter {
+            forest: self,
+            held: (self.all().len() == 1).then(|| (0, self.all()[0].writer())),
+            one: self.all().len() == 1,
+            _pin: None,
+        }
+    }
+
+    /// Checks every slot's invariants, and that each keeps to its slot
+    /// (a unified forest: its one tree's, and that the slots are empty).
     pub fn check_invariants(&self) -> Result<(), String> {
         let g = self.pin();
+        if let (Trees::Many(_), Some(u)) = (&self.trees, self.one(&g)) {
+            u.check_invariants()?;
+            if self.all().iter().any(|t| !t.is_empty()) {
+                return Err("a unified forest's slots hold entries".into());
+            }
+            return Ok(());
+        }
         for (k, t) in self.all().iter().enumerate() {
             t.check_invariants()?;
             if let Some((r, _)) = t.iter(&g).find(|(r, _)| self.clip(*r, k) != *r) {
@@ -582,11 +665,19 @@ pub struct ForestWriter<'t, V> {
     /// The forest written.
     /// Protected by: see [`RangeForest`]'s fields.
     forest: &'t RangeForest<V>,
-    /// The last slot written and its writer (with one slot, held for the
-    /// writer's life): at most one slot's mutex is held at a time, so no
-    /// two writers can each hold a slot the other waits for.
+    /// The last slot written and its writer (with one tree, that tree's,
+    /// held for the writer's life): at most one slot's mutex is held at a
+    /// time, so no two writers can each hold a slot the other waits for.
+    /// Dropped before `_pin`.
     /// Protected by: owned by this writer.
     held: Option<(usize, TreeWriter<'t, V>)>,
+    /// True if `held` is the one tree holding every entry (one slot, or
+    /// the unified tree) for the writer's life.
+    /// Protected by: immutable.
+    one: bool,
+    /// Keeps a unified forest's one tree alive while `held` writes it.
+    /// Protected by: owned by this writer.
+    _pin: Option<Guard>,
 }
 
 impl<V> core::ops::Deref for ForestWriter<'_, V> {
@@ -600,6 +691,13 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
     /// Runs `f` with slot `k`'s writer: the held one if it is `k`'s, else
     /// `k`'s, taken after the held one is released.
     fn with_slot<R>(&mut self, k: usize, f: impl FnOnce(&mut TreeWriter<'_, V>) -> R) -> R {
+        if self.one {
+            let (_, w) = self
+                .held
+                .as_mut()
+                .expect("one tree's writer, held for life");
+            return f(w);
+        }
         if self.held.as_ref().is_some_and(|(j, _)| *j != k) {
             // Released before the next is taken: one mutex at a time.
             self.held = None;
@@ -616,7 +714,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
         if r.is_empty() {
             return Err(TreeError::EmptyRange);
         }
-        if self.forest.one().is_some() {
+        if self.one {
             // The single tree checks for overlap itself.
             return self.with_slot(0, |t| t.insert(r, v));
         }
@@ -652,7 +750,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
         let mut out = Vec::new();
         // The single tree, or a range inside one slot (nearly every
         // store): that slot's writer, no clipping or joining.
-        let ks = if self.forest.one().is_some() {
+        let ks = if self.one {
             0..=0
         } else if r.is_empty() {
             return out;
@@ -707,10 +805,13 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
         if gone.is_empty() {
             return 0;
         }
-        for k in self
-            .forest
-            .slots_of(Range::new(gone[0].start, gone[gone.len() - 1].end))
-        {
+        let ks = if self.one {
+            0..=0
+        } else {
+            self.forest
+                .slots_of(Range::new(gone[0].start, gone[gone.len() - 1].end))
+        };
+        for k in ks {
             self.with_slot(k, |t| {
                 t.retain(|p, _| {
                     let i = gone.partition_point(|x| x.end <= p.start);
@@ -729,6 +830,9 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
         &mut self,
         entries: impl IntoIterator<Item = (Range, V)>,
     ) -> Result<(), TreeError> {
+        if self.one {
+            return self.with_slot(0, |t| t.replace_all(entries));
+        }
         let es = super::write::sorted_entries(entries)?;
         let mut at = 0;
         for k in 0..self.forest.all().len() {
@@ -753,6 +857,8 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
         Ok(())
     }
 }
+
+mod unified;
 
 #[cfg(all(test, not(aspace_loom)))]
 mod tests;

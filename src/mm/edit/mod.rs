@@ -36,13 +36,16 @@ pub(crate) use range::{lock_validated, neighbourhood, vma_hull, Reach, View};
 /// An mmap_lock writer's view of the address space.
 pub(crate) struct Edit<'a> {
     mm: &'a AddressSpace,
-    /// The mmap_lock's write side, and the state it guards.
-    state: MmapWriteGuard<'a, MmState>,
     /// The tree's writer (its mutex is uncontended: only mmap_lock
     /// writers take it), held for the whole edit; `None` for a range
     /// writer, which takes it for each store only (`with_tree`).
+    /// Released before `state` (field order): inner lock first.
     tree: Option<ForestWriter<'a, VmaRef>>,
-    /// An epoch pin for the tree reads the edit makes.
+    /// The mmap_lock's write side, and the state it guards.
+    state: MmapWriteGuard<'a, MmState>,
+    /// An epoch pin for the tree reads the edit makes, and for its
+    /// tree writer's life (a unified tree's writer relies on it:
+    /// `RangeForest::writer_pinned`).
     pin: Guard,
 }
 
@@ -50,8 +53,15 @@ impl<'a> Edit<'a> {
     /// Takes the mmap_lock for write (in range mode: the whole space).
     pub(crate) fn begin(mm: &'a AddressSpace) -> Self {
         let st = mm.mmap_lock.write();
-        let w = mm.tree.writer();
+        if !st.holds_bias() {
+            // Range mode's tree is unified while the bias holds; any
+            // other writer splits it first (`range_bias`).
+            mm.tree.split();
+        }
         let g = mm.tree.pin();
+        // SAFETY: the edit keeps `g` (`pin`) until after the writer
+        // (`tree`, dropped first: field order).
+        let w = unsafe { mm.tree.writer_pinned(&g) };
         Edit {
             mm,
             state: st,

@@ -35,6 +35,8 @@ impl<'a> Edit<'a> {
         if !mm.mmap_lock.is_range_mode() || mm.mmap_lock.bias_likely_mine() {
             return Self::begin(mm);
         }
+        // Before any read or lock: this writer's stores go to the slots.
+        mm.tree.split();
         let (st, pin) = lock_validated(
             mm,
             r.start,
@@ -71,6 +73,8 @@ impl<'a> Edit<'a> {
         mut search: impl FnMut(&View<'_>) -> Result<u64>,
     ) -> Option<Result<(u64, Self)>> {
         let ranges = mm.mmap_lock.ranges()?;
+        // As `begin_range`'s.
+        mm.tree.split();
         Some(loop {
             let mark = ranges.mark(near);
             let pin = mm.tree.pin();

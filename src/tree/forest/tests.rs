@@ -196,6 +196,84 @@ proptest! {
             compare(&f, &t, &probes, &gaps);
         }
     }
+
+    /// A unified forest reads as the single tree before its split, after
+    /// it, and across it, wherever in the history it comes.
+    #[test]
+    fn unified_forest_reads_as_the_single_tree_across_its_split(
+        ops in proptest::collection::vec(op(), 1..40),
+        split_at in 0..45usize,
+        probes in proptest::collection::vec(0..SPAN + SLOT, 4),
+        gaps in proptest::collection::vec(gap(), 24),
+    ) {
+        let f = RangeForest::sliced_unified(SHIFT, SLOTS * SLOT, Reclaimer::deferred);
+        let t = RangeTree::with_reclaimer(Reclaimer::deferred());
+        for (i, op) in ops.iter().enumerate() {
+            if i == split_at {
+                f.split();
+                prop_assert!(!f.is_unified());
+                compare(&f, &t, &probes, &gaps);
+            }
+            apply(&f, &t, op, i as u64 + 1);
+            prop_assert_eq!(f.is_unified(), i < split_at);
+            compare(&f, &t, &probes, &gaps);
+        }
+    }
+}
+
+/// A unified forest keeps every entry in its one tree, crossing entries
+/// whole; the split moves them into the slots in pieces, and reads do
+/// not change.
+#[test]
+fn unified_forest_splits_into_slots() {
+    let f = RangeForest::sliced_unified(SHIFT, SLOTS * SLOT, Reclaimer::deferred);
+    assert!(f.is_unified());
+    f.writer().store(r(SLOT / 2, 3 * SLOT + 5), 7);
+    f.writer().store(r(5 * SLOT, 5 * SLOT + 1), 8);
+    assert_eq!(f.len(), 2, "one entry each in the one tree");
+    assert!(f.all().iter().all(|t| t.is_empty()), "no slot written");
+    f.check_invariants().unwrap();
+    let before = seen(f.iter(&f.pin()));
+    f.split();
+    assert!(!f.is_unified());
+    assert_eq!(f.len(), 5, "one piece per slot");
+    assert_eq!(seen(f.iter(&f.pin())), before);
+    f.check_invariants().unwrap();
+    f.split();
+    assert_eq!(
+        seen(f.iter(&f.pin())),
+        before,
+        "a second split does nothing"
+    );
+    // Writers now write slots.
+    f.writer().store(r(SLOT, 2 * SLOT), 9);
+    assert!(!f.all()[1].is_empty());
+    f.check_invariants().unwrap();
+}
+
+/// The split waits for the writer of the one tree, and a writer made
+/// once it is split writes the slots (with epoch reclamation, so the one
+/// tree is retired and freed as in a space).
+#[test]
+fn split_waits_for_the_unified_writer() {
+    let f = RangeForest::sliced_unified(SHIFT, SLOTS * SLOT, Reclaimer::epoch);
+    let mut w = f.writer();
+    w.store(r(0, 2 * SLOT), 1);
+    std::thread::scope(|s| {
+        let h = s.spawn(|| f.split());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(f.is_unified(), "split before the writer was done");
+        w.store(r(2 * SLOT, 3 * SLOT), 2);
+        drop(w);
+        h.join().unwrap();
+    });
+    assert!(!f.is_unified());
+    let g = f.pin();
+    assert_eq!(
+        seen(f.iter(&g)),
+        vec![(r(0, 2 * SLOT), 1), (r(2 * SLOT, 3 * SLOT), 2)]
+    );
+    f.check_invariants().unwrap();
 }
 
 /// A VMA-like entry across three slots is stored in three pieces and read
