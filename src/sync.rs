@@ -54,6 +54,35 @@ mod imp {
         }
     }
 
+    /// Exclusive access to a [`RwLock`]'s value without taking the lock.
+    pub struct UnlockedWrite<'a, T>(&'a mut T);
+
+    /// Writes `l`'s value without locking it.
+    ///
+    /// # Safety
+    /// While the returned guard lives, nothing else may read or write the
+    /// value: the caller's own protocol keeps every other holder out (the
+    /// range lock's whole space held exclusive, for the mmap_lock's
+    /// state).
+    pub unsafe fn write_unlocked<T>(l: &RwLock<T>) -> UnlockedWrite<'_, T> {
+        // SAFETY: the pointer is valid for `l`'s lifetime; the caller
+        // guarantees no other access while the exclusive reference lives.
+        UnlockedWrite(unsafe { &mut *l.data_ptr() })
+    }
+
+    impl<T> core::ops::Deref for UnlockedWrite<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            self.0
+        }
+    }
+
+    impl<T> core::ops::DerefMut for UnlockedWrite<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            self.0
+        }
+    }
+
     /// A condition variable paired with [`Mutex`]: the userfault wait
     /// queue's sleepers (faults waiting for a handler, handlers waiting
     /// for events).
@@ -375,6 +404,42 @@ mod imp {
         fn deref(&self) -> &T {
             // SAFETY: the caller of `read_unlocked` keeps writers out;
             // loom checks that through the tracked pointer.
+            unsafe { self.data.deref() }
+        }
+    }
+
+    /// Exclusive access to a [`RwLock`]'s value without taking the lock,
+    /// through loom's tracked pointer: loom reports any other access of
+    /// the value while it lives as a data race.
+    pub struct UnlockedWrite<'a, T> {
+        data: loom::cell::MutPtr<T>,
+        _lock: core::marker::PhantomData<&'a RwLock<T>>,
+    }
+
+    /// Writes `l`'s value without locking it.
+    ///
+    /// # Safety
+    /// As the production build's: nothing else may access the value while
+    /// the guard lives.
+    pub unsafe fn write_unlocked<T>(l: &RwLock<T>) -> UnlockedWrite<'_, T> {
+        UnlockedWrite {
+            data: l.data.get_mut(),
+            _lock: core::marker::PhantomData,
+        }
+    }
+
+    impl<T> core::ops::Deref for UnlockedWrite<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            // SAFETY: the caller of `write_unlocked` keeps every other
+            // access out; loom checks that through the tracked pointer.
+            unsafe { self.data.deref() }
+        }
+    }
+
+    impl<T> core::ops::DerefMut for UnlockedWrite<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            // SAFETY: as for `deref`, and `&mut self` makes it unique.
             unsafe { self.data.deref() }
         }
     }

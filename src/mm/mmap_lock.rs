@@ -8,13 +8,14 @@
 //!
 //! With `WriterLocking::Range` the same type fronts a [`RangeLock`]: the
 //! read side and the whole-space write side lock the whole range (shared or
-//! exclusive) before the reader-writer lock, and range writers
+//! exclusive) instead of the reader-writer lock, and range writers
 //! ([`MmapLock::write_range`], [`MmapLock::try_write_range`]) and range
 //! readers ([`MmapLock::read_range`]) lock only their range. The state
 //! behind the reader-writer lock is written only by whole-space writers,
-//! which the range lock keeps apart from every range holder, so range
-//! holders read it without taking the reader-writer lock (whose count
-//! would be a line every writer writes). Every writer then runs its own
+//! which the range lock keeps apart from every other holder, so no holder
+//! takes the reader-writer lock in range mode (its count would be a line
+//! every writer writes, and two more locked instructions a call for the
+//! range lock's bias owner). Every writer then runs its own
 //! write section (`vma::seq`'s "Own write sections"): it stamps the VMAs
 //! it locks with its own value and unlocks each of them when it ends.
 //! See `range_lock`'s module docs for the protocol.
@@ -27,7 +28,10 @@
 
 use super::range_lock::{RangeGuard, RangeLock, Wait, WHOLE};
 use crate::addr::Range;
-use crate::sync::{read_unlocked, RwLock, RwLockReadGuard, RwLockWriteGuard, UnlockedRead};
+use crate::sync::{
+    read_unlocked, write_unlocked, RwLock, RwLockReadGuard, RwLockWriteGuard, UnlockedRead,
+    UnlockedWrite,
+};
 pub(crate) use crate::vma::seq::MmLockSeq;
 use crate::vma::seq::{token, LOCKED};
 use crate::vma::VmaRef;
@@ -50,11 +54,14 @@ enum Side<'a, T> {
     /// The read side: an mmap_lock reader, or a whole-space reader in
     /// range mode.
     Read(RwLockReadGuard<'a, T>),
-    /// The write side: the mmap_lock writer, or a whole-space writer in
-    /// range mode.
+    /// The write side: the mmap_lock writer.
     Write(RwLockWriteGuard<'a, T>),
-    /// None: a range holder, which only reads the state, and which the
-    /// range lock keeps apart from every writer of it.
+    /// None, for a whole-space writer in range mode: the range lock's
+    /// whole space, held exclusive, keeps every other holder out.
+    Whole(UnlockedWrite<'a, T>),
+    /// None: a range holder or a whole-space reader in range mode, which
+    /// only reads the state, and which the range lock keeps apart from
+    /// every writer of it.
     Ranged(UnlockedRead<'a, T>),
 }
 
@@ -64,6 +71,7 @@ impl<T> Deref for Side<'_, T> {
         match self {
             Side::Read(g) => g,
             Side::Write(g) => g,
+            Side::Whole(g) => g,
             Side::Ranged(g) => g,
         }
     }
@@ -175,15 +183,27 @@ impl<T> MmapLock<T> {
         }
     }
 
-    /// The state, read by a range holder without the reader-writer lock.
+    /// The state, read by a holder of a range (or of the whole space,
+    /// shared) without the reader-writer lock.
     fn ranged(&self) -> Side<'_, T> {
-        // SAFETY: called only for holders of a range of the range lock
-        // (range mode). The state is written only through a `Side::Write`
-        // guard, which `write` takes after locking the whole space
-        // exclusive: the range lock keeps it apart from every range
-        // holder, and orders its writes before their later grants (the
-        // gate's mutex and `SeqCst` counts, `range_lock`).
+        // SAFETY: called only for holders of the range lock (range mode).
+        // The state is written only through a `Side::Whole` guard, which
+        // `write` makes for the holder of the whole space exclusive: the
+        // range lock keeps it apart from every other holder, and orders
+        // its writes before their later grants (the gate's mutex and
+        // `SeqCst` counts, or the bias's count, `range_lock`).
         Side::Ranged(unsafe { read_unlocked(&self.rw) })
+    }
+
+    /// The state, written by the holder of the whole space exclusive
+    /// without the reader-writer lock.
+    fn whole(&self) -> Side<'_, T> {
+        // SAFETY: called only for the holder of the range lock's whole
+        // space exclusive (range mode), which no other hold overlaps (the
+        // bias's owner is refused a hold nested with it:
+        // `Bias::owner_grant`); every access of the state in range mode
+        // is under a hold, as `ranged`'s comment says.
+        Side::Whole(unsafe { write_unlocked(&self.rw) })
     }
 
     /// The sequence (for VMA read-trylocks).
@@ -194,10 +214,15 @@ impl<T> MmapLock<T> {
 
     /// Takes the read side.
     pub fn read(&self) -> MmapReadGuard<'_, T> {
-        let range = self.ranges.as_ref().map(|l| l.lock(WHOLE, false));
-        MmapReadGuard {
-            g: Side::Read(self.rw.read()),
-            _range: range,
+        match &self.ranges {
+            Some(l) => MmapReadGuard {
+                _range: Some(l.lock(WHOLE, false)),
+                g: self.ranged(),
+            },
+            None => MmapReadGuard {
+                g: Side::Read(self.rw.read()),
+                _range: None,
+            },
         }
     }
 
@@ -229,31 +254,36 @@ impl<T> MmapLock<T> {
 
     /// Takes the read side if no writer holds or waits for it.
     pub fn try_read(&self) -> Option<MmapReadGuard<'_, T>> {
-        let range = match &self.ranges {
-            Some(l) => Some(l.try_lock(WHOLE, false).ok()?),
-            None => None,
-        };
-        self.rw.try_read().map(|g| MmapReadGuard {
-            g: Side::Read(g),
-            _range: range,
-        })
+        match &self.ranges {
+            Some(l) => Some(MmapReadGuard {
+                _range: Some(l.try_lock(WHOLE, false).ok()?),
+                g: self.ranged(),
+            }),
+            None => self.rw.try_read().map(|g| MmapReadGuard {
+                g: Side::Read(g),
+                _range: None,
+            }),
+        }
     }
 
     /// Takes the write side and starts a write section (in range mode:
     /// the whole space, and a section of its own).
     pub fn write(&self) -> MmapWriteGuard<'_, T> {
-        let range = self.ranges.as_ref().map(|l| l.lock(WHOLE, true));
-        let g = self.rw.write();
-        let section = if range.is_some() {
-            Section::own()
-        } else {
-            self.seq.write_begin();
-            Section::Shared(&self.seq)
-        };
-        MmapWriteGuard {
-            g: ManuallyDrop::new(Side::Write(g)),
-            section,
-            range,
+        match &self.ranges {
+            Some(l) => MmapWriteGuard {
+                range: Some(l.lock(WHOLE, true)),
+                g: ManuallyDrop::new(self.whole()),
+                section: Section::own(),
+            },
+            None => {
+                let g = self.rw.write();
+                self.seq.write_begin();
+                MmapWriteGuard {
+                    g: ManuallyDrop::new(Side::Write(g)),
+                    section: Section::Shared(&self.seq),
+                    range: None,
+                }
+            }
         }
     }
 }
@@ -383,6 +413,7 @@ impl<T> DerefMut for MmapWriteGuard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
         match &mut *self.g {
             Side::Write(g) => g,
+            Side::Whole(g) => g,
             Side::Read(_) | Side::Ranged(_) => panic!("a range writer changed the mm-wide state"),
         }
     }
@@ -435,5 +466,46 @@ mod tests {
         *l.write() += 1;
         assert_eq!(*l.read_range(Range::new(0, 1)), 6);
         assert!(MmapLock::new(0).write_range(Range::new(0, 1)).is_none());
+    }
+
+    fn biased<T>(v: T) -> MmapLock<T> {
+        MmapLock::with_ranges(v, Some(RangeLock::with_bias(39, 1 << 47, true, 0)))
+    }
+
+    /// In range mode nobody takes the reader-writer lock: the bias's
+    /// owner writes and reads the state through its grants alone, its
+    /// shared grants nest, and the state's changes stay.
+    #[test]
+    fn the_bias_owner_reads_and_writes_the_state_without_the_rw_lock() {
+        let l = biased(5);
+        *l.write() += 1;
+        let r = l.read();
+        let nested = l.try_read().expect("the owner's shared grants nest");
+        assert_eq!((*r, *nested), (6, 6));
+        drop((r, nested));
+        assert!(
+            l.rw.try_write().is_some(),
+            "the reader-writer lock itself is never taken"
+        );
+    }
+
+    /// The owner's request inside its own exclusive hold would deadlock
+    /// without the bias (and lend the state twice with it): it panics.
+    #[test]
+    #[should_panic(expected = "nested inside an exclusive hold")]
+    fn the_bias_owner_nesting_a_request_in_its_write_panics() {
+        let l = biased(5);
+        let _w = l.write();
+        let _ = l.try_read();
+    }
+
+    /// So does an exclusive request inside the owner's shared hold (an
+    /// upgrade).
+    #[test]
+    #[should_panic(expected = "an exclusive one inside a hold")]
+    fn the_bias_owner_upgrading_its_read_panics() {
+        let l = biased(5);
+        let _r = l.read();
+        let _ = l.write();
     }
 }

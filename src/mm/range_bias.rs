@@ -79,14 +79,19 @@
 //!
 //! The owner's request: a load of the word, an increment of the count
 //! (a locked instruction on x86-64, on a line in the owner's cache), a
-//! compiler fence, a second load; its release: a decrement, a fence, a
-//! load. These are the only shared-memory writes of the owner's lock
-//! path, and the line is written by the owner alone while the bias
+//! compiler fence, a second load, and a plain store of what it holds
+//! (`owner_grant`, which refuses a hold nested in an exclusive one); its
+//! release: that store, a decrement, a fence, a load. In range mode no
+//! holder takes the mmap_lock's reader-writer lock besides (the range
+//! lock keeps its state's writer apart from everyone), so these are the
+//! only shared-memory writes of the owner's lock path, and the line is written by the owner alone while the bias
 //! holds (the word by revokers, a few times in the space's life; another
 //! thread reads the line only to revoke). Every request after the bias
 //! ends loads the word, a line no one writes any more.
 
-use crate::sync::{asymmetric, thread_id, thread_id_if_made, AtomicU64, Condvar, Mutex, Ordering};
+use crate::sync::{
+    asymmetric, counter, thread_id, thread_id_if_made, AtomicU64, Condvar, Mutex, Ordering,
+};
 use crossbeam_utils::CachePadded;
 
 /// How many times the bias passes from one thread to another before it is
@@ -149,7 +154,16 @@ struct Hot {
     word: AtomicU64,
     /// See [`Bias::hot`].
     depth: AtomicU64,
+    /// The owner's grants held ([`Bias::owner_grant`]): [`EXCLUSIVE`],
+    /// or how many shared ones.
+    /// Protected by: the owner alone, between its count-in and count-out
+    /// (a revocation completes only at a count of zero, when the owner
+    /// has put it back to zero); not seen by loom (nothing else reads it).
+    holds: counter::AtomicU32,
 }
+
+/// [`Hot::holds`] while the owner holds an exclusive grant.
+const EXCLUSIVE: u32 = 1 << 31;
 
 impl core::fmt::Debug for Bias {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -167,6 +181,7 @@ impl Bias {
             hot: CachePadded::new(Hot {
                 word: AtomicU64::new(if on { UNCLAIMED } else { OFF }),
                 depth: AtomicU64::new(0),
+                holds: counter::AtomicU32::new(0),
             }),
             expedited: asymmetric::expedited(),
             max_handovers,
@@ -233,6 +248,40 @@ impl Bias {
         }
         self.exit();
         false
+    }
+
+    /// Records a grant [`enter`](Self::enter) just made to the owner. The
+    /// owner's grants nest (its count), but not inside an exclusive one,
+    /// and an exclusive one not inside any: the range lock would deadlock
+    /// there without the bias, and with it the mmap_lock's state would be
+    /// lent as `&mut` beside another borrow (its holders take no other
+    /// lock in range mode). So that is a bug of the caller, and panics
+    /// (after counting the request out).
+    #[inline]
+    pub(crate) fn owner_grant(&self, exclusive: bool) {
+        let h = &self.hot.holds;
+        let held = h.load(counter::Ordering::Relaxed);
+        if held & EXCLUSIVE != 0 || (exclusive && held != 0) {
+            self.exit();
+            panic!("a range-lock request nested inside an exclusive hold, or an exclusive one inside a hold, by the bias's owner: it deadlocks without the bias");
+        }
+        h.store(
+            if exclusive { EXCLUSIVE } else { held + 1 },
+            counter::Ordering::Relaxed,
+        );
+    }
+
+    /// The owner's release of a grant [`owner_grant`](Self::owner_grant)
+    /// recorded, then of its request ([`exit`](Self::exit)).
+    #[inline]
+    pub(crate) fn owner_release(&self, exclusive: bool) {
+        let h = &self.hot.holds;
+        let held = h.load(counter::Ordering::Relaxed);
+        h.store(
+            if exclusive { 0 } else { held - 1 },
+            counter::Ordering::Relaxed,
+        );
+        self.exit();
     }
 
     /// The owner's release of a request [`enter`](Self::enter) granted.

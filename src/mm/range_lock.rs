@@ -716,7 +716,7 @@ impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
         let l = self.lock;
         if self.first == BIASED {
-            l.bias.exit();
+            l.bias.owner_release(self.exclusive);
             return;
         }
         if self.first == u32::MAX {
@@ -821,6 +821,7 @@ impl RangeLock {
         match self.bias.enter(wait) {
             Entry::Off => {}
             Entry::Owner => {
+                self.bias.owner_grant(exclusive);
                 return Ok(RangeGuard {
                     lock: self,
                     range: r,
@@ -829,7 +830,7 @@ impl RangeLock {
                     exclusive,
                     slot: 0,
                     writes_before: 0,
-                })
+                });
             }
             Entry::Revoking => return Err(Wait::Bias),
         }

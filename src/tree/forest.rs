@@ -569,6 +569,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     ///
     /// # Safety
     /// `g` must be a pin of this forest that outlives the writer.
+    #[inline]
     pub(crate) unsafe fn writer_pinned(&self, g: &Guard) -> ForestWriter<'_, V> {
         if self.unified.load(Ordering::Acquire).is_null() {
             return self.sliced_writer();
@@ -578,6 +579,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     }
 
     /// A writer of the slots (or of the one slot).
+    #[inline]
     fn sliced_writer(&self) -> ForestWriter<'_, V> {
         ForestWriter {
             forest: self,

@@ -114,6 +114,7 @@ impl<V: Clone> Leaf<V> {
         }
     }
 
+    #[inline]
     pub(super) fn from_entries(es: &[(u64, u64, V)]) -> Self {
         let mut l = Self::empty();
         for (i, (s, e, v)) in es.iter().enumerate() {
@@ -166,6 +167,7 @@ impl<V: Clone> Leaf<V> {
     }
 
     /// Removes the entry at `at`.
+    #[inline]
     pub(super) fn remove_at(&mut self, at: usize) {
         let n = self.len;
         self.starts.copy_within(at + 1..n, at);

@@ -53,7 +53,7 @@ impl<'a> Edit<'a> {
     /// Takes the mmap_lock for write (in range mode: the whole space).
     pub(crate) fn begin(mm: &'a AddressSpace) -> Self {
         let st = mm.mmap_lock.write();
-        if !st.holds_bias() {
+        if mm.mmap_lock.is_range_mode() && !st.holds_bias() {
             // Range mode's tree is unified while the bias holds; any
             // other writer splits it first (`range_bias`).
             mm.tree.split();

@@ -26,6 +26,10 @@
 //!   (the one every pin of the forest comes from), so a reader still in
 //!   it keeps it alive.
 //!
+//! Shared lines: a writer of the one tree writes its writer mutex, root
+//! and length, as the single tree's writer does; a reader writes none
+//! (the link is a load, and is written once in the forest's life).
+//!
 //! The loom models `forest_split_vs_reader`,
 //! `forest_split_vs_unified_writer` and `forest_split_vs_reader_epoch`
 //! (`loom_tests/tree.rs`) check the three.
@@ -120,13 +124,20 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// tree, if any. Readers see the same entries throughout: the one
     /// tree until the unlink, the slots after it (module docs, "Unified
     /// until split").
+    #[inline]
     pub fn split(&self) {
         // Acquire, though nothing is read here: a caller that goes on to
         // write the slots must be ordered after the split it saw (a
         // reader synchronizing with that write then sees it too).
-        if self.unified.load(Ordering::Acquire).is_null() {
-            return;
+        if !self.unified.load(Ordering::Acquire).is_null() {
+            self.split_now();
         }
+    }
+
+    /// [`split`](Self::split) of a forest found unified.
+    #[cold]
+    #[inline(never)]
+    fn split_now(&self) {
         let g = self.pin();
         let p = self.unified.load(Ordering::Acquire);
         // SAFETY: as in `one` (`g` was pinned before the load).
