@@ -40,11 +40,12 @@ fn space(fault_locking: FaultLocking) -> Arc<AddressSpace> {
 }
 
 /// A range-mode space with the bias on, passed up to `handovers` times.
-fn biased_space(handovers: u32) -> Arc<AddressSpace> {
+fn biased_space(fault_locking: FaultLocking, handovers: u32) -> Arc<AddressSpace> {
     Arc::new(AddressSpace::new(Config {
         writer_locking: WriterLocking::Range,
         range_bias: true,
         range_bias_handovers: handovers,
+        fault_locking,
         ..cfg()
     }))
 }
@@ -575,7 +576,10 @@ fn range_dontneed_vs_munmap_in_one_pte_table() {
 #[test]
 fn range_bias_owner_vs_revoking_writer() {
     model(|| {
-        touching_mprotects(biased_space(Config::default().range_bias_handovers));
+        touching_mprotects(biased_space(
+            FaultLocking::PerVma,
+            Config::default().range_bias_handovers,
+        ));
     });
 }
 
@@ -595,7 +599,7 @@ fn range_bias_owner_vs_revoking_writer() {
 #[test]
 fn range_bias_placement_vs_owner_placing() {
     model(|| {
-        let mm = biased_space(0);
+        let mm = biased_space(FaultLocking::PerVma, 0);
         mm.mmap(C, PAGE_SIZE, rw(), fixed()).unwrap();
         racing_placements(mm, &[(C, C + PAGE_SIZE, rw())]);
     });
@@ -612,19 +616,13 @@ fn range_bias_placement_vs_owner_placing() {
 ///
 /// Catches: the one tree unlinked before the slots are built (the
 /// `self.unified.store(core::ptr::null_mut(), Ordering::Release);` line of
-/// `RangeForest::split`, src/tree/forest/unified.rs, moved above its
+/// `RangeForest::split_now`, src/tree/forest/unified.rs, moved above its
 /// `replace_all`): the fault then finds no VMA at `A` and fails with
 /// `SEGV_MAPERR`.
 #[test]
 fn range_bias_split_vs_spec_fault() {
     model(|| {
-        let mm = Arc::new(AddressSpace::new(Config {
-            writer_locking: WriterLocking::Range,
-            range_bias: true,
-            range_bias_handovers: 0,
-            fault_locking: FaultLocking::Speculative,
-            ..cfg()
-        }));
+        let mm = biased_space(FaultLocking::Speculative, 0);
         let m1 = mm.clone();
         thread::spawn(move || {
             m1.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();

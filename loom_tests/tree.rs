@@ -245,31 +245,56 @@ fn unified(entries: &[(u64, u64, u64)], reclaimer: fn() -> Reclaimer) -> Arc<Ran
     Arc::new(f)
 }
 
-/// The split against a lock-free reader of an entry crossing two slots
-/// and of one inside a slot: each reads whole and live throughout, from
-/// the one tree before the unlink and from the slots after it.
-///
-/// Catches: the one tree unlinked before the slots are built (the
-/// `self.unified.store(core::ptr::null_mut(), Ordering::Release);` line
-/// of `RangeForest::split` moved above its `replace_all`): the reader
-/// then finds the slots empty, and `0x1000` unmapped.
-#[test]
-fn forest_split_vs_reader() {
-    loom::model::Builder::new().check(|| {
-        let f = unified(
-            &[(0x800, 0x1800, 1), (0x2000, 0x2800, 2)],
-            Reclaimer::deferred,
-        );
+/// The split against a lock-free reader of each entry (at its middle):
+/// each reads whole and live throughout, from the one tree before the
+/// unlink and from the slots after it, however hard the splitter collects
+/// what it retired.
+fn split_vs_reader(reclaimer: fn() -> Reclaimer, entries: &'static [(u64, u64, u64)]) {
+    loom::model::Builder::new().check(move || {
+        let f = unified(entries, reclaimer);
         let f2 = f.clone();
         let r = thread::spawn(move || {
-            assert_eq!(found(&f2, 0x1000), Some((Range::new(0x800, 0x1800), 1)));
-            assert_eq!(found(&f2, 0x2100), Some((Range::new(0x2000, 0x2800), 2)));
+            for &(s, e, tag) in entries {
+                let want = Some((Range::new(s, e), tag));
+                assert_eq!(found(&f2, s + (e - s) / 2), want);
+            }
         });
         f.split();
+        for _ in 0..3 {
+            f.collect();
+        }
         r.join().unwrap();
         assert!(!f.is_unified());
         f.check_invariants().unwrap();
     });
+}
+
+/// [`split_vs_reader`] of an entry crossing two slots and one inside a
+/// slot.
+///
+/// Catches: the one tree unlinked before the slots are built (the
+/// `self.unified.store(core::ptr::null_mut(), Ordering::Release);` line
+/// of `RangeForest::split_now` moved above its `replace_all`): the reader
+/// then finds the slots empty, and `0x1000` unmapped.
+#[test]
+fn forest_split_vs_reader() {
+    split_vs_reader(
+        Reclaimer::deferred,
+        &[(0x800, 0x1800, 1), (0x2000, 0x2800, 2)],
+    );
+}
+
+/// [`split_vs_reader`] with epoch reclamation: the split retires the one
+/// tree while a pinned reader may still walk it; the reader's pin keeps
+/// it (and the values in it) alive.
+///
+/// Catches: the one tree freed at once instead of retired
+/// (`self.all()[0].reclaimer.retire_with(&g, p, free_unified::<V>)` made
+/// `free_unified(p)` in `RangeForest::split_now`): the reader walks a
+/// freed tree (loom saw it find `0x1000` unmapped).
+#[test]
+fn forest_split_vs_reader_epoch() {
+    split_vs_reader(Reclaimer::epoch, &[(0x800, 0x1800, 1)]);
 }
 
 /// The split against a writer of the one tree: the writer's store is
@@ -279,9 +304,10 @@ fn forest_split_vs_reader() {
 /// slots).
 ///
 /// Catches: the writer's check of the link under the one tree's mutex
-/// dropped (`(self.unified.load(Ordering::Acquire) == p).then(|| ..)`
-/// made `Some(..)` in `RangeForest::unified_writer`): the writer then
-/// stores into the unlinked tree after the split, and its entry is lost.
+/// dropped (`(self.unified.load(Ordering::Acquire) == p).then_some((p,
+/// w))` made `Some((p, w))` in `RangeForest::lock_unified`): the writer
+/// then stores into the unlinked tree after the split, and its entry is
+/// lost.
 #[test]
 fn forest_split_vs_unified_writer() {
     loom::model::Builder::new().check(|| {
@@ -295,31 +321,6 @@ fn forest_split_vs_unified_writer() {
         w.join().unwrap();
         assert_eq!(found(&f, 0x2180), Some((Range::new(0x2100, 0x2200), 4)));
         assert_eq!(found(&f, 0x1000), Some((Range::new(0x800, 0x1800), 1)));
-        f.check_invariants().unwrap();
-    });
-}
-
-/// With epoch reclamation: the split retires the one tree while a pinned
-/// reader may still walk it; the reader's pin keeps it (and the values
-/// in it) alive, however hard the splitter collects.
-///
-/// Catches: the one tree freed at once instead of retired
-/// (`self.all()[0].reclaimer.retire_with(&g, p, free_unified::<V>)` made
-/// `free_unified(p)` in `RangeForest::split`): the reader walks a freed
-/// tree (loom saw it find `0x1000` unmapped).
-#[test]
-fn forest_split_vs_reader_epoch() {
-    loom::model::Builder::new().check(|| {
-        let f = unified(&[(0x800, 0x1800, 1)], Reclaimer::epoch);
-        let f2 = f.clone();
-        let r = thread::spawn(move || {
-            assert_eq!(found(&f2, 0x1000), Some((Range::new(0x800, 0x1800), 1)));
-        });
-        f.split();
-        for _ in 0..3 {
-            f.collect();
-        }
-        r.join().unwrap();
         f.check_invariants().unwrap();
     });
 }

@@ -84,9 +84,10 @@
 //! release: that store, a decrement, a fence, a load. In range mode no
 //! holder takes the mmap_lock's reader-writer lock besides (the range
 //! lock keeps its state's writer apart from everyone), so these are the
-//! only shared-memory writes of the owner's lock path, and the line is written by the owner alone while the bias
-//! holds (the word by revokers, a few times in the space's life; another
-//! thread reads the line only to revoke). Every request after the bias
+//! only shared-memory writes of the owner's lock path, and the line is
+//! written by the owner alone while the bias holds (the word by revokers,
+//! a few times in the space's life; another thread reads the line only to
+//! revoke). Every request after the bias
 //! ends loads the word, a line no one writes any more.
 
 use crate::sync::{

@@ -554,13 +554,9 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         let g = self.pin();
         // SAFETY: the writer keeps `g` (field order: its tree writer is
         // dropped first).
-        match unsafe { self.unified_writer(&g) } {
-            Some(mut w) => {
-                w._pin = Some(g);
-                w
-            }
-            None => self.sliced_writer(),
-        }
+        let mut w = unsafe { self.writer_pinned(&g) };
+        w._pin = Some(g);
+        w
     }
 
     /// [`writer`](Self::writer) for a caller that holds a pin of this

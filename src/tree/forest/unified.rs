@@ -94,12 +94,12 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         !self.unified.load(Ordering::Acquire).is_null()
     }
 
-    /// A writer of the unified tree, if the forest is still unified once
-    /// that tree's writer mutex is held.
+    /// The unified tree and its writer (its writer mutex held), if the
+    /// forest is still unified once the mutex is held.
     ///
     /// # Safety
     /// `g` must be a pin of this forest that outlives the writer.
-    pub(super) unsafe fn unified_writer(&self, g: &Guard) -> Option<ForestWriter<'_, V>> {
+    unsafe fn lock_unified(&self, g: &Guard) -> Option<(*mut RangeTree<V>, TreeWriter<'_, V>)> {
         let _ = g;
         let p = self.unified.load(Ordering::Acquire);
         // SAFETY: as in `one`: `g`, pinned before the load, keeps a tree
@@ -109,8 +109,20 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         let w = u.writer();
         // Under the tree's writer mutex, which `split` holds while it
         // unlinks the tree: still linked now, it stays so until this
-        // writer is dropped. Unlinked, its writes would be lost.
-        (self.unified.load(Ordering::Acquire) == p).then(|| ForestWriter {
+        // writer is dropped. Unlinked, a writer's stores would be lost,
+        // and a second split would build the slots again from it.
+        (self.unified.load(Ordering::Acquire) == p).then_some((p, w))
+    }
+
+    /// A writer of the unified tree, if the forest is still unified once
+    /// that tree's writer mutex is held.
+    ///
+    /// # Safety
+    /// `g` must be a pin of this forest that outlives the writer.
+    pub(super) unsafe fn unified_writer(&self, g: &Guard) -> Option<ForestWriter<'_, V>> {
+        // SAFETY: the caller's contract.
+        let (_, w) = unsafe { self.lock_unified(g) }?;
+        Some(ForestWriter {
             forest: self,
             held: Some((0, w)),
             one: true,
@@ -139,27 +151,17 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     #[inline(never)]
     fn split_now(&self) {
         let g = self.pin();
-        let p = self.unified.load(Ordering::Acquire);
-        // SAFETY: as in `one` (`g` was pinned before the load).
-        let Some(u) = (unsafe { p.as_ref() }) else {
-            return;
-        };
         // Its writer mutex: no writer of the one tree runs while the
         // entries are copied, and none starts (`unified_writer` checks
-        // the link again under the mutex).
-        let w = u.writer();
-        if self.unified.load(Ordering::Acquire) != p {
-            return; // another split won
-        }
-        let entries: Vec<(Range, V)> = u.iter(&g).map(|(r, v)| (r, v.clone())).collect();
-        ForestWriter {
-            forest: self,
-            held: None,
-            one: false,
-            _pin: None,
-        }
-        .replace_all(entries)
-        .expect("a tree's entries are sorted and apart");
+        // the link again under the mutex). None: another split won.
+        // SAFETY: `g` lives until the end, after `w`.
+        let Some((p, w)) = (unsafe { self.lock_unified(&g) }) else {
+            return;
+        };
+        let entries: Vec<(Range, V)> = w.iter(&g).map(|(r, v)| (r, v.clone())).collect();
+        self.sliced_writer()
+            .replace_all(entries)
+            .expect("a tree's entries are sorted and apart");
         // Release: a reader that loads the null sees the slots built.
         self.unified.store(core::ptr::null_mut(), Ordering::Release);
         drop(w);
