@@ -425,9 +425,13 @@ impl Gen {
         } else {
             self.range()
         };
-        // mlock rounds an unaligned start down instead of failing.
+        // mlock rounds an unaligned start down instead of failing. The
+        // offset stays in the start's page: added to a start already
+        // unaligned (a bad range's), it could carry the start into the
+        // page past the region, which mlock then locks (a zero length
+        // still rounds up to a page).
         let addr = if self.rng.pct(5) {
-            addr + self.rng.range(1, PAGE - 1)
+            (addr & !(PAGE - 1)) + self.rng.range(1, PAGE - 1)
         } else {
             addr
         };
