@@ -606,19 +606,29 @@ fn range_bias_placement_vs_owner_placing() {
 }
 
 /// The bias, with no handover: a setup thread owns it, so the tree is
-/// unified (`RangeForest::sliced_unified`); the model's thread then
-/// mprotects, which revokes the bias, splits the tree and changes the VMA
-/// beside the one a speculative fault of another thread looks up (the
-/// speculative fault first, the locked paths if it gives up). The fault
-/// reads the one tree or the slots, and either way finds `A`'s VMA,
+/// unified (`RangeForest::sliced_unified`) and its writers run shared
+/// sections of the space's sequence; the model's thread then mprotects,
+/// which revokes the bias, raises the sequence to `LOCKED` for good
+/// (`MmLockSeq::own_sections_from_now`), splits the tree and changes the
+/// VMA beside the one a speculative fault of another thread looks up
+/// (the speculative fault first, the locked paths if it gives up). The
+/// fault reads the one tree or the slots, and either way finds `A`'s VMA,
 /// writable before and after the mprotect; the page tables stay
-/// consistent.
+/// consistent; and once the mprotect's own section has ended, `A`'s VMA
+/// (which it locked) reads unlocked again, so a speculative fault there
+/// completes.
 ///
-/// Catches: the one tree unlinked before the slots are built (the
-/// `self.unified.store(core::ptr::null_mut(), Ordering::Release);` line of
-/// `RangeForest::split_now`, src/tree/forest/unified.rs, moved above its
-/// `replace_all`): the fault then finds no VMA at `A` and fails with
-/// `SEGV_MAPERR`.
+/// Catches:
+/// - the one tree unlinked before the slots are built (the
+///   `self.unified.store(core::ptr::null_mut(), Ordering::Release);` line
+///   of `RangeForest::split_now`, src/tree/forest/unified.rs, moved above
+///   its `replace_all`): the fault then finds no VMA at `A` and fails
+///   with `SEGV_MAPERR`;
+/// - the raise removed (the `self.seq.store(LOCKED, Ordering::Release);`
+///   line of `MmLockSeq::own_sections_from_now`, src/vma/seq.rs): the
+///   sequence stays where the owner's last section left it, below the
+///   token the own section stamps back, and `A`'s VMA reads write-locked
+///   for good.
 #[test]
 fn range_bias_split_vs_spec_fault() {
     model(|| {
@@ -653,5 +663,9 @@ fn range_bias_split_vs_spec_fault() {
         let mut b = [9u8; 1];
         mm.read(A + PAGE_SIZE, &mut b).unwrap();
         assert_eq!(b, [1]);
+        assert!(
+            loom_door::speculative_fault(&mm, A, Access::Read),
+            "A's VMA stayed write-locked after the own section"
+        );
     });
 }

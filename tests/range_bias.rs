@@ -148,3 +148,70 @@ fn placements_across_a_revocation_never_overlap() {
         assert_eq!(all.len(), 600);
     }
 }
+
+/// Faults stay speculative across the bias's end. While the bias holds,
+/// its owner's writers run shared sections of the address space's
+/// sequence (as the classic mode's writers do); the first writer after
+/// the bias ends puts the sequence at its top for good, and every writer
+/// from then on stamps its VMAs back below it. Either way, a VMA a
+/// finished writer locked reads unlocked again, so a fault in it completes
+/// without a lock: each phase's first faults must count as speculative.
+/// Fails if a VMA stayed write-locked after its writer (an owner's writer
+/// running its own section while the sequence is low, or own sections
+/// that do not raise the sequence): its faults fall back to the locked
+/// paths.
+#[test]
+fn faults_stay_speculative_across_the_bias_end() {
+    let mm = Arc::new(AddressSpace::new(Config {
+        writer_locking: WriterLocking::Range,
+        range_bias: true,
+        range_bias_handovers: 0,
+        fault_locking: aspace::FaultLocking::Speculative,
+        ..Config::default()
+    }));
+    let fixed = anon() | MapFlags::FIXED;
+    // Speculative faults that a write of `n` pages at `a` (not yet
+    // present, in a VMA the last writer changed) completes.
+    let spec_writes = |mm: &AddressSpace, a: u64, n: u64| {
+        let before = mm.stats().fault_speculative;
+        for p in 0..n {
+            mm.write(a + p * PAGE_SIZE, &[p as u8 + 1]).unwrap();
+        }
+        mm.stats().fault_speculative - before
+    };
+    // The owner (this thread): its mprotect splits the zone under a
+    // shared section.
+    mm.mmap(A, 64 * PAGE_SIZE, RW, fixed).unwrap();
+    spec_writes(&mm, A, 1);
+    mm.mprotect(A + 32 * PAGE_SIZE, 32 * PAGE_SIZE, Prot::READ)
+        .unwrap();
+    assert_eq!(
+        spec_writes(&mm, A + PAGE_SIZE, 8),
+        8,
+        "the owner's VMA stayed locked after its section"
+    );
+    // Another thread's writer ends the bias (no handovers) and runs its
+    // own section: it splits the owner's VMA again.
+    let m2 = mm.clone();
+    std::thread::spawn(move || {
+        m2.mprotect(A + 16 * PAGE_SIZE, 8 * PAGE_SIZE, Prot::READ)
+            .unwrap();
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        spec_writes(&mm, A + 9 * PAGE_SIZE, 4),
+        4,
+        "a VMA of an own section stayed locked after it"
+    );
+    // A VMA only the owner's sections locked (the read-only half) reads
+    // unlocked under the raised sequence too.
+    let before = mm.stats().fault_speculative;
+    let mut b = [0u8; 1];
+    for p in 48..52 {
+        mm.read(A + p * PAGE_SIZE, &mut b).unwrap();
+    }
+    assert_eq!(mm.stats().fault_speculative - before, 4);
+    mm.read(A + 3 * PAGE_SIZE, &mut b).unwrap();
+    assert_eq!(b, [3]);
+}

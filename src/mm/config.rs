@@ -48,10 +48,11 @@ pub enum WriterLocking {
     /// ran 1.45-1.6x its 1-thread rate (`docs/RESULTS.md`,
     /// "Instantiation"). A thread alone in the space holds the lock's
     /// bias ([`Config::range_bias`]) and takes the whole space for each
-    /// call instead: at 1 thread a writers-only loop runs at about 0.9x
+    /// call instead: at 1 thread a writers-only loop runs at about 0.95x
     /// `PerVma`'s rate, against 0.7x without the bias, and 2 threads
-    /// writers-only at 1.3-1.5x that faster rate (1.7-1.8x the rate
-    /// without the bias; `docs/RESULTS.md`, "The range lock's bias").
+    /// writers-only at 1.2-1.5x that faster rate (1.7-1.8x the rate
+    /// without the bias; `docs/RESULTS.md`, "The range lock's bias" and
+    /// "The bias's owner runs shared sections").
     Range,
 }
 
@@ -244,7 +245,9 @@ pub struct Config {
     /// above 0 take address space below the usual top-down area (keep
     /// `nr_cpus * size` well clear of the heap, `brk_start`). Semantics
     /// tests and the kernel comparisons run with it off. Must be a
-    /// multiple of the page size.
+    /// multiple of the page size. With [`Config::range_bias`], windows
+    /// apply only once a writer without the bias has run (until then the
+    /// thread alone in the space places as Linux does).
     pub placement_window: u64,
     /// What a translator's atomic operation whose operand splits a 64-byte
     /// cache line or a page does: succeed ([`SplitLock::Warn`](crate::SplitLock::Warn), the

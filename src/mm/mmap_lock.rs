@@ -122,10 +122,11 @@ impl<T> MmapLock<T> {
     pub(crate) fn with_ranges(v: T, ranges: Option<RangeLock>) -> Self {
         MmapLock {
             rw: RwLock::new(v),
-            seq: if ranges.is_some() {
-                MmLockSeq::own_sections()
-            } else {
-                MmLockSeq::new()
+            // A range lock whose bias may be on starts with the shared
+            // sequence: the bias's owner runs shared sections (`section`).
+            seq: match &ranges {
+                Some(l) if l.bias_is_off() => MmLockSeq::own_sections(),
+                _ => MmLockSeq::new(),
             },
             ranges,
         }
@@ -178,8 +179,29 @@ impl<T> MmapLock<T> {
     fn range_writer<'a>(&'a self, rg: RangeGuard<'a>) -> MmapWriteGuard<'a, T> {
         MmapWriteGuard {
             g: ManuallyDrop::new(self.ranged()),
-            section: Section::own(),
+            section: self.section(&rg),
             range: Some(rg),
+        }
+    }
+
+    /// The write section of a range-mode writer granted `rg` (exclusive).
+    ///
+    /// A grant of the bias's owner is the only hold in the space
+    /// (`Bias::owner_grant` refuses an exclusive one beside any other, and
+    /// no other thread holds anything while the bias is on), so it runs a
+    /// shared section as the classic mode's writer does: the sequence
+    /// moves, and every VMA it locks is unlocked at once by the section's
+    /// end, with no list to keep and no stamp to put back. Every other
+    /// writer runs its own section; the first to do so puts the sequence
+    /// at `LOCKED` for good ([`MmLockSeq::own_sections_from_now`]).
+    #[inline]
+    fn section(&self, rg: &RangeGuard<'_>) -> Section<'_> {
+        if rg.is_biased() {
+            self.seq.write_begin();
+            Section::Shared(&self.seq)
+        } else {
+            self.seq.own_sections_from_now();
+            Section::own()
         }
     }
 
@@ -267,14 +289,18 @@ impl<T> MmapLock<T> {
     }
 
     /// Takes the write side and starts a write section (in range mode:
-    /// the whole space, and a section of its own).
+    /// the whole space, and a section of its own, or a shared one for the
+    /// range lock's bias's owner: `section`).
     pub fn write(&self) -> MmapWriteGuard<'_, T> {
         match &self.ranges {
-            Some(l) => MmapWriteGuard {
-                range: Some(l.lock(WHOLE, true)),
-                g: ManuallyDrop::new(self.whole()),
-                section: Section::own(),
-            },
+            Some(l) => {
+                let range = l.lock(WHOLE, true);
+                MmapWriteGuard {
+                    section: self.section(&range),
+                    g: ManuallyDrop::new(self.whole()),
+                    range: Some(range),
+                }
+            }
             None => {
                 let g = self.rw.write();
                 self.seq.write_begin();

@@ -20,7 +20,8 @@
 //!    mmap_lock writer, on every VMA it changes, before changing it. They
 //!    are all released together when the writer drops the mmap_lock (the
 //!    sequence advances; with range writers, each writer's own section
-//!    stamps its VMAs back one by one as it ends: `vma::seq`).
+//!    stamps its VMAs back one by one as it ends, except the range
+//!    lock's bias's owner, whose sections are shared ones: `vma::seq`).
 //! 3. The tree's writer mutex (uncontended with one writer: only mmap_lock
 //!    writers take it; range writers take it for each tree store only).
 //!    With range writers the tree is a forest, one mutex per 512 GiB slot

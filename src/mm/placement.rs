@@ -55,6 +55,10 @@
 //! per search, with no shared write (the slot number is the CPU's); a
 //! thread that migrates mid-search merely searches its old window. A hint
 //! that can be used, `MAP_32BIT` and fixed addresses are not affected.
+//! Nor is a placement by the range lock's bias's owner while the VMA tree
+//! is still one tree (`mm::range_bias`): no other writer has run in the
+//! space, so there is no one to place apart from, and a thread alone
+//! places as Linux does.
 //!
 //! # Locking
 //!
@@ -268,7 +272,9 @@ impl AddressSpace {
     /// `[min, mmap_base)`.
     fn placement_window(&self, min: u64) -> Option<Range> {
         let size = self.cfg.placement_window;
-        if size == 0 {
+        // While the tree is one tree, the bias's owner is the only
+        // writer (`range_bias`): no one to place apart from.
+        if size == 0 || self.tree.is_unified() {
             return None;
         }
         let slot = u64::try_from(crate::percpu::cpu_id()).ok()?;

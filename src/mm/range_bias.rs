@@ -89,6 +89,22 @@
 //! a few times in the space's life; another thread reads the line only to
 //! revoke). Every request after the bias
 //! ends loads the word, a line no one writes any more.
+//!
+//! The owner's writers then run shared sections of the space's sequence
+//! (`vma::seq`'s "The bias's owner runs shared sections"): a
+//! read-modify-write of the sequence to begin and a store to end, as the
+//! classic mode's writer, instead of an own section's token, its list of
+//! the VMAs it locked and a compare-exchange on each of them at the end.
+//! The sequence's line is read by every fault, so its two writes a call
+//! are shared ones, as in the classic mode; an own section's unlocks
+//! would write the lines of the VMAs those faults read instead. And the
+//! owner's placements ignore `Config::placement_window` while the tree
+//! is one tree (`mm::placement`): windows keep concurrent writers apart,
+//! and there are none yet. At one thread, writers-only, these two (with
+//! the grant inline and the shards' path out of line) took the
+//! instantiation loop from 10,053 to 9,733 instructions an instance
+//! (PerVma 9,314 in the same build: 0.96x; `docs/RESULTS.md`, "The
+//! bias's owner runs shared sections").
 
 use crate::sync::{
     asymmetric, counter, thread_id, thread_id_if_made, AtomicU64, Condvar, Mutex, Ordering,
@@ -297,12 +313,19 @@ impl Bias {
             // count at zero, or this load sees its mark and wakes it.
             asymmetric::light(self.expedited);
             if h.word.load(Ordering::Relaxed) == REVOKING {
-                // Under the mutex: the revoker checks the count and sleeps
-                // under it, so this wake cannot fall between the two.
-                let _n = self.handovers.lock();
-                self.changed.notify_all();
+                self.wake_revoker();
             }
         }
+    }
+
+    /// Wakes the revoker that waits for the owner's last count-out.
+    #[cold]
+    #[inline(never)]
+    fn wake_revoker(&self) {
+        // Under the mutex: the revoker checks the count and sleeps under
+        // it, so this wake cannot fall between the two.
+        let _n = self.handovers.lock();
+        self.changed.notify_all();
     }
 
     #[cold]

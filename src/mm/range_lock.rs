@@ -223,8 +223,11 @@
 //! frees and VMA setup run under the range lock only.
 //!
 //! Why each lock-free reader stays correct: every writer runs a write
-//! section of its own (`vma::seq`'s "Own write sections"): the space's
-//! sequence stays at `LOCKED`, a writer stamps each VMA it locks with
+//! section of its own (`vma::seq`'s "Own write sections"; the bias's
+//! owner, alone in the space, runs shared ones until the bias ends, and
+//! the first own section then raises the sequence: "The bias's owner
+//! runs shared sections"): the space's sequence stays at `LOCKED`, a
+//! writer stamps each VMA it locks with
 //! `LOCKED | token` (a value of its own) and, when it ends, stamps each of
 //! them back to `token` with a `Release` compare-exchange. A stamp at or
 //! above the sequence reads write-locked, as with one writer; a reader
@@ -713,12 +716,22 @@ impl RangeGuard<'_> {
 }
 
 impl Drop for RangeGuard<'_> {
+    #[inline(never)]
     fn drop(&mut self) {
-        let l = self.lock;
         if self.first == BIASED {
-            l.bias.owner_release(self.exclusive);
-            return;
+            self.lock.bias.owner_release(self.exclusive);
+        } else {
+            self.release();
         }
+    }
+}
+
+impl RangeGuard<'_> {
+    /// Drop's path without the bias: the gate, or the pieces and then
+    /// the gate.
+    #[inline(never)]
+    fn release(&mut self) {
+        let l = self.lock;
         if self.first == u32::MAX {
             let me = Hold {
                 ticket: 0,
@@ -765,6 +778,11 @@ impl RangeLock {
         self.bias.likely_mine()
     }
 
+    /// True once the bias is off for good, or if it was never on.
+    pub(crate) fn bias_is_off(&self) -> bool {
+        self.bias.is_off()
+    }
+
     /// The shard holding `addr`.
     fn shard_of(&self, addr: u64) -> usize {
         ((addr >> self.shift) as usize).min(self.shards.len() - 1)
@@ -804,6 +822,7 @@ impl RangeLock {
 
     /// Locks `r`, exclusive or shared, waiting for conflicting holds and
     /// earlier conflicting requests.
+    #[inline]
     pub(crate) fn lock(&self, r: Range, exclusive: bool) -> RangeGuard<'_> {
         match self.acquire(r, exclusive, true) {
             Ok(g) => g,
@@ -817,12 +836,15 @@ impl RangeLock {
         self.acquire(r, exclusive, false)
     }
 
+    /// The bias's answer inline (its owner's path is a few instructions),
+    /// the shards' out of line.
+    #[inline]
     fn acquire(&self, r: Range, exclusive: bool, wait: bool) -> Result<RangeGuard<'_>, Wait> {
         match self.bias.enter(wait) {
-            Entry::Off => {}
+            Entry::Off => self.acquire_shards(r, exclusive, wait),
             Entry::Owner => {
                 self.bias.owner_grant(exclusive);
-                return Ok(RangeGuard {
+                Ok(RangeGuard {
                     lock: self,
                     range: r,
                     first: BIASED,
@@ -830,10 +852,21 @@ impl RangeLock {
                     exclusive,
                     slot: 0,
                     writes_before: 0,
-                });
+                })
             }
-            Entry::Revoking => return Err(Wait::Bias),
+            Entry::Revoking => Err(Wait::Bias),
         }
+    }
+
+    /// [`acquire`](Self::acquire) with the bias off: the gate, then the
+    /// shards.
+    #[inline(never)]
+    fn acquire_shards(
+        &self,
+        r: Range,
+        exclusive: bool,
+        wait: bool,
+    ) -> Result<RangeGuard<'_>, Wait> {
         // The guard is made only once the gate is passed (or closed by
         // this request): dropping it releases what it says it holds, so
         // a request refused at the gate must have none.

@@ -20,11 +20,15 @@
 //!    `s > m` a stamp newer than our view of the sequence. With `s < m`
 //!    our `Acquire` of `m` synchronized with the end of section `s` (or a
 //!    later one), so every change that section made to the VMA is
-//!    visible. With range-locked writers `m` stays at `LOCKED`, a stamp
-//!    at or above it is a writer's own lock, and one below it the token
-//!    its writer stored back with `Release` when it ended, which our
-//!    `Acquire` load of `s` itself synchronized with (`vma::seq`'s "Own
-//!    write sections").
+//!    visible. With range-locked writers `m` moves as above while the
+//!    range lock's bias is on (its owner runs shared sections), then
+//!    stays at `LOCKED`: a stamp at or above it is a writer's own lock,
+//!    and one below it either the token its writer stored back with
+//!    `Release` when it ended, which our `Acquire` load of `s` itself
+//!    synchronized with, or a stamp of a shared section that ended
+//!    before the raise to `LOCKED`, which our `Acquire` load of `m`
+//!    synchronized with (`vma::seq`'s "Own write sections" and "The
+//!    bias's owner runs shared sections").
 //! 3. Snapshot: address space id, range, flags, "has an anon_vma", "has a
 //!    shared object", "attached". The fault needs no more for anonymous
 //!    private memory: a read maps the zero page, a write a zeroed frame.

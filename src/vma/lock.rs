@@ -24,7 +24,9 @@
 //! the mm's (odd) sequence, which releasing the mmap_lock advances past
 //! every stamp at once; or, with range-locked writers, `LOCKED | token`,
 //! which the writer's own end stamps back to `token`, VMA by VMA
-//! ([`VmaLock::unlock_own`], `vma::seq`'s "Own write sections").
+//! ([`VmaLock::unlock_own`], `vma::seq`'s "Own write sections"; the
+//! range lock's bias's owner runs shared sections, as the classic
+//! writer).
 //!
 //! # Locking
 //!

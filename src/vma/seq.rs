@@ -36,10 +36,28 @@
 //! (each section's values are its own), so a stamp read equal to a
 //! snapshot still means no writer has touched the VMA since.
 //!
+//! # The bias's owner runs shared sections
+//!
+//! While the range lock's bias is on (`mm::range_bias`), its owner is
+//! the only holder of anything in the space, one call at a time: it is
+//! the classic mode's writer, so it runs shared sections (the sequence
+//! moves, and a section's end unlocks every VMA it locked at once, with
+//! no list of them kept and no stamp put back). The space's sequence
+//! then starts low as a classic one, and the first own section puts it
+//! at [`LOCKED`] ([`MmLockSeq::own_sections_from_now`]). No shared
+//! section runs after that: own sections start only once the bias is off
+//! for good, and its last owner's section has ended by then (the bias's
+//! revocation waits for it). The sequence only grows, so every stamp of
+//! the shared sections reads unlocked from then on; the raise is a
+//! `Release` store, so a reader whose `Acquire` load reads `LOCKED`
+//! synchronizes with those sections' ends through the raiser, which saw
+//! them when the bias passed.
+//!
 //! # Locking
 //!
 //! Only the holder of the mmap_lock's write side moves the sequence (with
-//! range-locked writers nobody does); any thread reads it. The lock order
+//! range-locked writers only the bias's owner, and the raise to
+//! [`LOCKED`]); any thread reads it. The lock order
 //! is in [`crate::mm`].
 
 use crate::sync::counter;
@@ -131,6 +149,24 @@ impl MmLockSeq {
         MmLockSeq {
             seq: AtomicU64::new(LOCKED),
             block_end: counter::AtomicU64::new(0),
+        }
+    }
+
+    /// Puts the sequence at [`LOCKED`] for good, if it is not there yet:
+    /// called at the start of every own section (module docs, "Own
+    /// write sections"). Shared sections (the bias's owner's) may have
+    /// run before, never after: the range lock's bias is off for good by
+    /// the time anyone runs an own section, and its last owner's section
+    /// has ended (the bias's revocation waited for it), so the store
+    /// moves an even sequence up, and every stamp of those sections
+    /// reads unlocked from then on. `Release`: a reader whose `Acquire`
+    /// load reads `LOCKED` sees what those sections did (this writer saw
+    /// it, through the bias's hand-off).
+    #[inline]
+    pub fn own_sections_from_now(&self) {
+        if self.seq.load(Ordering::Relaxed) != LOCKED {
+            debug_assert!(self.seq.load(Ordering::Relaxed) & 1 == 0);
+            self.seq.store(LOCKED, Ordering::Release);
         }
     }
 
