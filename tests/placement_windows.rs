@@ -6,6 +6,11 @@
 //! (`sched_getcpu`). The checks fail if a search ignored the window, used
 //! another thread's, overlapped a live mapping, or did not fall back to
 //! Linux's whole-area search when the window was full.
+//!
+//! The range lock's bias (`Config::range_bias`) is off in these spaces:
+//! while it holds, its owner places as Linux does (no other writer to keep
+//! apart), which `the_bias_owner_places_as_linux_until_another_thread_writes`
+//! checks.
 
 use aspace::{AddressSpace, Config, FaultLocking, MapFlags, Prot, Range, WriterLocking, PAGE_SIZE};
 use std::sync::{Arc, Barrier};
@@ -22,6 +27,7 @@ fn space(writer_locking: WriterLocking, window: u64) -> Arc<AddressSpace> {
         fault_locking: FaultLocking::Speculative,
         writer_locking,
         placement_window: window,
+        range_bias: false,
         ..Config::default()
     }))
 }
@@ -181,4 +187,55 @@ fn a_usable_hint_wins_and_unaligned_windows_are_refused() {
     };
     let e = AddressSpace::try_new(bad).unwrap_err();
     assert_eq!(e.field, "placement_window");
+}
+
+/// With the range lock's bias on, a thread alone in the space places as
+/// Linux does, windows or not: each mapping right below the last, merged
+/// with it. Once another thread has written (the bias ends with no
+/// handover, and the tree is split), placements go to the calling CPU's
+/// window. Fails if the owner's placements used the window, or if the
+/// windows never came back after the bias ended (on CPU 1 or above: the
+/// window of CPU 0 starts at the area's top).
+#[test]
+fn the_bias_owner_places_as_linux_until_another_thread_writes() {
+    let size = 1 << 30;
+    let len = 64 * KB;
+    let base = Config::default().mmap_base;
+    let mm = Arc::new(AddressSpace::new(Config {
+        writer_locking: WriterLocking::Range,
+        placement_window: size,
+        range_bias: true,
+        range_bias_handovers: 0,
+        ..Config::default()
+    }));
+    let cpu = *allowed_cpus().last().unwrap();
+    let m = mm.clone();
+    std::thread::spawn(move || {
+        let cpu = bind(cpu);
+        for i in 1..=4 {
+            assert_eq!(m.mmap(0, len, RW, anon()).unwrap(), base - i * len);
+        }
+        assert_eq!(m.map_count(), 1, "the owner's mappings merge, as Linux's");
+        cpu
+    })
+    .join()
+    .unwrap();
+    // Another thread's writer ends the bias.
+    let m = mm.clone();
+    std::thread::spawn(move || m.munmap(base - len, len).unwrap())
+        .join()
+        .unwrap();
+    let m = mm.clone();
+    std::thread::spawn(move || {
+        let cpu = bind(cpu);
+        let w = window_of(cpu, size);
+        let a = m.mmap(0, len, RW, anon()).unwrap();
+        // (Window 0's top is the area's: on a machine with one CPU the
+        // two placements coincide, and this checks nothing more than
+        // Linux's placement.)
+        let expect = if cpu == 0 { base - len } else { w.end - len };
+        assert_eq!(a, expect, "cpu {cpu}: back in the window");
+    })
+    .join()
+    .unwrap();
 }
