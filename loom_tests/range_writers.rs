@@ -6,7 +6,8 @@
 //! access; and the range lock's bias (`mm/range_bias.rs`): its owner's
 //! writer against a writer that revokes it, a placement that looked
 //! while the owner placed, and the split of the tree the owner kept
-//! unified against a speculative fault. The real AddressSpace runs through src/sync.rs (deferred
+//! unified (and the raise of the sequence its shared sections moved)
+//! against a speculative fault. The real AddressSpace runs through src/sync.rs (deferred
 //! reclamation, as the other models). Each names the one-line mutation it catches (checked by breaking that
 //! line, running the model and restoring it).
 //!
