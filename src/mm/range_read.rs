@@ -49,7 +49,13 @@ fn read_locked<'a>(
         let st = mm.mmap_lock.read();
         return (st, mm.tree.pin());
     }
-    lock_validated(mm, at, want, |r| mm.mmap_lock.read_range(r))
+    lock_validated(
+        mm,
+        at,
+        want,
+        |r| mm.mmap_lock.try_read_range(r),
+        |r| mm.mmap_lock.read_range(r),
+    )
 }
 
 /// The mmap_lock read side for a first anon_vma of the VMA over `vr`
@@ -83,7 +89,7 @@ fn fault_range(mm: &AddressSpace, addr: u64, pin: &Guard) -> Range {
 }
 
 #[cfg(all(test, not(aspace_loom)))]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::addr::PAGE_SIZE;
     use crate::mm::range_lock::WHOLE;
@@ -92,7 +98,7 @@ mod tests {
     const A: u64 = 0x4000_0000;
 
     /// Without the bias: its owner would lock the whole space.
-    fn space() -> AddressSpace {
+    pub(crate) fn space() -> AddressSpace {
         AddressSpace::new(Config {
             writer_locking: WriterLocking::Range,
             range_bias: false,

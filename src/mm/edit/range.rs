@@ -43,6 +43,12 @@ impl<'a> Edit<'a> {
             |pin| neighbourhood(mm, r, reach, pin),
             |want| {
                 mm.mmap_lock
+                    .try_write_range(want)
+                    .expect("range mode has a range lock")
+                    .ok()
+            },
+            |want| {
+                mm.mmap_lock
                     .write_range(want)
                     .expect("range mode has a range lock")
             },
@@ -99,17 +105,18 @@ impl<'a> Edit<'a> {
                 break Err(Error::NoMem);
             };
             let want = neighbourhood(mm, r, Reach::Vmas, &pin);
-            drop(pin);
+            // The try-lock waits for nothing, so the search's pin carries
+            // on under the hold (one pin a placement, not two).
             let st = match mm.mmap_lock.try_write_range(want)? {
                 Ok(st) => st,
                 // Taken since the search (or a hint on a busy range):
-                // wait for its release, then look again.
+                // wait for its release, unpinned, then look again.
                 Err(w) => {
+                    drop(pin);
                     ranges.wait(w);
                     continue;
                 }
             };
-            let pin = mm.tree.pin();
             // No writer in the shard since the search began: the search,
             // the neighbourhood and the gap's usability read the tree as it
             // is now. A stack's guard gap above the hold may reach into the
@@ -156,7 +163,7 @@ fn free_area_in(
 /// Locks the range `compute` reads off the tree (with `lock`), then
 /// computes it again under the lock: if it grew (a VMA it holds whole was
 /// extended meanwhile), unlocks and starts over with the union. Returns
-/// the guard and an epoch pin taken under it. The protocol of range
+/// the guard and an epoch pin held under it. The protocol of range
 /// writers and readers (`range_lock`'s module docs) rests on this: what
 /// the holder validated can be changed only by a holder of an overlapping
 /// range. When the hold lies in the range lock's shard of `at` (where
@@ -167,18 +174,36 @@ fn free_area_in(
 /// recomputation remains for every grant a writer of that shard
 /// preceded).
 ///
+/// The first request is `try_lock`, made still pinned: granted (the
+/// common case, a writer alone in its shard), the pin of the first
+/// computation carries on, and the holder pins once. A pin is only
+/// memory safety: every read under it loads the tree as it is then, and
+/// the grant's `Acquire` orders those reads after the last holder's
+/// changes, whenever the pin was taken. A request that waits (`lock`)
+/// never holds a pin: a sleeper pinned would hold back every thread's
+/// reclamation, and a holder it waits for may be waiting for that.
+///
 /// [`RangeLock::mark`]: crate::mm::range_lock::RangeLock::mark
 pub(crate) fn lock_validated<G: RangeHold>(
     mm: &AddressSpace,
     at: u64,
     mut compute: impl FnMut(&Guard) -> Range,
+    mut try_lock: impl FnMut(Range) -> Option<G>,
     mut lock: impl FnMut(Range) -> G,
 ) -> (G, Guard) {
     let mut mark = mm.mmap_lock.ranges().and_then(|l| l.mark(at));
-    let mut want = compute(&mm.tree.pin());
+    let mut pin = mm.tree.pin();
+    let mut want = compute(&pin);
+    let mut held = match try_lock(want) {
+        Some(held) => held,
+        None => {
+            drop(pin);
+            let held = lock(want);
+            pin = mm.tree.pin();
+            held
+        }
+    };
     loop {
-        let held = lock(want);
-        let pin = mm.tree.pin();
         if held.undisturbed_since(mark) {
             return (held, pin);
         }
@@ -192,6 +217,8 @@ pub(crate) fn lock_validated<G: RangeHold>(
         drop(pin);
         drop(held);
         want = Range::new(want.start.min(now.start), want.end.max(now.end));
+        held = lock(want);
+        pin = mm.tree.pin();
     }
 }
 
@@ -202,10 +229,20 @@ pub(crate) fn vma_hull(mm: &AddressSpace, r: Range, pin: &Guard) -> Range {
         return r;
     }
     // Only the VMAs holding the first and the last address of `r` can
-    // reach past it: two point lookups, no list of the VMAs between.
-    let lo = mm.tree.find(r.start, pin).map_or(r.start, |(v, _)| v.start);
-    let hi = mm.tree.find(r.end - 1, pin).map_or(r.end, |(v, _)| v.end);
-    Range::new(lo.min(r.start), hi.max(r.end))
+    // reach past it, and both are found from the lowest VMA meeting `r`:
+    // it holds the first address if it starts at or below it, and the
+    // last too if it ends at or past `r`'s end (a range in one VMA, or in
+    // a hole beside one: one lookup); else a second lookup finds the VMA
+    // holding the last address. No list of the VMAs between.
+    let Some((v, _)) = mm.tree.find_after_below(r.start, r.end, pin) else {
+        return r;
+    };
+    let hi = if v.end >= r.end {
+        v.end
+    } else {
+        mm.tree.find(r.end - 1, pin).map_or(r.end, |(w, _)| w.end)
+    };
+    Range::new(v.start.min(r.start), hi.max(r.end))
 }
 
 /// How far a neighbourhood reaches past its range on each side: a page,
@@ -327,5 +364,82 @@ impl<'v> View<'v> {
                 return None;
             }
         }
+    }
+}
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests {
+    use super::*;
+    use crate::mm::range_read::tests::space;
+    use crate::{MapFlags, Prot};
+
+    const A: u64 = 0x4000_0000;
+    const P: u64 = PAGE_SIZE;
+
+    /// Maps `[A + lo * P, A + hi * P)`, alternating protections so that
+    /// neighbours do not merge.
+    fn map(mm: &AddressSpace, lo: u64, hi: u64, prot: Prot) {
+        let flags = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED;
+        mm.mmap(A + lo * P, (hi - lo) * P, prot, flags).unwrap();
+    }
+
+    fn pages(lo: u64, hi: u64) -> Range {
+        Range::new(A + lo * P, A + hi * P)
+    }
+
+    /// The hull is `r` widened to the whole of every VMA it meets, in
+    /// each case of its lookups: `r` in one VMA, in a hole beside one, in
+    /// a hole alone, across several VMAs and holes (the second lookup),
+    /// and ending inside a VMA that starts past the first one `r` meets.
+    #[test]
+    fn the_hull_holds_every_vma_met_whole_and_nothing_else() {
+        let mm = space();
+        map(&mm, 10, 20, Prot::READ | Prot::WRITE);
+        map(&mm, 20, 30, Prot::READ);
+        map(&mm, 40, 50, Prot::READ | Prot::WRITE);
+        let pin = mm.tree.pin();
+        let hull = |lo, hi| vma_hull(&mm, pages(lo, hi), &pin);
+        // Inside one VMA: that VMA (one lookup).
+        assert_eq!(hull(12, 15), pages(10, 20));
+        // A hole up to a VMA that reaches past the end: the hole and it.
+        assert_eq!(hull(35, 41), pages(35, 50));
+        // A hole alone: itself.
+        assert_eq!(hull(32, 38), pages(32, 38));
+        // From inside the first VMA to inside the third: all three whole.
+        assert_eq!(hull(15, 45), pages(10, 50));
+        // From inside the first to inside the second, which it touches.
+        assert_eq!(hull(15, 25), pages(10, 30));
+        // From a hole to a hole, over a VMA: the hole ends kept.
+        assert_eq!(hull(5, 35), pages(5, 35));
+        // Ending inside a VMA that is not the first met: grown to its end.
+        assert_eq!(hull(25, 41), pages(20, 50));
+        // Empty: itself.
+        assert_eq!(vma_hull(&mm, Range::new(A, A), &pin), Range::new(A, A));
+    }
+
+    /// A neighbourhood is the range a page wider on each side, grown to
+    /// the VMAs there; with `Reach::Hole`, also the holes on either side
+    /// up to the next VMAs.
+    #[test]
+    fn a_neighbourhood_reaches_a_page_past_its_range_and_munmaps_the_holes() {
+        let mm = space();
+        map(&mm, 10, 20, Prot::READ | Prot::WRITE);
+        map(&mm, 40, 50, Prot::READ | Prot::WRITE);
+        let pin = mm.tree.pin();
+        // Touching the VMA below through the margin page.
+        assert_eq!(
+            neighbourhood(&mm, pages(20, 25), Reach::Vmas, &pin),
+            pages(10, 26)
+        );
+        // Inside a VMA: the VMA.
+        assert_eq!(
+            neighbourhood(&mm, pages(12, 14), Reach::Vmas, &pin),
+            pages(10, 20)
+        );
+        // An unmap in the hole: the hole whole, up to both VMAs.
+        assert_eq!(
+            neighbourhood(&mm, pages(25, 30), Reach::Hole, &pin),
+            pages(20, 40)
+        );
     }
 }
