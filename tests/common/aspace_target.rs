@@ -2,6 +2,7 @@
 
 use super::{normalize, Region, Res, Target, Vma, GUARD_FLAGS, GUARD_PROT, PAGE};
 use aspace::{AddressSpace, Advice, Config, MapFlags, Memfd, MremapFlags, Prot, VmFlags};
+use std::sync::Arc;
 
 /// Where aspace-only tests put their region (the kernel harness picks its
 /// own address; a paired aspace target uses the same one).
@@ -10,7 +11,9 @@ pub const DEFAULT_REGION_START: u64 = 0x2000_0000_0000;
 /// An [`AddressSpace`] with Linux x86-64's default layout and the region's
 /// guard pages mapped like on the kernel side.
 pub struct AspaceTarget {
-    pub mm: AddressSpace,
+    /// The space: its own, or one several targets share
+    /// ([`in_space`](Self::in_space)).
+    pub mm: Arc<AddressSpace>,
     region: Region,
     /// Memory objects, made on first use.
     objs: Vec<Option<Memfd>>,
@@ -52,7 +55,12 @@ impl AspaceTarget {
 
     /// A given configuration; the guard pages are mapped as on the kernel.
     pub fn with_config(region: Region, cfg: Config) -> AspaceTarget {
-        let mm = AddressSpace::new(cfg);
+        Self::in_space(Arc::new(AddressSpace::new(cfg)), region)
+    }
+
+    /// A target on `region` of a space other targets may share (each on
+    /// a region of its own); the guard pages are mapped as on the kernel.
+    pub fn in_space(mm: Arc<AddressSpace>, region: Region) -> AspaceTarget {
         for g in [region.start, region.hi] {
             let got = mm.mmap(
                 g,
