@@ -70,14 +70,16 @@ fn inside(r: &Region, addr: u64, len: u64) -> bool {
         .is_some_and(|len| addr >= r.start && addr.checked_add(len).is_some_and(|end| end <= r.end))
 }
 
-/// True if `op` acts on `r` alone, whatever the other zones hold.
+/// True if `op` acts on `r` alone, whatever the other zones hold: it
+/// places nothing, and every range it names (for an mremap, the old range
+/// at its larger size, and a fixed target) lies in `r`.
 fn confined(op: Op, r: &Region) -> bool {
-    let fixed = |flags: u32| flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0;
+    if op.places() {
+        return false;
+    }
     match op {
-        Op::Mmap {
-            addr, len, flags, ..
-        } => fixed(flags) && inside(r, addr, len),
-        Op::MmapObj(m) => fixed(m.flags) && inside(r, m.addr, m.len),
+        Op::Mmap { addr, len, .. } => inside(r, addr, len),
+        Op::MmapObj(m) => inside(r, m.addr, m.len),
         Op::Mremap {
             old,
             old_len,
@@ -85,11 +87,8 @@ fn confined(op: Op, r: &Region) -> bool {
             flags,
             new_addr,
         } => {
-            let moves = flags & MREMAP_MAYMOVE != 0;
-            let to_fixed = flags & MREMAP_FIXED != 0;
-            (!moves || to_fixed)
-                && inside(r, old, old_len.max(new_len))
-                && (!to_fixed || inside(r, new_addr, new_len))
+            inside(r, old, old_len.max(new_len))
+                && (flags & MREMAP_FIXED == 0 || inside(r, new_addr, new_len))
         }
         Op::Munmap { addr, len }
         | Op::Mprotect { addr, len, .. }

@@ -263,16 +263,6 @@ impl Placements {
 /// Where the region starts past a 2 MiB boundary (see the module docs).
 const REGION_PHASE: u64 = 3 * PAGE;
 
-/// Whether `op` lets the kernel choose the address (when it succeeds).
-fn places(op: Op) -> bool {
-    match op {
-        Op::Mmap { flags, .. } => flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) == 0,
-        Op::MmapObj(m) => m.flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) == 0,
-        Op::Mremap { flags, .. } => flags & MREMAP_MAYMOVE != 0 && flags & MREMAP_FIXED == 0,
-        _ => false,
-    }
-}
-
 /// A difference: what differs, with both sides' details.
 struct Diff {
     step: usize,
@@ -317,7 +307,7 @@ impl Pair {
         if verbose {
             out(&format!("  [{step:3}] {op:?} -> {ok:?}"));
         }
-        if places(op) {
+        if op.places() {
             let region = self.k.region();
             let at = match &ok {
                 Outcome::At(rel) => Some((true, region.start + rel)),

@@ -1,7 +1,9 @@
 //! Operations as data: printable (to reproduce a failing sequence) and
 //! applicable to any [`Target`] with a normalized [`Outcome`].
 
-use super::{page_align, pattern, Target, PAGE};
+use super::{
+    page_align, pattern, Target, MAP_FIXED, MAP_FIXED_NOREPLACE, MREMAP_FIXED, MREMAP_MAYMOVE, PAGE,
+};
 use std::fmt;
 
 /// The arguments of an `mmap` of memory object `obj` from byte `off`.
@@ -159,6 +161,20 @@ fn mremap_flags_str(f: u32) -> String {
         "0".into()
     } else {
         v.join("|")
+    }
+}
+
+impl Op {
+    /// Whether the call lets the kernel choose the address (when it
+    /// succeeds): an mmap without a fixed address, an mremap that may move
+    /// without `MREMAP_FIXED`.
+    pub fn places(self) -> bool {
+        match self {
+            Op::Mmap { flags, .. } => flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) == 0,
+            Op::MmapObj(m) => m.flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) == 0,
+            Op::Mremap { flags, .. } => flags & MREMAP_MAYMOVE != 0 && flags & MREMAP_FIXED == 0,
+            _ => false,
+        }
     }
 }
 

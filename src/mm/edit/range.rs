@@ -181,7 +181,7 @@ fn free_area_in(
 /// the grant's `Acquire` orders those reads after the last holder's
 /// changes, whenever the pin was taken. A request that waits (`lock`)
 /// never holds a pin: a sleeper pinned would hold back every thread's
-/// reclamation, and a holder it waits for may be waiting for that.
+/// reclamation for as long as it sleeps.
 ///
 /// [`RangeLock::mark`]: crate::mm::range_lock::RangeLock::mark
 pub(crate) fn lock_validated<G: RangeHold>(
