@@ -1,7 +1,8 @@
 //! Range-locked writers (`WriterLocking::Range`, `mm/range_lock.rs`):
 //! two writers at once on disjoint ranges, on ranges whose neighbourhoods
 //! touch (mprotect against mprotect, `set_anon_name` and an mremap grow
-//! in place), two brks from one break, two placements racing for one gap,
+//! in place; a writer passed over by the other's next ones until it
+//! turns urgent), two brks from one break, two placements racing for one gap,
 //! and a range writer against the speculative fault and a translator
 //! access; and the range lock's bias (`mm/range_bias.rs`): its owner's
 //! writer against a writer that revokes it, a placement that looked
@@ -341,6 +342,36 @@ fn range_brks_race() {
         let brk = mm.brk(0).unwrap();
         assert!(brk == h + PAGE_SIZE || brk == h + 4 * PAGE_SIZE);
         assert_eq!(spans(&mm), vec![(h, brk, rw())]);
+    });
+}
+
+/// A writer passed over turns urgent, and then goes first. The setup's
+/// thread mprotects `[A, A+P)` three times, another thread `[A+P, A+2P)`
+/// once; their neighbourhoods meet. The other's request may wait while
+/// the setup thread's next one barges past it (`range_lock`'s
+/// "Barging"); under loom a waiter's patience runs out at its first
+/// failed try, so it turns urgent there and the setup thread's last
+/// request waits behind it (the setup thread makes the three calls so
+/// that this takes two preemptions, loom's bound). Every order ends as
+/// one read-only VMA of both pages.
+///
+/// Catches: a granted waiter left in the queue (`st.waiting.remove(i);`
+/// deleted in src/mm/range_lock.rs `State::wait_grant`): its urgent entry
+/// then blocks every later request that meets it, and loom reports the
+/// deadlock; and an urgent waiter that waits behind itself (`w.ticket <
+/// me.ticket` made `w.ticket <= me.ticket` in `State::grantable`).
+#[test]
+fn range_writer_passed_over_turns_urgent() {
+    model(|| {
+        let mm = space(FaultLocking::PerVma);
+        mm.mmap(A, 2 * PAGE_SIZE, rw(), fixed()).unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.mprotect(A + PAGE_SIZE, PAGE_SIZE, Prot::READ).unwrap());
+        for prot in [Prot::READ, rw(), Prot::READ] {
+            mm.mprotect(A, PAGE_SIZE, prot).unwrap();
+        }
+        t.join().unwrap();
+        assert_eq!(spans(&mm), vec![(A, A + 2 * PAGE_SIZE, Prot::READ)]);
     });
 }
 

@@ -136,6 +136,23 @@ mod imp {
         }
     }
 
+    /// How long a waiter has waited: started when it starts waiting,
+    /// asked after each failed try whether a bound has passed (a lock that lets later
+    /// requests go first bounds how long with it).
+    #[derive(Debug)]
+    pub struct Patience(std::time::Instant);
+
+    impl Patience {
+        /// Starts counting now.
+        pub fn start() -> Self {
+            Self(std::time::Instant::now())
+        }
+        /// True once `bound` has passed since [`start`](Self::start).
+        pub fn run_out(&self, bound: std::time::Duration) -> bool {
+            self.0.elapsed() >= bound
+        }
+    }
+
     /// Waits until `done()` holds: spins briefly, then yields the CPU.
     /// Used where the awaited party runs a short, non-blocking section
     /// (a reader inside a VMA, a fault finishing a PTE install).
@@ -471,6 +488,24 @@ mod imp {
     /// checks that the caller stays correct whatever the look returns).
     pub fn spin_briefly(mut done: impl FnMut() -> bool) -> bool {
         done()
+    }
+
+    /// A waiter's patience under loom: out at the first failed try, so a
+    /// model explores both what a waiter does before (later requests go
+    /// first) and after (they wait behind it); time does not pass in a
+    /// model.
+    #[derive(Debug)]
+    pub struct Patience;
+
+    impl Patience {
+        /// Starts counting.
+        pub fn start() -> Self {
+            Self
+        }
+        /// Always true (see the type's docs).
+        pub fn run_out(&self, _bound: std::time::Duration) -> bool {
+            true
+        }
     }
 
     /// Waits until `done()` holds, yielding to loom's scheduler each try.
