@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release --example instantiate -- [--threads 1,2] [--seconds S | --instances N]
-//!     [--reps N] [--mode NAME|all] [--kernel] [--writers-only] [--no-pin]
+//!     [--reps N] [--mode NAME|all] [--separate] [--kernel] [--writers-only] [--no-pin]
 //! ```
 //!
 //! An instance (`aspace::workloads::instantiate`): mmap 4 GiB + a 2 GiB
@@ -16,7 +16,10 @@
 //! kernel), each on a fresh address space, with thread `i` bound to the
 //! `i`-th CPU; the table gives instances per second (wall and CPU), each
 //! count's scaling over the first, each mode over the kernel, and a
-//! verdict per column. `--help` lists every option and its default.
+//! verdict per column. `--separate` adds the no-sharing ideal
+//! (`aspace::workloads::Separate`: each thread in a `PerVma` space of its
+//! own) and each mode's rate over it at every thread count: what sharing
+//! one space costs on this machine, whatever its cores give. `--help` lists every option and its default.
 
 #[path = "../benches/common/machine.rs"]
 mod machine;
@@ -24,7 +27,7 @@ mod machine;
 mod report;
 
 use aspace::workloads::instantiate::{self, Kind, Params, Sample, Until};
-use aspace::workloads::{Kernel, Mode, Space, MODES};
+use aspace::workloads::{Kernel, Mode, Separate, Space, MODES};
 use machine::{hmean, machine, parse_arg, parse_threads, thread_counts};
 use report::range;
 
@@ -53,6 +56,11 @@ const OPTIONS: &[(&str, &str, &str)] = &[
         "all",
     ),
     (
+        "--separate",
+        "also run every thread in a PerVma space of its own (aspace::workloads::Separate, the no-sharing ideal on this machine) and print each mode over it",
+        "off",
+    ),
+    (
         "--kernel",
         "also run the same program on the running kernel (libc mmap/mprotect/madvise/munmap, plain stores, threads bound alike) and print each mode over it",
         "off",
@@ -78,6 +86,7 @@ struct Args {
     until: Until,
     reps: usize,
     modes: Vec<Mode>,
+    separate: bool,
     kernel: bool,
     kind: Kind,
     pin: bool,
@@ -101,6 +110,7 @@ fn parse() -> Args {
         until: Until::Seconds(0.5),
         reps: 3,
         modes: MODES.to_vec(),
+        separate: false,
         kernel: false,
         kind: Kind::Instances,
         pin: true,
@@ -126,6 +136,7 @@ fn parse() -> Args {
                     a.modes = vec![*m.unwrap_or_else(|| usage())];
                 }
             }
+            "--separate" => a.separate = true,
             "--kernel" => a.kernel = true,
             "--writers-only" => a.kind = Kind::WritersOnly,
             "--no-pin" => a.pin = false,
@@ -148,6 +159,8 @@ how to read the table:
   (lo-hi)        the reps' range of inst/sec
   scaling N/1    inst/sec at N threads over inst/sec at the first count, per column (a lock every
                  writer takes keeps it near 1.0x; writers that do not meet approach N)
+  /separate-N    each mode's inst/sec over separate spaces' at N threads, one PerVma space per thread
+                 (--separate: the rate nothing shared gives on this machine; 1.00x is the ideal)
   /kernel-N      each mode's inst/sec over the kernel's at N threads (--kernel)
   verdict        per column, its inst/sec against each column to its left at every thread count
                  (ratio of Hmeans: faster or slower by more than 3% at every count, level within
@@ -167,6 +180,11 @@ fn run_one<S: Space>(space: &S, args: &Args, threads: usize) -> Sample {
 fn main() {
     let args = parse();
     let mut names: Vec<String> = args.modes.iter().map(|m| m.name.to_string()).collect();
+    // The columns after the modes: separate spaces, then the kernel.
+    let separate = args.separate.then_some(names.len());
+    if separate.is_some() {
+        names.push("separate".into());
+    }
     if args.kernel {
         names.push("kernel".into());
     }
@@ -196,7 +214,8 @@ fn main() {
         }
     );
     println!("\n{LEGEND}\n");
-    // samples[thread-count index][column]: the modes, then the kernel.
+    // samples[thread-count index][column]: the modes, separate spaces,
+    // then the kernel.
     let mut samples: Vec<Vec<Vec<Sample>>> = args
         .threads
         .iter()
@@ -208,10 +227,15 @@ fn main() {
                 let s = run_one(&mode.space(), &args, threads);
                 samples[ti][m].push(s);
             }
+            if let Some(c) = separate {
+                let per_vma = MODES.iter().find(|m| m.name == "PerVma");
+                let sep = Separate::new(per_vma.expect("MODES has PerVma"), threads);
+                samples[ti][c].push(run_one(&sep, &args, threads));
+            }
             if args.kernel {
                 // SAFETY: only the driver uses it, on mappings it made.
                 let k = unsafe { Kernel::new() };
-                samples[ti][args.modes.len()].push(run_one(&k, &args, threads));
+                samples[ti][names.len() - 1].push(run_one(&k, &args, threads));
             }
         }
         eprintln!("rep {}/{} done", rep + 1, args.reps);
@@ -251,15 +275,20 @@ fn main() {
         }
         println!("{line}");
     }
-    if args.kernel {
-        let k = args.modes.len();
+    let over = |label: &str, k: usize| {
         for (ti, &threads) in args.threads.iter().enumerate() {
-            let mut line = format!("{:<18}", format!("/kernel-{threads}"));
-            for m in 0..k {
+            let mut line = format!("{:<18}", format!("/{label}-{threads}"));
+            for m in 0..args.modes.len() {
                 line.push_str(&format!(" {:>23.2}x", sec(ti, m) / sec(ti, k)));
             }
             println!("{line}");
         }
+    };
+    if let Some(c) = separate {
+        over("separate", c);
+    }
+    if args.kernel {
+        over("kernel", names.len() - 1);
     }
     for line in report::verdicts(&names, &args.threads, |ti, c| rates(ti, c, Sample::per_sec)) {
         println!("{line}");

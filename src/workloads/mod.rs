@@ -30,6 +30,10 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 //!
+//! [`Separate`] runs a driver with every thread in a space of its own:
+//! the no-sharing ideal that one shared space's scaling is read against,
+//! measured on the same machine in the same run.
+//!
 //! Drivers: [`instantiate`], a wasm runtime instantiating instances in
 //! every thread (issue 28), and [`pft`], the kernel's pft
 //! (will-it-scale's `page_fault1`: a first store to every page). The pft
@@ -40,8 +44,10 @@
 pub mod instantiate;
 mod kernel;
 pub mod pft;
+mod separate;
 
 pub use kernel::{Kernel, KernelCpu};
+pub use separate::Separate;
 
 use crate::{
     AddressSpace, Advice, Config, FaultLocking, MapFlags, Prot, Translator, WriterLocking,
