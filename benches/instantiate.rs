@@ -2,8 +2,9 @@
 //! The instantiation workload as criterion groups
 //! (`aspace::workloads::instantiate`, the code `examples/instantiate.rs`
 //! runs): instances and writers-only, every mode of
-//! `aspace::workloads::MODES` and the running kernel, at each thread
-//! count (Throughput = instances). Each measured run is a fixed
+//! `aspace::workloads::MODES`, separate `PerVma` spaces (one per thread:
+//! `aspace::workloads::Separate`, the no-sharing ideal) and the running
+//! kernel, at each thread count (Throughput = instances). Each measured run is a fixed
 //! [`INSTANCES`] per thread on one address space per mode, threads bound
 //! to CPUs and released by a barrier; only the instances are timed.
 //!
@@ -22,7 +23,7 @@
 mod machine;
 
 use aspace::workloads::instantiate::{self, Kind, Params, Until};
-use aspace::workloads::{Kernel, Space, MODES};
+use aspace::workloads::{Kernel, Separate, Space, MODES};
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion};
 use criterion::{measurement::WallTime, Throughput};
 use machine::{thread_counts, timed_runs};
@@ -59,6 +60,9 @@ fn instantiate(c: &mut Criterion) {
             for mode in MODES {
                 bench_space(&mut g, mode.name, &mode.space(), p);
             }
+            let per_vma = MODES.iter().find(|m| m.name == "PerVma");
+            let separate = Separate::new(per_vma.expect("MODES has PerVma"), threads);
+            bench_space(&mut g, "separate", &separate, p);
             // SAFETY: only the driver uses it, on the mappings it makes.
             bench_space(&mut g, "kernel", &unsafe { Kernel::new() }, p);
         }
