@@ -621,7 +621,7 @@ impl Gate {
     }
 
     /// A whole-space request: waits its turn among whole-space requests
-    /// (arrival order, as a shard's), closes the gate and waits for the
+    /// (arrival order: every one is urgent), closes the gate and waits for the
     /// shard requests inside to leave. Without `wait`, fails instead of
     /// waiting for either.
     fn close(&self, exclusive: bool, wait: bool) -> Option<()> {
@@ -941,9 +941,10 @@ impl RangeLock {
             let me = st.request(self.clip(r, k), exclusive, false);
             let before = if wait {
                 // Only a request that waits for holds alone spins: one
-                // queued behind other requests waits for their holds too,
-                // and N spinners on 16 cores cost more than they save (as
-                // Linux lets only one optimistic spinner spin per rwsem).
+                // queued behind other requests (urgent or not) sleeps at
+                // once, since N spinners on 16 cores cost more than they
+                // save (as Linux lets one optimistic spinner spin per
+                // rwsem).
                 let (st, before) = State::wait_grant(
                     st,
                     |st| {
