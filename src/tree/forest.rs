@@ -53,6 +53,19 @@
 //! Whole-space writes ([`ForestWriter::replace_all`],
 //! [`ForestWriter::retain`]: fork, exec, purges) run slot by slot as well.
 //!
+//! # Walks
+//!
+//! A walk of many slots ([`range`](RangeForest::range), and so
+//! [`iter`](RangeForest::iter)) visits only the slots a writer has ever
+//! taken: a space's mappings lie in a few of its 256 slots, and a walk
+//! of all of them (a whole-space reader's, `vmas()`, fork) loaded every
+//! slot's root line, each its own. A slot's bit is set before its
+//! writer's first store there and never cleared, so a slot left unvisited
+//! was empty when the walk loaded the bit: a walk under the space's
+//! whole-space lock (no writer runs) sees every entry, and one that
+//! races writers reads such a slot as before their first store, as it
+//! reads every slot at some moment of its own.
+//!
 //! # Unified until split
 //!
 //! A forest made with [`RangeForest::sliced_unified`] is one tree until
@@ -84,7 +97,7 @@
 use super::{Around, RangeTree, TreeError, TreeWriter};
 use crate::addr::Range;
 use crate::reclaim::{Guard, Reclaimer};
-use crate::sync::{AtomicPtr, Ordering};
+use crate::sync::{AtomicPtr, AtomicU64, Ordering};
 use crossbeam_utils::CachePadded;
 
 /// The most slots a forest is cut into (a larger space gets larger slots).
@@ -123,7 +136,13 @@ pub struct RangeForest<V> {
 /// until it is used, `tests/creation.rs`), or one per slot.
 enum Trees<V> {
     One(CachePadded<RangeTree<V>>),
-    Many(Box<[CachePadded<RangeTree<V>>]>),
+    /// The slots' trees, and one bit per slot, set for every slot a
+    /// writer has taken: walks of many slots visit only those (module
+    /// docs, "Walks"). Never cleared.
+    /// Protected by: a bit is set (`fetch_or`, `Release`) by the slot's
+    /// writer before its first store there, under the slot's mutex; the
+    /// words are loaded (`Acquire`) by walks.
+    Many(Box<[CachePadded<RangeTree<V>>]>, Box<[AtomicU64]>),
 }
 
 impl<V> RangeForest<V> {
@@ -132,7 +151,7 @@ impl<V> RangeForest<V> {
     fn all(&self) -> &[CachePadded<RangeTree<V>>] {
         match &self.trees {
             Trees::One(t) => core::slice::from_ref(t),
-            Trees::Many(ts) => ts,
+            Trees::Many(ts, _) => ts,
         }
     }
 }
@@ -170,6 +189,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
                 (0..n)
                     .map(|_| CachePadded::new(RangeTree::with_reclaimer(reclaimer())))
                     .collect(),
+                (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             ),
             unified: AtomicPtr::new(core::ptr::null_mut()),
         }
@@ -188,7 +208,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     fn one<'g>(&'g self, _g: &'g Guard) -> Option<&'g RangeTree<V>> {
         match &self.trees {
             Trees::One(t) => Some(t),
-            Trees::Many(_) => {
+            Trees::Many(..) => {
                 let p = self.unified.load(Ordering::Acquire);
                 // SAFETY: a non-null `unified` is a live tree: `split`
                 // unlinks it before retiring it through the reclaimer
@@ -228,6 +248,30 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// The slots `r` (non-empty) overlaps.
     fn slots_of(&self, r: Range) -> core::ops::RangeInclusive<usize> {
         self.slot_of(r.start)..=self.slot_of(r.end - 1)
+    }
+
+    /// Records that slot `k` is about to be written (before its writer's
+    /// first store): a load, and a read-modify-write the first time only,
+    /// so the line stays shared among writers.
+    #[inline]
+    fn mark_written(&self, k: usize) {
+        if let Trees::Many(_, written) = &self.trees {
+            let (word, bit) = (&written[k / 64], 1u64 << (k % 64));
+            if word.load(Ordering::Relaxed) & bit == 0 {
+                word.fetch_or(bit, Ordering::Release);
+            }
+        }
+    }
+
+    /// False if slot `k` was never written (then it is empty).
+    #[inline]
+    fn ever_written(&self, k: usize) -> bool {
+        match &self.trees {
+            Trees::Many(_, written) => {
+                written[k / 64].load(Ordering::Acquire) & (1u64 << (k % 64)) != 0
+            }
+            Trees::One(_) => true,
+        }
     }
 
     /// The part of `r` inside slot `k`.
@@ -406,7 +450,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
                 // One slot (always, with one): its list as it is.
                 out = self.all()[k].range_vec(r, g);
             }
-            for k in ks.filter(|_| one.is_none()) {
+            for k in ks.filter(|&k| one.is_none() && self.ever_written(k)) {
                 let cut = (k > 0).then(|| self.start(k));
                 append(&mut out, self.all()[k].range_vec(r, g), cut);
             }
@@ -449,7 +493,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         let g = self.pin();
         let unified = match &self.trees {
             Trees::One(_) => 0,
-            Trees::Many(_) => self.one(&g).map_or(0, RangeTree::memory_bytes),
+            Trees::Many(..) => self.one(&g).map_or(0, RangeTree::memory_bytes),
         };
         unified + self.all().iter().map(|t| t.memory_bytes()).sum::<usize>()
     }
@@ -589,7 +633,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// (a unified forest: its one tree's, and that the slots are empty).
     pub fn check_invariants(&self) -> Result<(), String> {
         let g = self.pin();
-        if let (Trees::Many(_), Some(u)) = (&self.trees, self.one(&g)) {
+        if let (Trees::Many(..), Some(u)) = (&self.trees, self.one(&g)) {
             u.check_invariants()?;
             if self.all().iter().any(|t| !t.is_empty()) {
                 return Err("a unified forest's slots hold entries".into());
@@ -701,9 +745,11 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
             self.held = None;
         }
         let forest = self.forest;
-        let (_, w) = self
-            .held
-            .get_or_insert_with(|| (k, forest.all()[k].writer()));
+        let (_, w) = self.held.get_or_insert_with(|| {
+            let w = forest.all()[k].writer();
+            forest.mark_written(k);
+            (k, w)
+        });
         f(w)
     }
 
