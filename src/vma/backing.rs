@@ -5,7 +5,30 @@
 use super::userfault::UffdCtx;
 use super::{AnonName, AnonVma, RmapIndex, Shmem, Vma, VmaRef};
 use crate::stats::StatCounters;
-use crate::sync::{Arc, Ordering};
+use crate::sync::{Arc, AtomicPtr, Ordering};
+
+/// Replaces the `Arc` an atomic pointer of a VMA holds with `new`, and
+/// returns the one it held, as a swap would. Its callers are the setters
+/// below, whose caller has the VMA write-locked or detached: one writer at
+/// a time, ordered after the last by the hold that makes it one. So a load
+/// and a store replace the value, not a swap: a writer making or freeing a
+/// VMA sets three such pointers, mostly null over null, and a swap is a
+/// locked read-modify-write each (`docs/RESULTS.md`, "Single-writer VMA
+/// pointers"). Null over null stores nothing.
+fn replace<T>(slot: &AtomicPtr<T>, new: Option<Arc<T>>) -> Option<Arc<T>> {
+    let new = new.map_or(core::ptr::null_mut(), |n| Arc::into_raw(n) as *mut T);
+    let old = slot.load(Ordering::Acquire);
+    if old.is_null() && new.is_null() {
+        return None;
+    }
+    // Release: a reader that loads `new` sees the object it points to.
+    slot.store(new, Ordering::Release);
+    // SAFETY: a non-null `old` came from `Arc::into_raw` in an earlier
+    // `replace` of this slot, and the VMA owned that count; the store
+    // above took it out of the VMA, and only this writer could have (see
+    // above), so this is its one release.
+    (!old.is_null()).then(|| unsafe { Arc::from_raw(old) })
+}
 
 impl Vma {
     /// The anon_vma, if one was assigned.
@@ -205,11 +228,7 @@ impl Vma {
     /// error is not reported here, the pages stay dirty for the next
     /// sync or the object's drop).
     pub(crate) fn set_shmem(&self, s: Option<Arc<Shmem>>) {
-        let new = s.map_or(core::ptr::null_mut(), |s| Arc::into_raw(s) as *mut Shmem);
-        let old = self.shmem.swap(new, Ordering::AcqRel);
-        if !old.is_null() {
-            // SAFETY: as in `set_anon_vma`.
-            let old = unsafe { Arc::from_raw(old) };
+        if let Some(old) = replace(&self.shmem, s) {
             old.mappings.unregister(self.as_ref_unchecked());
             if old.host.is_some() && self.flags().contains(super::VmFlags::SHARED) {
                 let r = self.range();
@@ -248,15 +267,9 @@ impl Vma {
     /// Sets the name; the caller holds the mmap_lock write side and has
     /// this VMA write-locked or detached.
     pub(crate) fn set_name(&self, n: Option<Arc<AnonName>>) {
-        let new = n.map_or(core::ptr::null_mut(), |n| Arc::into_raw(n) as *mut AnonName);
-        let old = self.name.swap(new, Ordering::AcqRel);
-        if !old.is_null() {
-            // SAFETY: `old` came from `Arc::into_raw` here; the swap took
-            // it out of the VMA, so this is its only release, and no
-            // reader holds it (they hold the mmap_lock, which our caller
-            // holds for write).
-            unsafe { drop(Arc::from_raw(old)) };
-        }
+        // No reader holds the old name: readers hold the mmap_lock (or
+        // the VMA's range), which our caller holds for write.
+        drop(replace(&self.name, n));
     }
 }
 
@@ -288,12 +301,41 @@ impl Vma {
     /// Sets the userfault context; the caller has the VMA write-locked or
     /// detached.
     pub(crate) fn set_uffd(&self, c: Option<Arc<UffdCtx>>) {
-        let new = c.map_or(core::ptr::null_mut(), |c| Arc::into_raw(c) as *mut UffdCtx);
-        let old = self.uffd.swap(new, Ordering::AcqRel);
-        if !old.is_null() {
-            // SAFETY: as in `set_name`: the swap took the VMA's count out,
-            // and no holder of the VMA runs now.
-            unsafe { drop(Arc::from_raw(old)) };
-        }
+        // No holder of the VMA runs now (see above).
+        drop(replace(&self.uffd, c));
+    }
+}
+
+#[cfg(all(test, not(aspace_loom)))]
+mod tests {
+    use super::*;
+    use crate::vma::AnonName;
+
+    fn name(s: &str) -> Arc<AnonName> {
+        Arc::new(AnonName(s.into()))
+    }
+
+    /// The setters' load and store keep a swap's counts: the VMA owns one
+    /// count of what it points to, a replaced object's count is released
+    /// once, setting the same object again keeps one, and dropping the
+    /// VMA releases the last.
+    #[test]
+    fn a_replaced_pointer_releases_its_count_once() {
+        let v = Vma::new_detached();
+        let (a, b) = (name("a"), name("b"));
+        v.set_name(Some(a.clone()));
+        assert_eq!((Arc::strong_count(&a), v.name()), (2, Some("a")));
+        v.set_name(Some(a.clone()));
+        assert_eq!(Arc::strong_count(&a), 2, "the same object again");
+        v.set_name(Some(b.clone()));
+        assert_eq!((Arc::strong_count(&a), Arc::strong_count(&b)), (1, 2));
+        assert_eq!(v.name(), Some("b"));
+        v.set_name(None);
+        assert_eq!((Arc::strong_count(&b), v.name()), (1, None));
+        v.set_name(None);
+        assert_eq!(v.name(), None, "none over none");
+        v.set_name(Some(b.clone()));
+        drop(v);
+        assert_eq!(Arc::strong_count(&b), 1, "the VMA's drop releases it");
     }
 }
