@@ -220,18 +220,24 @@ impl MapCount {
 
     /// Adds `n` (may be negative) to the total itself: for a writer with
     /// the space to itself, for whom the total's line is no one else's
-    /// (every count remains the total plus the slots').
+    /// (every count remains the total plus the slots'). The only writer
+    /// of the total while it runs (range writers, who fold their slots
+    /// into it, are kept out by its hold, which also orders it after
+    /// them), so a load and a store: no locked read-modify-write on every
+    /// mmap and munmap.
     pub(crate) fn add_total(&self, n: isize) {
         use crate::sync::counter::Ordering::Relaxed;
-        self.total.fetch_add(n as i64, Relaxed);
+        let t = self.total.load(Relaxed);
+        self.total.store(t + n as i64, Relaxed);
     }
 
     /// Adds `n` (may be negative).
     pub(crate) fn add(&self, n: isize) {
         use crate::sync::counter::Ordering::Relaxed;
         let Some(slots) = &self.slots else {
-            self.total.fetch_add(n as i64, Relaxed);
-            return;
+            // No slots: not range mode, so every writer has the space to
+            // itself.
+            return self.add_total(n);
         };
         let s = slots.local();
         let v = s.fetch_add(n as i64, Relaxed) + n as i64;

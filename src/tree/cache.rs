@@ -28,12 +28,15 @@
 //! # Locking
 //!
 //! `ready` is a lock-free stack (any thread pushes, the writer takes it
-//! all). `spare` has its own mutex, taken only by the holder of the tree's
-//! writer mutex, nested inside it (level 3 of the lock order in
-//! [`crate::mm`]), so it is never contended; and by the cache's drop.
+//! all). The spare memory ([`Spare`]) is not in the cache: it is what the
+//! tree's writer mutex protects (level 3 of the lock order in
+//! [`crate::mm`]), so an edit reaches it with no lock of its own (a mutex
+//! of its own, always taken under the writer's, cost two locked
+//! read-modify-writes an edit). The cache's drop empties `ready` into a
+//! spare of its own.
 
 use super::node::{Node, NodePtr};
-use crate::sync::{AtomicPtr, Mutex, MutexGuard, Ordering};
+use crate::sync::{AtomicPtr, Ordering};
 
 /// Memory of retired nodes kept for reuse by the writer.
 pub(super) struct NodeCache<V> {
@@ -42,14 +45,10 @@ pub(super) struct NodeCache<V> {
     /// Protected by: lock-free (pushes publish with a Release CAS, the
     /// writer takes the list with an Acquire swap).
     ready: AtomicPtr<Batch<V>>,
-    /// Free node memory (contents already dropped) and the counts that
-    /// bound it.
-    /// Protected by: its own mutex, locked only under the tree's writer
-    /// mutex (or by the cache's drop).
-    spare: Mutex<Spare<V>>,
 }
 
-/// The writer's free node memory (module docs, `# How much is kept`).
+/// The writer's free node memory (module docs, `# How much is kept`), held
+/// in the tree's writer mutex. Dropping it frees the memory.
 pub(super) struct Spare<V> {
     /// Free node memory (contents already dropped).
     nodes: Vec<*mut Node<V>>,
@@ -249,14 +248,7 @@ impl<V> NodeCache<V> {
     pub(super) fn new() -> Self {
         NodeCache {
             ready: AtomicPtr::new(core::ptr::null_mut()),
-            spare: Mutex::new(Spare::default()),
         }
-    }
-
-    /// Locks the free node memory. Only the holder of the tree's writer
-    /// mutex calls this (the editor), so it never waits.
-    pub(super) fn spare(&self) -> MutexGuard<'_, Spare<V>> {
-        self.spare.lock()
     }
 
     /// Hands back a batch whose nodes no reader can reach any more.
@@ -318,21 +310,23 @@ impl<V> NodeCache<V> {
 
 impl<V> Drop for NodeCache<V> {
     fn drop(&mut self) {
-        let mut spare = Spare {
-            nodes: core::mem::take(&mut self.spare.lock().nodes),
-            ..Spare::default()
-        };
-        self.refill(&mut spare);
-        for p in spare.nodes {
-            // SAFETY: spare memory holds dropped nodes owned by the cache.
+        // Batches handed back after the tree was gone: their nodes'
+        // contents are dropped here, their memory with the spare.
+        self.refill(&mut Spare::default());
+    }
+}
+
+impl<V> Drop for Spare<V> {
+    fn drop(&mut self) {
+        for p in self.nodes.drain(..) {
+            // SAFETY: spare memory holds dropped nodes owned by the spare.
             unsafe { dealloc_node(p) };
         }
     }
 }
 
-// SAFETY: the cache holds raw node memory whose contents were dropped, and
-// batches of retired nodes whose `V`s it drops (needs `V: Send`); `ready` is
-// synchronized by its CAS/swap, `spare` by its mutex.
+// SAFETY: the cache holds batches of retired nodes whose `V`s it drops
+// (needs `V: Send`); `ready` is synchronized by its CAS/swap.
 unsafe impl<V: Send> Send for NodeCache<V> {}
 // SAFETY: as for Send.
 unsafe impl<V: Send> Sync for NodeCache<V> {}
@@ -368,7 +362,7 @@ mod tests {
     #[test]
     fn a_refill_keeps_emptied_batches_for_the_next_edits() {
         let cache = NodeCache::<u64>::new();
-        let mut spare = cache.spare();
+        let mut spare = Spare::default();
         for _ in 0..BATCHES_KEPT + 3 {
             burst(&cache, &mut spare, 2);
         }
@@ -407,7 +401,7 @@ mod tests {
     #[test]
     fn a_refill_keeps_what_was_in_flight_within_the_limits() {
         let cache = NodeCache::<u64>::new();
-        let mut spare = cache.spare();
+        let mut spare = Spare::default();
         burst(&cache, &mut spare, 3 * CACHE_MIN);
         cache.refill(&mut spare);
         assert_eq!(spare.nodes.len(), 3 * CACHE_MIN);

@@ -11,14 +11,14 @@
 //!
 //! An [`Editor`] exists only inside a [`super::TreeWriter`], so under the
 //! tree's writer mutex (level 3 of the lock order in [`crate::mm`]); it
-//! holds the node cache's spare-memory lock for its whole life. It reads
+//! borrows the spare node memory that mutex protects for its whole life.
+//! It reads
 //! the current tree under the writer's pin: every node it borrows lives
 //! as long as that pin.
 
 use super::cache::{Batch, BatchPtr, NodeCache, Spare};
 use super::node::{node, Internal, Leaf, Node, NodePtr, Summary, B, MIN};
 use crate::reclaim::Guard;
-use crate::sync::MutexGuard;
 
 /// What an insert below a node produced: one replacement, or two after a
 /// split.
@@ -37,20 +37,18 @@ pub(super) struct Editor<'e, V> {
     /// Where new nodes' memory comes from.
     /// Protected by: see [`NodeCache`]'s fields.
     cache: &'e NodeCache<V>,
-    /// The cache's free node memory, locked for the whole edit.
-    /// Protected by: the cache's spare mutex (held), under the tree's
-    /// writer mutex.
-    spare: MutexGuard<'e, Spare<V>>,
+    /// The writer's free node memory, borrowed for the whole edit.
+    /// Protected by: the tree's writer mutex (held by the writer).
+    spare: &'e mut Spare<V>,
     /// The writer's pin: bounds every node this edit borrows.
     /// Protected by: immutable (a shared borrow of the writer's guard).
     pin: &'e Guard,
 }
 
 impl<'e, V: Clone> Editor<'e, V> {
-    /// An edit by the tree's (single, serialized) writer, reading the tree
-    /// under `pin`.
-    pub(super) fn new(cache: &'e NodeCache<V>, pin: &'e Guard) -> Self {
-        let mut spare = cache.spare();
+    /// An edit by the tree's (single, serialized) writer, with the spare
+    /// memory its writer mutex holds, reading the tree under `pin`.
+    pub(super) fn new(cache: &'e NodeCache<V>, spare: &'e mut Spare<V>, pin: &'e Guard) -> Self {
         Editor {
             garbage: spare.batch(),
             cache,
@@ -62,7 +60,7 @@ impl<'e, V: Clone> Editor<'e, V> {
     /// Ends the edit: the batch of the nodes it replaced, which the caller
     /// retires (the cache counts them in flight), or `None` if it replaced
     /// none (the empty batch is kept for the next edit).
-    pub(super) fn finish(mut self) -> Option<BatchPtr<V>> {
+    pub(super) fn finish(self) -> Option<BatchPtr<V>> {
         let n = self.garbage.nodes.len();
         self.spare.retired(n);
         if n == 0 {
@@ -95,7 +93,7 @@ impl<'e, V: Clone> Editor<'e, V> {
     fn publish_node(&mut self, n: Node<V>) -> (NodePtr<V>, Summary) {
         let s = n.summary();
         if self.spare.is_empty() {
-            self.cache.refill(&mut self.spare);
+            self.cache.refill(self.spare);
         }
         let p = match self.spare.pop() {
             Some(p) => {

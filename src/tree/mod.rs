@@ -48,7 +48,7 @@
 //!
 //! The tree has one lock, its writer mutex, level 3 of the lock order
 //! stated once in [`crate::mm`] (the address space takes it only under the
-//! mmap_lock write side). The node cache's own mutex nests inside it.
+//! mmap_lock write side); it also holds the writer's spare node memory.
 //! Reads take no lock: the epoch (a [`Guard`]) keeps what they see alive.
 
 mod cache;
@@ -69,7 +69,7 @@ use crate::addr::Range;
 use crate::lazy::LazyArc;
 use crate::reclaim::{Guard, Reclaimer};
 use crate::sync::{AtomicPtr, AtomicUsize, Mutex, Ordering};
-use cache::NodeCache;
+use cache::{NodeCache, Spare};
 use edit::Editor;
 use node::{node, Node};
 
@@ -102,9 +102,11 @@ pub struct RangeTree<V> {
     /// Number of entries (a figure: readers may see it lag the root).
     /// Protected by: `writer` for stores; read without a lock.
     len: AtomicUsize,
-    /// The writer mutex: serializes every edit.
+    /// The writer mutex: serializes every edit, and holds the writer's
+    /// spare node memory (`cache.rs`), boxed on the first edit (a forest
+    /// keeps a tree per 512 GiB slot, most of them never written).
     /// Protected by: itself (level 3 of the lock order in [`crate::mm`]).
-    writer: Mutex<()>,
+    writer: Mutex<Option<Box<Spare<V>>>>,
     /// How retired nodes are kept alive for readers.
     /// Protected by: immutable after construction.
     reclaimer: Reclaimer,
@@ -148,7 +150,7 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
         RangeTree {
             root: AtomicPtr::new(core::ptr::null_mut()),
             len: AtomicUsize::new(0),
-            writer: Mutex::new(()),
+            writer: Mutex::new(None),
             reclaimer,
             cache: LazyArc::new(),
         }
@@ -163,7 +165,9 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
         let es = write::sorted_entries(entries)?;
         let t = Self::new();
         let g = t.pin();
-        let root = Editor::new(t.cache.get(), &g).build(&es);
+        let mut spare = Spare::default();
+        let root = Editor::new(t.cache.get(), &mut spare, &g).build(&es);
+        *t.writer.lock() = Some(Box::new(spare));
         t.root.store(root as *mut Node<V>, Ordering::Release);
         t.len.store(es.len(), Ordering::Relaxed);
         Ok(t)

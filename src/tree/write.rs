@@ -13,6 +13,7 @@
 //! uncontended there). Readers are never blocked: they see the old root or
 //! the new one, never a mix.
 
+use super::cache::Spare;
 use super::edit::Editor;
 use super::node::{Node, NodePtr, B};
 use super::{RangeTree, TreeError};
@@ -49,9 +50,10 @@ pub struct TreeWriter<'t, V> {
     /// The tree written.
     /// Protected by: see [`RangeTree`]'s fields.
     tree: &'t RangeTree<V>,
-    /// The tree's writer mutex, held while the writer lives.
+    /// The tree's writer mutex, held while the writer lives, and the
+    /// spare node memory it protects.
     /// Protected by: owned by this writer.
-    _lock: MutexGuard<'t, ()>,
+    spare: MutexGuard<'t, Option<Box<Spare<V>>>>,
 }
 
 impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
@@ -60,7 +62,7 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
     pub fn writer(&self) -> TreeWriter<'_, V> {
         TreeWriter {
             tree: self,
-            _lock: self.writer.lock(),
+            spare: self.writer.lock(),
         }
     }
 }
@@ -86,9 +88,9 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
         {
             return Err(TreeError::Occupied);
         }
-        let mut ed = Editor::new(self.tree.cache.get(), &g);
-        let root = ed.insert(self.cur(), r.start, r.end, v);
-        self.publish(root, ed, 1, &g);
+        let mut ed = Editor::new(self.tree.cache.get(), spare(&mut self.spare), &g);
+        let root = ed.insert(self.tree.cur(), r.start, r.end, v);
+        self.tree.publish(root, ed, 1, &g);
         Ok(())
     }
 
@@ -123,10 +125,10 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
         if removed == 0 {
             return 0;
         }
-        let mut ed = Editor::new(self.tree.cache.get(), &g);
-        ed.discard_all(self.cur());
+        let mut ed = Editor::new(self.tree.cache.get(), spare(&mut self.spare), &g);
+        ed.discard_all(self.tree.cur());
         let root = ed.build(&kept);
-        self.publish(root, ed, -(removed as isize), &g);
+        self.tree.publish(root, ed, -(removed as isize), &g);
         removed
     }
 
@@ -143,10 +145,10 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
         let es = sorted_entries(entries)?;
         let g = self.tree.pin();
         let delta = es.len() as isize - self.tree.len() as isize;
-        let mut ed = Editor::new(self.tree.cache.get(), &g);
-        ed.discard_all(self.cur());
+        let mut ed = Editor::new(self.tree.cache.get(), spare(&mut self.spare), &g);
+        ed.discard_all(self.tree.cur());
         let root = ed.build(&es);
-        self.publish(root, ed, delta, &g);
+        self.tree.publish(root, ed, delta, &g);
         Ok(())
     }
 
@@ -154,14 +156,10 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
     pub fn remove(&mut self, addr: u64) -> Option<(Range, V)> {
         let g = self.tree.pin();
         let (r, v) = self.tree.find(addr, &g).map(|(r, v)| (r, v.clone()))?;
-        let mut ed = Editor::new(self.tree.cache.get(), &g);
-        let root = ed.remove(self.cur(), r.start);
-        self.publish(root, ed, -1, &g);
+        let mut ed = Editor::new(self.tree.cache.get(), spare(&mut self.spare), &g);
+        let root = ed.remove(self.tree.cur(), r.start);
+        self.tree.publish(root, ed, -1, &g);
         Some((r, v))
-    }
-
-    fn cur(&self) -> NodePtr<V> {
-        self.tree.root.load(Ordering::Relaxed)
     }
 
     fn overwrite(&mut self, r: Range, v: Option<V>) -> Vec<(Range, V)> {
@@ -174,13 +172,13 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
             .range(r, &g)
             .map(|(e, v)| (e, v.clone()))
             .collect();
-        let mut ed = Editor::new(self.tree.cache.get(), &g);
+        let mut ed = Editor::new(self.tree.cache.get(), spare(&mut self.spare), &g);
         // Storing over exactly one entry that starts where `r` does, and
         // at most growing it into free space: one path copy.
         if let (Some(v), [(e, ev)]) = (&v, hit.as_slice()) {
             if e.start == r.start && r.end >= e.end {
-                let root = ed.replace(self.cur(), r.start, r.end, v.clone());
-                self.publish(root, ed, 0, &g);
+                let root = ed.replace(self.tree.cur(), r.start, r.end, v.clone());
+                self.tree.publish(root, ed, 0, &g);
                 return vec![(*e, ev.clone())];
             }
         }
@@ -188,9 +186,9 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
         // one rebuild costs a copy per entry kept, where removing them one
         // by one costs a path copy each.
         if hit.len() > B && hit.len() * REBUILD_RATIO >= self.tree.len() {
-            return self.rebuild_over(r, v, hit, ed, &g);
+            return self.tree.rebuild_over(r, v, hit, ed, &g);
         }
-        let mut root = self.cur();
+        let mut root = self.tree.cur();
         let mut delta: isize = 0;
         let mut out = Vec::with_capacity(hit.len());
         for (e, ev) in hit {
@@ -213,23 +211,37 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
             root = ed.insert(root, r.start, r.end, v);
             delta += 1;
         }
-        self.publish(root, ed, delta, &g);
+        self.tree.publish(root, ed, delta, &g);
         out
     }
+}
 
-    /// [`overwrite`](Self::overwrite) by rebuilding the whole tree in one
+/// The spare memory a writer's guard holds, made on the tree's first edit.
+fn spare<V>(held: &mut Option<Box<Spare<V>>>) -> &mut Spare<V> {
+    held.get_or_insert_with(Box::default)
+}
+
+/// The writer's steps that read or publish the tree itself, apart from the
+/// spare memory an edit borrows meanwhile. Private to this module: only a
+/// [`TreeWriter`], the holder of the writer mutex, calls them.
+impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
+    fn cur(&self) -> NodePtr<V> {
+        self.root.load(Ordering::Relaxed)
+    }
+
+    /// `TreeWriter::overwrite` by rebuilding the whole tree in one
     /// pass: the entries outside `r`, the parts of `hit` (the entries
     /// overlapping `r`) outside it, and `v` over `r`.
     fn rebuild_over(
-        &mut self,
+        &self,
         r: Range,
         v: Option<V>,
         hit: Vec<(Range, V)>,
         mut ed: Editor<'_, V>,
         g: &Guard,
     ) -> Vec<(Range, V)> {
-        let mut es: Vec<(u64, u64, V)> = Vec::with_capacity(self.tree.len() - hit.len() + 3);
-        for (e, ev) in self.tree.iter(g) {
+        let mut es: Vec<(u64, u64, V)> = Vec::with_capacity(self.len() - hit.len() + 3);
+        for (e, ev) in self.iter(g) {
             if !e.overlaps(&r) {
                 es.push((e.start, e.end, ev.clone()));
                 continue;
@@ -245,7 +257,7 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
             let at = es.partition_point(|&(s, _, _)| s < r.start);
             es.insert(at, (r.start, r.end, v));
         }
-        let delta = es.len() as isize - self.tree.len() as isize;
+        let delta = es.len() as isize - self.len() as isize;
         ed.discard_all(self.cur());
         let root = ed.build(&es);
         self.publish(root, ed, delta, g);
@@ -259,19 +271,17 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
 
     /// Publishes `root` with one Release store, then retires what the edit
     /// replaced.
-    fn publish(&mut self, root: NodePtr<V>, ed: Editor<'_, V>, delta: isize, g: &Guard) {
-        self.tree
-            .root
-            .store(root as *mut Node<V>, Ordering::Release);
-        let len = self.tree.len.load(Ordering::Relaxed) as isize + delta;
-        self.tree.len.store(len as usize, Ordering::Relaxed);
+    fn publish(&self, root: NodePtr<V>, ed: Editor<'_, V>, delta: isize, g: &Guard) {
+        self.root.store(root as *mut Node<V>, Ordering::Release);
+        let len = self.len.load(Ordering::Relaxed) as isize + delta;
+        self.len.store(len as usize, Ordering::Relaxed);
         let Some(batch) = ed.finish() else {
             return;
         };
         // One deferred step per edit (not per node), and a cheap one: it
         // only hands the batch back to the writer's node cache.
-        let cache = self.tree.cache.arc();
-        self.tree.reclaimer.defer(g, move || {
+        let cache = self.cache.arc();
+        self.reclaimer.defer(g, move || {
             // SAFETY: the batch's nodes were unlinked by this edit (not
             // reachable from the new root), and this runs only after every
             // reader pinned before the publish is gone; the batch is
