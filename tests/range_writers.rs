@@ -582,3 +582,39 @@ fn racing_brks_keep_one_heap() {
         assert_eq!(vmas, want, "{mode:?}");
     }
 }
+
+/// A range writer that frees a VMA and takes the same object again in one
+/// call (`MAP_FIXED` over a mapping: the unmap gives the old VMA back to
+/// the CPU's cache, and the new one comes straight out of it) leaves the
+/// new VMA unlocked when the call ends: faults on it take the per-VMA
+/// path, never finding it write-locked. The object's stamp still reads
+/// "locked in this section" when the section takes it again, so the lock
+/// does not list it twice; the section's end must still unlock it, as
+/// the one entry its first lock made.
+#[test]
+fn a_vma_freed_and_taken_again_in_one_call_ends_unlocked() {
+    let mm = AddressSpace::new(Config {
+        fault_locking: FaultLocking::PerVma,
+        writer_locking: WriterLocking::Range,
+        range_bias: false,
+        ..Config::default()
+    });
+    let len = 16 * PAGE_SIZE;
+    let a = mm.mmap(0, len, RW, anon()).unwrap();
+    for round in 0..4u8 {
+        let b = mm.mmap(a, len, RW, anon() | MapFlags::FIXED).unwrap();
+        assert_eq!(b, a);
+        let before = mm.stats();
+        mm.write(a, &[round; 64]).unwrap();
+        let after = mm.stats();
+        assert_eq!(
+            after.retry_write_locked, before.retry_write_locked,
+            "round {round}: the new VMA was still write-locked"
+        );
+        assert_eq!(after.fault_mmap_lock, before.fault_mmap_lock);
+        assert!(after.fault_per_vma > before.fault_per_vma);
+        let mut got = [0u8; 64];
+        mm.read(a, &mut got).unwrap();
+        assert_eq!(got, [round; 64]);
+    }
+}
