@@ -45,10 +45,11 @@ pub enum WriterLocking {
     /// Linux's placement puts concurrent threads' mappings side by side,
     /// so their writers meet; [`Config::placement_window`] keeps them
     /// apart. With windows, on 2 cores, full instantiation at 2 threads
-    /// ran 1.45-1.6x its 1-thread rate (`docs/RESULTS.md`,
-    /// "Instantiation"). A thread alone in the space holds the lock's
+    /// ran 1.45-1.73x its 1-thread rate (`docs/RESULTS.md`,
+    /// "Instantiation" and "Issue 28's targets after the single-writer
+    /// changes"). A thread alone in the space holds the lock's
     /// bias ([`Config::range_bias`]) and takes the whole space for each
-    /// call instead: at 1 thread a writers-only loop runs at about 0.95x
+    /// call instead: at 1 thread a writers-only loop runs at 0.96-0.97x
     /// `PerVma`'s rate, against 0.7x without the bias, and 2 threads
     /// writers-only at 1.2-1.5x that faster rate (1.7-1.8x the rate
     /// without the bias; `docs/RESULTS.md`, "The range lock's bias" and
