@@ -25,6 +25,19 @@
 //! may bring back. A tree that churns keeps about what the epoch already
 //! held for it; one that stops keeps what its last burst brought.
 //!
+//! # Handing back
+//!
+//! Handing a batch to the reclaimer costs an `Arc` clone of the cache
+//! (the deferred step may run after the tree is gone), a deferral, and
+//! later the push and the `Arc`'s drop: three locked operations. The
+//! writer keeps the batches it retires in its spare ([`Spare::pend`])
+//! and hands them over [`PENDING`] at a time, chained, in one deferred
+//! step; a large batch (a rebuild's) goes at once with those before it.
+//! Deferring later is always safe (the grace period only starts later);
+//! the nodes come back a few edits later than they could. Batches still
+//! pending when the tree drops are freed with it: no reader can reach
+//! them then.
+//!
 //! # Locking
 //!
 //! `ready` is a lock-free stack (any thread pushes, the writer takes it
@@ -63,6 +76,12 @@ pub(super) struct Spare<V> {
     /// reclaimer as the box's pointer.
     #[allow(clippy::vec_box)]
     batches: Vec<Box<Batch<V>>>,
+    /// Batches this tree's edits retired and not yet handed to the
+    /// reclaimer, chained through their `next`: handed over together
+    /// once [`PENDING`] have gathered (module docs, `# Handing back`).
+    pending: *mut Batch<V>,
+    /// How many batches `pending` chains.
+    pending_n: usize,
     /// Batches retired and not back through `ready` yet: a refill keeps
     /// as many as its peak (within [`BATCHES_KEPT`] and
     /// [`BATCHES_LIMIT`]), as for nodes (module docs).
@@ -76,6 +95,8 @@ impl<V> Default for Spare<V> {
             nodes_out: InFlight::default(),
             batches: Vec::new(),
             batches_out: InFlight::default(),
+            pending: core::ptr::null_mut(),
+            pending_n: 0,
         }
     }
 }
@@ -150,6 +171,27 @@ impl<V> Spare<V> {
         self.batches_out.retired(1);
     }
 
+    /// Keeps `b`, a batch an edit just retired, with the others not yet
+    /// handed to the reclaimer, and returns them all, chained, once
+    /// [`PENDING`] have gathered or `b` is large (a rebuild's: its memory
+    /// goes back without waiting for more edits).
+    pub(super) fn pend(&mut self, b: Box<Batch<V>>) -> Option<BatchPtr<V>> {
+        let large = b.nodes.len() > GARBAGE_ROOM;
+        let b = Box::into_raw(b);
+        // SAFETY: `b` was just made from a box; the chain owns it.
+        unsafe { (*b).next = self.pending };
+        self.pending = b;
+        self.pending_n += 1;
+        if self.pending_n < PENDING && !large {
+            return None;
+        }
+        self.pending_n = 0;
+        Some(BatchPtr(core::mem::replace(
+            &mut self.pending,
+            core::ptr::null_mut(),
+        )))
+    }
+
     /// Keeps `b` for a later edit, emptied, if fewer than the most batches
     /// in flight since the last refill are kept (within the limits) and
     /// its list did not grow past what an edit usually needs.
@@ -162,6 +204,15 @@ impl<V> Spare<V> {
         }
     }
 }
+
+/// Batches a tree's writer retires before it hands them to the reclaimer
+/// in one deferred step (module docs, `# Handing back`).
+#[cfg(not(aspace_loom))]
+pub(super) const PENDING: usize = 8;
+/// Loom models hand each batch over at once: the reclaimer's path runs in
+/// every model that retires a node.
+#[cfg(aspace_loom)]
+pub(super) const PENDING: usize = 1;
 
 /// Replaced nodes a new batch has room for before its list grows: the
 /// paths of a few edits (an overwrite removes and inserts).
@@ -191,18 +242,13 @@ pub(super) struct Batch<V> {
 }
 
 impl<V> Batch<V> {
-    /// Hands the filled batch `b` over to the returned pointer.
-    pub(super) fn into_ptr(b: Box<Self>) -> BatchPtr<V> {
-        BatchPtr(Box::into_raw(b))
-    }
-
     /// A heap batch of `nodes`, owned by the returned pointer.
     #[cfg(all(test, not(aspace_loom)))]
     fn boxed(nodes: Vec<NodePtr<V>>) -> BatchPtr<V> {
-        Self::into_ptr(Box::new(Batch {
+        BatchPtr(Box::into_raw(Box::new(Batch {
             nodes,
             next: core::ptr::null_mut(),
-        }))
+        })))
     }
 }
 
@@ -258,10 +304,20 @@ impl<V> NodeCache<V> {
     /// and their grace period has passed; nobody else uses the batch.
     pub(super) unsafe fn push_ready(&self, b: BatchPtr<V>) {
         let b = b.0;
+        // `b` may head a chain of batches (`Spare::pend`): its last one
+        // links to the stack.
+        let mut tail = b;
+        // SAFETY: we own the chain until the CAS below publishes it; each
+        // link is a batch of it or null.
+        unsafe {
+            while !(*tail).next.is_null() {
+                tail = (*tail).next;
+            }
+        }
         let mut head = self.ready.load(Ordering::Relaxed);
         loop {
-            // SAFETY: we own the batch until the CAS below publishes it.
-            unsafe { (*b).next = head };
+            // SAFETY: we own the chain until the CAS below publishes it.
+            unsafe { (*tail).next = head };
             // Release: the link is written before the batch is visible.
             match self
                 .ready
@@ -318,6 +374,25 @@ impl<V> Drop for NodeCache<V> {
 
 impl<V> Drop for Spare<V> {
     fn drop(&mut self) {
+        let mut b = self.pending;
+        while !b.is_null() {
+            // SAFETY: a pending batch is owned by the chain (`pend`): its
+            // nodes were unlinked by the tree's edits and never handed to
+            // the reclaimer. The spare drops with its tree, when no reader
+            // can reach the tree any more (an unlinked tree of a forest
+            // drops after its grace period), so none reads them: each is
+            // dropped and freed once, here.
+            let batch = unsafe { Box::from_raw(b) };
+            b = batch.next;
+            for &p in &batch.nodes {
+                let p = p as *mut Node<V>;
+                // SAFETY: as above.
+                unsafe {
+                    core::ptr::drop_in_place(p);
+                    dealloc_node(p);
+                }
+            }
+        }
         for p in self.nodes.drain(..) {
             // SAFETY: spare memory holds dropped nodes owned by the spare.
             unsafe { dealloc_node(p) };
@@ -335,6 +410,7 @@ unsafe impl<V: Send> Sync for NodeCache<V> {}
 mod tests {
     use super::*;
     use crate::tree::node::Leaf;
+    use std::sync::Arc;
 
     /// `n` retired leaves, back from the reclaimer as one ready batch.
     fn burst(cache: &NodeCache<u64>, spare: &mut Spare<u64>, n: usize) {
@@ -346,6 +422,57 @@ mod tests {
         // SAFETY: the nodes were never linked into a tree: nobody else
         // can reach them.
         unsafe { cache.push_ready(Batch::boxed(nodes)) };
+    }
+
+    /// A leaf holding one entry of value `v`, as an edit unlinks it.
+    fn leaf<V: Clone>(v: V) -> NodePtr<V> {
+        Box::into_raw(Box::new(Node::Leaf(Leaf::from_entries(&[(0, 1, v)])))) as NodePtr<V>
+    }
+
+    /// A batch of `n` retired leaves of value `v`, counted as an edit's.
+    fn retire<V: Clone>(spare: &mut Spare<V>, n: usize, v: V) -> Box<Batch<V>> {
+        let mut b = spare.batch();
+        b.nodes.extend((0..n).map(|_| leaf(v.clone())));
+        spare.retired(n);
+        spare.retired_batch();
+        b
+    }
+
+    /// A writer's retired batches wait in its spare and go to the
+    /// reclaimer `PENDING` at a time, chained, and a large one at once
+    /// with those before it; the refill takes every node of a chain back.
+    /// Batches still pending when the spare drops (with its tree) have
+    /// their nodes' contents dropped then, once.
+    #[test]
+    fn retired_batches_are_handed_over_together() {
+        let v = Arc::new(());
+        let cache = NodeCache::<Arc<()>>::new();
+        let mut spare = Spare::default();
+        for _ in 0..PENDING - 1 {
+            let b = retire(&mut spare, 1, v.clone());
+            assert!(spare.pend(b).is_none(), "handed over before PENDING");
+        }
+        let b = retire(&mut spare, 1, v.clone());
+        let chain = spare.pend(b).expect("the PENDING-th batch hands all over");
+        assert_eq!(Arc::strong_count(&v), 1 + PENDING);
+        // SAFETY: the nodes were never linked into a tree.
+        unsafe { cache.push_ready(chain) };
+        cache.refill(&mut spare);
+        assert_eq!(spare.nodes.len(), PENDING, "a node of the chain lost");
+        assert_eq!(Arc::strong_count(&v), 1, "contents dropped at the refill");
+        let b = retire(&mut spare, 1, v.clone());
+        assert!(spare.pend(b).is_none());
+        let b = retire(&mut spare, GARBAGE_ROOM + 1, v.clone());
+        let chain = spare.pend(b).expect("a large batch goes at once");
+        // SAFETY: as above.
+        unsafe { cache.push_ready(chain) };
+        cache.refill(&mut spare);
+        assert_eq!(spare.nodes.len(), PENDING + GARBAGE_ROOM + 2);
+        let b = retire(&mut spare, 3, v.clone());
+        assert!(spare.pend(b).is_none());
+        assert_eq!(Arc::strong_count(&v), 4);
+        drop(spare);
+        assert_eq!(Arc::strong_count(&v), 1, "a pending node not dropped");
     }
 
     fn free_all(spare: &mut Spare<u64>) {

@@ -57,9 +57,11 @@ impl<'e, V: Clone> Editor<'e, V> {
         }
     }
 
-    /// Ends the edit: the batch of the nodes it replaced, which the caller
-    /// retires (the cache counts them in flight), or `None` if it replaced
-    /// none (the empty batch is kept for the next edit).
+    /// Ends the edit: its batch of replaced nodes joins those the writer
+    /// has not handed over yet (the cache counts them in flight), and
+    /// once enough have gathered they are returned, chained, for the
+    /// caller to retire (`None` until then, or if it replaced none: its
+    /// empty batch is then kept for the next edit).
     pub(super) fn finish(self) -> Option<BatchPtr<V>> {
         let n = self.garbage.nodes.len();
         self.spare.retired(n);
@@ -68,7 +70,7 @@ impl<'e, V: Clone> Editor<'e, V> {
             return None;
         }
         self.spare.retired_batch();
-        Some(Batch::into_ptr(self.garbage))
+        self.spare.pend(self.garbage)
     }
 
     /// Borrows a node of the working tree.

@@ -278,14 +278,17 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
         let Some(batch) = ed.finish() else {
             return;
         };
-        // One deferred step per edit (not per node), and a cheap one: it
-        // only hands the batch back to the writer's node cache.
+        // One deferred step per `PENDING` edits (`cache.rs`, "Handing
+        // back"), and a cheap one: it only hands their batches back to
+        // the writer's node cache.
         let cache = self.cache.arc();
         self.reclaimer.defer(g, move || {
-            // SAFETY: the batch's nodes were unlinked by this edit (not
-            // reachable from the new root), and this runs only after every
-            // reader pinned before the publish is gone; the batch is
-            // handed over exactly once.
+            // SAFETY: the chained batches' nodes were unlinked by this
+            // edit or by earlier ones of this tree's writer (not reachable
+            // from the new root), and this runs only after every reader
+            // pinned before this publish is gone, which includes every
+            // reader pinned before those unlinks; the chain is handed
+            // over exactly once.
             unsafe { cache.push_ready(batch) };
         });
     }
