@@ -32,7 +32,9 @@
 //! later the push and the `Arc`'s drop: three locked operations. The
 //! writer keeps the batches it retires in its spare ([`Spare::pend`])
 //! and hands them over [`PENDING`] at a time, chained, in one deferred
-//! step; a large batch (a rebuild's) goes at once with those before it.
+//! step; a large batch (a rebuild's) goes at once with those before it,
+//! and so does every batch of a tree whose reclaimer is not an epoch (it
+//! frees at once, or only when its owner drops: nothing to share).
 //! Deferring later is always safe (the grace period only starts later);
 //! the nodes come back a few edits later than they could. Batches still
 //! pending when the tree drops are freed with it: no reader can reach
@@ -173,10 +175,12 @@ impl<V> Spare<V> {
 
     /// Keeps `b`, a batch an edit just retired, with the others not yet
     /// handed to the reclaimer, and returns them all, chained, once
-    /// [`PENDING`] have gathered or `b` is large (a rebuild's: its memory
-    /// goes back without waiting for more edits).
-    pub(super) fn pend(&mut self, b: Box<Batch<V>>) -> Option<BatchPtr<V>> {
-        let large = b.nodes.len() > GARBAGE_ROOM;
+    /// [`PENDING`] have gathered, or `b` is large (a rebuild's: its memory
+    /// goes back without waiting for more edits), or not `gather` (a
+    /// reclaimer that frees at once, or only at its owner's drop, gains
+    /// nothing by the wait).
+    pub(super) fn pend(&mut self, b: Box<Batch<V>>, gather: bool) -> Option<BatchPtr<V>> {
+        let large = !gather || b.nodes.len() > GARBAGE_ROOM;
         let b = Box::into_raw(b);
         // SAFETY: `b` was just made from a box; the chain owns it.
         unsafe { (*b).next = self.pending };
@@ -450,10 +454,12 @@ mod tests {
         let mut spare = Spare::default();
         for _ in 0..PENDING - 1 {
             let b = retire(&mut spare, 1, v.clone());
-            assert!(spare.pend(b).is_none(), "handed over before PENDING");
+            assert!(spare.pend(b, true).is_none(), "handed over before PENDING");
         }
         let b = retire(&mut spare, 1, v.clone());
-        let chain = spare.pend(b).expect("the PENDING-th batch hands all over");
+        let chain = spare
+            .pend(b, true)
+            .expect("the PENDING-th batch hands all over");
         assert_eq!(Arc::strong_count(&v), 1 + PENDING);
         // SAFETY: the nodes were never linked into a tree.
         unsafe { cache.push_ready(chain) };
@@ -461,15 +467,20 @@ mod tests {
         assert_eq!(spare.nodes.len(), PENDING, "a node of the chain lost");
         assert_eq!(Arc::strong_count(&v), 1, "contents dropped at the refill");
         let b = retire(&mut spare, 1, v.clone());
-        assert!(spare.pend(b).is_none());
+        assert!(spare.pend(b, true).is_none());
         let b = retire(&mut spare, GARBAGE_ROOM + 1, v.clone());
-        let chain = spare.pend(b).expect("a large batch goes at once");
+        let chain = spare.pend(b, true).expect("a large batch goes at once");
         // SAFETY: as above.
         unsafe { cache.push_ready(chain) };
         cache.refill(&mut spare);
         assert_eq!(spare.nodes.len(), PENDING + GARBAGE_ROOM + 2);
+        let b = retire(&mut spare, 1, v.clone());
+        let chain = spare.pend(b, false).expect("no gathering: at once");
+        // SAFETY: as above.
+        unsafe { cache.push_ready(chain) };
+        cache.refill(&mut spare);
         let b = retire(&mut spare, 3, v.clone());
-        assert!(spare.pend(b).is_none());
+        assert!(spare.pend(b, true).is_none());
         assert_eq!(Arc::strong_count(&v), 4);
         drop(spare);
         assert_eq!(Arc::strong_count(&v), 1, "a pending node not dropped");

@@ -61,8 +61,9 @@ impl<'e, V: Clone> Editor<'e, V> {
     /// has not handed over yet (the cache counts them in flight), and
     /// once enough have gathered they are returned, chained, for the
     /// caller to retire (`None` until then, or if it replaced none: its
-    /// empty batch is then kept for the next edit).
-    pub(super) fn finish(self) -> Option<BatchPtr<V>> {
+    /// empty batch is then kept for the next edit); without `gather`, at
+    /// once (`Spare::pend`).
+    pub(super) fn finish(self, gather: bool) -> Option<BatchPtr<V>> {
         let n = self.garbage.nodes.len();
         self.spare.retired(n);
         if n == 0 {
@@ -70,7 +71,7 @@ impl<'e, V: Clone> Editor<'e, V> {
             return None;
         }
         self.spare.retired_batch();
-        self.spare.pend(self.garbage)
+        self.spare.pend(self.garbage, gather)
     }
 
     /// Borrows a node of the working tree.

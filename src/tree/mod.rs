@@ -15,7 +15,9 @@
 //! reader may see: it copies the path from the root to the leaves it
 //! changes (sharing every untouched subtree), publishes the new root with
 //! one `Release` store, and retires the replaced nodes through the tree's
-//! [`Reclaimer`]. Readers pin the reclaimer, load the root with `Acquire`
+//! [`Reclaimer`] (with epochs, eight edits' worth at a time: a replaced
+//! value may be dropped only after seven more edits, or with the tree).
+//! Readers pin the reclaimer, load the root with `Acquire`
 //! and walk immutable nodes: they take no lock, write no shared memory,
 //! never see a torn node, and never touch freed memory. Every write call
 //! is atomic for readers: an address mapped before and after a `store`

@@ -275,7 +275,7 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
         self.root.store(root as *mut Node<V>, Ordering::Release);
         let len = self.len.load(Ordering::Relaxed) as isize + delta;
         self.len.store(len as usize, Ordering::Relaxed);
-        let Some(batch) = ed.finish() else {
+        let Some(batch) = ed.finish(self.reclaimer.is_epoch()) else {
             return;
         };
         // One deferred step per `PENDING` edits (`cache.rs`, "Handing
