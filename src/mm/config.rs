@@ -49,7 +49,7 @@ pub enum WriterLocking {
     /// "Instantiation" and "Issue 28's targets after the single-writer
     /// changes"). A thread alone in the space holds the lock's
     /// bias ([`Config::range_bias`]) and takes the whole space for each
-    /// call instead: at 1 thread a writers-only loop runs at 0.96-0.97x
+    /// call instead: at 1 thread a writers-only loop runs at 0.94-0.97x
     /// `PerVma`'s rate, against 0.7x without the bias, and 2 threads
     /// writers-only at 1.2-1.5x that faster rate (1.7-1.8x the rate
     /// without the bias; `docs/RESULTS.md`, "The range lock's bias" and
