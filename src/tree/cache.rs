@@ -180,13 +180,13 @@ impl<V> Spare<V> {
     /// reclaimer that frees at once, or only at its owner's drop, gains
     /// nothing by the wait).
     pub(super) fn pend(&mut self, b: Box<Batch<V>>, gather: bool) -> Option<BatchPtr<V>> {
-        let large = !gather || b.nodes.len() > GARBAGE_ROOM;
+        let at_once = !gather || b.nodes.len() > GARBAGE_ROOM;
         let b = Box::into_raw(b);
         // SAFETY: `b` was just made from a box; the chain owns it.
         unsafe { (*b).next = self.pending };
         self.pending = b;
         self.pending_n += 1;
-        if self.pending_n < PENDING && !large {
+        if self.pending_n < PENDING && !at_once {
             return None;
         }
         self.pending_n = 0;
@@ -339,12 +339,10 @@ impl<V> NodeCache<V> {
     pub(super) fn refill(&self, spare: &mut Spare<V>) {
         let keep = spare.nodes_out.keep(CACHE_MIN, CACHE_LIMIT);
         // Acquire: pairs with the Release of `push_ready`.
-        let mut b = self.ready.swap(core::ptr::null_mut(), Ordering::Acquire);
-        while !b.is_null() {
-            // SAFETY: the swap took the whole list; each batch came from
-            // `Batch::into_ptr` and was handed over by `push_ready`.
-            let batch = unsafe { Box::from_raw(b) };
-            b = batch.next;
+        let head = self.ready.swap(core::ptr::null_mut(), Ordering::Acquire);
+        // SAFETY: the swap took the whole list; each batch on it came from
+        // a box (`Spare::pend`) and was handed over by `push_ready`.
+        for batch in unsafe { chain(head) } {
             for &p in &batch.nodes {
                 let p = p as *mut Node<V>;
                 // SAFETY: the batch's nodes are past their grace period
@@ -368,6 +366,24 @@ impl<V> NodeCache<V> {
     }
 }
 
+/// The batches of the chain `head` starts (linked through `next`), taken
+/// back as boxes one by one.
+///
+/// # Safety
+/// `head` is null or heads a chain of batches made by `Box::into_raw`
+/// that the caller owns whole; the chain is not used after this.
+unsafe fn chain<V>(mut head: *mut Batch<V>) -> impl Iterator<Item = Box<Batch<V>>> {
+    core::iter::from_fn(move || {
+        (!head.is_null()).then(|| {
+            // SAFETY: `head` is a batch of the owned chain (the caller's
+            // contract), taken back once: `head` moves past it at once.
+            let batch = unsafe { Box::from_raw(head) };
+            head = batch.next;
+            batch
+        })
+    })
+}
+
 impl<V> Drop for NodeCache<V> {
     fn drop(&mut self) {
         // Batches handed back after the tree was gone: their nodes'
@@ -378,16 +394,13 @@ impl<V> Drop for NodeCache<V> {
 
 impl<V> Drop for Spare<V> {
     fn drop(&mut self) {
-        let mut b = self.pending;
-        while !b.is_null() {
-            // SAFETY: a pending batch is owned by the chain (`pend`): its
-            // nodes were unlinked by the tree's edits and never handed to
-            // the reclaimer. The spare drops with its tree, when no reader
-            // can reach the tree any more (an unlinked tree of a forest
-            // drops after its grace period), so none reads them: each is
-            // dropped and freed once, here.
-            let batch = unsafe { Box::from_raw(b) };
-            b = batch.next;
+        // SAFETY: a pending batch is owned by the chain (`pend`): its
+        // nodes were unlinked by the tree's edits and never handed to the
+        // reclaimer. The spare drops with its tree, when no reader can
+        // reach the tree any more (an unlinked tree of a forest drops
+        // after its grace period), so none reads them: each is dropped and
+        // freed once, here.
+        for batch in unsafe { chain(self.pending) } {
             for &p in &batch.nodes {
                 let p = p as *mut Node<V>;
                 // SAFETY: as above.
