@@ -66,6 +66,20 @@
 //! races writers reads such a slot as before their first store, as it
 //! reads every slot at some moment of its own.
 //!
+//! # Edges
+//!
+//! A second bit per slot is set (once, never cleared) by a writer that
+//! stores a piece reaching one of the slot's ends: an entry that crosses
+//! a boundary, or one that starts or ends on it. A slot whose bit is
+//! clear holds only entries strictly inside it, so a range a page inside
+//! the slot meets no entry that reaches past it, and neither do its
+//! neighbours. The range lock's owner of a slot's bias reads the bit
+//! ([`RangeForest::edges_touched`]) to skip computing its neighbourhood
+//! (`mm::edit::lock_validated`): it holds the whole slot, so no writer of
+//! that slot runs while it reads, and the grant orders the last one's
+//! stores before the load. The property tests check that every slot
+//! holding such a piece has its bit.
+//!
 //! # Unified until split
 //!
 //! A forest made with [`RangeForest::sliced_unified`] is one tree until
@@ -142,7 +156,18 @@ enum Trees<V> {
     /// Protected by: a bit is set (`fetch_or`, `Release`) by the slot's
     /// writer before its first store there, under the slot's mutex; the
     /// words are loaded (`Acquire`) by walks.
-    Many(Box<[CachePadded<RangeTree<V>>]>, Box<[AtomicU64]>),
+    ///
+    /// Then one bit per slot, set for every slot that holds or once held
+    /// a piece reaching one of its ends (an entry across a boundary, or
+    /// one that ends at it): "Edges" in the module docs. Never cleared.
+    /// Protected by: set (`fetch_or`) by the slot's writer as it stores
+    /// such a piece; read ([`RangeForest::edges_touched`]) by a caller
+    /// that keeps that slot's writers out.
+    Many(
+        Box<[CachePadded<RangeTree<V>>]>,
+        Box<[AtomicU64]>,
+        Box<[AtomicU64]>,
+    ),
 }
 
 impl<V> RangeForest<V> {
@@ -151,7 +176,7 @@ impl<V> RangeForest<V> {
     fn all(&self) -> &[CachePadded<RangeTree<V>>] {
         match &self.trees {
             Trees::One(t) => core::slice::from_ref(t),
-            Trees::Many(ts, _) => ts,
+            Trees::Many(ts, ..) => ts,
         }
     }
 }
@@ -189,6 +214,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
                 (0..n)
                     .map(|_| CachePadded::new(RangeTree::with_reclaimer(reclaimer())))
                     .collect(),
+                (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
                 (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
             ),
             unified: AtomicPtr::new(core::ptr::null_mut()),
@@ -255,7 +281,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// so the line stays shared among writers.
     #[inline]
     fn mark_written(&self, k: usize) {
-        if let Trees::Many(_, written) = &self.trees {
+        if let Trees::Many(_, written, _) = &self.trees {
             let (word, bit) = (&written[k / 64], 1u64 << (k % 64));
             if word.load(Ordering::Relaxed) & bit == 0 {
                 word.fetch_or(bit, Ordering::Release);
@@ -267,10 +293,43 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     #[inline]
     fn ever_written(&self, k: usize) -> bool {
         match &self.trees {
-            Trees::Many(_, written) => {
+            Trees::Many(_, written, _) => {
                 written[k / 64].load(Ordering::Acquire) & (1u64 << (k % 64)) != 0
             }
             Trees::One(_) => true,
+        }
+    }
+
+    /// Records that slot `k` holds `piece`, if it reaches one of the
+    /// slot's ends ([`edges_touched`](Self::edges_touched)): a compare,
+    /// and for such a piece a load (a read-modify-write the first time).
+    #[inline]
+    fn note_edges(&self, k: usize, piece: Range) {
+        if let Trees::Many(_, _, edges) = &self.trees {
+            if piece.start == self.start(k) || piece.end == self.end(k) {
+                let (word, bit) = (&edges[k / 64], 1u64 << (k % 64));
+                if word.load(Ordering::Relaxed) & bit == 0 {
+                    word.fetch_or(bit, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// False if the slot of `addr` never held a piece that reaches one of
+    /// its ends: every entry meeting the slot then lies inside it, away
+    /// from both ends ("Edges" in the module docs). True for a forest of
+    /// one tree, or one still unified. Exact only while no writer of that
+    /// slot runs: the caller keeps them out (the range lock's holder of
+    /// the whole slot), and the lock's grant orders their stores before
+    /// this load.
+    #[inline]
+    pub fn edges_touched(&self, addr: u64) -> bool {
+        match &self.trees {
+            Trees::Many(_, _, edges) if self.unified.load(Ordering::Acquire).is_null() => {
+                let k = self.slot_of(addr);
+                edges[k / 64].load(Ordering::Relaxed) & (1u64 << (k % 64)) != 0
+            }
+            _ => true,
         }
     }
 
@@ -770,6 +829,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
         }
         for k in self.forest.slots_of(r) {
             let c = self.forest.clip(r, k);
+            self.forest.note_edges(k, c);
             // Free when checked, and no overlapping writer runs (the
             // forest's rule): the insert cannot fail.
             self.with_slot(k, |t| t.insert(c, v.clone()))?;
@@ -802,6 +862,9 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
             self.forest.slots_of(r)
         };
         if ks.start() == ks.end() {
+            if v.is_some() && !self.one {
+                self.forest.note_edges(*ks.start(), r);
+            }
             return self.with_slot(*ks.start(), |t| match v {
                 Some(v) => t.store(r, v),
                 None => t.erase(r),
@@ -809,6 +872,9 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
         }
         for k in ks {
             let c = self.forest.clip(r, k);
+            if v.is_some() {
+                self.forest.note_edges(k, c);
+            }
             let hit = self.with_slot(k, |t| match &v {
                 Some(v) => t.store(c, v.clone()),
                 None => t.erase(c),
@@ -894,6 +960,9 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
             }
             if part.is_empty() && self.forest.all()[k].is_empty() {
                 continue;
+            }
+            for p in &part {
+                self.forest.note_edges(k, p.0);
             }
             self.with_slot(k, |t| t.replace_all(part))
                 .expect("clipped pieces of sorted entries are sorted");

@@ -121,6 +121,16 @@ fn compare(
     let (gf, gt) = (f.pin(), t.pin());
     let all = seen(t.iter(&gt));
     assert_eq!(seen(f.iter(&gf)), all);
+    // A slot that holds a piece reaching one of its ends says so (the
+    // slot's bit, never cleared, may also stay from an entry since gone).
+    for (e, _) in &all {
+        for k in f.slots_of(*e) {
+            let c = f.clip(*e, k);
+            if c.start == f.start(k) || c.end == f.end(k) {
+                assert!(f.edges_touched(f.start(k)), "slot {k} holds {c:?}");
+            }
+        }
+    }
     let mut points: Vec<u64> = probes.to_vec();
     // Every entry's edges and the slot boundaries, with their neighbours.
     for (e, _) in &all {
