@@ -8,7 +8,10 @@
 //! writer against a writer that revokes it, a placement that looked
 //! while the owner placed, and the split of the tree the owner kept
 //! unified (and the raise of the sequence its shared sections moved)
-//! against a speculative fault. The real AddressSpace runs through src/sync.rs (deferred
+//! against a speculative fault; and the slots' biases that follow it: a
+//! placement that looked while a slot's owner placed, and a request
+//! across two slots that ends the bias of one whose owner is inside its
+//! call. The real AddressSpace runs through src/sync.rs (deferred
 //! reclamation, as the other models). Each names the one-line mutation it catches (checked by breaking that
 //! line, running the model and restoring it).
 //!
@@ -699,5 +702,94 @@ fn range_bias_split_vs_spec_fault() {
             loom_door::speculative_fault(&mm, A, Access::Read),
             "A's VMA stayed write-locked after the own section"
         );
+    });
+}
+
+/// Where [`slot_biased_space`]'s setup maps its two pages.
+const FAR: u64 = 0x100_0000_0000;
+/// The VMA they make.
+const FAR_SPAN: (u64, u64, Prot) = (FAR, FAR + 2 * PAGE_SIZE, Prot::READ.union(Prot::WRITE));
+
+/// A range-mode space whose own bias is already off, so that requests
+/// meet the slots' biases ("Slot biases" in `mm/range_bias.rs`), each
+/// passed up to `handovers` times: a setup thread claimed the space's
+/// bias (a page mapped at `FAR`) and another's request ended it (one
+/// page above; `handovers` is the space's too, so this takes 0). That
+/// second thread then claimed the bias of `FAR`'s slot; the slots the
+/// models use are unclaimed. The two pages stay mapped: [`FAR_SPAN`].
+fn slot_biased_space(handovers: u32) -> Arc<AddressSpace> {
+    assert_eq!(handovers, 0, "a handover would keep the space's bias on");
+    let mm = biased_space(FaultLocking::PerVma, handovers);
+    for at in [FAR, FAR + PAGE_SIZE] {
+        let m = mm.clone();
+        thread::spawn(move || m.mmap(at, PAGE_SIZE, rw(), fixed()).unwrap())
+            .join()
+            .unwrap();
+    }
+    mm
+}
+
+/// A slot's bias, with no handover: the setup's thread claims the bias
+/// of `C`'s slot (its mapping there) and places a mapping with no hint
+/// (claiming the bias of that slot, holding the whole slot while it
+/// searches), while another thread's placement searches the same gap,
+/// then try-locks its choice and so revokes that slot's bias (waiting,
+/// if the owner is inside its call, for it to end). Its search may have
+/// read the tree before the owner's mapping: the choice must be checked
+/// again under its grant, never taken as undisturbed since a mark read
+/// while the slot's bias was on. The two mappings must not share the
+/// gap.
+///
+/// Catches:
+/// - a mark that ignores the slot's bias (`if
+///   !self.shards[shard].bias.is_off() {` made `if false {` in
+///   `RangeLock::mark`, src/mm/range_lock.rs): the shard's count never
+///   moved while the owner placed, so the grant after the bias ended
+///   looks undisturbed and both take one gap;
+/// - a grant of a slot's bias that does not leave the gate when released
+///   (a `return;` after `.owner_release(self.exclusive);` in
+///   `RangeGuard::release`): the final walk of the space (a whole-space
+///   request) waits for it for ever, a deadlock.
+#[test]
+fn range_slot_bias_placement_vs_owner_placing() {
+    model(|| {
+        let mm = slot_biased_space(0);
+        mm.mmap(C, PAGE_SIZE, rw(), fixed()).unwrap();
+        racing_placements(mm, &[(C, C + PAGE_SIZE, rw()), FAR_SPAN]);
+    });
+}
+
+/// A slot's bias against a request across two slots, with no handover:
+/// the setup's thread owns the bias of the slot below the 512 GiB
+/// boundary `S` (it mapped `Y = [S-2P, S-P)` there) and makes `Y`
+/// read-only, holding that whole slot through the bias; another thread
+/// maps `[S-P, S+P)` across `S`, whose neighbourhood holds `Y` (which it
+/// may merge with) in both slots, so it ends both slots' biases first,
+/// waiting for the owner's call. In either order the space ends with
+/// `Y` read-only and the new mapping read-write beside it.
+///
+/// Catches: ending a slot's bias without waiting for its owner's call
+/// (`REVOKING if h.depth.load(Ordering::Acquire) == 0 => break,` made
+/// `REVOKING => break,` in `Bias::end_slow`, src/mm/range_bias.rs): the
+/// mapping then merges with `Y` while the owner changes it.
+#[test]
+fn range_slot_bias_owner_vs_request_across_slots() {
+    const S: u64 = 0x80_0000_0000;
+    const P: u64 = PAGE_SIZE;
+    model(|| {
+        let mm = slot_biased_space(0);
+        mm.mmap(S - 2 * P, P, rw(), fixed()).unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || {
+            m2.mmap(S - P, 2 * P, rw(), fixed()).unwrap();
+        });
+        mm.mprotect(S - 2 * P, P, Prot::READ).unwrap();
+        t.join().unwrap();
+        let mine: Vec<_> = spans(&mm).into_iter().filter(|v| v.0 < S + P).collect();
+        assert_eq!(
+            mine,
+            vec![(S - 2 * P, S - P, Prot::READ), (S - P, S + P, rw())]
+        );
+        loom_door::check_ptes(&mm).unwrap();
     });
 }

@@ -8,6 +8,7 @@
 //! layout is compared with what one thread alone would leave.
 
 use aspace::{AddressSpace, Config, MapFlags, Prot, WriterLocking, PAGE_SIZE};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Barrier};
 
 const RW: Prot = Prot::READ.union(Prot::WRITE);
@@ -214,4 +215,142 @@ fn faults_stay_speculative_across_the_bias_end() {
     assert_eq!(mm.stats().fault_speculative - before, 4);
     mm.read(A + 3 * PAGE_SIZE, &mut b).unwrap();
     assert_eq!(b, [3]);
+}
+
+/// Once the space's bias has ended, each 512 GiB slot's bias serves the
+/// thread that keeps to it ("Slot biases" in `src/mm/range_bias.rs`):
+/// four threads each run rounds in a slot of their own, while another
+/// thread maps and unmaps a mapping across the boundary of two of those
+/// slots (ending their biases, each waiting for its owner's call) and
+/// this thread walks the whole space. The first slot's thread also
+/// flips the protection of a page `Y` just below that mapping (which
+/// merges with `Y` when both are read-write). Every zone ends as one
+/// thread alone would leave it, `Y` keeps its byte, and the mapping
+/// across the boundary keeps its bytes. Fails if a slot's owner and a
+/// request across its boundary could change one VMA at once.
+#[test]
+fn threads_in_slots_of_their_own_keep_their_data_as_slot_biases_end() {
+    const SLOT: u64 = 1 << 39;
+    for handovers in [0, 4] {
+        let mm = space(handovers);
+        // The space's bias: this thread claims it, the next ones end it.
+        mm.mmap(A, PAGE_SIZE, RW, anon() | MapFlags::FIXED).unwrap();
+        let threads = 4u64;
+        let go = Arc::new(Barrier::new(threads as usize + 1));
+        let zone = |t: u64, i: u64| (t + 1) * SLOT + SLOT / 2 + i * 64 * PAGE_SIZE;
+        let y = 2 * SLOT - 2 * PAGE_SIZE;
+        mm.mmap(y, PAGE_SIZE, RW, anon() | MapFlags::FIXED).unwrap();
+        mm.write(y, &[0x77]).unwrap();
+        let mut hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let (mm, go) = (mm.clone(), go.clone());
+                std::thread::spawn(move || {
+                    go.wait();
+                    for i in 0..100u64 {
+                        round(&mm, zone(t, i), (t * 100 + i) as u8);
+                        if t == 0 {
+                            for prot in [Prot::READ, RW] {
+                                mm.mprotect(y, PAGE_SIZE, prot).unwrap();
+                                let mut b = [0u8; 1];
+                                mm.read(y, &mut b).unwrap();
+                                assert_eq!(b, [0x77], "Y lost its byte");
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        let (m, g) = (mm.clone(), go.clone());
+        hs.push(std::thread::spawn(move || {
+            g.wait();
+            let at = 2 * SLOT - PAGE_SIZE;
+            for i in 0..50u8 {
+                let fixed = anon() | MapFlags::FIXED;
+                m.mmap(at, 2 * PAGE_SIZE, RW, fixed).unwrap();
+                m.write(at + PAGE_SIZE - 1, &[i, i ^ 0x5a]).unwrap();
+                let mut b = [0u8; 2];
+                m.read(at + PAGE_SIZE - 1, &mut b).unwrap();
+                assert_eq!(b, [i, i ^ 0x5a], "the mapping across the boundary");
+                m.munmap(at, 2 * PAGE_SIZE).unwrap();
+            }
+        }));
+        while !hs.iter().all(|h| h.is_finished()) {
+            let v = mm.vmas();
+            assert!(v.windows(2).all(|w| w[0].end <= w[1].start));
+        }
+        for h in hs {
+            h.join().unwrap();
+        }
+        for t in 0..threads {
+            for i in 0..100 {
+                assert!(left_by_round(&mm, zone(t, i)), "thread {t} zone {i}");
+            }
+        }
+        let v = mm.vmas();
+        assert!(v
+            .iter()
+            .any(|v| v.start == y && v.end == y + PAGE_SIZE && v.prot == RW));
+        assert_eq!(v.len() as u64, threads * 100 + 2);
+    }
+}
+
+/// A slot's owner changes a page `Y` just below a 512 GiB boundary
+/// while another thread maps across that boundary beside `Y` (so that
+/// the mapping may merge with `Y`), in many fresh spaces: the request
+/// across the boundary ends the slot's bias and must wait for the
+/// owner's call first. Each space ends with `Y` and the mapping as one
+/// read-write VMA, `Y` keeping its byte, as any order of the calls
+/// leaves them. A stress test of the path: the request ends the slot's
+/// bias during the owner's toggles in nearly every space (the owner's later
+/// calls take the usual path). Whether it then waits for a call in
+/// progress is the loom model
+/// `range_slot_bias_owner_vs_request_across_slots`'s to check: here the
+/// request's heavy fence (`membarrier`, microseconds) outlasts the
+/// owner's call, so the count it then reads is zero.
+#[test]
+fn a_request_across_a_slot_boundary_waits_for_the_slots_owner() {
+    const SLOT: u64 = 1 << 39;
+    let (y, at) = (2 * SLOT - 2 * PAGE_SIZE, 2 * SLOT - PAGE_SIZE);
+    // Both threads spin at the start (a sleeping barrier wakes one of
+    // them tens of microseconds late on a VM, after the other is done).
+    let start = |go: &AtomicU32| {
+        go.fetch_add(1, Ordering::SeqCst);
+        while go.load(Ordering::SeqCst) < 2 {
+            std::hint::spin_loop();
+        }
+    };
+    for _ in 0..300 {
+        let mm = space(0);
+        mm.mmap(A, PAGE_SIZE, RW, anon() | MapFlags::FIXED).unwrap();
+        let go = Arc::new(AtomicU32::new(0));
+        let (m, g) = (mm.clone(), go.clone());
+        let owner = std::thread::spawn(move || {
+            // Ends the space's bias, then claims the slot's.
+            m.mmap(y, PAGE_SIZE, RW, anon() | MapFlags::FIXED).unwrap();
+            m.write(y, &[0x77]).unwrap();
+            start(&g);
+            for _ in 0..16 {
+                m.mprotect(y, PAGE_SIZE, Prot::READ).unwrap();
+                m.mprotect(y, PAGE_SIZE, RW).unwrap();
+            }
+        });
+        let (m, g) = (mm.clone(), go.clone());
+        let across = std::thread::spawn(move || {
+            start(&g);
+            let fixed = anon() | MapFlags::FIXED;
+            m.mmap(at, 2 * PAGE_SIZE, RW, fixed).unwrap();
+        });
+        owner.join().unwrap();
+        across.join().unwrap();
+        let v: Vec<_> = mm.vmas().into_iter().filter(|v| v.start >= y).collect();
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(
+            (v[0].start, v[0].end, v[0].prot),
+            (y, at + 2 * PAGE_SIZE, RW)
+        );
+        let mut b = [0u8; 2];
+        mm.read(y, &mut b[..1]).unwrap();
+        mm.read(at, &mut b[1..]).unwrap();
+        assert_eq!(b, [0x77, 0]);
+    }
 }

@@ -49,11 +49,13 @@ pub enum WriterLocking {
     /// "Instantiation" and "Issue 28's targets after the single-writer
     /// changes"). A thread alone in the space holds the lock's
     /// bias ([`Config::range_bias`]) and takes the whole space for each
-    /// call instead: at 1 thread a writers-only loop runs at 0.94-0.97x
-    /// `PerVma`'s rate, against 0.7x without the bias, and 2 threads
-    /// writers-only at 1.2-1.5x that faster rate (1.7-1.8x the rate
-    /// without the bias; `docs/RESULTS.md`, "The range lock's bias" and
-    /// "The bias's owner runs shared sections").
+    /// call instead: at 1 thread a writers-only loop runs at 0.91-0.97x
+    /// `PerVma`'s rate, against 0.7x without the bias. Once a second
+    /// thread calls, each 512 GiB slot has a bias of its own, and 2
+    /// threads in windows of their own run writers-only at 1.3-1.45x the
+    /// one-thread biased rate (`docs/RESULTS.md`, "The range lock's
+    /// bias", "The bias's owner runs shared sections" and "Slot
+    /// biases").
     Range,
 }
 
@@ -170,12 +172,16 @@ pub struct Config {
     /// is off for good after that. On by default (with the
     /// `range-unbiased-default` feature, a testing aid, off): a space
     /// changed by one thread at a time pays for the range lock only once
-    /// another thread writes. See `docs/RESULTS.md`, "The range lock's
-    /// bias".
+    /// another thread writes. After that, each 512 GiB slot has a bias of
+    /// its own, passed and ended alike: a thread that keeps to slots no
+    /// other thread touches (as with
+    /// [`placement_window`](Config::placement_window)) takes the whole
+    /// slot for each call there. See `docs/RESULTS.md`, "The range lock's
+    /// bias" and "Slot biases".
     pub range_bias: bool,
-    /// How many times the range lock's bias may pass from one thread to
-    /// another before it is off for good (default 4; 0: the first other
-    /// thread's request ends it). Each pass costs that thread a heavy
+    /// How many times the range lock's bias (and each slot's) may pass
+    /// from one thread to another before it is off for good (default 4;
+    /// 0: the first other thread's request ends it). Each pass costs that thread a heavy
     /// fence (`membarrier`) and perhaps a wait for the owner's call.
     pub range_bias_handovers: u32,
     /// How mremap moves page-table entries and batches TLB flushes.

@@ -46,6 +46,54 @@
 //! VMA lock that call waits for): it marks the word, and if the owner is
 //! inside, fails with what to wait for, as a conflicting hold makes it.
 //!
+//! # Slot biases
+//!
+//! Once the space's bias is off, every 512 GiB slot (a shard of the range
+//! lock, a tree of the forest) has a bias of its own, the same [`Bias`]
+//! one level down: claimed by the first request in that shard alone,
+//! revoked by any other thread's request there, passed at most as many
+//! times, then off for good. Threads that keep to slots of their own (a
+//! runtime's threads, each placing in its CPU's window,
+//! `Config::placement_window`) so keep a fast path after the space's
+//! bias has ended. A request in the owner's shard alone passes the gate
+//! as every shard request does (whole-space requests close it as before,
+//! and wait for the owner's call), then is granted by the shard's bias:
+//! its count, not the shard's mutex, holds and published words. The
+//! owner's writers and range readers request the whole slot
+//! ([`RangeLock::slot_likely_mine`](super::range_lock::RangeLock::slot_likely_mine))
+//! and compute their neighbourhood under the grant, once: nothing to
+//! mark, validate or skip as busy (`edit::lock_validated`,
+//! `Edit::place_in_slot`). Not even that computation where it cannot
+//! leave the slot: a range a page inside the slot, in a slot where no
+//! entry ever reached an end (the forest's "Edges"), has every VMA it
+//! may meet inside. Anything reaching past the slot takes the usual path.
+//!
+//! What the slot's owner still pays, beside the space's owner: the gate's
+//! count, its own write sections (two slots' owners write at once, so
+//! neither may move the space's sequence), the forest's slots and per-CPU
+//! map counts. At one thread that path runs at about 0.75x the space
+//! owner's (`docs/RESULTS.md`, "Slot biases").
+//!
+//! The protocol is the space's bias's, per shard:
+//! - a request meeting two shards (a mapping across a boundary, or a
+//!   neighbourhood holding a VMA that crosses one) ends the bias of each
+//!   ([`Bias::end`]: revoked as above, waiting for the owner's call, then
+//!   off for good, never passed to it), so a hold of pieces never meets
+//!   an owner's grant;
+//! - while a shard's bias is on, its requests never reach its mutex, and
+//!   its holds and published words stay as they were when the bias began
+//!   (nothing, since the space's bias held before); a mark there says
+//!   nothing ([`RangeLock::mark`](super::range_lock::RangeLock::mark)),
+//!   and a grant of the bias is never undisturbed;
+//! - a try-lock that meets the owner inside its call fails with what to
+//!   wait for (`Wait::SlotBias`), as at the space's bias.
+//!
+//! Loom: `range_slot_bias_placement_vs_owner_placing` (a placement that
+//! looked while a slot's owner placed) and
+//! `range_slot_bias_owner_vs_request_across_slots` (a mapping across two
+//! slots ending the bias of one whose owner is inside its call), in
+//! `loom_tests/range_writers.rs`.
+//!
 //! # Why the rest of the lock needs no change
 //!
 //! While the bias is on, no request reaches the shards or the gate: the
@@ -109,7 +157,6 @@
 use crate::sync::{
     asymmetric, counter, thread_id, thread_id_if_made, AtomicU64, Condvar, Mutex, Ordering,
 };
-use crossbeam_utils::CachePadded;
 
 /// How many times the bias passes from one thread to another before it is
 /// off for good, by default (`Config::range_bias_handovers`). Each pass
@@ -139,14 +186,17 @@ pub(crate) enum Entry {
     Revoking,
 }
 
-/// The bias of one range lock (see the module docs).
+/// The bias of one range lock, or of one of its shards (see the module
+/// docs). Not padded itself: the range lock keeps the space's on lines of
+/// its own, and each shard's shares its shard's lines, which no one else
+/// writes while that bias is on.
 pub(crate) struct Bias {
     /// The owner's calls in progress, nested ones counted (and, for a
     /// moment, the one of a thread that lost the bias as it entered).
     /// Protected by: read-modify-writes by the thread(s) that read their
     /// id in the word (`Release` on the way out), each followed by a
     /// light fence; read by revokers after their heavy fence (`Acquire`).
-    hot: CachePadded<Hot>,
+    hot: Hot,
     /// [`asymmetric::expedited`], read once.
     /// Protected by: immutable after construction.
     expedited: bool,
@@ -162,7 +212,7 @@ pub(crate) struct Bias {
     changed: Condvar,
 }
 
-/// The owner's line.
+/// What the owner writes.
 struct Hot {
     /// [`UNCLAIMED`], the owner's thread id, [`REVOKING`] or [`OFF`].
     /// Protected by: stored under `handovers`' mutex (`Release`), loaded
@@ -195,11 +245,11 @@ impl Bias {
     /// threads up to `max_handovers` times, or one that is off.
     pub(crate) fn new(on: bool, max_handovers: u32) -> Self {
         Bias {
-            hot: CachePadded::new(Hot {
+            hot: Hot {
                 word: AtomicU64::new(if on { UNCLAIMED } else { OFF }),
                 depth: AtomicU64::new(0),
                 holds: counter::AtomicU32::new(0),
-            }),
+            },
             expedited: asymmetric::expedited(),
             max_handovers,
             handovers: Mutex::new(0),
@@ -255,7 +305,7 @@ impl Bias {
     /// losing the new owner's count that way).
     #[inline]
     fn count_in(&self, me: u64) -> bool {
-        let h = &*self.hot;
+        let h = &self.hot;
         h.depth.fetch_add(1, Ordering::Relaxed);
         // Pairs with the revoker's heavy fence: either it sees the count,
         // or this load sees its mark.
@@ -304,7 +354,7 @@ impl Bias {
     /// The owner's release of a request [`enter`](Self::enter) granted.
     #[inline]
     pub(crate) fn exit(&self) {
-        let h = &*self.hot;
+        let h = &self.hot;
         // Release: the completer of a revocation, reading the count
         // `Acquire`, sees the owner's changes.
         let d = h.depth.fetch_sub(1, Ordering::Release) - 1;
@@ -332,7 +382,7 @@ impl Bias {
     #[inline(never)]
     fn enter_slow(&self, wait: bool) -> Entry {
         let me = thread_id();
-        let h = &*self.hot;
+        let h = &self.hot;
         let mut n = self.handovers.lock();
         loop {
             match h.word.load(Ordering::Acquire) {
@@ -375,7 +425,7 @@ impl Bias {
     /// passes to the caller, counted in, or (past the handovers) goes
     /// off for good. Wakes every waiter either way.
     fn take(&self, n: &mut u32, me: u64, handover: bool) -> Entry {
-        let h = &*self.hot;
+        let h = &self.hot;
         if handover {
             *n = n.saturating_add(1);
         }
@@ -393,10 +443,49 @@ impl Bias {
         e
     }
 
+    /// Turns the bias off for good, revoking it from its owner first (a
+    /// request of a slot's bias that reaches beyond the slot: "Slot
+    /// biases"). True once it is off; false without `wait` if the owner
+    /// is inside a call (wait with [`wait_revoked`](Self::wait_revoked),
+    /// then call again). The caller holds no grant of this bias: it never
+    /// nests a request in its own (see [`owner_grant`](Self::owner_grant)).
+    #[inline]
+    pub(crate) fn end(&self, wait: bool) -> bool {
+        self.is_off() || self.end_slow(wait)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn end_slow(&self, wait: bool) -> bool {
+        let h = &self.hot;
+        let mut n = self.handovers.lock();
+        loop {
+            match h.word.load(Ordering::Acquire) {
+                OFF => return true,
+                UNCLAIMED => break,
+                // Acquire: pairs with the owner's last count-out.
+                REVOKING if h.depth.load(Ordering::Acquire) == 0 => break,
+                REVOKING if !wait => return false,
+                REVOKING => n = self.changed.wait(n),
+                _owner => {
+                    // As `enter_slow`'s revoker, even if the caller owns
+                    // it: it is inside no call of it, so its count is
+                    // zero.
+                    h.word.store(REVOKING, Ordering::Relaxed);
+                    asymmetric::heavy();
+                }
+            }
+        }
+        *n = n.saturating_add(1);
+        h.word.store(OFF, Ordering::Release);
+        self.changed.notify_all();
+        true
+    }
+
     /// Waits until a revocation that [`Entry::Revoking`] reported can
     /// complete (the owner's calls ended) or has completed.
     pub(crate) fn wait_revoked(&self) {
-        let h = &*self.hot;
+        let h = &self.hot;
         let mut n = self.handovers.lock();
         while h.word.load(Ordering::Acquire) == REVOKING && h.depth.load(Ordering::Acquire) != 0 {
             n = self.changed.wait(n);

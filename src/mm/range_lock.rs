@@ -67,6 +67,15 @@
 //! on ([`RangeLock::mark`]), since the owner changes the tree without
 //! the shards' counts moving.
 //!
+//! After it, each shard has a bias of its own (`range_bias`'s "Slot
+//! biases"): a request in one shard alone, past the gate, is granted by
+//! that shard's bias while its owner (the first thread to request there)
+//! keeps it, and the owner's writers and range readers take the whole
+//! slot and compute their neighbourhood under it
+//! ([`RangeLock::slot_likely_mine`]); a request meeting two shards ends
+//! both biases first ([`Wait::SlotBias`] for a try-lock that meets an
+//! owner inside its call).
+//!
 //! # Barging
 //!
 //! A shard's request is granted as soon as no conflicting range is held
@@ -232,8 +241,11 @@
 //!
 //! Two range writers in different 512 GiB slots (placement windows put
 //! each CPU's mappings in its own, `Config::placement_window`) write no
-//! common line in the lock (above), the tree (its slots) or the write
-//! section (below). Still shared: the gate's line and the mm's map count
+//! common line in the lock (above; the owner of a slot's bias writes its
+//! shard's bias line instead of its mutex and holds), the tree (its
+//! slots) or the write section (below). Still shared: the gate's line,
+//! the forest's bits of slots written and of slots whose entries reach
+//! an end (each set once) and the mm's map count
 //! are read (the count is per CPU, `MmState`), the VMA pool and the
 //! memory budget are per CPU with a shared depot or count written once
 //! per batch, the TLB's flush lock is taken by a writer that zaps
@@ -443,8 +455,13 @@ impl State {
 
 /// One shard's holds: the part of the space in one slot of `1 << shift`
 /// bytes.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shard {
+    /// The slot's bias ("Slot biases" in `range_bias`): once the space's
+    /// bias is off, a request in this shard alone is granted or waits
+    /// here while it is on, and reaches neither `state` nor the words
+    /// below.
+    bias: Bias,
     /// Protected by: itself.
     state: Mutex<State>,
     /// Signalled when a hold of this shard is released.
@@ -465,6 +482,18 @@ struct Shard {
 }
 
 impl Shard {
+    /// An empty shard, with a bias as [`Bias::new`] makes it.
+    fn new(bias: bool, handovers: u32) -> Self {
+        Shard {
+            bias: Bias::new(bias, handovers),
+            state: Mutex::default(),
+            released: Condvar::new(),
+            releases: AtomicU64::new(0),
+            quiet: AtomicU64::new(0),
+            occupied: AtomicU64::new(0),
+        }
+    }
+
     /// Releases a hold of `r` and wakes the waiters.
     fn release(&self, r: Range, exclusive: bool) {
         let mut st = self.state.lock();
@@ -682,12 +711,16 @@ pub(crate) struct RangeLock {
     gate: CachePadded<Gate>,
     /// The bias: while on, every request is granted or waits here, and
     /// none reaches the shards or the gate (`range_bias`).
-    /// Protected by: its own line and mutex.
-    bias: Bias,
+    /// Protected by: its own lines and mutex.
+    bias: CachePadded<Bias>,
 }
 
 /// [`RangeGuard::first`] of a request the bias granted.
 const BIASED: u32 = u32::MAX - 1;
+
+/// [`RangeGuard::n`] of a request its shard's bias granted ("Slot
+/// biases" in `range_bias`): the shard `first`, through its bias.
+const SLOT_BIASED: u8 = u8::MAX;
 
 /// A held range; dropping it releases the range. Kept small: it is part
 /// of every writer's guard, which moves by value.
@@ -699,7 +732,8 @@ pub(crate) struct RangeGuard<'a> {
     /// gate), or [`BIASED`] (the bias's owner: everything, through
     /// nothing).
     first: u32,
-    /// Shards held from `first` on (each holds the range clipped to it).
+    /// Shards held from `first` on (each holds the range clipped to it),
+    /// or [`SLOT_BIASED`].
     n: u8,
     exclusive: bool,
     /// The gate's slot this request counted itself in.
@@ -726,6 +760,8 @@ pub(crate) enum Wait {
     Gate,
     /// The end of the bias owner's call (`range_bias`).
     Bias,
+    /// The end of the call of the owner of a shard's bias.
+    SlotBias(usize),
 }
 
 impl RangeGuard<'_> {
@@ -740,15 +776,23 @@ impl RangeGuard<'_> {
         self.first == BIASED
     }
 
+    /// True if a shard's bias granted this hold ("Slot biases" in
+    /// `range_bias`).
+    #[cfg(test)]
+    pub(crate) fn is_slot_biased(&self) -> bool {
+        self.n == SLOT_BIASED
+    }
+
     /// True if the hold lies in the shard of `mark` alone, and neither a
     /// range was held exclusive there nor a whole-space writer held the
     /// space from the [`RangeLock::mark`] call that returned `mark` to
     /// this grant: no writer changed the tree or a VMA of that shard in
     /// between, so what the holder read of it then is what it would read
     /// now (`edit::lock_validated`).
-    /// A grant of the bias holds no shard (`n == 0`) and so is never
-    /// undisturbed: its owner may have held the bias since before the
-    /// mark, or got it back since.
+    /// A grant of the bias holds no shard (`n == 0`), nor does one of a
+    /// shard's bias (`n == SLOT_BIASED`), and so is never undisturbed:
+    /// its owner may have held the bias since before the mark, or got it
+    /// back since.
     pub(crate) fn undisturbed_since(&self, mark: Option<Mark>) -> bool {
         mark.is_some_and(|m| {
             self.n == 1
@@ -786,8 +830,14 @@ impl RangeGuard<'_> {
             l.gate.open(l.gate.state.lock(), me);
             return;
         }
-        for k in self.first as usize..self.first as usize + usize::from(self.n) {
-            l.release_piece(k, l.clip(self.range, k), self.exclusive);
+        if self.n == SLOT_BIASED {
+            l.shards[self.first as usize]
+                .bias
+                .owner_release(self.exclusive);
+        } else {
+            for k in self.first as usize..self.first as usize + usize::from(self.n) {
+                l.release_piece(k, l.clip(self.range, k), self.exclusive);
+            }
         }
         l.gate.leave(self.slot as usize);
     }
@@ -809,9 +859,11 @@ impl RangeLock {
         let (shift, n) = crate::tree::slot_geometry(shift, space_end);
         RangeLock {
             shift,
-            shards: (0..n).map(|_| CachePadded::new(Shard::default())).collect(),
+            shards: (0..n)
+                .map(|_| CachePadded::new(Shard::new(bias, handovers)))
+                .collect(),
             gate: CachePadded::new(Gate::new()),
-            bias: Bias::new(bias, handovers),
+            bias: CachePadded::new(Bias::new(bias, handovers)),
         }
     }
 
@@ -826,6 +878,17 @@ impl RangeLock {
     /// True once the bias is off for good, or if it was never on.
     pub(crate) fn bias_is_off(&self) -> bool {
         self.bias.is_off()
+    }
+
+    /// The whole slot (shard) of `addr`, if the space's bias is off and
+    /// the calling thread holds that shard's bias or may claim it: its
+    /// writers and readers there request the whole slot, granted at once,
+    /// and compute their neighbourhood under it ("Slot biases" in
+    /// `range_bias`). A hint, as [`bias_likely_mine`](Self::bias_likely_mine).
+    #[inline]
+    pub(crate) fn slot_likely_mine(&self, addr: u64) -> Option<Range> {
+        let k = self.shard_of(addr);
+        (self.bias.is_off() && self.shards[k].bias.likely_mine()).then(|| self.clip(WHOLE, k))
     }
 
     /// The shard holding `addr`.
@@ -932,6 +995,22 @@ impl RangeLock {
         // From here on, dropping `g` releases the pieces it counts and
         // leaves the gate.
         let mut g = guard(first as u32, slot);
+        // The slots' biases: granted by the one of its shard, or turned
+        // off in every shard it spans ("Slot biases" in `range_bias`).
+        if n == 1 {
+            let b = &self.shards[first].bias;
+            match b.enter(wait) {
+                Entry::Off => {}
+                Entry::Owner => {
+                    b.owner_grant(exclusive);
+                    g.n = SLOT_BIASED;
+                    return Ok(g);
+                }
+                Entry::Revoking => return Err(Wait::SlotBias(first)),
+            }
+        } else if let Some(k) = (first..first + n).find(|&k| !self.shards[k].bias.end(wait)) {
+            return Err(Wait::SlotBias(k));
+        }
         // Shards in address order: a request waits only at its lowest
         // shard not yet held, holding only lower ones, so no two wait
         // for each other.
@@ -1003,6 +1082,12 @@ impl RangeLock {
             return None;
         }
         let shard = self.shard_of(addr);
+        // As the space's bias: the owner of the shard's changes it
+        // without the count moving. Once off, it stays off, and its last
+        // owner's changes come before this `Acquire` load's.
+        if !self.shards[shard].bias.is_off() {
+            return None;
+        }
         let writes = self.shards[shard].quiet.load(Ordering::Acquire);
         (writes != NOT_QUIET).then_some(Mark { gen, shard, writes })
     }
@@ -1047,6 +1132,7 @@ impl RangeLock {
             }
             Wait::Gate => self.gate.wait_open(),
             Wait::Bias => self.bias.wait_revoked(),
+            Wait::SlotBias(k) => self.shards[k].bias.wait_revoked(),
         }
     }
 
@@ -1307,9 +1393,20 @@ mod tests {
     /// shared one no exclusive holder.
     #[test]
     fn holds_exclude_each_other_under_contention() {
+        holds_exclude_each_other(small());
+    }
+
+    /// As above with the biases on, passed around often before they end:
+    /// the space's, then each shard's.
+    #[test]
+    fn holds_exclude_each_other_under_contention_through_the_biases() {
+        holds_exclude_each_other(RangeLock::with_bias(20, 16 * SH, true, 200));
+    }
+
+    fn holds_exclude_each_other(l: RangeLock) {
         const UNITS: u64 = 64;
         const UNIT: u64 = SH / 4;
-        let l = Arc::new(small());
+        let l = Arc::new(l);
         // Per unit: shared holders in the low bits, an exclusive one at bit 32.
         let units: Arc<Vec<StdU64>> = Arc::new((0..UNITS).map(|_| StdU64::new(0)).collect());
         let hs: Vec<_> = (0..4u64)
@@ -1350,5 +1447,61 @@ mod tests {
         }
         assert!(l.busy().is_empty());
         assert!(!l.gate.closed.load(Ordering::SeqCst));
+    }
+
+    /// Ends the space's bias: other threads' requests (in the last shard,
+    /// whose bias the last of them claims) revoke it until its handovers
+    /// are spent.
+    fn end_the_space_bias(l: &Arc<RangeLock>) {
+        while !l.bias_is_off() {
+            let l = l.clone();
+            std::thread::spawn(move || drop(l.lock(r(15 * SH, 15 * SH + 1), false)))
+                .join()
+                .unwrap();
+        }
+    }
+
+    /// Runs `f` on a thread of its own and returns what it returns.
+    fn elsewhere<T: Send + 'static>(l: &Arc<RangeLock>, f: fn(&RangeLock) -> T) -> T {
+        let l = l.clone();
+        std::thread::spawn(move || f(&l)).join().unwrap()
+    }
+
+    /// Once the space's bias is off, a request in one shard alone is
+    /// granted by that shard's bias (nothing in the shard's state, no
+    /// mark there), and another thread's request in that shard meets it
+    /// while its owner holds; in another shard it claims that shard's.
+    /// Released, the bias passes to the next thread's request there, and
+    /// a request across two shards ends both for good.
+    #[test]
+    fn a_slot_bias_grants_its_owner_passes_over_and_ends_across_shards() {
+        let l = Arc::new(RangeLock::with_bias(20, 16 * SH, true, 1));
+        end_the_space_bias(&l);
+        assert_eq!(l.slot_likely_mine(5), Some(r(0, SH)), "unclaimed");
+        let g = l.lock(r(0, 10), true);
+        assert!(g.is_slot_biased() && !g.is_biased());
+        assert!(l.busy().is_empty(), "the shard's state is untouched");
+        assert_eq!(l.mark(0), None);
+        assert_eq!(l.mark(2 * SH), None, "an unclaimed shard's bias is on too");
+        assert_eq!(
+            elsewhere(&l, |l| l.try_lock(r(20, 30), true).err()),
+            Some(Wait::SlotBias(0))
+        );
+        assert!(elsewhere(&l, |l| l
+            .try_lock(r(SH, SH + 10), true)
+            .is_ok_and(|g| g.is_slot_biased())));
+        drop(g);
+        assert!(
+            elsewhere(&l, |l| l.lock(r(20, 30), true).is_slot_biased()),
+            "passed over"
+        );
+        assert_eq!(l.slot_likely_mine(5), None);
+        let across = l.lock(r(SH - 10, SH + 10), true);
+        assert!(!across.is_slot_biased() && across.n == 2);
+        assert_eq!(l.busy(), vec![r(SH - 10, SH), r(SH, SH + 10)]);
+        drop(across);
+        assert!(l.mark(0).is_some() && l.mark(SH).is_some(), "both off");
+        assert!(!l.lock(r(0, 10), true).is_slot_biased());
+        assert_eq!(l.slot_likely_mine(5), None);
     }
 }

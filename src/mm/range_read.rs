@@ -23,7 +23,7 @@ use crate::reclaim::Guard;
 /// its holes (madvise's zaps): in range mode `r` widened to the whole of
 /// every VMA it meets, shared. With an epoch pin taken under it.
 pub(crate) fn read_vmas(mm: &AddressSpace, r: Range) -> (MmapReadGuard<'_, MmState>, Guard) {
-    read_locked(mm, r.start, |pin| vma_hull(mm, r, pin))
+    read_locked(mm, r.start, Some(r), |pin| vma_hull(mm, r, pin))
 }
 
 /// The mmap_lock read side for the locked fault (or forced access) at
@@ -34,14 +34,16 @@ pub(crate) fn read_vmas(mm: &AddressSpace, r: Range) -> (MmapReadGuard<'_, MmSta
 /// `addr`: from its page through the VMA above (the stack check reads the
 /// gap and that VMA's flags), to the end of the space if there is none.
 pub(crate) fn read_fault(mm: &AddressSpace, addr: u64) -> (MmapReadGuard<'_, MmState>, Guard) {
-    read_locked(mm, addr, |pin| fault_range(mm, addr, pin))
+    read_locked(mm, addr, None, |pin| fault_range(mm, addr, pin))
 }
 
 /// The mmap_lock read side with an epoch pin: in range mode, `want`'s
-/// range (as the tree is around `at`) shared, validated under the lock.
+/// range (as the tree is around `at`, and within `within` as
+/// `edit::lock_validated` says) shared, validated under the lock.
 fn read_locked<'a>(
     mm: &'a AddressSpace,
     at: u64,
+    within: Option<Range>,
     want: impl Fn(&Guard) -> Range,
 ) -> (MmapReadGuard<'a, MmState>, Guard) {
     // The bias's owner: the whole space, granted at once (`range_bias`).
@@ -52,6 +54,7 @@ fn read_locked<'a>(
     lock_validated(
         mm,
         at,
+        within,
         want,
         |r| mm.mmap_lock.try_read_range(r),
         |r| mm.mmap_lock.read_range(r),

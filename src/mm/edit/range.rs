@@ -3,12 +3,13 @@
 //! itself, and the placement's view that skips busy ranges. The protocol
 //! is in `range_lock`'s module docs.
 
-use super::Edit;
+use super::{Edit, MmapWriteGuard};
 use crate::addr::{Range, PAGE_SIZE};
 use crate::error::{Error, Result};
 use crate::mm::mmap_lock::RangeHold;
 use crate::mm::range_lock::{RangeLock, Wait};
 use crate::mm::AddressSpace;
+use crate::mm::MmState;
 use crate::pt::ROOT_ENTRY_SPAN;
 use crate::reclaim::Guard;
 use crate::vma::VmaRef;
@@ -40,6 +41,7 @@ impl<'a> Edit<'a> {
         let (st, pin) = lock_validated(
             mm,
             r.start,
+            Some(r),
             |pin| neighbourhood(mm, r, reach, pin),
             |want| {
                 mm.mmap_lock
@@ -53,9 +55,15 @@ impl<'a> Edit<'a> {
                     .expect("range mode has a range lock")
             },
         );
+        Self::holding(mm, st, pin)
+    }
+
+    /// A range writer's edit, holding `state` (its neighbourhood, or
+    /// more) and pinned by `pin`, taken under it.
+    fn holding(mm: &'a AddressSpace, state: MmapWriteGuard<'a, MmState>, pin: Guard) -> Self {
         Edit {
             mm,
-            state: st,
+            state,
             tree: None,
             pin,
         }
@@ -81,6 +89,11 @@ impl<'a> Edit<'a> {
         let ranges = mm.mmap_lock.ranges()?;
         // As `begin_range`'s.
         mm.tree.split();
+        if let Some(slot) = ranges.slot_likely_mine(near) {
+            if let Some(placed) = Self::place_in_slot(mm, slot, len, &mut search) {
+                return Some(Ok(placed));
+            }
+        }
         Some(loop {
             let mark = ranges.mark(near);
             let pin = mm.tree.pin();
@@ -130,17 +143,36 @@ impl<'a> Edit<'a> {
                 usable && want.start <= now.start && now.end <= want.end
             };
             if valid {
-                break Ok((
-                    addr,
-                    Edit {
-                        mm,
-                        state: st,
-                        tree: None,
-                        pin,
-                    },
-                ));
+                break Ok((addr, Self::holding(mm, st, pin)));
             }
         })
+    }
+}
+
+impl<'a> Edit<'a> {
+    /// [`begin_placed`](Self::begin_placed) for the owner of the slot's
+    /// bias (or its claimant): the whole slot held first, the search and
+    /// the neighbourhood read under it, with nothing busy to skip ("Slot
+    /// biases" in `range_bias`). `None` (nothing held) if the slot is not
+    /// granted at once, or the choice or its neighbourhood reaches past
+    /// the slot, or the search fails: the usual path then runs, and gives
+    /// the search's error.
+    fn place_in_slot(
+        mm: &'a AddressSpace,
+        slot: Range,
+        len: u64,
+        search: &mut impl FnMut(&View<'_>) -> Result<u64>,
+    ) -> Option<(u64, Self)> {
+        let st = mm.mmap_lock.try_write_range(slot)?.ok()?;
+        let pin = mm.tree.pin();
+        let addr = search(&View::new(mm, &pin)).ok()?;
+        let r = Range::from_len(addr, len)?;
+        // The neighbourhood, computed only where it might leave the slot.
+        // The search ran under the hold, so its choice (a stack's guard
+        // gap above included) needs no check again.
+        let inside = inside_with_neighbours(mm, slot, r)
+            || slot.contains_range(&neighbourhood(mm, r, Reach::Vmas, &pin));
+        inside.then(|| (addr, Self::holding(mm, st, pin)))
     }
 }
 
@@ -183,14 +215,38 @@ fn free_area_in(
 /// never holds a pin: a sleeper pinned would hold back every thread's
 /// reclamation for as long as it sleeps.
 ///
+///
+/// The owner of the slot's bias of `at` (or its claimant) requests the
+/// whole slot instead, granted at once, and computes under it, once:
+/// nothing to mark or validate ("Slot biases" in `range_bias`). Not even
+/// that computation if `within` says where it stays (`compute` is `within`
+/// widened by at most a page on each side, grown to the whole of every
+/// VMA it meets, plus holes clamped to root entries' spans, as
+/// [`neighbourhood`] computes it): `within` a page inside the slot, in a
+/// slot that never held an entry reaching one of its ends
+/// ([`RangeForest::edges_touched`]), leaves every VMA it may meet inside
+/// the slot. A range reaching past the slot takes the usual path, which
+/// ends the biases of the slots it spans.
+///
 /// [`RangeLock::mark`]: crate::mm::range_lock::RangeLock::mark
+/// [`RangeForest::edges_touched`]: crate::tree::RangeForest::edges_touched
 pub(crate) fn lock_validated<G: RangeHold>(
     mm: &AddressSpace,
     at: u64,
+    within: Option<Range>,
     mut compute: impl FnMut(&Guard) -> Range,
     mut try_lock: impl FnMut(Range) -> Option<G>,
     mut lock: impl FnMut(Range) -> G,
 ) -> (G, Guard) {
+    if let Some(slot) = mm.mmap_lock.ranges().and_then(|l| l.slot_likely_mine(at)) {
+        if let Some(held) = try_lock(slot) {
+            let pin = mm.tree.pin();
+            let inside = within.is_some_and(|r| inside_with_neighbours(mm, slot, r));
+            if inside || slot.contains_range(&compute(&pin)) {
+                return (held, pin);
+            }
+        }
+    }
     let mut mark = mm.mmap_lock.ranges().and_then(|l| l.mark(at));
     let mut pin = mm.tree.pin();
     let mut want = compute(&pin);
@@ -248,6 +304,20 @@ pub(crate) fn vma_hull(mm: &AddressSpace, r: Range, pin: &Guard) -> Range {
 /// How far a neighbourhood reaches past its range on each side: a page,
 /// so that two writers whose ranges touch (and may merge) conflict.
 const MARGIN: u64 = PAGE_SIZE;
+
+/// True if every neighbourhood of `r` ([`neighbourhood`], either reach)
+/// lies inside `slot`, a whole slot the caller holds, without computing
+/// it: `r` lies a page inside the slot, and no entry of the slot ever
+/// reached one of its ends ([`RangeForest::edges_touched`]), so every VMA
+/// `r` widened by a page meets lies inside too, and a hole clamped to
+/// `r`'s root entries' spans stays in the slot.
+///
+/// [`RangeForest::edges_touched`]: crate::tree::RangeForest::edges_touched
+fn inside_with_neighbours(mm: &AddressSpace, slot: Range, r: Range) -> bool {
+    r.start >= slot.start.saturating_add(MARGIN)
+        && r.end.checked_add(MARGIN).is_some_and(|e| e <= slot.end)
+        && !mm.tree.edges_touched(slot.start)
+}
 
 /// A range writer's neighbourhood of `r` (`range_lock`'s module docs): `r`
 /// widened by a page on each side, every VMA overlapping that, and with
