@@ -147,9 +147,7 @@ impl<'a> Edit<'a> {
             }
         })
     }
-}
 
-impl<'a> Edit<'a> {
     /// [`begin_placed`](Self::begin_placed) for the owner of the slot's
     /// bias (or its claimant): the whole slot held first, the search and
     /// the neighbourhood read under it, with nothing busy to skip ("Slot
@@ -214,7 +212,6 @@ fn free_area_in(
 /// changes, whenever the pin was taken. A request that waits (`lock`)
 /// never holds a pin: a sleeper pinned would hold back every thread's
 /// reclamation for as long as it sleeps.
-///
 ///
 /// The owner of the slot's bias of `at` (or its claimant) requests the
 /// whole slot instead, granted at once, and computes under it, once:
