@@ -19,7 +19,9 @@
 //! a different outcome. Zones are far enough apart that no call's result
 //! may depend on another zone (more than a stack guard gap), yet in one
 //! range-lock shard, so that munmap's holes (which reach the VMAs on
-//! either side) meet, and one zone lies in another 512 GiB shard. Only
+//! either side) meet, and one zone lies in another 512 GiB shard; or
+//! (with the bias) each in a shard of its own, so that every thread
+//! owns its slot's bias. Only
 //! calls whose effect stays inside their zone are kept: no placements
 //! (mmap without a fixed address, mremap moves without `MREMAP_FIXED`:
 //! where they land depends on the other zones) and no ranges that leave
@@ -27,8 +29,8 @@
 //!
 //! Every writer-locking mode runs: `MmapLock` (every writer excludes the
 //! rest), and `Range` with and without its bias (writers on disjoint
-//! ranges at once), each with the default speculative faults, and `Range`
-//! with per-VMA faults. `CZ_SEQS` (default 6) sets the rounds per mode,
+//! ranges at once; with the bias, in both layouts), each with the
+//! default speculative faults, and `Range` with per-VMA faults. `CZ_SEQS` (default 6) sets the rounds per mode,
 //! `CZ_OPS` (default 400) the calls per zone, `CZ_FIRST_SEED` the first
 //! seed.
 
@@ -55,12 +57,23 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
+/// Where the zones lie.
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    /// All but the last in one shard, a stride apart; the last in the next.
+    Packed,
+    /// Each in a shard of its own, 1 GiB inside it: with the range lock's
+    /// bias, every zone's thread then owns its slot's bias for the whole
+    /// round ("Slot biases" in `src/mm/range_bias.rs`).
+    Spread,
+}
+
 /// Zone `k`'s region.
-fn zone(k: u64) -> Region {
-    if k + 1 == ZONES {
-        Region::new(BASE + SHARD, PAGES)
-    } else {
-        Region::new(BASE + k * STRIDE, PAGES)
+fn zone(k: u64, layout: Layout) -> Region {
+    match layout {
+        Layout::Spread => Region::new(BASE + k * SHARD + (1 << 30), PAGES),
+        Layout::Packed if k + 1 == ZONES => Region::new(BASE + SHARD, PAGES),
+        Layout::Packed => Region::new(BASE + k * STRIDE, PAGES),
     }
 }
 
@@ -164,9 +177,9 @@ fn script(cfg: &Config, region: Region, seed: u64, n: usize) -> Script {
 /// One round: every zone's script alone, then all at once in one space.
 /// Returns the calls run and whether every zone's run overlapped every
 /// other's in time.
-fn round(name: &str, cfg: &Config, seed: u64, n: usize) -> (usize, bool) {
+fn round(name: &str, cfg: &Config, layout: Layout, seed: u64, n: usize) -> (usize, bool) {
     let scripts: Vec<Script> = (0..ZONES)
-        .map(|k| script(cfg, zone(k), seed * ZONES + k, n))
+        .map(|k| script(cfg, zone(k, layout), seed * ZONES + k, n))
         .collect();
     let mm = Arc::new(AddressSpace::new(cfg.clone()));
     let mut targets: Vec<AspaceTarget> = scripts
@@ -239,24 +252,33 @@ fn zones_run_at_once_give_what_each_gives_alone() {
         (
             "MmapLock writers",
             cfg(WriterLocking::MmapLock, true, FaultLocking::Speculative),
+            Layout::Packed,
         ),
         (
             "Range writers",
             cfg(WriterLocking::Range, false, FaultLocking::Speculative),
+            Layout::Packed,
         ),
         (
             "Range writers with the bias",
             cfg(WriterLocking::Range, true, FaultLocking::Speculative),
+            Layout::Packed,
+        ),
+        (
+            "Range writers with the bias, a slot a zone",
+            cfg(WriterLocking::Range, true, FaultLocking::Speculative),
+            Layout::Spread,
         ),
         (
             "Range writers, per-VMA faults",
             cfg(WriterLocking::Range, false, FaultLocking::PerVma),
+            Layout::Packed,
         ),
     ];
-    for (name, c) in &modes {
+    for (name, c, layout) in &modes {
         let (mut calls, mut together) = (0, 0);
         for seed in first..first + seqs {
-            let (n, all) = round(name, c, seed, n);
+            let (n, all) = round(name, c, *layout, seed, n);
             calls += n;
             together += u64::from(all);
         }
