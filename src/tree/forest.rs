@@ -150,24 +150,56 @@ pub struct RangeForest<V> {
 /// until it is used, `tests/creation.rs`), or one per slot.
 enum Trees<V> {
     One(CachePadded<RangeTree<V>>),
-    /// The slots' trees, and one bit per slot, set for every slot a
-    /// writer has taken: walks of many slots visit only those (module
-    /// docs, "Walks"). Never cleared.
-    /// Protected by: a bit is set (`fetch_or`, `Release`) by the slot's
-    /// writer before its first store there, under the slot's mutex; the
-    /// words are loaded (`Acquire`) by walks.
-    ///
-    /// Then one bit per slot, set for every slot that holds or once held
-    /// a piece reaching one of its ends (an entry across a boundary, or
-    /// one that ends at it): "Edges" in the module docs. Never cleared.
-    /// Protected by: set (`fetch_or`) by the slot's writer as it stores
-    /// such a piece; read ([`RangeForest::edges_touched`]) by a caller
-    /// that keeps that slot's writers out.
-    Many(
-        Box<[CachePadded<RangeTree<V>>]>,
-        Box<[AtomicU64]>,
-        Box<[AtomicU64]>,
-    ),
+    Many {
+        /// The slots' trees.
+        trees: Box<[CachePadded<RangeTree<V>>]>,
+        /// Set for every slot a writer has taken: walks of many slots
+        /// visit only those (module docs, "Walks").
+        /// Protected by: set (`Release`) by the slot's writer before its
+        /// first store there, under the slot's mutex; loaded (`Acquire`)
+        /// by walks.
+        written: SlotBits,
+        /// Set for every slot that holds or once held a piece reaching
+        /// one of its ends (an entry across a boundary, or one that ends
+        /// at it): "Edges" in the module docs.
+        /// Protected by: set by the slot's writer as it stores such a
+        /// piece; read ([`RangeForest::edges_touched`]) by a caller that
+        /// keeps that slot's writers out.
+        edges: SlotBits,
+    },
+}
+
+/// One bit per slot, each set once and never cleared.
+struct SlotBits(Box<[AtomicU64]>);
+
+impl SlotBits {
+    /// `n` slots' bits, all clear.
+    fn new(n: usize) -> Self {
+        SlotBits((0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    /// The word holding slot `k`'s bit, and the bit.
+    #[inline]
+    fn at(&self, k: usize) -> (&AtomicU64, u64) {
+        (&self.0[k / 64], 1u64 << (k % 64))
+    }
+
+    /// Sets slot `k`'s bit: a load, and a read-modify-write (`order`) the
+    /// first time only, so the line stays shared among writers.
+    #[inline]
+    fn set(&self, k: usize, order: Ordering) {
+        let (word, bit) = self.at(k);
+        if word.load(Ordering::Relaxed) & bit == 0 {
+            word.fetch_or(bit, order);
+        }
+    }
+
+    /// True if slot `k`'s bit is set (loaded with `order`).
+    #[inline]
+    fn get(&self, k: usize, order: Ordering) -> bool {
+        let (word, bit) = self.at(k);
+        word.load(order) & bit != 0
+    }
 }
 
 impl<V> RangeForest<V> {
@@ -176,7 +208,7 @@ impl<V> RangeForest<V> {
     fn all(&self) -> &[CachePadded<RangeTree<V>>] {
         match &self.trees {
             Trees::One(t) => core::slice::from_ref(t),
-            Trees::Many(ts, ..) => ts,
+            Trees::Many { trees, .. } => trees,
         }
     }
 }
@@ -210,13 +242,13 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         let (shift, n) = slot_geometry(shift, space_end);
         RangeForest {
             shift,
-            trees: Trees::Many(
-                (0..n)
+            trees: Trees::Many {
+                trees: (0..n)
                     .map(|_| CachePadded::new(RangeTree::with_reclaimer(reclaimer())))
                     .collect(),
-                (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
-                (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect(),
-            ),
+                written: SlotBits::new(n),
+                edges: SlotBits::new(n),
+            },
             unified: AtomicPtr::new(core::ptr::null_mut()),
         }
     }
@@ -234,7 +266,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     fn one<'g>(&'g self, _g: &'g Guard) -> Option<&'g RangeTree<V>> {
         match &self.trees {
             Trees::One(t) => Some(t),
-            Trees::Many(..) => {
+            Trees::Many { .. } => {
                 let p = self.unified.load(Ordering::Acquire);
                 // SAFETY: a non-null `unified` is a live tree: `split`
                 // unlinks it before retiring it through the reclaimer
@@ -281,11 +313,8 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// so the line stays shared among writers.
     #[inline]
     fn mark_written(&self, k: usize) {
-        if let Trees::Many(_, written, _) = &self.trees {
-            let (word, bit) = (&written[k / 64], 1u64 << (k % 64));
-            if word.load(Ordering::Relaxed) & bit == 0 {
-                word.fetch_or(bit, Ordering::Release);
-            }
+        if let Trees::Many { written, .. } = &self.trees {
+            written.set(k, Ordering::Release);
         }
     }
 
@@ -293,9 +322,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     #[inline]
     fn ever_written(&self, k: usize) -> bool {
         match &self.trees {
-            Trees::Many(_, written, _) => {
-                written[k / 64].load(Ordering::Acquire) & (1u64 << (k % 64)) != 0
-            }
+            Trees::Many { written, .. } => written.get(k, Ordering::Acquire),
             Trees::One(_) => true,
         }
     }
@@ -305,12 +332,9 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// and for such a piece a load (a read-modify-write the first time).
     #[inline]
     fn note_edges(&self, k: usize, piece: Range) {
-        if let Trees::Many(_, _, edges) = &self.trees {
+        if let Trees::Many { edges, .. } = &self.trees {
             if piece.start == self.start(k) || piece.end == self.end(k) {
-                let (word, bit) = (&edges[k / 64], 1u64 << (k % 64));
-                if word.load(Ordering::Relaxed) & bit == 0 {
-                    word.fetch_or(bit, Ordering::Relaxed);
-                }
+                edges.set(k, Ordering::Relaxed);
             }
         }
     }
@@ -325,9 +349,8 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     #[inline]
     pub fn edges_touched(&self, addr: u64) -> bool {
         match &self.trees {
-            Trees::Many(_, _, edges) if self.unified.load(Ordering::Acquire).is_null() => {
-                let k = self.slot_of(addr);
-                edges[k / 64].load(Ordering::Relaxed) & (1u64 << (k % 64)) != 0
+            Trees::Many { edges, .. } if self.unified.load(Ordering::Acquire).is_null() => {
+                edges.get(self.slot_of(addr), Ordering::Relaxed)
             }
             _ => true,
         }
@@ -552,7 +575,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         let g = self.pin();
         let unified = match &self.trees {
             Trees::One(_) => 0,
-            Trees::Many(..) => self.one(&g).map_or(0, RangeTree::memory_bytes),
+            Trees::Many { .. } => self.one(&g).map_or(0, RangeTree::memory_bytes),
         };
         unified + self.all().iter().map(|t| t.memory_bytes()).sum::<usize>()
     }
@@ -692,7 +715,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// (a unified forest: its one tree's, and that the slots are empty).
     pub fn check_invariants(&self) -> Result<(), String> {
         let g = self.pin();
-        if let (Trees::Many(..), Some(u)) = (&self.trees, self.one(&g)) {
+        if let (Trees::Many { .. }, Some(u)) = (&self.trees, self.one(&g)) {
             u.check_invariants()?;
             if self.all().iter().any(|t| !t.is_empty()) {
                 return Err("a unified forest's slots hold entries".into());
