@@ -9,9 +9,10 @@ use crate::sync::{Arc, AtomicPtr, Ordering};
 
 /// Replaces the `Arc` an atomic pointer of a VMA holds with `new`, and
 /// returns the one it held, as a swap would. Its callers are the setters
-/// below, whose caller has the VMA write-locked or detached: one writer at
-/// a time, ordered after the last by the hold that makes it one. So a load
-/// and a store replace the value, not a swap: a writer making or freeing a
+/// below and `take_anon`, whose caller has the VMA write-locked or
+/// detached: one writer at a time, ordered after the last by the hold
+/// that makes it one. So a load and a store replace the value, not a
+/// swap: a writer making or freeing a
 /// VMA sets three such pointers, mostly null over null, and a swap is a
 /// locked read-modify-write each (`docs/RESULTS.md`, "Single-writer VMA
 /// pointers"). Null over null stores nothing.
@@ -24,7 +25,8 @@ fn replace<T>(slot: &AtomicPtr<T>, new: Option<Arc<T>>) -> Option<Arc<T>> {
     // Release: a reader that loads `new` sees the object it points to.
     slot.store(new, Ordering::Release);
     // SAFETY: a non-null `old` came from `Arc::into_raw` in an earlier
-    // `replace` of this slot, and the VMA owned that count; the store
+    // store of this slot (a `replace`, or for the anon_vma `put_anon` or
+    // `install_anon_vma`), and the VMA owned that count; the store
     // above took it out of the VMA, and only this writer could have (see
     // above), so this is its one release.
     (!old.is_null()).then(|| unsafe { Arc::from_raw(old) })
@@ -138,12 +140,10 @@ impl Vma {
     /// [`anon::unlink_all`] does for a batch). The caller has the VMA
     /// write-locked or detached.
     pub(super) fn take_anon(&self) -> Option<Arc<AnonVma>> {
-        let old = self.anon_vma.swap(core::ptr::null_mut(), Ordering::AcqRel);
-        // SAFETY: a non-null `old` came from `Arc::into_raw` in `put_anon`
-        // or `install_anon_vma`; the swap took it out of the VMA, so this
-        // is its only release. Readers that could still use it hold the
-        // VMA (read lock or mmap_lock), which the caller excludes.
-        (!old.is_null()).then(|| unsafe { Arc::from_raw(old) })
+        // The faults that install one (`install_anon_vma`) hold the VMA,
+        // which the caller excludes, as it does every reader that could
+        // still use the old one: one writer, as for the setters.
+        replace(&self.anon_vma, None)
     }
 
     /// This object as a `VmaRef`.
