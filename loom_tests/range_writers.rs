@@ -711,15 +711,14 @@ const FAR: u64 = 0x100_0000_0000;
 const FAR_SPAN: (u64, u64, Prot) = (FAR, FAR + 2 * PAGE_SIZE, Prot::READ.union(Prot::WRITE));
 
 /// A range-mode space whose own bias is already off, so that requests
-/// meet the slots' biases ("Slot biases" in `mm/range_bias.rs`), each
-/// passed up to `handovers` times: a setup thread claimed the space's
-/// bias (a page mapped at `FAR`) and another's request ended it (one
-/// page above; `handovers` is the space's too, so this takes 0). That
-/// second thread then claimed the bias of `FAR`'s slot; the slots the
-/// models use are unclaimed. The two pages stay mapped: [`FAR_SPAN`].
-fn slot_biased_space(handovers: u32) -> Arc<AddressSpace> {
-    assert_eq!(handovers, 0, "a handover would keep the space's bias on");
-    let mm = biased_space(FaultLocking::PerVma, handovers);
+/// meet the slots' biases ("Slot biases" in `mm/range_bias.rs`), with no
+/// handover (the setting is the space's bias's too, and a handover would
+/// keep it on): a setup thread claimed the space's bias (a page mapped at
+/// `FAR`) and another's request ended it (one page above). That second
+/// thread then claimed the bias of `FAR`'s slot; the slots the models use
+/// are unclaimed. The two pages stay mapped: [`FAR_SPAN`].
+fn slot_biased_space() -> Arc<AddressSpace> {
+    let mm = biased_space(FaultLocking::PerVma, 0);
     for at in [FAR, FAR + PAGE_SIZE] {
         let m = mm.clone();
         thread::spawn(move || m.mmap(at, PAGE_SIZE, rw(), fixed()).unwrap())
@@ -753,7 +752,7 @@ fn slot_biased_space(handovers: u32) -> Arc<AddressSpace> {
 #[test]
 fn range_slot_bias_placement_vs_owner_placing() {
     model(|| {
-        let mm = slot_biased_space(0);
+        let mm = slot_biased_space();
         mm.mmap(C, PAGE_SIZE, rw(), fixed()).unwrap();
         racing_placements(mm, &[(C, C + PAGE_SIZE, rw()), FAR_SPAN]);
     });
@@ -777,7 +776,7 @@ fn range_slot_bias_owner_vs_request_across_slots() {
     const S: u64 = 0x80_0000_0000;
     const P: u64 = PAGE_SIZE;
     model(|| {
-        let mm = slot_biased_space(0);
+        let mm = slot_biased_space();
         mm.mmap(S - 2 * P, P, rw(), fixed()).unwrap();
         let m2 = mm.clone();
         let t = thread::spawn(move || {
