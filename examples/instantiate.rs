@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release --example instantiate -- [--threads 1,2] [--seconds S | --instances N]
-//!     [--reps N] [--mode NAME|all] [--separate] [--kernel] [--writers-only] [--no-pin]
+//!     [--reps N] [--mode NAME[,NAME..]|all] [--separate] [--kernel] [--writers-only] [--no-pin]
 //! ```
 //!
 //! An instance (`aspace::workloads::instantiate`): mmap 4 GiB + a 2 GiB
@@ -51,8 +51,8 @@ const OPTIONS: &[(&str, &str, &str)] = &[
     ),
     ("--reps N", "repetitions of every point", "3"),
     (
-        "--mode NAME",
-        "one mode of aspace::workloads::MODES (MmapLock, PerVma, Speculative, ...), or all",
+        "--mode NAME[,NAME..]",
+        "modes of aspace::workloads::MODES (MmapLock, PerVma, Speculative, ...) to run, in that order, or all",
         "all",
     ),
     (
@@ -132,8 +132,13 @@ fn parse() -> Args {
             "--mode" => {
                 let name = val();
                 if name != "all" {
-                    let m = MODES.iter().find(|m| m.name.eq_ignore_ascii_case(&name));
-                    a.modes = vec![*m.unwrap_or_else(|| usage())];
+                    a.modes = name
+                        .split(',')
+                        .map(|n| {
+                            let m = MODES.iter().find(|m| m.name.eq_ignore_ascii_case(n));
+                            *m.unwrap_or_else(|| usage())
+                        })
+                        .collect();
                 }
             }
             "--separate" => a.separate = true,
