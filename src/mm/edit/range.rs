@@ -165,12 +165,12 @@ impl<'a> Edit<'a> {
         let pin = mm.tree.pin();
         let addr = search(&View::new(mm, &pin)).ok()?;
         let r = Range::from_len(addr, len)?;
-        // The neighbourhood, computed only where it might leave the slot.
         // The search ran under the hold, so its choice (a stack's guard
         // gap above included) needs no check again.
-        let inside = inside_with_neighbours(mm, slot, r)
-            || slot.contains_range(&neighbourhood(mm, r, Reach::Vmas, &pin));
-        inside.then(|| (addr, Self::holding(mm, st, pin)))
+        neighbourhood_in_slot(mm, slot, Some(r), || {
+            neighbourhood(mm, r, Reach::Vmas, &pin)
+        })
+        .then(|| (addr, Self::holding(mm, st, pin)))
     }
 }
 
@@ -238,8 +238,7 @@ pub(crate) fn lock_validated<G: RangeHold>(
     if let Some(slot) = mm.mmap_lock.ranges().and_then(|l| l.slot_likely_mine(at)) {
         if let Some(held) = try_lock(slot) {
             let pin = mm.tree.pin();
-            let inside = within.is_some_and(|r| inside_with_neighbours(mm, slot, r));
-            if inside || slot.contains_range(&compute(&pin)) {
+            if neighbourhood_in_slot(mm, slot, within, || compute(&pin)) {
                 return (held, pin);
             }
         }
@@ -302,18 +301,27 @@ pub(crate) fn vma_hull(mm: &AddressSpace, r: Range, pin: &Guard) -> Range {
 /// so that two writers whose ranges touch (and may merge) conflict.
 const MARGIN: u64 = PAGE_SIZE;
 
-/// True if every neighbourhood of `r` ([`neighbourhood`], either reach)
-/// lies inside `slot`, a whole slot the caller holds, without computing
-/// it: `r` lies a page inside the slot, and no entry of the slot ever
-/// reached one of its ends ([`RangeForest::edges_touched`]), so every VMA
-/// `r` widened by a page meets lies inside too, and a hole clamped to
-/// `r`'s root entries' spans stays in the slot.
+/// True if the neighbourhood `compute` gives (of `within`, when known:
+/// [`neighbourhood`], either reach) lies inside `slot`, a whole slot the
+/// caller holds. Known without computing it when `within` lies a page
+/// inside the slot and no entry of the slot ever reached one of its ends
+/// ([`RangeForest::edges_touched`]): every VMA `within` widened by a page
+/// meets lies inside too, and a hole clamped to its root entries' spans
+/// stays in the slot. Else computed and compared.
 ///
 /// [`RangeForest::edges_touched`]: crate::tree::RangeForest::edges_touched
-fn inside_with_neighbours(mm: &AddressSpace, slot: Range, r: Range) -> bool {
-    r.start >= slot.start.saturating_add(MARGIN)
-        && r.end.checked_add(MARGIN).is_some_and(|e| e <= slot.end)
-        && !mm.tree.edges_touched(slot.start)
+fn neighbourhood_in_slot(
+    mm: &AddressSpace,
+    slot: Range,
+    within: Option<Range>,
+    compute: impl FnOnce() -> Range,
+) -> bool {
+    let known_inside = within.is_some_and(|r| {
+        r.start >= slot.start.saturating_add(MARGIN)
+            && r.end.checked_add(MARGIN).is_some_and(|e| e <= slot.end)
+            && !mm.tree.edges_touched(slot.start)
+    });
+    known_inside || slot.contains_range(&compute())
 }
 
 /// A range writer's neighbourhood of `r` (`range_lock`'s module docs): `r`
