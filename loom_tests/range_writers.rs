@@ -9,9 +9,10 @@
 //! while the owner placed, and the split of the tree the owner kept
 //! unified (and the raise of the sequence its shared sections moved)
 //! against a speculative fault; and the slots' biases that follow it: a
-//! placement that looked while a slot's owner placed, and a request
+//! placement that looked while a slot's owner placed, a request
 //! across two slots that ends the bias of one whose owner is inside its
-//! call. The real AddressSpace runs through src/sync.rs (deferred
+//! call, and a whole-space writer (an mlock, which then populates)
+//! against an owner's mprotect. The real AddressSpace runs through src/sync.rs (deferred
 //! reclamation, as the other models). Each names the one-line mutation it catches (checked by breaking that
 //! line, running the model and restoring it).
 //!
@@ -23,7 +24,7 @@ use common::{cfg, fixed, model, rw, store_vs_munmap_reuse};
 
 use aspace::{
     loom_door, Access, AddressSpace, Advice, Config, FaultLocking, MapFlags, MremapFlags, Prot,
-    WriterLocking, PAGE_SIZE,
+    VmFlags, WriterLocking, PAGE_SIZE,
 };
 use loom::sync::Arc;
 use loom::thread;
@@ -199,7 +200,7 @@ fn range_mmaps_beside_a_vma_across_shards() {
 /// if the two overlap (the state is read through a tracked cell).
 ///
 /// Catches: a range request passing a closed gate (`if
-/// !self.closed.load(Ordering::SeqCst) {` made `if true {` in
+/// !self.closed.load(Ordering::Acquire) {` made `if true {` in
 /// `Gate::enter`, src/mm/range_lock.rs), and a closer that does not wait
 /// for the requests inside (`while self.inside() != 0 {` made `while
 /// false {` in `Gate::close`).
@@ -788,6 +789,49 @@ fn range_slot_bias_owner_vs_request_across_slots() {
         assert_eq!(
             mine,
             vec![(S - 2 * P, S - P, Prot::READ), (S - P, S + P, rw())]
+        );
+        loom_door::check_ptes(&mm).unwrap();
+    });
+}
+
+/// A slot's owner against a whole-space writer, with no handover: the
+/// setup's thread claims the bias of `C`'s slot (mapping `[C, C+2P)`),
+/// then makes `[C, C+P)` read-only through that bias, while another
+/// thread mlocks `[C, C+2P)`, a whole-space writer that closes the gate
+/// and waits for the owner's call, then populates the range (its faults
+/// may revoke the slot's bias, ending it). In either order both VMAs end
+/// locked, the first read-only.
+///
+/// Catches:
+/// - a closer that does not wait for the slot owner's call inside the
+///   gate (`while self.inside() != 0 {` made `while false {` in
+///   `Gate::close`, src/mm/range_lock.rs): the mlock and the split then
+///   change the VMA at once;
+/// - an mlock whose populate counts a write fault refused after the
+///   mprotect as a failure (`if raced` made `if false && raced` in
+///   `AddressSpace::populate_locked`, src/mm/mlock.rs): the mlock fails
+///   with `ENOMEM`, where Linux looks the VMA up again (this model found
+///   that, in every writer locking: `tests/range_writers.rs`'s
+///   `mlock_succeeds_while_its_range_is_mprotected`).
+#[test]
+fn range_slot_bias_owner_vs_whole_space_writer() {
+    const P: u64 = PAGE_SIZE;
+    model(|| {
+        let mm = slot_biased_space();
+        mm.mmap(C, 2 * P, rw(), fixed()).unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || m2.mlock(C, 2 * P).unwrap());
+        mm.mprotect(C, P, Prot::READ).unwrap();
+        t.join().unwrap();
+        let mine: Vec<_> = mm
+            .vmas()
+            .iter()
+            .filter(|v| v.start < C + 2 * P && v.end > C)
+            .map(|v| (v.start, v.end, v.prot, v.flags.contains(VmFlags::LOCKED)))
+            .collect();
+        assert_eq!(
+            mine,
+            vec![(C, C + P, Prot::READ, true), (C + P, C + 2 * P, rw(), true)]
         );
         loom_door::check_ptes(&mm).unwrap();
     });

@@ -618,3 +618,70 @@ fn a_vma_freed_and_taken_again_in_one_call_ends_unlocked() {
         assert_eq!(got, [round; 64]);
     }
 }
+
+/// Runs `call` (given the round) on a 64-page read-write mapping at `a`
+/// while another thread flips its first half between read-only and
+/// read-write, in both writer lockings: at least 2,000 rounds, and until
+/// 3,000 flips ran meanwhile.
+fn against_mprotect_flips(call: impl Fn(&AddressSpace, u64, u64, WriterLocking, u64)) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    for writer_locking in [WriterLocking::Range, WriterLocking::MmapLock] {
+        let mm = Arc::new(AddressSpace::new(Config {
+            writer_locking,
+            ..Config::default()
+        }));
+        let len = 64 * PAGE_SIZE;
+        let a = mm.mmap(0, len, RW, anon()).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flips = Arc::new(AtomicU64::new(0));
+        let flipper = {
+            let (mm, stop, flips) = (mm.clone(), stop.clone(), flips.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    mm.mprotect(a, len / 2, Prot::READ).unwrap();
+                    mm.mprotect(a, len / 2, RW).unwrap();
+                    flips.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        let mut round = 0u64;
+        while round < 2000 || (flips.load(Ordering::Relaxed) < 3000 && round < 1_000_000) {
+            call(&mm, a, len, writer_locking, round);
+            round += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        flipper.join().unwrap();
+        assert!(flips.load(Ordering::Relaxed) >= 3000, "{writer_locking:?}");
+    }
+}
+
+/// mlock populates each VMA as it finds it: an mprotect of half its range
+/// to read-only meanwhile (failing the write faults the populate chose
+/// before it) never makes mlock fail, as in Linux, which looks the VMA up
+/// again (the loom model `range_slot_bias_owner_vs_whole_space_writer`
+/// found it failing with `ENOMEM`).
+#[test]
+fn mlock_succeeds_while_its_range_is_mprotected() {
+    against_mprotect_flips(|mm, a, len, locking, round| {
+        assert_eq!(mm.mlock(a, len), Ok(()), "{locking:?}, round {round}");
+        assert!(mm.vmas().iter().all(|v| v.flags.contains(VmFlags::LOCKED)));
+        mm.munlock(a, len).unwrap();
+        mm.madvise(a, len, Advice::DontNeed).unwrap();
+    });
+}
+
+/// `MADV_POPULATE_WRITE` judges each VMA as it finds it: where an
+/// mprotect made half the range read-only meanwhile, it fails with
+/// `EINVAL` (the VMA looked up again refuses writes), as Linux, never
+/// with `EFAULT` for a write fault the VMA it judged allowed.
+#[test]
+fn populate_write_meets_an_mprotect_with_einval_only() {
+    against_mprotect_flips(|mm, a, len, locking, round| {
+        let r = mm.madvise(a, len, Advice::PopulateWrite);
+        assert!(
+            matches!(r, Ok(()) | Err(Error::Inval)),
+            "{locking:?}, round {round}: {r:?}"
+        );
+        mm.madvise(a, len, Advice::DontNeed).unwrap();
+    });
+}

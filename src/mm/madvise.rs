@@ -165,7 +165,7 @@ impl AddressSpace {
     fn madvise_populate(&self, r: Range, write: bool) -> Result<()> {
         let access = if write { Access::Write } else { Access::Read };
         let mut a = r.start;
-        while a < r.end {
+        'vmas: while a < r.end {
             let Some(v) = self.vma_at(a) else {
                 return Err(Error::NoMem);
             };
@@ -185,10 +185,14 @@ impl AddressSpace {
                 match self.fault(a, access) {
                     Ok(()) => {}
                     Err(FaultError::OutOfMemory) => return Err(Error::NoMem),
-                    // Unmapped under us: a hole now.
-                    Err(FaultError::NoMapping) if self.vma_at(a).is_none() => {
-                        return Err(Error::NoMem)
-                    }
+                    // Unmapped or changed under us (the VMA judged is only
+                    // a snapshot): judged again at `a`, as Linux looks the
+                    // VMA up again after a fault that dropped the
+                    // mmap_lock, so a hole now is `ENOMEM` and an access
+                    // the VMA no longer allows `EINVAL`, never `EFAULT`
+                    // (a writer that keeps changing it keeps this going,
+                    // as the mmap_lock would keep it waiting in Linux).
+                    Err(FaultError::NoMapping | FaultError::AccessDenied) => continue 'vmas,
                     Err(_) => return Err(Error::Fault),
                 }
                 a += PAGE_SIZE;

@@ -314,12 +314,34 @@ impl AddressSpace {
             if !f.accessible() {
                 failed = Some(Error::NoMem);
             }
+            let mut raced = false;
             while failed.is_none() && a < stop {
                 match self.fault(a, access) {
                     Ok(()) => a += PAGE_SIZE,
                     Err(FaultError::OutOfMemory) => failed = Some(Error::Again),
-                    Err(_) => failed = Some(Error::NoMem),
+                    Err(e) => {
+                        failed = Some(Error::NoMem);
+                        raced = matches!(e, FaultError::NoMapping | FaultError::AccessDenied);
+                    }
                 }
+            }
+            // The snapshot is only what the VMA was: a writer may have
+            // changed it since (an mprotect to read-only fails the write
+            // faults chosen before it, an munmap any). Linux populates
+            // each VMA as it finds it under the mmap_lock, looked up
+            // again after any fault that dropped the lock. So a fault
+            // refused for the access or the mapping counts only if the
+            // VMA at `a` is still the one judged and refuses that access;
+            // else `a` is judged again (a writer that keeps changing the
+            // VMA keeps this going, as the mmap_lock would keep it
+            // waiting in Linux).
+            if raced
+                && self.vma_after(a).is_none_or(|now| {
+                    (now.start, now.end, now.flags) != (v.start, v.end, f)
+                        || access.allowed_by(now.flags)
+                })
+            {
+                continue;
             }
             match failed {
                 Some(e) if !ignore_errors => return Err(e),
