@@ -606,9 +606,9 @@ fn range_dontneed_vs_munmap_in_one_pte_table() {
 /// h.word.load(Ordering::Relaxed) == me {` made `if true {` in
 /// `Bias::count_in`, src/mm/range_bias.rs): the revoker then reads the
 /// count before the owner's store and takes the bias while the owner
-/// edits; and a revoker that does not wait for the count (`if
-/// h.depth.load(Ordering::Acquire) == 0 {` made `if true {` in
-/// `Bias::enter_slow`).
+/// edits; and a revoker that does not wait for the count (`REVOKING if
+/// h.depth.load(Ordering::Acquire) == 0 => Found::OwnerOut,` made
+/// `REVOKING => Found::OwnerOut,` in `Bias::revoke`).
 #[test]
 fn range_bias_owner_vs_revoking_writer() {
     model(|| {
@@ -769,9 +769,11 @@ fn range_slot_bias_placement_vs_owner_placing() {
 /// `Y` read-only and the new mapping read-write beside it.
 ///
 /// Catches: ending a slot's bias without waiting for its owner's call
-/// (`REVOKING if h.depth.load(Ordering::Acquire) == 0 => break,` made
-/// `REVOKING => break,` in `Bias::end_slow`, src/mm/range_bias.rs): the
-/// mapping then merges with `Y` while the owner changes it.
+/// (`REVOKING if h.depth.load(Ordering::Acquire) == 0 => Found::OwnerOut,`
+/// made `REVOKING => Found::OwnerOut,` in `Bias::revoke`,
+/// src/mm/range_bias.rs, the revoker's side `Bias::end` shares with a
+/// request's): the mapping then merges with `Y` while the owner changes
+/// it.
 #[test]
 fn range_slot_bias_owner_vs_request_across_slots() {
     const S: u64 = 0x80_0000_0000;

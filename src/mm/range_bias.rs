@@ -155,7 +155,8 @@
 //! bias's owner runs shared sections").
 
 use crate::sync::{
-    asymmetric, counter, thread_id, thread_id_if_made, AtomicU64, Condvar, Mutex, Ordering,
+    asymmetric, counter, thread_id, thread_id_if_made, AtomicU64, Condvar, Mutex, MutexGuard,
+    Ordering,
 };
 
 /// How many times the bias passes from one thread to another before it is
@@ -184,6 +185,21 @@ pub(crate) enum Entry {
     /// Another thread's call must end first (only without `wait`):
     /// [`Bias::wait_revoked`], then request again.
     Revoking,
+}
+
+/// What a revoker found under the mutex ([`Bias::revoke`]).
+enum Found {
+    /// The bias is off for good.
+    Off,
+    /// No thread has claimed it.
+    Unclaimed,
+    /// Marked, and the owner is out of every call: the caller completes
+    /// the revocation.
+    OwnerOut,
+    /// Marked, and the owner is inside a call (only without `wait`).
+    OwnerInside,
+    /// The word names the caller.
+    Mine,
 }
 
 /// The bias of one range lock, or of one of its shards (see the module
@@ -382,42 +398,65 @@ impl Bias {
     #[inline(never)]
     fn enter_slow(&self, wait: bool) -> Entry {
         let me = thread_id();
-        let h = &self.hot;
         let mut n = self.handovers.lock();
         loop {
-            match h.word.load(Ordering::Acquire) {
-                OFF => return Entry::Off,
-                UNCLAIMED => return self.take(&mut n, me, false),
-                REVOKING => {
-                    // Acquire: pairs with the owner's last count-out.
-                    if h.depth.load(Ordering::Acquire) == 0 {
-                        return self.take(&mut n, me, true);
-                    }
-                    if !wait {
-                        return Entry::Revoking;
-                    }
-                    n = self.changed.wait(n);
-                }
-                w if w == me => {
+            let (mut held, found) = self.revoke(n, wait, Some(me));
+            return match found {
+                Found::Off => Entry::Off,
+                Found::Unclaimed => self.take(&mut held, me, false),
+                Found::OwnerOut => self.take(&mut held, me, true),
+                Found::OwnerInside => Entry::Revoking,
+                Found::Mine => {
                     // Not reached: the bias passes only to the thread
                     // that completes a revocation (`take`, which returns
                     // at once), and `enter` tried ours first. Kept so that
                     // an owner never marks its own bias: inside a call of
                     // its own it would wait for itself.
-                    drop(n);
+                    drop(held);
                     if self.count_in(me) {
                         return Entry::Owner;
                     }
                     n = self.handovers.lock();
+                    continue;
                 }
+            };
+        }
+    }
+
+    /// The revoker's side of the handshake (module docs), under the
+    /// mutex `n`: marks the word `REVOKING` if it names an owner (other
+    /// than `me`), fences (heavy), and with `wait` waits until the
+    /// owner's calls have ended. Says what it found; the caller completes
+    /// a claim or revocation (or not) under the mutex it gets back.
+    fn revoke<'a>(
+        &'a self,
+        mut n: MutexGuard<'a, u32>,
+        wait: bool,
+        me: Option<u64>,
+    ) -> (MutexGuard<'a, u32>, Found) {
+        let h = &self.hot;
+        loop {
+            let found = match h.word.load(Ordering::Acquire) {
+                OFF => Found::Off,
+                UNCLAIMED => Found::Unclaimed,
+                // Acquire: pairs with the owner's last count-out.
+                REVOKING if h.depth.load(Ordering::Acquire) == 0 => Found::OwnerOut,
+                REVOKING if !wait => Found::OwnerInside,
+                REVOKING => {
+                    n = self.changed.wait(n);
+                    continue;
+                }
+                w if Some(w) == me => Found::Mine,
                 _owner => {
                     h.word.store(REVOKING, Ordering::Relaxed);
                     // Pairs with the owner's light fences (`count_in`,
                     // `exit`): either its count is visible to the load
                     // above in the next round, or it sees the mark.
                     asymmetric::heavy();
+                    continue;
                 }
-            }
+            };
+            return (n, found);
         }
     }
 
@@ -457,27 +496,17 @@ impl Bias {
     #[cold]
     #[inline(never)]
     fn end_slow(&self, wait: bool) -> bool {
-        let h = &self.hot;
-        let mut n = self.handovers.lock();
-        loop {
-            match h.word.load(Ordering::Acquire) {
-                OFF => return true,
-                UNCLAIMED => break,
-                // Acquire: pairs with the owner's last count-out.
-                REVOKING if h.depth.load(Ordering::Acquire) == 0 => break,
-                REVOKING if !wait => return false,
-                REVOKING => n = self.changed.wait(n),
-                _owner => {
-                    // As `enter_slow`'s revoker, even if the caller owns
-                    // it: it is inside no call of it, so its count is
-                    // zero.
-                    h.word.store(REVOKING, Ordering::Relaxed);
-                    asymmetric::heavy();
-                }
-            }
+        // As `enter_slow`'s revoker, even if the caller owns it: it is
+        // inside no call of it, so its count is zero.
+        let (mut n, found) = self.revoke(self.handovers.lock(), wait, None);
+        match found {
+            Found::Off => return true,
+            Found::OwnerInside => return false,
+            Found::Unclaimed | Found::OwnerOut => {}
+            Found::Mine => unreachable!("a revoker without an id finds none its own"),
         }
         *n = n.saturating_add(1);
-        h.word.store(OFF, Ordering::Release);
+        self.hot.word.store(OFF, Ordering::Release);
         self.changed.notify_all();
         true
     }
