@@ -4,7 +4,9 @@
 //! One region, shared by every thread. Its first half stays mapped the
 //! whole time, with at least read permission: threads fault it, store
 //! counters into it and read them back while other threads DONTNEED its
-//! pages, flip them between read-only and read-write, and fork the space.
+//! pages, flip them between read-only and read-write, mlock and munlock
+//! them, populate them with `MADV_POPULATE_READ`/`WRITE`, and fork the
+//! space.
 //! Its second half is also unmapped and mapped again, page by page.
 //!
 //! Counted, and required to stay zero:
@@ -15,13 +17,18 @@
 //!   stored there or zero (DONTNEED, or a fresh mapping in the second
 //!   half);
 //! - a byte of a forked child that changes after fork returned (the child
-//!   itself never writes).
+//!   itself never writes);
+//! - an mlock, munlock or `MADV_POPULATE_READ` of stable pages that
+//!   fails, or a `MADV_POPULATE_WRITE` there that fails with anything but
+//!   `EINVAL` (read-only just now): Linux judges each VMA as it finds it
+//!   under the mmap_lock, so none of these can fail otherwise.
 
 #[path = "common/rng.rs"]
 mod rng;
 
 use aspace::{
-    Access, AddressSpace, Advice, Config, FaultError, FaultLocking, MapFlags, Prot, PAGE_SIZE,
+    Access, AddressSpace, Advice, Config, Error, FaultError, FaultLocking, MapFlags, Prot,
+    PAGE_SIZE,
 };
 use rng::XorShift;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -48,6 +55,8 @@ struct Counts {
     dontneeds: AtomicU64,
     mprotects: AtomicU64,
     remaps: AtomicU64,
+    false_errors: AtomicU64,
+    locks: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -68,7 +77,7 @@ fn run(locking: FaultLocking, dur: Duration) {
     let page = move |p: u64| base + p * PAGE_SIZE;
     let stop = Arc::new(AtomicBool::new(false));
     let c = Arc::new(Counts::default());
-    let start = Arc::new(Barrier::new(WRITERS as usize + 5));
+    let start = Arc::new(Barrier::new(WRITERS as usize + 6));
     let mut hs = Vec::new();
 
     // Writers: each owns one 8-byte word in every page and stores a
@@ -158,6 +167,37 @@ fn run(locking: FaultLocking, dur: Duration) {
         }));
     }
 
+    // mlock, populate and munlock stable pages: none may fail (but a
+    // populate for writing meeting a read-only page, with EINVAL).
+    {
+        let (mm, stop, c, start) = (mm.clone(), stop.clone(), c.clone(), start.clone());
+        hs.push(std::thread::spawn(move || {
+            let mut rng = XorShift::new(0x1405_7b7e);
+            let expect = |what: &str, r: Result<(), Error>, ok: &[Error]| {
+                if let Err(e) = r {
+                    if !ok.contains(&e) {
+                        eprintln!("{what} of stable pages: {e:?}");
+                        bump(&c.false_errors);
+                    }
+                }
+            };
+            start.wait();
+            while !stop.load(Ordering::Relaxed) {
+                let p = rng.next_u64() % STABLE;
+                let len = (1 + rng.next_u64() % 3).min(STABLE - p) * PAGE_SIZE;
+                expect("mlock", mm.mlock(page(p), len), &[]);
+                let (advice, ok) = if rng.next_u64() % 2 == 0 {
+                    (Advice::PopulateRead, &[][..])
+                } else {
+                    (Advice::PopulateWrite, &[Error::Inval][..])
+                };
+                expect("populate", mm.madvise(page(p), len, advice), ok);
+                expect("munlock", mm.munlock(page(p), len), &[]);
+                bump(&c.locks);
+            }
+        }));
+    }
+
     // munmap and map again, page by page, in the churn half.
     {
         let (mm, stop, c, start) = (mm.clone(), stop.clone(), c.clone(), start.clone());
@@ -208,22 +248,25 @@ fn run(locking: FaultLocking, dur: Duration) {
     }
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
     eprintln!(
-        "{locking:?}: {} stores, {} forks, {} DONTNEEDs, {} mprotect pairs, {} remaps",
+        "{locking:?}: {} stores, {} forks, {} DONTNEEDs, {} mprotect pairs, {} remaps, {} lock rounds",
         get(&c.stores),
         get(&c.forks),
         get(&c.dontneeds),
         get(&c.mprotects),
-        get(&c.remaps)
+        get(&c.remaps),
+        get(&c.locks)
     );
     assert_eq!(get(&c.false_faults), 0, "faults failed on mapped pages");
     assert_eq!(get(&c.bad_bytes), 0, "stores lost or misplaced");
     assert_eq!(get(&c.child_changes), 0, "a child's bytes changed");
+    assert_eq!(get(&c.false_errors), 0, "locks or populates failed");
     for (what, n) in [
         ("stores", get(&c.stores)),
         ("forks", get(&c.forks)),
         ("DONTNEEDs", get(&c.dontneeds)),
         ("mprotects", get(&c.mprotects)),
         ("remaps", get(&c.remaps)),
+        ("locks", get(&c.locks)),
     ] {
         assert!(n > 0, "no {what} ran: the test exercised nothing");
     }
