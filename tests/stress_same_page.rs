@@ -21,7 +21,11 @@
 //! - an mlock, munlock or `MADV_POPULATE_READ` of stable pages that
 //!   fails, or a `MADV_POPULATE_WRITE` there that fails with anything but
 //!   `EINVAL` (read-only just now): Linux judges each VMA as it finds it
-//!   under the mmap_lock, so none of these can fail otherwise.
+//!   under the mmap_lock, so none of these can fail otherwise;
+//! - a failure of what only reads or names the stable pages (a forced
+//!   read, `mincore`, `pagemap`, `set_anon_name`, advice that sets VMA
+//!   flags), or a snapshot of the VMAs (`vmas`) that does not cover the
+//!   stable half whole, in order, without overlaps.
 
 #[path = "common/rng.rs"]
 mod rng;
@@ -57,6 +61,7 @@ struct Counts {
     remaps: AtomicU64,
     false_errors: AtomicU64,
     locks: AtomicU64,
+    looks: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -77,7 +82,7 @@ fn run(locking: FaultLocking, dur: Duration) {
     let page = move |p: u64| base + p * PAGE_SIZE;
     let stop = Arc::new(AtomicBool::new(false));
     let c = Arc::new(Counts::default());
-    let start = Arc::new(Barrier::new(WRITERS as usize + 6));
+    let start = Arc::new(Barrier::new(WRITERS as usize + 7));
     let mut hs = Vec::new();
 
     // Writers: each owns one 8-byte word in every page and stores a
@@ -198,6 +203,67 @@ fn run(locking: FaultLocking, dur: Duration) {
         }));
     }
 
+    // Readers of the stable half, and writers that only name it or set
+    // flags on it: none may fail, and a snapshot covers it whole.
+    {
+        let (mm, stop, c, start) = (mm.clone(), stop.clone(), c.clone(), start.clone());
+        hs.push(std::thread::spawn(move || {
+            let mut rng = XorShift::new(0x3c6e_f372);
+            let stable = base + STABLE * PAGE_SIZE;
+            let fail = |what: &str, e: &dyn std::fmt::Debug| {
+                eprintln!("{what} of stable pages: {e:?}");
+                bump(&c.false_errors);
+            };
+            let advice = [
+                Advice::WillNeed,
+                Advice::Random,
+                Advice::Sequential,
+                Advice::Normal,
+                Advice::HugePage,
+                Advice::NoHugePage,
+            ];
+            let mut buf = [0u8; 64];
+            start.wait();
+            while !stop.load(Ordering::Relaxed) {
+                let p = rng.next_u64() % STABLE;
+                let len = (1 + rng.next_u64() % 3).min(STABLE - p) * PAGE_SIZE;
+                let mut at = base;
+                for v in mm
+                    .vmas()
+                    .iter()
+                    .filter(|v| v.end > base && v.start < stable)
+                {
+                    if v.start > at || v.end <= v.start {
+                        fail("a snapshot", &(at, v.start, v.end));
+                    }
+                    at = v.end;
+                }
+                if at < stable {
+                    fail("a snapshot", &("ends at", at));
+                }
+                if let Err(e) = mm.read_forced(page(p), &mut buf) {
+                    fail("a forced read", &e);
+                }
+                match mm.mincore(base, STABLE * PAGE_SIZE) {
+                    Ok(v) if v.len() == STABLE as usize => {}
+                    r => fail("mincore", &r),
+                }
+                if let Err(e) = mm.pagemap(page(p), len) {
+                    fail("pagemap", &e);
+                }
+                let name = (rng.next_u64() % 2 == 0).then_some("stress");
+                if let Err(e) = mm.set_anon_name(page(p), len, name) {
+                    fail("set_anon_name", &e);
+                }
+                let a = advice[(rng.next_u64() % advice.len() as u64) as usize];
+                if let Err(e) = mm.madvise(page(p), len, a) {
+                    fail("madvise", &(a, e));
+                }
+                bump(&c.looks);
+            }
+        }));
+    }
+
     // munmap and map again, page by page, in the churn half.
     {
         let (mm, stop, c, start) = (mm.clone(), stop.clone(), c.clone(), start.clone());
@@ -248,13 +314,14 @@ fn run(locking: FaultLocking, dur: Duration) {
     }
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
     eprintln!(
-        "{locking:?}: {} stores, {} forks, {} DONTNEEDs, {} mprotect pairs, {} remaps, {} lock rounds",
+        "{locking:?}: {} stores, {} forks, {} DONTNEEDs, {} mprotect pairs, {} remaps, {} lock rounds, {} looks",
         get(&c.stores),
         get(&c.forks),
         get(&c.dontneeds),
         get(&c.mprotects),
         get(&c.remaps),
-        get(&c.locks)
+        get(&c.locks),
+        get(&c.looks)
     );
     assert_eq!(get(&c.false_faults), 0, "faults failed on mapped pages");
     assert_eq!(get(&c.bad_bytes), 0, "stores lost or misplaced");
@@ -267,6 +334,7 @@ fn run(locking: FaultLocking, dur: Duration) {
         ("mprotects", get(&c.mprotects)),
         ("remaps", get(&c.remaps)),
         ("locks", get(&c.locks)),
+        ("looks", get(&c.looks)),
     ] {
         assert!(n > 0, "no {what} ran: the test exercised nothing");
     }
