@@ -1,12 +1,12 @@
-//! Faults, DONTNEED, mprotect, fork and munmap meeting on the same pages at
-//! the same time, through the public API.
+//! Faults, DONTNEED, mprotect, mlock, populate, fork and munmap meeting on
+//! the same pages at the same time, through the public API.
 //!
 //! One region, shared by every thread. Its first half stays mapped the
 //! whole time, with at least read permission: threads fault it, store
 //! counters into it and read them back while other threads DONTNEED its
-//! pages, flip them between read-only and read-write, mlock and munlock
-//! them, populate them with `MADV_POPULATE_READ`/`WRITE`, and fork the
-//! space.
+//! pages (or free them lazily), flip them between read-only and
+//! read-write, mlock and munlock them, populate them with
+//! `MADV_POPULATE_READ`/`WRITE`, read and name them, and fork the space.
 //! Its second half is also unmapped and mapped again, page by page.
 //!
 //! Counted, and required to stay zero:
@@ -22,9 +22,11 @@
 //!   fails, or a `MADV_POPULATE_WRITE` there that fails with anything but
 //!   `EINVAL` (read-only just now): Linux judges each VMA as it finds it
 //!   under the mmap_lock, so none of these can fail otherwise;
+//! - a DONTNEED or FREE of a stable page that fails but with `EINVAL`
+//!   (mlocked just now);
 //! - a failure of what only reads or names the stable pages (a forced
-//!   read, `mincore`, `pagemap`, `set_anon_name`, advice that sets VMA
-//!   flags), or a snapshot of the VMAs (`vmas`) that does not cover the
+//!   read, `mincore`, `pagemap`, `msync`, `set_anon_name`, advice that
+//!   sets VMA flags), or a snapshot of the VMAs (`vmas`) that does not cover the
 //!   stable half whole, in order, without overlaps.
 
 #[path = "common/rng.rs"]
@@ -146,9 +148,23 @@ fn run(locking: FaultLocking, dur: Duration) {
             start.wait();
             while !stop.load(Ordering::Relaxed) {
                 let p = rng.next_u64() % pages;
-                // The churn half may be unmapped right now (ENOMEM).
-                if mm.madvise(page(p), PAGE_SIZE, Advice::DontNeed).is_ok() {
-                    bump(&c.dontneeds);
+                // DONTNEED, or FREE one time in four (a page freed lazily
+                // reads as it was or as zero, as after DONTNEED). The
+                // churn half may be unmapped right now (ENOMEM); a stable
+                // page refuses only while mlocked (EINVAL).
+                let advice = if rng.next_u64() % 4 == 0 {
+                    Advice::Free
+                } else {
+                    Advice::DontNeed
+                };
+                match mm.madvise(page(p), PAGE_SIZE, advice) {
+                    Ok(()) => bump(&c.dontneeds),
+                    Err(Error::Inval) => {}
+                    Err(_) if p >= STABLE => {}
+                    Err(e) => {
+                        eprintln!("{advice:?} of stable page {p}: {e:?}");
+                        bump(&c.false_errors);
+                    }
                 }
             }
         }));
@@ -190,7 +206,12 @@ fn run(locking: FaultLocking, dur: Duration) {
             while !stop.load(Ordering::Relaxed) {
                 let p = rng.next_u64() % STABLE;
                 let len = (1 + rng.next_u64() % 3).min(STABLE - p) * PAGE_SIZE;
-                expect("mlock", mm.mlock(page(p), len), &[]);
+                if rng.next_u64() % 4 == 0 {
+                    let onfault = aspace::MlockFlags::ONFAULT;
+                    expect("mlock2", mm.mlock2(page(p), len, onfault), &[]);
+                } else {
+                    expect("mlock", mm.mlock(page(p), len), &[]);
+                }
                 let (advice, ok) = if rng.next_u64() % 2 == 0 {
                     (Advice::PopulateRead, &[][..])
                 } else {
@@ -250,6 +271,9 @@ fn run(locking: FaultLocking, dur: Duration) {
                 }
                 if let Err(e) = mm.pagemap(page(p), len) {
                     fail("pagemap", &e);
+                }
+                if let Err(e) = mm.msync(page(p), len, aspace::MsyncFlags::ASYNC) {
+                    fail("msync", &e);
                 }
                 let name = (rng.next_u64() % 2 == 0).then_some("stress");
                 if let Err(e) = mm.set_anon_name(page(p), len, name) {
