@@ -375,6 +375,11 @@ fn mmap_lock_faults_dontneed_mprotect_fork_munmap_same_pages() {
     run(FaultLocking::MmapLock, Duration::from_secs(2));
 }
 
+#[test]
+fn speculative_faults_dontneed_mprotect_fork_munmap_same_pages() {
+    run(FaultLocking::Speculative, Duration::from_secs(2));
+}
+
 /// Two threads fault the same pages while one of them also drops each
 /// page with DONTNEED right after faulting it: no fault on the mapped,
 /// writable range may fail. (A fault whose install lost the race to the
