@@ -25,7 +25,7 @@
 //! - a DONTNEED or FREE of a stable page that fails but with `EINVAL`
 //!   (mlocked just now);
 //! - a failure of what only reads or names the stable pages (a forced
-//!   read, `mincore`, `pagemap`, `msync`, `set_anon_name`, advice that
+//!   read or write, `mincore`, `pagemap`, `msync`, `set_anon_name`, advice that
 //!   sets VMA flags), or a snapshot of the VMAs (`vmas`) that does not cover the
 //!   stable half whole, in order, without overlaps.
 
@@ -264,6 +264,20 @@ fn run(locking: FaultLocking, dur: Duration) {
                 }
                 if let Err(e) = mm.read_forced(page(p), &mut buf) {
                     fail("a forced read", &e);
+                }
+                // A forced write (a debugger's) past the writers' words,
+                // read-only page or not; then read back forced.
+                let mark = rng.next_u64().to_le_bytes();
+                let at = page(p) + PAGE_SIZE / 2;
+                if let Err(e) = mm.write_forced(at, &mark) {
+                    fail("a forced write", &e);
+                }
+                let mut back = [0u8; 8];
+                match mm.read_forced(at, &mut back) {
+                    // Only this thread writes there; a DONTNEED or FREE
+                    // since may have zeroed it.
+                    Ok(()) if back == mark || back == [0; 8] => {}
+                    r => fail("a forced write read back", &(r, back, mark)),
                 }
                 match mm.mincore(base, STABLE * PAGE_SIZE) {
                     Ok(v) if v.len() == STABLE as usize => {}
