@@ -685,3 +685,47 @@ fn populate_write_meets_an_mprotect_with_einval_only() {
         mm.madvise(a, len, Advice::DontNeed).unwrap();
     });
 }
+
+/// `max_map_count` with range writers (`WriterLocking::Range`'s docs):
+/// two threads mapping pages apart until `ENOMEM` each check the count
+/// while the other changes it, so together they may pass the limit, but
+/// by at most the one VMA the other's mmap adds; and once they stop, the
+/// limit holds exactly again.
+#[test]
+fn map_count_passes_the_limit_by_at_most_the_other_writers_vma() {
+    const MAX: usize = 40;
+    for _ in 0..50 {
+        let mm = Arc::new(AddressSpace::new(Config {
+            writer_locking: WriterLocking::Range,
+            range_bias: false,
+            max_map_count: MAX,
+            ..Config::default()
+        }));
+        let start = Arc::new(Barrier::new(2));
+        let hs: Vec<_> = (0..2u64)
+            .map(|t| {
+                let (mm, start) = (mm.clone(), start.clone());
+                std::thread::spawn(move || {
+                    let base = 0x1000_0000_0000 + t * 0x100_0000_0000;
+                    start.wait();
+                    for i in 0..MAX as u64 {
+                        let a = base + 2 * i * PAGE_SIZE;
+                        if mm.mmap(a, PAGE_SIZE, RW, anon() | MapFlags::FIXED).is_err() {
+                            break;
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        let n = mm.map_count();
+        assert!((MAX..=MAX + 1).contains(&n), "{n} VMAs, limit {MAX}");
+        assert_eq!(mm.vmas().len(), n);
+        assert_eq!(
+            mm.mmap(0x3000_0000_0000, PAGE_SIZE, RW, anon() | MapFlags::FIXED),
+            Err(Error::NoMem)
+        );
+    }
+}

@@ -302,7 +302,9 @@ fn mmap_enomem_when_no_gap_fits() {
 }
 
 /// aspace only: `max_map_count` (the kernel's is a system-wide sysctl).
-/// The limit is inclusive: map_count never exceeds it.
+/// The limit is inclusive: map_count never exceeds it (one writer at a
+/// time; `WriterLocking::Range`'s docs say by how much range writers at
+/// the limit at once may pass it).
 #[test]
 fn max_map_count_limits_mmap_split_and_munmap() {
     let max = 6;
