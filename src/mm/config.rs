@@ -40,14 +40,12 @@ pub enum WriterLocking {
     /// VMAs they may split or merge with (and, for munmap, the hole whose
     /// page tables it may free), so writers on disjoint ranges run at
     /// once; every other writer, and every mmap_lock reader, takes the
-    /// whole address space. Linux's results are kept, with two
-    /// exceptions: two mmaps placed at once leave a page or two between
-    /// them; and [`Config::max_map_count`] is checked against a count
-    /// that writers elsewhere change at the same time, so range writers
-    /// that each pass the check at the limit may together pass it, by at
-    /// most the VMAs each of the others adds (one for an mmap or munmap,
-    /// two for a split at both ends): two threads mapping until `ENOMEM`
-    /// ended one VMA past a limit of 40 in a few rounds of 200.
+    /// whole address space. Linux's results are kept (placement aside:
+    /// two mmaps placed at once leave a page or two between them). Near
+    /// [`Config::max_map_count`] (within 6,144 VMAs, or a quarter of the
+    /// limit if less) every writer takes the whole space, so the limit
+    /// holds exactly unless more than 1,024 range writers (a 24th of the
+    /// limit if less) are admitted short of it at once.
     /// Linux's placement puts concurrent threads' mappings side by side,
     /// so their writers meet; [`Config::placement_window`] keeps them
     /// apart. With windows, on 2 cores, full instantiation at 2 threads
@@ -121,8 +119,8 @@ pub struct Config {
     /// Guard gap kept below growsdown (stack) mappings (`stack_guard_gap`).
     pub stack_guard_gap: u64,
     /// Maximum number of VMAs (`vm.max_map_count`): a call that would
-    /// pass it fails with `ENOMEM`, changing nothing (exact with one
-    /// writer at a time; see [`WriterLocking::Range`] for range writers).
+    /// pass it fails with `ENOMEM`, changing nothing (see
+    /// [`WriterLocking::Range`] for range writers near it).
     pub max_map_count: usize,
     /// Where the heap (brk area) starts, until
     /// [`AddressSpace::set_start_brk`](crate::AddressSpace::set_start_brk)

@@ -172,6 +172,12 @@ impl MmState {
         self.map_count.at_least(limit)
     }
 
+    /// True if the map count is far enough below `limit` for a range
+    /// writer (see [`MapCount::far_below`]).
+    pub(crate) fn map_count_far_below(&self, limit: usize) -> bool {
+        self.map_count.far_below(limit)
+    }
+
     /// Adds `n` (may be negative) to the map count: by a range writer
     /// (`per_cpu`) in its CPU's slot, by any other writer (alone in the
     /// space) in the total, with no CPU lookup.
@@ -208,6 +214,48 @@ pub(crate) struct MapCount {
 impl MapCount {
     /// A slot's changes kept before they are folded into the total.
     const BATCH: i64 = 32;
+
+    /// The most VMAs a range writer's call adds (an mremap's check asks
+    /// for room for six, Linux's `map_count >= max - 5`).
+    const RANGE_WORST: i64 = 6;
+
+    /// Range writers at the limit at once that [`far_below`]'s margin
+    /// covers.
+    ///
+    /// [`far_below`]: Self::far_below
+    const IN_FLIGHT: i64 = 1024;
+
+    /// True if the count is so far below `limit` that range writers in
+    /// flight cannot reach it: a range writer admitted only then checks
+    /// the limit as if alone. Range writers check a count that others
+    /// change at the same time, so two at the limit could each pass its
+    /// check and together pass the limit; so each is admitted, once
+    /// granted its range, only if the total, with every slot's largest
+    /// unfolded part and a margin of [`IN_FLIGHT`] calls of
+    /// [`RANGE_WORST`] VMAs (a quarter of the limit if that is less),
+    /// stays below the limit. Otherwise it runs as a whole-space writer,
+    /// which reads the count exactly (`Edit::begin_range`). The limit
+    /// holds exactly unless more range writers than the margin covers
+    /// are between their admission and their last change at once. One
+    /// load of the total, as the check itself; always true without range
+    /// writers.
+    ///
+    /// [`IN_FLIGHT`]: Self::IN_FLIGHT
+    /// [`RANGE_WORST`]: Self::RANGE_WORST
+    pub(crate) fn far_below(&self, limit: usize) -> bool {
+        use crate::sync::counter::Ordering::Relaxed;
+        let Some(slots) = &self.slots else {
+            return true;
+        };
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let margin = (Self::RANGE_WORST * Self::IN_FLIGHT).min(limit / 4);
+        let slack = (Self::BATCH + Self::RANGE_WORST) * slots.len() as i64;
+        self.total
+            .load(Relaxed)
+            .saturating_add(slack)
+            .saturating_add(margin)
+            < limit
+    }
 
     /// Zero VMAs, counted per CPU slot if `per_cpu`; allocates nothing
     /// until the first change.

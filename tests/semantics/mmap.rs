@@ -302,9 +302,8 @@ fn mmap_enomem_when_no_gap_fits() {
 }
 
 /// aspace only: `max_map_count` (the kernel's is a system-wide sysctl).
-/// The limit is inclusive: map_count never exceeds it (one writer at a
-/// time; `WriterLocking::Range`'s docs say by how much range writers at
-/// the limit at once may pass it).
+/// The limit is inclusive: map_count never exceeds it (range writers
+/// near it take the whole space: `WriterLocking::Range`'s docs).
 #[test]
 fn max_map_count_limits_mmap_split_and_munmap() {
     let max = 6;
