@@ -42,10 +42,11 @@ pub enum WriterLocking {
     /// once; every other writer, and every mmap_lock reader, takes the
     /// whole address space. Linux's results are kept (placement aside:
     /// two mmaps placed at once leave a page or two between them). Near
-    /// [`Config::max_map_count`] (within 6,144 VMAs, or a quarter of the
-    /// limit if less) every writer takes the whole space, so the limit
-    /// holds exactly unless more than 1,024 range writers (a 24th of the
-    /// limit if less) are admitted short of it at once.
+    /// [`Config::max_map_count`] (within 6,144 VMAs of it, or a quarter
+    /// of the limit if less, plus 38 per CPU) every writer takes the
+    /// whole space, so the limit holds exactly unless more than 1,024
+    /// range writers (a 24th of the limit if less) are admitted short of
+    /// it at once.
     /// Linux's placement puts concurrent threads' mappings side by side,
     /// so their writers meet; [`Config::placement_window`] keeps them
     /// apart. With windows, on 2 cores, full instantiation at 2 threads
