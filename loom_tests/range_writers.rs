@@ -810,8 +810,9 @@ fn range_slot_bias_owner_vs_request_across_slots() {
 ///   `Gate::close`, src/mm/range_lock.rs): the mlock and the split then
 ///   change the VMA at once;
 /// - an mlock whose populate counts a write fault refused after the
-///   mprotect as a failure (`if raced` made `if false && raced` in
-///   `AddressSpace::populate_locked`, src/mm/mlock.rs): the mlock fails
+///   mprotect as a failure (`=> continue 'vmas,` made `=> failed =
+///   Some(Error::NoMem),` in `AddressSpace::populate_locked`,
+///   src/mm/mlock.rs): the mlock fails
 ///   with `ENOMEM`, where Linux looks the VMA up again (this model found
 ///   that, in every writer locking: `tests/range_writers.rs`'s
 ///   `mlock_succeeds_while_its_range_is_mprotected`).

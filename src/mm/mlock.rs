@@ -290,7 +290,7 @@ impl AddressSpace {
     /// errors); with `ignore_errors` it goes on to the next VMA.
     pub(super) fn populate_locked(&self, r: Range, ignore_errors: bool) -> Result<()> {
         let mut a = r.start;
-        while a < r.end {
+        'vmas: while a < r.end {
             let Some(v) = self.vma_after(a).filter(|v| v.start < r.end) else {
                 return Ok(());
             };
@@ -310,38 +310,26 @@ impl AddressSpace {
             } else {
                 Access::Read
             };
+            // Judged on the snapshot, which is only what the VMA was: a
+            // fault refused below for the access or the mapping means a
+            // writer changed it since (an mprotect to read-only fails the
+            // write faults chosen before it, an munmap any). Linux
+            // populates each VMA as it finds it under the mmap_lock, and
+            // looks it up again after any fault that dropped the lock; so
+            // `a` is judged again (a writer that keeps changing the VMA
+            // keeps this going, as the mmap_lock would keep it waiting in
+            // Linux), as `madvise_populate` does.
             let mut failed = None;
-            if !f.accessible() {
+            if !f.accessible() || !access.allowed_by(f) {
                 failed = Some(Error::NoMem);
             }
-            let mut raced = false;
             while failed.is_none() && a < stop {
                 match self.fault(a, access) {
                     Ok(()) => a += PAGE_SIZE,
                     Err(FaultError::OutOfMemory) => failed = Some(Error::Again),
-                    Err(e) => {
-                        failed = Some(Error::NoMem);
-                        raced = matches!(e, FaultError::NoMapping | FaultError::AccessDenied);
-                    }
+                    Err(FaultError::NoMapping | FaultError::AccessDenied) => continue 'vmas,
+                    Err(_) => failed = Some(Error::NoMem),
                 }
-            }
-            // The snapshot is only what the VMA was: a writer may have
-            // changed it since (an mprotect to read-only fails the write
-            // faults chosen before it, an munmap any). Linux populates
-            // each VMA as it finds it under the mmap_lock, looked up
-            // again after any fault that dropped the lock. So a fault
-            // refused for the access or the mapping counts only if the
-            // VMA at `a` is still the one judged and refuses that access;
-            // else `a` is judged again (a writer that keeps changing the
-            // VMA keeps this going, as the mmap_lock would keep it
-            // waiting in Linux).
-            if raced
-                && self.vma_after(a).is_none_or(|now| {
-                    (now.start, now.end, now.flags) != (v.start, v.end, f)
-                        || access.allowed_by(now.flags)
-                })
-            {
-                continue;
             }
             match failed {
                 Some(e) if !ignore_errors => return Err(e),
