@@ -687,31 +687,40 @@ fn populate_write_meets_an_mprotect_with_einval_only() {
 }
 
 /// `max_map_count` with range writers at the limit at once: two threads
-/// map pages apart, in slots of their own, until `ENOMEM`, each checking
-/// the limit while the other maps; the count ends exactly at the limit,
-/// never past it (near the limit a range writer runs as a whole-space
-/// writer, `MapCount::far_below`; when both checked the shared count, one
-/// past the limit in a few rounds of 200).
+/// map pages apart (fixed, or placed in windows of their own) until
+/// `ENOMEM`, each checking the limit while the other maps; the count ends
+/// exactly at the limit, never past it (near the limit a range writer
+/// runs as a whole-space writer, `MapCount::far_below`; when both checked
+/// the shared count, one past the limit in a few rounds of 200).
 ///
 /// Two limits: 40, where range writers always take the whole space, and
 /// 20,000, where they run as range writers up to about 15,000 VMAs first.
 ///
-/// Catches: a range writer admitted near the limit
-/// (`.map_count_far_below(mm.cfg.max_map_count)` made `true` in
-/// `Edit::holding`, src/mm/edit/range.rs): 41 VMAs in every run here.
+/// Catches: a range writer admitted near the limit, fixed
+/// (`!st.map_count_far_below(mm.cfg.max_map_count)` made `false` in
+/// `Edit::begin_range`, src/mm/edit/range.rs) or placed
+/// (`placed.as_ref().is_ok_and(near)` made `false` in
+/// `AddressSpace::begin_range_mmap`, src/mm/mmap.rs): 41 VMAs in every
+/// run here.
 #[test]
 fn map_count_never_passes_the_limit_with_writers_at_it_at_once() {
-    for (max, rounds) in [(40usize, 200), (20_000, 10)] {
-        at_the_limit(max, rounds);
+    for placed in [false, true] {
+        for (max, rounds) in [(40usize, 200), (20_000, 10)] {
+            at_the_limit(max, rounds, placed);
+        }
     }
 }
 
-fn at_the_limit(max: usize, rounds: usize) {
+/// Two threads map pages until `ENOMEM`: fixed, in slots of their own,
+/// or `placed` by the space in per-CPU windows (read-only and read-write
+/// in turn, so that neighbours do not merge).
+fn at_the_limit(max: usize, rounds: usize, placed: bool) {
     for _ in 0..rounds {
         let mm = Arc::new(AddressSpace::new(Config {
             writer_locking: WriterLocking::Range,
             range_bias: false,
             max_map_count: max,
+            placement_window: if placed { 1 << 40 } else { 0 },
             ..Config::default()
         }));
         let start = Arc::new(Barrier::new(2));
@@ -722,8 +731,14 @@ fn at_the_limit(max: usize, rounds: usize) {
                     let base = 0x1000_0000_0000 + t * 0x100_0000_0000;
                     start.wait();
                     for i in 0..max as u64 {
-                        let a = base + 2 * i * PAGE_SIZE;
-                        if mm.mmap(a, PAGE_SIZE, RW, anon() | MapFlags::FIXED).is_err() {
+                        let done = if placed {
+                            let prot = if i % 2 == 0 { Prot::READ } else { RW };
+                            mm.mmap(0, PAGE_SIZE, prot, anon())
+                        } else {
+                            let a = base + 2 * i * PAGE_SIZE;
+                            mm.mmap(a, PAGE_SIZE, RW, anon() | MapFlags::FIXED)
+                        };
+                        if done.is_err() {
                             break;
                         }
                     }
@@ -734,7 +749,7 @@ fn at_the_limit(max: usize, rounds: usize) {
             h.join().unwrap();
         }
         let n = mm.map_count();
-        assert_eq!(n, max, "VMAs at the end, limit {max}");
+        assert_eq!(n, max, "VMAs at the end, limit {max}, placed {placed}");
         assert_eq!(mm.vmas().len(), n);
         assert_eq!(
             mm.mmap(0x3000_0000_0000, PAGE_SIZE, RW, anon() | MapFlags::FIXED),

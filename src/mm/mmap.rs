@@ -405,7 +405,8 @@ impl AddressSpace {
     /// around it (it may unmap), any other placed by
     /// [`Edit::begin_placed`]. `None`: take the whole space (also for the
     /// range lock bias's owner, whose whole-space request is granted at
-    /// once: `range_bias`).
+    /// once: `range_bias`; and near `max_map_count`, where only the whole
+    /// space's check is exact: `MapCount::far_below`).
     fn begin_range_mmap(
         &self,
         hint: u64,
@@ -433,9 +434,18 @@ impl AddressSpace {
             let r = Range::from_len(addr, len)?;
             Ok((addr, Edit::begin_range(self, r, Reach::Hole)))
         } else {
-            Edit::begin_placed(self, len, self.placement_near(hint), |view| {
+            let placed = Edit::begin_placed(self, len, self.placement_near(hint), |view| {
                 self.get_unmapped_area(view, hint, len, false, flags, backing)
-            })?
+            })?;
+            // Near `max_map_count`, the whole space, whose check is exact
+            // (`MmState::map_count_far_below`; a fixed mapping's
+            // `begin_range` took it already).
+            let near =
+                |(_, ed): &(u64, Edit<'_>)| !ed.state().map_count_far_below(self.cfg.max_map_count);
+            if placed.as_ref().is_ok_and(near) {
+                return None;
+            }
+            placed
         };
         let (addr, ed) = match placed {
             Ok(p) => p,

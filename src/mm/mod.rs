@@ -234,7 +234,8 @@ impl MapCount {
     /// unfolded part and a margin of [`IN_FLIGHT`] calls of
     /// [`RANGE_WORST`] VMAs (a quarter of the limit if that is less),
     /// stays below the limit. Otherwise it runs as a whole-space writer,
-    /// which reads the count exactly (`Edit::begin_range`). The limit
+    /// which reads the count exactly (`Edit::begin_range`, and
+    /// `begin_range_mmap` for a placed mapping). The limit
     /// holds exactly unless more range writers than the margin covers
     /// are between their admission and their last change at once. One
     /// load of the total, as the check itself; always true without range

@@ -56,7 +56,8 @@ impl<'a> Edit<'a> {
                     .expect("range mode has a range lock")
             },
         );
-        if !far_from_limit(mm, &st) {
+        if !st.map_count_far_below(mm.cfg.max_map_count) {
+            // Near `max_map_count`: the whole space, whose check is exact.
             drop(pin);
             drop(st);
             return Self::begin(mm);
@@ -66,7 +67,7 @@ impl<'a> Edit<'a> {
 
     /// A range writer's edit, holding `state` (its neighbourhood, or
     /// more) and pinned by `pin`, taken under it. The caller checked
-    /// [`far_from_limit`] first.
+    /// `MmState::map_count_far_below` first.
     fn holding(mm: &'a AddressSpace, state: MmapWriteGuard<'a, MmState>, pin: Guard) -> Self {
         Edit {
             mm,
@@ -78,8 +79,7 @@ impl<'a> Edit<'a> {
 
     /// A range writer at an address that `search` (mmap's placement)
     /// chooses, `len` bytes there and their neighbourhood (range mode only,
-    /// else `None`; `None` too, nothing held, near `max_map_count`:
-    /// `MapCount::far_below`). The search runs on a [`View`] that skips candidates
+    /// else `None`). The search runs on a [`View`] that skips candidates
     /// near ranges other writers hold or wait for; its choice is then
     /// try-locked and checked again under the lock (still free,
     /// neighbourhood inside the hold); if another writer got there first,
@@ -151,10 +151,6 @@ impl<'a> Edit<'a> {
                 usable && want.start <= now.start && now.end <= want.end
             };
             if valid {
-                // Near `max_map_count`: the whole space.
-                if !far_from_limit(mm, &st) {
-                    return None;
-                }
                 break Ok((addr, Self::holding(mm, st, pin)));
             }
         })
@@ -165,9 +161,8 @@ impl<'a> Edit<'a> {
     /// the neighbourhood read under it, with nothing busy to skip ("Slot
     /// biases" in `range_bias`). `None` (nothing held) if the slot is not
     /// granted at once, or the choice or its neighbourhood reaches past
-    /// the slot, or the search fails, or the map count is near its limit:
-    /// the usual path then runs, and gives the search's error (near the
-    /// limit, `None`).
+    /// the slot, or the search fails: the usual path then runs, and gives
+    /// the search's error.
     fn place_in_slot(
         mm: &'a AddressSpace,
         slot: Range,
@@ -180,24 +175,11 @@ impl<'a> Edit<'a> {
         let r = Range::from_len(addr, len)?;
         // The search ran under the hold, so its choice (a stack's guard
         // gap above included) needs no check again.
-        if !neighbourhood_in_slot(mm, slot, Some(r), || {
+        neighbourhood_in_slot(mm, slot, Some(r), || {
             neighbourhood(mm, r, Reach::Vmas, &pin)
-        }) {
-            return None;
-        }
-        // Near `max_map_count`, the usual path finds so too, and takes
-        // the whole space.
-        far_from_limit(mm, &st).then(|| (addr, Self::holding(mm, st, pin)))
+        })
+        .then(|| (addr, Self::holding(mm, st, pin)))
     }
-}
-
-/// True if a range writer holding `st` may go on as one: the map count
-/// is far from `max_map_count` (`MapCount::far_below`). Else the caller
-/// releases its hold and runs as a whole-space writer, whose limit check
-/// is exact.
-#[inline]
-fn far_from_limit(mm: &AddressSpace, st: &MmapWriteGuard<'_, MmState>) -> bool {
-    st.map_count_far_below(mm.cfg.max_map_count)
 }
 
 /// The lowest (or highest) free range of `len` bytes in `[low, high)`.
