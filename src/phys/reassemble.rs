@@ -201,7 +201,10 @@ mod tests {
         // 3 MiB: no second block of never-used frames, so the second
         // huge frame can only be rebuilt. Frames cleared when freed
         // (zero_freed, 32 at a time) and never-used ones make a zero
-        // block; a plain allocator's dirty frames make a dirty one.
+        // block; a plain allocator's dirty frames make a dirty one. The
+        // 32 frees must meet in one CPU cache to make a batch: a thread
+        // moved between CPUs would leave two partial batches dirty.
+        super::super::tests::stay_on_this_cpu();
         for zero_freed in [true, false] {
             let a = FrameAllocator::new(3 << 20, true).with_zero_freed(zero_freed);
             let some: Vec<Pfn> = (0..32).map(|_| a.alloc().unwrap()).collect();

@@ -335,7 +335,7 @@ fn a_frame_is_uncharged_from_its_own_account_whoever_frees_it() {
 
 /// Binds the calling test thread to the CPU it runs on, so that its
 /// frees and allocations meet in one CPU cache.
-fn stay_on_this_cpu() {
+pub(super) fn stay_on_this_cpu() {
     // SAFETY: sched_getcpu takes no arguments.
     let cpu = unsafe { libc::sched_getcpu() };
     assert!(cpu >= 0, "sched_getcpu");
