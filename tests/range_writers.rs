@@ -686,6 +686,29 @@ fn populate_write_meets_an_mprotect_with_einval_only() {
     });
 }
 
+/// `MAP_POPULATE` populates each VMA as it finds it: an mmap over the
+/// range while another thread flips half of it to read-only and back
+/// returns with every page resident, as in Linux, whose populate looks
+/// the VMA up again and faults a read-only one for reading. (Stopping at
+/// the first write fault the flip refused left pages unpopulated.)
+///
+/// Catches: the refusal ending the populate (`continue 'vmas` made
+/// `return` in `AddressSpace::populate`, src/mm/mmap.rs): pages missing
+/// in the first rounds.
+#[test]
+fn map_populate_populates_every_page_while_its_range_is_mprotected() {
+    against_mprotect_flips(|mm, a, len, locking, round| {
+        let fixed = anon() | MapFlags::FIXED | MapFlags::POPULATE;
+        assert_eq!(mm.mmap(a, len, RW, fixed), Ok(a));
+        let resident = mm.mincore(a, len).unwrap();
+        let missing = resident.iter().filter(|&&r| !r).count();
+        assert_eq!(
+            missing, 0,
+            "{locking:?}, round {round}: pages not populated"
+        );
+    });
+}
+
 /// `max_map_count` with range writers at the limit at once: two threads
 /// map pages apart (fixed, or placed in windows of their own) until
 /// `ENOMEM`, each checking the limit while the other maps; the count ends

@@ -340,7 +340,7 @@ impl AddressSpace {
     }
 
     /// A snapshot of the first VMA ending above `addr`.
-    fn vma_after(&self, addr: u64) -> Option<super::VmaInfo> {
+    pub(super) fn vma_after(&self, addr: u64) -> Option<super::VmaInfo> {
         let st = self.mmap_lock.read();
         let g = self.tree.pin();
         self.tree

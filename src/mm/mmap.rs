@@ -8,9 +8,9 @@
 
 use super::edit::{Edit, Reach, View, VmaSpec};
 use super::placement::Backing;
-use super::{next_id, AddressSpace, MapFlags, Prot};
+use super::{next_id, Access, AddressSpace, MapFlags, Prot};
 use crate::addr::{page_align_up, Range, PAGE_SHIFT, PAGE_SIZE};
-use crate::error::{Error, Result};
+use crate::error::{Error, FaultError, Result};
 use crate::memfd::Memfd;
 use crate::sync::Arc;
 use crate::vma::{Shmem, VmFlags};
@@ -89,7 +89,7 @@ impl AddressSpace {
     /// into a private page; `MADV_DONTNEED` drops the copies, so the
     /// object's bytes show again. A fault at or past the object's end
     /// (page index `>= ceil(len / 4096)`) is `SIGBUS`
-    /// ([`FaultError::Bus`](crate::FaultError::Bus)), also after a shrink
+    /// ([`FaultError::Bus`]), also after a shrink
     /// ([`Memfd::set_len`]) unmapped the pages past the new end, private
     /// copies included, as Linux's truncation does. Adjacent mappings of
     /// the same object at contiguous offsets merge, as in Linux.
@@ -466,26 +466,64 @@ impl AddressSpace {
     /// Faults in every page of `r` as `MAP_POPULATE` does: write faults for
     /// private writable memory (breaking copy-on-write), read faults
     /// otherwise, nothing for inaccessible memory. Best effort, as in
-    /// Linux (`__mm_populate` ignores errors and mmap still succeeds): the
-    /// first fault that fails — the budget is spent on frames or page
-    /// tables — ends it, and the rest stays unpopulated.
+    /// Linux (`__mm_populate` ignores errors and mmap still succeeds): a
+    /// fault that fails goes on at the next VMA, and running out of memory
+    /// (frames or page tables past the budget) ends it, leaving the rest
+    /// unpopulated.
+    ///
+    /// `vf` are the flags the caller just gave `r`, under the lock it has
+    /// released since: a writer may have changed the range meanwhile (an
+    /// mprotect to read-only fails the write faults chosen for `vf`, an
+    /// munmap any). Linux populates each VMA as it finds it under the
+    /// mmap_lock, looking it up again after a fault that dropped the lock;
+    /// so a fault refused for the access or the mapping judges the address
+    /// again, from the VMA there now. That lookup is only on this refusal,
+    /// so a populate no writer meets reads no lock.
     pub(crate) fn populate(&self, r: Range, vf: VmFlags) {
-        if !vf.accessible() {
-            return;
-        }
-        let access = if vf.contains(VmFlags::WRITE) && !vf.contains(VmFlags::SHARED) {
-            super::Access::Write
-        } else {
-            super::Access::Read
-        };
+        // The first judgement is the caller's.
+        let mut judged = Some((r.end, vf));
         let mut a = r.start;
-        // `a < r.end <= task_size`: `a + PAGE_SIZE` cannot overflow.
-        while a < r.end {
-            if self.fault(a, access).is_err() {
-                break;
+        'vmas: while a < r.end {
+            let (stop, f) = match judged.take() {
+                Some(j) => j,
+                None => {
+                    let Some(v) = self.vma_after(a).filter(|v| v.start < r.end) else {
+                        return;
+                    };
+                    a = a.max(v.start);
+                    (v.end.min(r.end), v.flags)
+                }
+            };
+            // Only an access the judged VMA allows: a refusal below then
+            // means a writer changed it, so this cannot loop without one.
+            if let Some(access) = populate_access(f).filter(|acc| acc.allowed_by(f)) {
+                // `a < stop <= r.end <= task_size`: no overflow.
+                while a < stop {
+                    match self.fault(a, access) {
+                        Ok(()) => a += PAGE_SIZE,
+                        Err(FaultError::NoMapping | FaultError::AccessDenied) => continue 'vmas,
+                        Err(FaultError::OutOfMemory) => return,
+                        // SIGBUS past a shared object's end: the rest of
+                        // this VMA is past it too.
+                        Err(_) => break,
+                    }
+                }
             }
-            a += PAGE_SIZE;
+            a = stop;
         }
+    }
+}
+
+/// The access `MAP_POPULATE` faults a VMA with flags `f` in for: a write
+/// where private and writable (copy-on-write broken at once), else a read;
+/// `None` where inaccessible (`PROT_NONE` is not populated).
+fn populate_access(f: VmFlags) -> Option<Access> {
+    if !f.accessible() {
+        None
+    } else if f.contains(VmFlags::WRITE) && !f.contains(VmFlags::SHARED) {
+        Some(Access::Write)
+    } else {
+        Some(Access::Read)
     }
 }
 
