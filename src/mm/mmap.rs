@@ -516,9 +516,11 @@ impl AddressSpace {
 
 /// The access `MAP_POPULATE` faults a VMA with flags `f` in for: a write
 /// where private and writable (copy-on-write broken at once), else a read;
-/// `None` where inaccessible (`PROT_NONE` is not populated).
+/// `None` where inaccessible (`PROT_NONE` is not populated) or locked on
+/// fault (`populate_vma_page_range` skips it: a concurrent `mlock2` with
+/// `MLOCK_ONFAULT` may have made it so).
 fn populate_access(f: VmFlags) -> Option<Access> {
-    if !f.accessible() {
+    if !f.accessible() || f.contains(VmFlags::LOCKONFAULT) {
         None
     } else if f.contains(VmFlags::WRITE) && !f.contains(VmFlags::SHARED) {
         Some(Access::Write)
