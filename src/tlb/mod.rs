@@ -627,7 +627,11 @@ mod tests {
     #[test]
     fn flush_waits_for_every_access_on_a_shared_slot() {
         let tlb = Arc::new(TlbState::new(0));
-        // Among nr_cpus + 1 threads, two share a slot.
+        // Among nr_cpus + 1 threads, two share a slot. Bound to one CPU
+        // (where threads can be), so that no thread moves to another slot
+        // after it said which slot it is in.
+        #[cfg(target_os = "linux")]
+        let one = crate::percpu::allowed_cpus()[0];
         let (id_tx, id_rx) = mpsc::channel();
         let mut cmds = Vec::new();
         let mut hs = Vec::new();
@@ -636,6 +640,8 @@ mod tests {
             let (tlb, id_tx) = (tlb.clone(), id_tx.clone());
             cmds.push(tx);
             hs.push(std::thread::spawn(move || {
+                #[cfg(target_os = "linux")]
+                crate::percpu::pin_to(one);
                 id_tx.send((i, cpu_id() % nr_cpus())).unwrap();
                 if rx.recv().is_err() {
                     return; // not picked
