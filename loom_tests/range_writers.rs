@@ -12,7 +12,8 @@
 //! placement that looked while a slot's owner placed, a request
 //! across two slots that ends the bias of one whose owner is inside its
 //! call, and a whole-space writer (an mlock, which then populates)
-//! against an owner's mprotect. The real AddressSpace runs through src/sync.rs (deferred
+//! against an owner's mprotect; and a `MAP_POPULATE`'s populate against an
+//! mprotect of half its range. The real AddressSpace runs through src/sync.rs (deferred
 //! reclamation, as the other models). Each names the one-line mutation it catches (checked by breaking that
 //! line, running the model and restoring it).
 //!
@@ -836,6 +837,39 @@ fn range_slot_bias_owner_vs_whole_space_writer() {
             mine,
             vec![(C, C + P, Prot::READ, true), (C + P, C + 2 * P, rw(), true)]
         );
+        loom_door::check_ptes(&mm).unwrap();
+    });
+}
+
+/// `MAP_POPULATE` against an mprotect of half its range: a fixed mmap of
+/// `[C, C+2P)` read-write with `MAP_POPULATE` (replacing the mapping
+/// there) races an mprotect of `[C, C+P)` to read-only, two range
+/// writers on one neighbourhood. The populate runs after the mmap's
+/// writer has ended, with no lock: where the mprotect comes between, its
+/// write fault at `C` is refused. Linux's populate looks the VMA up again
+/// and faults a read-only one for reading, so in every order both pages
+/// are resident when the mmap returns.
+///
+/// Catches: a populate that ends at the refused fault (`=> continue
+/// 'vmas,` made `=> return,` for `NoMapping | AccessDenied` in
+/// `AddressSpace::populate`, src/mm/mmap.rs): `C + P` stays unpopulated
+/// (`tests/range_writers.rs`'s
+/// `map_populate_populates_every_page_while_its_range_is_mprotected`
+/// catches it too, in both writer lockings).
+#[test]
+fn range_map_populate_vs_mprotect_of_half_its_range() {
+    const P: u64 = PAGE_SIZE;
+    model(|| {
+        let mm = space(FaultLocking::PerVma);
+        mm.mmap(C, 2 * P, rw(), fixed()).unwrap();
+        let m2 = mm.clone();
+        let t = thread::spawn(move || {
+            let populate = fixed() | MapFlags::POPULATE;
+            assert_eq!(m2.mmap(C, 2 * P, rw(), populate), Ok(C));
+            m2.mincore(C, 2 * P).unwrap()
+        });
+        mm.mprotect(C, P, Prot::READ).unwrap();
+        assert_eq!(t.join().unwrap(), vec![true, true], "pages not populated");
         loom_door::check_ptes(&mm).unwrap();
     });
 }
