@@ -2,6 +2,7 @@
 //! faults, conversions, `Debug`/`Display`, `vma_at`, `Stats` deltas and
 //! `Config` validation.
 
+use aspace::mm::config::MAX_TASK_SIZE;
 use aspace::{
     AddressSpace, Config, ConfigError, Error, FaultError, MapFlags, MemoryFault, Prot, PAGE_SIZE,
 };
@@ -105,6 +106,32 @@ fn vma_at_debug_and_stats_delta() {
     );
 }
 
+/// The largest task size works to its last page, and that page is not
+/// the first one's (a 4-level page table addresses all of it).
+#[test]
+fn the_largest_task_size_reaches_its_last_page_apart_from_the_first() {
+    let mm = AddressSpace::try_new(Config {
+        task_size: MAX_TASK_SIZE,
+        mmap_base: MAX_TASK_SIZE - (128 << 20),
+        ..Config::default()
+    })
+    .unwrap();
+    let fixed = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED;
+    let (lo, hi) = (0x10_0000, MAX_TASK_SIZE - PAGE_SIZE);
+    let rw = Prot::READ | Prot::WRITE;
+    assert_eq!(mm.mmap(lo, PAGE_SIZE, rw, fixed), Ok(lo));
+    assert_eq!(mm.mmap(hi, PAGE_SIZE, rw, fixed), Ok(hi));
+    assert_eq!(
+        mm.mmap(hi + PAGE_SIZE, PAGE_SIZE, rw, fixed),
+        Err(Error::NoMem)
+    );
+    mm.write(hi, b"top").unwrap();
+    mm.write(lo, b"low").unwrap();
+    let mut b = [0u8; 3];
+    mm.read(hi, &mut b).unwrap();
+    assert_eq!(&b, b"top");
+}
+
 #[test]
 fn config_validation() {
     assert_eq!(Config::default().validate(), Ok(()));
@@ -125,6 +152,18 @@ fn config_validation() {
         }),
         "task_size"
     );
+    // Past 4-level paging's user half: memory mapped past 2^48 could
+    // never be touched (5-level paging's 2^56 was accepted once).
+    for task_size in [MAX_TASK_SIZE + PAGE_SIZE, 1 << 48, 1 << 56] {
+        assert_eq!(
+            field(Config {
+                task_size,
+                mmap_base: task_size - (128 << 20),
+                ..d()
+            }),
+            "task_size"
+        );
+    }
     assert_eq!(
         field(Config {
             mmap_min_addr: 1 << 50,

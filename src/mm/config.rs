@@ -111,7 +111,10 @@ pub enum ThpMode {
 /// randomization.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// First address past user space (`TASK_SIZE`).
+    /// First address past user space (`TASK_SIZE`): at most 2^47, the
+    /// user half that x86-64's 4-level paging addresses, as the page table
+    /// has 4 levels (its walks refuse addresses past 2^48, so memory
+    /// mapped there could never be touched).
     pub task_size: u64,
     /// Lowest address a mapping may use (`vm.mmap_min_addr`).
     pub mmap_min_addr: u64,
@@ -286,6 +289,10 @@ pub struct Config {
 /// Linux x86-64 `TASK_SIZE` with 4-level paging.
 pub const DEFAULT_TASK_SIZE: u64 = (1 << 47) - PAGE_SIZE;
 
+/// The largest [`Config::task_size`]: the user half of x86-64's 4-level
+/// paging, all a 4-level page table addresses as user space.
+pub const MAX_TASK_SIZE: u64 = 1 << 47;
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -373,16 +380,18 @@ impl Config {
     }
 
     /// Checks that the layout is consistent: every address and size
-    /// page-aligned, `mmap_min_addr < mmap_base <= task_size <= 2^56`, the
+    /// page-aligned, `mmap_min_addr < mmap_base <= task_size <= 2^47`, the
     /// heap start in `[mmap_min_addr, mmap_base)` (so that the heap can
     /// grow), a non-zero map count.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let err = |field, reason| Err(ConfigError { field, reason });
         let aligned = |v: u64| v % PAGE_SIZE == 0;
-        if self.task_size == 0 || !aligned(self.task_size) || self.task_size > 1 << 56 {
+        // 4-level paging: the page table addresses 48 bits, and refuses
+        // walks past them.
+        if self.task_size == 0 || !aligned(self.task_size) || self.task_size > MAX_TASK_SIZE {
             return err(
                 "task_size",
-                "must be a non-zero multiple of the page size, at most 2^56",
+                "must be a non-zero multiple of the page size, at most 2^47",
             );
         }
         if !aligned(self.mmap_min_addr) || self.mmap_min_addr >= self.task_size {
