@@ -135,3 +135,28 @@ fn concurrent_allocations_are_disjoint() {
     assert_eq!(s.allocs, s.frees);
     assert!(s.purges > 0);
 }
+
+/// Windows at the top of the address space, and more zones than pages:
+/// zones stop at the window's end without overflowing, and a zone count
+/// past `MAX_ZONES` is `EINVAL` (each zone is made up front).
+#[test]
+fn windows_at_the_top_and_zone_counts_are_checked() {
+    use aspace::vmap::MAX_ZONES;
+    use aspace::Error;
+    let cfg = |window: Range, zones: usize| VmapConfig {
+        window,
+        mode: Mode::PerCpu,
+        zones,
+        lazy_max_bytes: 1 << 20,
+    };
+    let top = Range::new(1 << 63, u64::MAX - 4095);
+    let v = Vmap::new(cfg(top, 2)).unwrap();
+    assert_eq!(v.zones(), 2);
+    let a = v.alloc(PAGE_SIZE, PAGE_SIZE).unwrap();
+    assert!(top.start <= a.start && a.end <= top.end);
+    let last = Range::new(u64::MAX - 8191, u64::MAX - 4095);
+    assert_eq!(Vmap::new(cfg(last, 3)).unwrap().zones(), 1);
+    assert_eq!(Vmap::new(cfg(last, MAX_ZONES)).unwrap().zones(), 1);
+    assert_eq!(Vmap::new(cfg(top, MAX_ZONES + 1)).err(), Some(Error::Inval));
+    assert_eq!(Vmap::new(cfg(top, usize::MAX)).err(), Some(Error::Inval));
+}

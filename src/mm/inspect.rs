@@ -29,19 +29,27 @@ bitflags! {
 }
 
 impl AddressSpace {
+    /// The bytes of the space's memory budget: its pool's, which is
+    /// `Config::memory_budget` for a space of its own (a result buffer an
+    /// untrusted length asks for is bounded by it).
+    pub(crate) fn budget_bytes(&self) -> u64 {
+        self.frames.budget().saturating_mul(PAGE_SIZE)
+    }
+
     /// Which pages of `[addr, addr + len)` are resident, like `mincore(2)`:
     /// a page-table entry is present (the zero page counts), or the page of
     /// a shared mapping's object has a frame. One entry per page.
     ///
     /// Errors: `EINVAL` for an unaligned `addr`; `ENOMEM` when the range
     /// passes the task size, any page of it is unmapped, or its entries
-    /// would take more bytes than the space's memory budget (a length from
-    /// an untrusted caller must not grow the host process past it: use
+    /// would take more bytes than the space's memory budget (its pool's, on
+    /// a shared pool; a length from an untrusted caller must not grow the
+    /// host process past it: use
     /// [`mincore_into`](Self::mincore_into) with a buffer of your own, as
     /// Linux writes into the caller's vector).
     pub fn mincore(&self, addr: u64, len: u64) -> Result<Vec<bool>> {
         let npages = self.mincore_pages(addr, len)?;
-        if npages > self.cfg.memory_budget {
+        if npages > self.budget_bytes() {
             return Err(Error::NoMem);
         }
         let mut out = Vec::new();

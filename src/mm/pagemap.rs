@@ -130,10 +130,11 @@ impl AddressSpace {
     /// for each bit.
     ///
     /// Errors: `EINVAL` for an unaligned `addr`; `ENOMEM` if the entries
-    /// would take more bytes than the space's memory budget (a length from
-    /// an untrusted caller must not grow the host process past it; read a
-    /// large range in pieces with [`pagemap_into`](Self::pagemap_into),
-    /// into a buffer of your own) or do not fit in memory.
+    /// would take more bytes than the space's memory budget (its pool's,
+    /// on a shared pool; a length from an untrusted caller must not grow
+    /// the host process past it; read a large range in pieces with
+    /// [`pagemap_into`](Self::pagemap_into), into a buffer of your own) or
+    /// do not fit in memory.
     pub fn pagemap(&self, addr: u64, len: u64) -> Result<Vec<PagemapEntry>> {
         if !is_page_aligned(addr) {
             return Err(Error::Inval);
@@ -145,7 +146,7 @@ impl AddressSpace {
             & !(PAGE_SIZE - 1);
         let n = pages(end.saturating_sub(addr));
         let bytes = n.saturating_mul(core::mem::size_of::<PagemapEntry>() as u64);
-        if bytes > self.cfg.memory_budget {
+        if bytes > self.budget_bytes() {
             return Err(Error::NoMem);
         }
         let n = n as usize;

@@ -59,6 +59,10 @@ pub enum Mode {
     GlobalLock,
 }
 
+/// The most zones a [`Vmap`] takes ([`VmapConfig::zones`]): each is a
+/// lock and a tree of its own, made up front.
+pub const MAX_ZONES: usize = 4096;
+
 /// Configuration of a [`Vmap`].
 #[derive(Clone, Debug)]
 pub struct VmapConfig {
@@ -66,7 +70,8 @@ pub struct VmapConfig {
     pub window: Range,
     /// Locking mode.
     pub mode: Mode,
-    /// Zones in PerCpu mode (default: one per CPU slot).
+    /// Zones in PerCpu mode (default: one per CPU slot; at most
+    /// [`MAX_ZONES`]).
     pub zones: usize,
     /// Lazily freed bytes in a zone that trigger its purge (default
     /// scaled like Linux's `lazy_max_pages`: log2(CPUs) x 32 MiB, split
@@ -82,7 +87,7 @@ impl Default for VmapConfig {
             // x86-64's vmalloc area: 32 TiB.
             window: Range::new(0xffff_c900_0000_0000, 0xffff_e900_0000_0000),
             mode: Mode::PerCpu,
-            zones: cpus,
+            zones: cpus.min(MAX_ZONES),
             lazy_max_bytes: (log * (32 << 20) / cpus as u64).max(1 << 20),
         }
     }
@@ -174,10 +179,14 @@ impl core::fmt::Debug for Vmap {
 
 impl Vmap {
     /// An allocator over `cfg.window`. `EINVAL` if the window is empty or
-    /// not page-aligned.
+    /// not page-aligned, or `cfg.zones` is above [`MAX_ZONES`]. Zones past
+    /// the window's pages are not made (a one-page window has one zone).
     pub fn new(cfg: VmapConfig) -> Result<Self> {
         let w = cfg.window;
         if w.is_empty() || w.start % PAGE_SIZE != 0 || w.end % PAGE_SIZE != 0 {
+            return Err(Error::Inval);
+        }
+        if cfg.mode == Mode::PerCpu && cfg.zones > MAX_ZONES {
             return Err(Error::Inval);
         }
         let n = match cfg.mode {
@@ -186,16 +195,18 @@ impl Vmap {
         };
         let pages = w.len() / PAGE_SIZE;
         let zone_size = pages.div_ceil(n).max(1) * PAGE_SIZE;
+        // Zones start a zone size apart until the window's end (checked:
+        // a window may end at the top of the address space).
         let zones = (0..n)
-            .filter_map(|i| {
-                let s = w.start + i * zone_size;
+            .map_while(|i| {
+                let s = w.start.checked_add(i.checked_mul(zone_size)?)?;
                 (s < w.end).then(|| {
                     // SAFETY: a zone's tree is read and written only under
                     // the zone's lock (`fit`, `free`, `purge`, `areas`), so
                     // it has no lock-free readers and may free at once.
                     let tree = RangeTree::with_reclaimer(unsafe { Reclaimer::immediate() });
                     CachePadded::new(Mutex::new(Zone {
-                        range: Range::new(s, (s + zone_size).min(w.end)),
+                        range: Range::new(s, s.saturating_add(zone_size).min(w.end)),
                         tree,
                         lazy: LazySummary::default(),
                     }))

@@ -1,0 +1,93 @@
+//! Result buffers an untrusted length asks for (`mincore`, `pagemap`)
+//! are bounded by the space's memory budget, its pool's on a shared pool
+//! (where `Config::memory_budget` is not used): measured with a counting
+//! allocator, the largest single allocation of the call.
+use aspace::{AddressSpace, Config, Error, FrameAllocator};
+
+/// Records the largest single allocation made by the current thread while
+/// `TRACK` is set on it.
+struct Counting;
+thread_local! {
+    static TRACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static LARGEST: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+// SAFETY: every method forwards to the system allocator with the same
+// arguments; counting writes only thread-locals.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
+        note(l.size());
+        // SAFETY: the caller's contract for this method, passed on.
+        unsafe { std::alloc::System.alloc(l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
+        note(l.size());
+        // SAFETY: the caller's contract for this method, passed on.
+        unsafe { std::alloc::System.alloc_zeroed(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
+        // SAFETY: the caller's contract for this method, passed on.
+        unsafe { std::alloc::System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, n: usize) -> *mut u8 {
+        note(n);
+        // SAFETY: the caller's contract for this method, passed on.
+        unsafe { std::alloc::System.realloc(p, l, n) }
+    }
+}
+fn note(n: usize) {
+    let _ = TRACK.try_with(|t| {
+        if t.get() {
+            let _ = LARGEST.try_with(|m| m.set(m.get().max(n)));
+        }
+    });
+}
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// The largest allocation `f` makes on this thread.
+fn largest_allocation<R>(f: impl FnOnce() -> R) -> (R, usize) {
+    LARGEST.with(|m| m.set(0));
+    TRACK.with(|t| t.set(true));
+    let r = f();
+    TRACK.with(|t| t.set(false));
+    (r, LARGEST.with(|m| m.get()))
+}
+
+const POOL_BUDGET: u64 = 16 << 20;
+
+fn space_on_small_pool() -> AddressSpace {
+    let pool = std::sync::Arc::new(FrameAllocator::new(POOL_BUDGET, true));
+    // The pool's budget applies; `Config::memory_budget` (4 GiB by
+    // default) "is not used" (AddressSpace::with_pool's docs).
+    AddressSpace::with_pool(Config::default(), pool)
+}
+
+/// mincore's result takes a byte per page, allocated before the range is
+/// looked at: on a space with a 16 MiB pool it was bounded by
+/// `Config::memory_budget` (4 GiB, unused on a pool), and a 2^38-byte
+/// range took 64 MiB before its `ENOMEM`.
+#[test]
+fn mincore_of_an_unmapped_range_allocates_within_the_pool_budget() {
+    let mm = space_on_small_pool();
+    let (r, big) = largest_allocation(|| mm.mincore(1 << 40, 1 << 38));
+    assert_eq!(r, Err(Error::NoMem));
+    assert!(
+        big as u64 <= POOL_BUDGET,
+        "mincore allocated {big} bytes on a space whose pool budget is {POOL_BUDGET}"
+    );
+}
+
+/// pagemap's result takes 8 bytes per page: bounded by the pool's budget
+/// too (a 2^37-byte range took 256 MiB on a 16 MiB pool).
+#[test]
+fn pagemap_allocates_within_the_pool_budget() {
+    let mm = space_on_small_pool();
+    let (r, big) = largest_allocation(|| mm.pagemap(1 << 40, 1 << 37).map(|v| v.len()));
+    assert!(r.is_ok() || r == Err(Error::NoMem));
+    assert!(
+        big as u64 <= POOL_BUDGET,
+        "pagemap allocated {big} bytes on a space whose pool budget is {POOL_BUDGET}"
+    );
+}
+
+// ------------------------------------------- task sizes above 2^48
