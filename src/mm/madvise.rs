@@ -10,7 +10,7 @@
 //! [`crate::mm`].
 
 use super::{Access, AddressSpace, Advice};
-use crate::addr::{is_page_aligned, page_align_up, Range, PAGE_SIZE};
+use crate::addr::{is_page_aligned, page_align_up, Range};
 use crate::error::{Error, FaultError, Result};
 use crate::vma::{VmFlags, VmaRef};
 
@@ -195,7 +195,7 @@ impl AddressSpace {
                     Err(FaultError::NoMapping | FaultError::AccessDenied) => continue 'vmas,
                     Err(_) => return Err(Error::Fault),
                 }
-                a += PAGE_SIZE;
+                a = self.populated_past(a);
             }
         }
         Ok(())

@@ -325,7 +325,7 @@ impl AddressSpace {
             }
             while failed.is_none() && a < stop {
                 match self.fault(a, access) {
-                    Ok(()) => a += PAGE_SIZE,
+                    Ok(()) => a = self.populated_past(a),
                     Err(FaultError::OutOfMemory) => failed = Some(Error::Again),
                     Err(FaultError::NoMapping | FaultError::AccessDenied) => continue 'vmas,
                     Err(_) => failed = Some(Error::NoMem),
