@@ -45,7 +45,7 @@ use aspace::mm::config::DEFAULT_TASK_SIZE;
 use aspace::uffd::{FillError, PageCategories, RegisterMode, ScanArgs, ScanFlags, UffdBuilder};
 use aspace::{
     Access, AddressSpace, Advice, ClearRefs, Config, Error, FaultLocking, MapFlags, Memfd,
-    MremapFlags, Prot, VmaInfo, PAGE_SIZE,
+    MremapFlags, Prot, VmaInfo, WriterLocking, PAGE_SIZE,
 };
 use common::kernel::parse_maps_line;
 use common::{
@@ -1293,4 +1293,27 @@ fn brk_with_a_huge_stack_guard_gap_does_not_overflow() {
     assert_eq!(mm.munmap(above, PAGE_SIZE), Ok(()));
     assert!(s > b);
     assert_eq!(mm.brk(b + 8 * PAGE_SIZE), Ok(b + 4 * PAGE_SIZE));
+}
+
+/// A task size `validate` refuses but `new` takes as given, `u64::MAX`,
+/// puts the last page at the top of the address space: a read there and
+/// a range writer's brk there saturate the page's end instead of
+/// overflowing (both panicked with overflow checks on).
+#[test]
+fn accesses_and_brk_at_the_top_of_a_task_size_of_u64_max_do_not_overflow() {
+    for writer_locking in [WriterLocking::MmapLock, WriterLocking::Range] {
+        let cfg = Config {
+            task_size: u64::MAX,
+            mmap_base: 1 << 47,
+            brk_start: 0x1000,
+            mmap_min_addr: 0x1000,
+            writer_locking,
+            ..Config::default()
+        };
+        assert!(cfg.validate().is_err());
+        let mm = AddressSpace::new(cfg);
+        let mut buf = [0u8; 4095];
+        assert!(mm.read(u64::MAX - 4095, &mut buf).is_err());
+        assert!(mm.brk(u64::MAX - 4095).is_ok());
+    }
 }

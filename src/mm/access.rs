@@ -89,11 +89,13 @@ impl AddressSpace {
         self.precheck(Range::new(addr, end), access)?;
         let write = access == Access::Write;
         let mut a = addr;
-        // `addr <= a < end <= task_size`: no sum below can overflow.
+        // `addr <= a < end <= task_size`: no sum below can overflow but
+        // the page's end, where a task size `validate` refuses (`new`
+        // takes one as given) puts the last page at the top.
         while a < end {
             let page = a & !(PAGE_SIZE - 1);
             let off = (a - page) as usize;
-            let n = ((page + PAGE_SIZE).min(end) - a) as usize;
+            let n = (page.saturating_add(PAGE_SIZE).min(end) - a) as usize;
             let b = (a - addr) as usize;
             loop {
                 let g = self.pt.pin();

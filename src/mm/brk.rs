@@ -104,7 +104,8 @@ fn brk_span(start: u64, old: u64, addr: u64, task_size: u64, guard_gap: u64) -> 
     } else if newbrk > oldbrk {
         // The grow check reads the next VMA below `newbrk + PAGE_SIZE`
         // plus the guard gap (the neighbourhood adds the page).
-        let top = (newbrk + PAGE_SIZE)
+        let top = newbrk
+            .saturating_add(PAGE_SIZE)
             .saturating_add(guard_gap)
             .min(task_size)
             .max(newbrk);
