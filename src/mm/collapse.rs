@@ -291,8 +291,14 @@ impl AddressSpace {
             if !mode_allows(self, flags) || !vma_allows(self, flags, v.is_anonymous()) {
                 continue;
             }
-            let has_table = |s: u64| self.pt.peek().is_some_and(|pt| !pt.pmd_none(s, &pt.pin()));
-            let todo: Vec<u64> = spans(&v, v.range()).filter(|&s| has_table(s)).collect();
+            // The spans with a page table, found by the table walk, which
+            // steps over missing tables whole: a huge VMA mostly empty
+            // costs a few walks, not one per 2 MiB.
+            let mut todo: Vec<u64> = Vec::new();
+            if let (Some(pt), Some(first)) = (self.pt.peek(), spans(&v, v.range()).next()) {
+                let hi = v.end() & !(HUGE_SIZE - 1);
+                pt.for_each_filled_pmd(first, hi, &pt.pin(), |s| todo.push(s));
+            }
             if todo.is_empty() {
                 continue;
             }

@@ -254,14 +254,34 @@ impl PageTable {
     /// Calls `f(start, leaf)` for every PMD leaf whose 2 MiB span meets
     /// `[start, end)` (lock-free snapshot).
     pub fn for_each_huge(&self, start: u64, end: u64, g: &Guard, mut f: impl FnMut(u64, Pte)) {
+        self.for_each_pmd(start, end, g, |va, v| {
+            if is_leaf(v) {
+                f(va, leaf_pte(v));
+            }
+        });
+    }
+
+    /// Calls `f(start)` for every 2 MiB span meeting `[start, end)` whose
+    /// PMD slot is filled (a PTE table or a leaf: where
+    /// [`pmd_none`](Self::pmd_none) is false), lock-free.
+    pub fn for_each_filled_pmd(&self, start: u64, end: u64, g: &Guard, mut f: impl FnMut(u64)) {
+        self.for_each_pmd(start, end, g, |va, v| {
+            if v != 0 {
+                f(va);
+            }
+        });
+    }
+
+    /// Calls `f(start, entry)` with the PMD entry of every 2 MiB span
+    /// meeting `[start, end)` that a PMD table holds, stepping over a
+    /// missing upper table's whole span at once (so an empty terabyte
+    /// costs a few walks, not one per 2 MiB).
+    fn for_each_pmd(&self, start: u64, end: u64, g: &Guard, mut f: impl FnMut(u64, u64)) {
         let mut va = start & !(HUGE_SIZE - 1);
         while va < end {
             match self.pmd_slot(va, g) {
                 Some((_, e)) => {
-                    let v = e.load(Ordering::Acquire);
-                    if is_leaf(v) {
-                        f(va, leaf_pte(v));
-                    }
+                    f(va, e.load(Ordering::Acquire));
                     va = va.saturating_add(HUGE_SIZE);
                 }
                 None => match self.missing_span(va, g) {

@@ -459,3 +459,33 @@ fn retired_tables_go_back_to_the_cpu_that_retired_them() {
         "the three retired tables are back in the retiring CPU's cache"
     );
 }
+
+/// The filled PMD slots of a range are those with a PTE table, in order,
+/// found across missing PMD, PUD and root-entry spans and at the range's
+/// edges (a span starting before the range's start counts, one starting
+/// at its end does not).
+#[test]
+fn filled_pmds_are_the_spans_with_a_table() {
+    let p = pt();
+    let g = p.pin();
+    let at = [
+        PMD_SIZE,                 // the second span of the first GiB
+        (1 << 30) + 5 * PMD_SIZE, // the next GiB
+        (1 << 39) + 3 * PMD_SIZE, // the next root entry
+        (7 << 39) + PAGE_SIZE,    // six root entries later, mid-span
+        (7 << 39) + 2 * PMD_SIZE, // the range's end: not counted
+    ];
+    for (i, &va) in at.iter().enumerate() {
+        p.install(va, Pte::new(Pfn::new(i as u32), PteFlags::USER), &g)
+            .unwrap();
+    }
+    let mut seen = vec![];
+    p.for_each_filled_pmd(PMD_SIZE + PAGE_SIZE, (7 << 39) + 2 * PMD_SIZE, &g, |va| {
+        seen.push(va)
+    });
+    let want: Vec<u64> = at[..4].iter().map(|va| va & !(PMD_SIZE - 1)).collect();
+    assert_eq!(seen, want);
+    for &va in &want {
+        assert!(!p.pmd_none(va, &g));
+    }
+}
