@@ -1296,9 +1296,10 @@ fn brk_with_a_huge_stack_guard_gap_does_not_overflow() {
 }
 
 /// A task size `validate` refuses but `new` takes as given, `u64::MAX`,
-/// puts the last page at the top of the address space: a read there and
-/// a range writer's brk there saturate the page's end instead of
-/// overflowing (both panicked with overflow checks on).
+/// puts the last page at the top of the address space: a read there, a
+/// brk there (each writer locking's grow check) and a mincore rounded
+/// past it saturate or fail instead of overflowing (each panicked with
+/// overflow checks on).
 #[test]
 fn accesses_and_brk_at_the_top_of_a_task_size_of_u64_max_do_not_overflow() {
     for writer_locking in [WriterLocking::MmapLock, WriterLocking::Range] {
@@ -1311,9 +1312,19 @@ fn accesses_and_brk_at_the_top_of_a_task_size_of_u64_max_do_not_overflow() {
             ..Config::default()
         };
         assert!(cfg.validate().is_err());
-        let mm = AddressSpace::new(cfg);
+        let mm = AddressSpace::new(cfg.clone());
         let mut buf = [0u8; 4095];
         assert!(mm.read(u64::MAX - 4095, &mut buf).is_err());
         assert!(mm.brk(u64::MAX - 4095).is_ok());
+        // mincore's range rounded to pages passes the top: ENOMEM.
+        assert_eq!(mm.mincore(u64::MAX - 8191, 8191), Err(Error::NoMem));
+        // A mapping above the break: the grow check adds the page above
+        // the new break, and refuses.
+        let mm = AddressSpace::new(cfg);
+        let rw = Prot::READ | Prot::WRITE;
+        let fixed = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED;
+        assert_eq!(mm.mmap(1 << 40, PAGE_SIZE, rw, fixed), Ok(1 << 40));
+        let b = mm.brk(0).unwrap();
+        assert_eq!(mm.brk(u64::MAX - 4095), Ok(b));
     }
 }

@@ -204,11 +204,13 @@ impl AddressSpace {
             return (old, None);
         }
         // Stay one page below the next mapping (and its guard gap).
-        // `newbrk <= task_size`, so `newbrk + PAGE_SIZE` cannot overflow;
-        // the guard gap is the embedder's choice, so that sum saturates.
+        // `newbrk <= task_size`, whose page below the top `validate`
+        // keeps (`new` takes a config as given: the sums saturate); the
+        // guard gap is the embedder's choice, so that sum saturates too.
         if let Some(next) = ed.find_after(oldbrk) {
-            let reach = (newbrk + PAGE_SIZE).saturating_add(self.cfg.stack_guard_gap);
-            if next.start() < reach && newbrk + PAGE_SIZE > self.vm_start_gap(next) {
+            let above = newbrk.saturating_add(PAGE_SIZE);
+            let reach = above.saturating_add(self.cfg.stack_guard_gap);
+            if next.start() < reach && above > self.vm_start_gap(next) {
                 return (old, None);
             }
         }

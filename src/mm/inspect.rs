@@ -108,10 +108,15 @@ impl AddressSpace {
         if !is_page_aligned(addr) {
             return Err(Error::Inval);
         }
-        addr.checked_add(len)
+        // The range rounded to whole pages (the same end for a page-aligned
+        // task size; `new` takes any as given).
+        let npages = len.div_ceil(PAGE_SIZE);
+        npages
+            .checked_mul(PAGE_SIZE)
+            .and_then(|l| addr.checked_add(l))
             .filter(|&e| e <= self.cfg.task_size)
             .ok_or(Error::NoMem)?;
-        Ok(len.div_ceil(PAGE_SIZE))
+        Ok(npages)
     }
 
     /// `msync(2)` of `[addr, addr + len)`. With `SYNC`, the pages of file

@@ -58,7 +58,7 @@ impl PageTable {
             if let Some(skip) = self.missing_span(src, g) {
                 // No table maps the source here: nothing to move up to the
                 // end of the missing table's span.
-                off = (off + skip).min(len);
+                off = off.saturating_add(skip).min(len);
                 continue;
             }
             let n = (pmd - src % pmd)

@@ -247,6 +247,12 @@ fn the_root_is_made_on_first_use_and_nothing_needs_it_before() {
     p.for_each_present(all, &g, |_, _| panic!("nothing present"));
     p.free_tables(all, &g);
     assert_eq!(p.missing_span(va, &g), Some((1 << 48) - va));
+    // Past the 48 bits: all the way to the top, at once.
+    assert_eq!(
+        p.missing_span(1 << 48, &g),
+        Some(0u64.wrapping_sub(1 << 48))
+    );
+    assert_eq!(p.missing_span(u64::MAX - 4095, &g), Some(4096));
     let dst = pt();
     let dg = dst.pin();
     assert_eq!(

@@ -6,7 +6,6 @@ use super::{
     entry_span, index, is_leaf, is_table, leaf_pte, PageTable, Pte, Table, LEVELS, ROOT_STRIPES,
     TABLE_BIT, TABLE_BYTES, VA_BITS,
 };
-use crate::addr::PAGE_SIZE;
 use crate::reclaim::Guard;
 use crate::sync::counter;
 use crate::sync::{AtomicU64, MutexGuard, Ordering};
@@ -461,10 +460,13 @@ impl PageTable {
     }
 
     /// If no table maps `va` at some level above the PTEs, the bytes from
-    /// `va` to the end of that missing table's span.
+    /// `va` to the end of that missing table's span; past the 48 bits the
+    /// table addresses, the bytes to the top of the address space (2^64,
+    /// so callers add it saturating): nothing is mapped there, and a loop
+    /// that stepped a page at a time there never ended.
     pub(super) fn missing_span(&self, va: u64, g: &Guard) -> Option<u64> {
         if va >> VA_BITS != 0 {
-            return Some(PAGE_SIZE);
+            return Some(0u64.wrapping_sub(va));
         }
         let Some(mut t) = self.child(&self.root, g) else {
             // No root: nothing is mapped anywhere above `va`.
