@@ -224,10 +224,17 @@ fn collapse_span(
 
 /// The 2 MiB-aligned spans inside both `r` and `v`'s range.
 fn spans(v: &Vma, r: Range) -> impl Iterator<Item = u64> {
+    let (first, hi) = span_bounds(v, r);
+    (first..hi).step_by(HUGE_SIZE as usize)
+}
+
+/// Where [`spans`] start, and the end of the last one (no span if the
+/// first is not below it).
+fn span_bounds(v: &Vma, r: Range) -> (u64, u64) {
     let lo = r.start.max(v.start());
     let hi = r.end.min(v.end()) & !(HUGE_SIZE - 1);
     let first = lo.checked_next_multiple_of(HUGE_SIZE).unwrap_or(u64::MAX);
-    (first..hi).step_by(HUGE_SIZE as usize)
+    (first, hi)
 }
 
 impl AddressSpace {
@@ -295,8 +302,8 @@ impl AddressSpace {
             // steps over missing tables whole: a huge VMA mostly empty
             // costs a few walks, not one per 2 MiB.
             let mut todo: Vec<u64> = Vec::new();
-            if let (Some(pt), Some(first)) = (self.pt.peek(), spans(&v, v.range()).next()) {
-                let hi = v.end() & !(HUGE_SIZE - 1);
+            if let Some(pt) = self.pt.peek() {
+                let (first, hi) = span_bounds(&v, v.range());
                 pt.for_each_filled_pmd(first, hi, &pt.pin(), |s| todo.push(s));
             }
             if todo.is_empty() {

@@ -18,7 +18,7 @@
 //! under the read side); see [`crate::mm`].
 
 use super::edit::Edit;
-use super::{Access, AddressSpace};
+use super::AddressSpace;
 use crate::addr::{page_align_down, Range, PAGE_SHIFT, PAGE_SIZE};
 use crate::error::{Error, FaultError, Result};
 use crate::sync::Ordering;
@@ -305,11 +305,6 @@ impl AddressSpace {
                 a = stop;
                 continue;
             }
-            let access = if f.contains(VmFlags::WRITE) && !f.contains(VmFlags::SHARED) {
-                Access::Write
-            } else {
-                Access::Read
-            };
             // Judged on the snapshot, which is only what the VMA was: a
             // fault refused below for the access or the mapping means a
             // writer changed it since (an mprotect to read-only fails the
@@ -318,19 +313,23 @@ impl AddressSpace {
             // looks it up again after any fault that dropped the lock; so
             // `a` is judged again (a writer that keeps changing the VMA
             // keeps this going, as the mmap_lock would keep it waiting in
-            // Linux), as `madvise_populate` does.
-            let mut failed = None;
-            if !f.accessible() || !access.allowed_by(f) {
-                failed = Some(Error::NoMem);
-            }
-            while failed.is_none() && a < stop {
-                match self.fault(a, access) {
-                    Ok(()) => a = self.populated_past(a),
-                    Err(FaultError::OutOfMemory) => failed = Some(Error::Again),
-                    Err(FaultError::NoMapping | FaultError::AccessDenied) => continue 'vmas,
-                    Err(_) => failed = Some(Error::NoMem),
+            // Linux), as `madvise_populate` does. An access the snapshot
+            // refuses (inaccessible) is `ENOMEM` without a fault.
+            let failed = match super::mmap::populate_access(f).filter(|acc| acc.allowed_by(f)) {
+                None => Some(Error::NoMem),
+                Some(access) => {
+                    let mut failed = None;
+                    while failed.is_none() && a < stop {
+                        match self.fault(a, access) {
+                            Ok(()) => a = self.populated_past(a),
+                            Err(FaultError::OutOfMemory) => failed = Some(Error::Again),
+                            Err(FaultError::NoMapping | FaultError::AccessDenied) => continue 'vmas,
+                            Err(_) => failed = Some(Error::NoMem),
+                        }
+                    }
+                    failed
                 }
-            }
+            };
             match failed {
                 Some(e) if !ignore_errors => return Err(e),
                 _ => a = stop,

@@ -512,9 +512,7 @@ impl AddressSpace {
             a = stop;
         }
     }
-}
 
-impl AddressSpace {
     /// Where a populate goes on after faulting `a` in: past the huge page
     /// that maps it, if a 2 MiB-aligned `a` is now mapped by one (its 511
     /// other pages are in too: GUP steps over a huge page whole), else to
@@ -531,12 +529,12 @@ impl AddressSpace {
     }
 }
 
-/// The access `MAP_POPULATE` faults a VMA with flags `f` in for: a write
-/// where private and writable (copy-on-write broken at once), else a read;
-/// `None` where inaccessible (`PROT_NONE` is not populated) or locked on
-/// fault (`populate_vma_page_range` skips it: a concurrent `mlock2` with
-/// `MLOCK_ONFAULT` may have made it so).
-fn populate_access(f: VmFlags) -> Option<Access> {
+/// The access a populate (`MAP_POPULATE`, mlock's) faults a VMA with
+/// flags `f` in for: a write where private and writable (copy-on-write
+/// broken at once), else a read; `None` where inaccessible (`PROT_NONE` is
+/// not populated) or locked on fault (`populate_vma_page_range` skips it:
+/// a concurrent `mlock2` with `MLOCK_ONFAULT` may have made it so).
+pub(super) fn populate_access(f: VmFlags) -> Option<Access> {
     if !f.accessible() || f.contains(VmFlags::LOCKONFAULT) {
         None
     } else if f.contains(VmFlags::WRITE) && !f.contains(VmFlags::SHARED) {
