@@ -811,9 +811,10 @@ fn range_slot_bias_owner_vs_request_across_slots() {
 ///   `Gate::close`, src/mm/range_lock.rs): the mlock and the split then
 ///   change the VMA at once;
 /// - an mlock whose populate counts a write fault refused after the
-///   mprotect as a failure (`=> continue 'vmas,` made `=> failed =
-///   Some(Error::NoMem),` in `AddressSpace::populate_locked`,
-///   src/mm/mlock.rs): the mlock fails
+///   mprotect as a failure (the arm `Err(FaultError::NoMapping |
+///   FaultError::AccessDenied) => continue 'vmas` deleted in
+///   `AddressSpace::populate_with`, src/mm/populate.rs, so the refusal
+///   reaches the policy's `failed`): the mlock fails
 ///   with `ENOMEM`, where Linux looks the VMA up again (this model found
 ///   that, in every writer locking: `tests/range_writers.rs`'s
 ///   `mlock_succeeds_while_its_range_is_mprotected`).
@@ -850,9 +851,11 @@ fn range_slot_bias_owner_vs_whole_space_writer() {
 /// and faults a read-only one for reading, so in every order both pages
 /// are resident when the mmap returns.
 ///
-/// Catches: a populate that ends at the refused fault (`=> continue
-/// 'vmas,` made `=> return,` for `NoMapping | AccessDenied` in
-/// `AddressSpace::populate`, src/mm/mmap.rs): `C + P` stays unpopulated
+/// Catches: a populate that gives up on the refused fault (the arm
+/// `Err(FaultError::NoMapping | FaultError::AccessDenied) => continue
+/// 'vmas` deleted in `AddressSpace::populate_with`, src/mm/populate.rs:
+/// `MAP_POPULATE`'s policy skips the rest of the VMA): `C + P` stays
+/// unpopulated
 /// (`tests/range_writers.rs`'s
 /// `map_populate_populates_every_page_while_its_range_is_mprotected`
 /// catches it too, in both writer lockings).

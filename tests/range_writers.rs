@@ -692,9 +692,11 @@ fn populate_write_meets_an_mprotect_with_einval_only() {
 /// the VMA up again and faults a read-only one for reading. (Stopping at
 /// the first write fault the flip refused left pages unpopulated.)
 ///
-/// Catches: the refusal ending the populate (`continue 'vmas` made
-/// `return` in `AddressSpace::populate`, src/mm/mmap.rs): pages missing
-/// in the first rounds.
+/// Catches: the refusal taken for a failure (the arm `Err(FaultError::
+/// NoMapping | FaultError::AccessDenied) => continue 'vmas` deleted in
+/// `AddressSpace::populate_with`, src/mm/populate.rs): pages missing in
+/// the first rounds (`mlock_succeeds_while_its_range_is_mprotected`
+/// fails with `ENOMEM` the same way).
 #[test]
 fn map_populate_populates_every_page_while_its_range_is_mprotected() {
     against_mprotect_flips(|mm, a, len, locking, round| {

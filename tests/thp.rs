@@ -1593,9 +1593,10 @@ fn a_write_protected_huge_page_is_kept_whole_as_the_kernel_keeps_it() {
 ///
 /// Faults here count those that found the page present (spurious).
 ///
-/// Catches: `a = self.populated_past(a)` made `a += PAGE_SIZE` in any
-/// of the three populate loops (src/mm/madvise.rs, src/mm/mlock.rs,
-/// src/mm/mmap.rs): 16,384 faults.
+/// Catches: `a = self.populated_past(a)` made `a += PAGE_SIZE` in the
+/// populate loop every kind shares (`AddressSpace::populate_with`,
+/// src/mm/populate.rs), or `populated_past` stepping a page: 16,384
+/// faults.
 #[test]
 fn populating_huge_zero_pages_faults_once_per_huge_page() {
     let len = 64 << 20;

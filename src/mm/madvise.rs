@@ -9,9 +9,9 @@
 //! their range's neighbourhood, as mprotect: `name::modify_each`). Order:
 //! [`crate::mm`].
 
-use super::{Access, AddressSpace, Advice};
+use super::{AddressSpace, Advice};
 use crate::addr::{is_page_aligned, page_align_up, Range};
-use crate::error::{Error, FaultError, Result};
+use crate::error::{Error, Result};
 use crate::vma::{VmFlags, VmaRef};
 
 impl AddressSpace {
@@ -156,48 +156,5 @@ impl AddressSpace {
     /// each VMA's part of `r` gets the new flags, splitting or merging.
     fn madvise_flags(&self, r: Range, advice: Advice) -> Result<()> {
         self.modify_each(r, |v| Ok((advised_flags(v, advice)?, v.name_arc())))
-    }
-
-    /// `MADV_POPULATE_READ`/`WRITE`: faults every page in, VMA by VMA,
-    /// stopping at the first hole (`ENOMEM`), at a VMA that does not allow
-    /// the access (`EINVAL`), or at a fault that fails (`EFAULT`, or
-    /// `ENOMEM` out of memory). The pages before stay populated.
-    fn madvise_populate(&self, r: Range, write: bool) -> Result<()> {
-        let access = if write { Access::Write } else { Access::Read };
-        let mut a = r.start;
-        'vmas: while a < r.end {
-            let Some(v) = self.vma_at(a) else {
-                return Err(Error::NoMem);
-            };
-            // GUP's check_vma_flags: the VMA must allow the access itself
-            // (a write-only or exec-only VMA cannot be populated for
-            // reading, though x86 lets a user-mode load read it).
-            let ok = if write {
-                v.flags.contains(VmFlags::WRITE)
-            } else {
-                v.flags.contains(VmFlags::READ)
-            };
-            if !ok {
-                return Err(Error::Inval);
-            }
-            let e = v.end.min(r.end);
-            while a < e {
-                match self.fault(a, access) {
-                    Ok(()) => {}
-                    Err(FaultError::OutOfMemory) => return Err(Error::NoMem),
-                    // Unmapped or changed under us (the VMA judged is only
-                    // a snapshot): judged again at `a`, as Linux looks the
-                    // VMA up again after a fault that dropped the
-                    // mmap_lock, so a hole now is `ENOMEM` and an access
-                    // the VMA no longer allows `EINVAL`, never `EFAULT`
-                    // (a writer that keeps changing it keeps this going,
-                    // as the mmap_lock would keep it waiting in Linux).
-                    Err(FaultError::NoMapping | FaultError::AccessDenied) => continue 'vmas,
-                    Err(_) => return Err(Error::Fault),
-                }
-                a = self.populated_past(a);
-            }
-        }
-        Ok(())
     }
 }

@@ -20,7 +20,7 @@
 use super::edit::Edit;
 use super::AddressSpace;
 use crate::addr::{page_align_down, Range, PAGE_SHIFT, PAGE_SIZE};
-use crate::error::{Error, FaultError, Result};
+use crate::error::{Error, Result};
 use crate::sync::Ordering;
 use crate::vma::VmFlags;
 use bitflags::bitflags;
@@ -281,70 +281,6 @@ impl AddressSpace {
             cursor = cur.end();
         }
         Ok(())
-    }
-
-    /// Linux's `__mm_populate` after a lock: faults in the locked (or
-    /// droppable) VMAs of `r` that do not lock on fault, for writing where private and
-    /// writable. A failure ends it: `ENOMEM` for an inaccessible VMA or a
-    /// fault that cannot be resolved, `EAGAIN` when out of memory (mlock's
-    /// errors); with `ignore_errors` it goes on to the next VMA.
-    pub(super) fn populate_locked(&self, r: Range, ignore_errors: bool) -> Result<()> {
-        let mut a = r.start;
-        'vmas: while a < r.end {
-            let Some(v) = self.vma_after(a).filter(|v| v.start < r.end) else {
-                return Ok(());
-            };
-            a = a.max(v.start);
-            let stop = v.end.min(r.end);
-            let f = v.flags;
-            // Every VMA of the range is locked by now but droppable ones,
-            // which are populated all the same (`__mm_populate` walks the
-            // range); on-fault locks are not.
-            let wanted = f.contains(VmFlags::LOCKED) || f.contains(VmFlags::DROPPABLE);
-            if !wanted || f.contains(VmFlags::LOCKONFAULT) {
-                a = stop;
-                continue;
-            }
-            // Judged on the snapshot, which is only what the VMA was: a
-            // fault refused below for the access or the mapping means a
-            // writer changed it since (an mprotect to read-only fails the
-            // write faults chosen before it, an munmap any). Linux
-            // populates each VMA as it finds it under the mmap_lock, and
-            // looks it up again after any fault that dropped the lock; so
-            // `a` is judged again (a writer that keeps changing the VMA
-            // keeps this going, as the mmap_lock would keep it waiting in
-            // Linux), as `madvise_populate` does. An access the snapshot
-            // refuses (inaccessible) is `ENOMEM` without a fault.
-            let failed = match super::mmap::populate_access(f).filter(|acc| acc.allowed_by(f)) {
-                None => Some(Error::NoMem),
-                Some(access) => {
-                    let mut failed = None;
-                    while failed.is_none() && a < stop {
-                        match self.fault(a, access) {
-                            Ok(()) => a = self.populated_past(a),
-                            Err(FaultError::OutOfMemory) => failed = Some(Error::Again),
-                            Err(FaultError::NoMapping | FaultError::AccessDenied) => continue 'vmas,
-                            Err(_) => failed = Some(Error::NoMem),
-                        }
-                    }
-                    failed
-                }
-            };
-            match failed {
-                Some(e) if !ignore_errors => return Err(e),
-                _ => a = stop,
-            }
-        }
-        Ok(())
-    }
-
-    /// A snapshot of the first VMA ending above `addr`.
-    pub(super) fn vma_after(&self, addr: u64) -> Option<super::VmaInfo> {
-        let st = self.mmap_lock.read();
-        let g = self.tree.pin();
-        self.tree
-            .find_after(addr, &g)
-            .map(|(_, v)| super::maps::snapshot(&st, &self.heap, v))
     }
 }
 

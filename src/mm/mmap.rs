@@ -8,9 +8,9 @@
 
 use super::edit::{Edit, Reach, View, VmaSpec};
 use super::placement::Backing;
-use super::{next_id, Access, AddressSpace, MapFlags, Prot};
+use super::{next_id, AddressSpace, MapFlags, Prot};
 use crate::addr::{page_align_up, Range, PAGE_SHIFT, PAGE_SIZE};
-use crate::error::{Error, FaultError, Result};
+use crate::error::{Error, Result};
 use crate::memfd::Memfd;
 use crate::sync::Arc;
 use crate::vma::{Shmem, VmFlags};
@@ -461,86 +461,6 @@ impl AddressSpace {
             return Some(Err(Error::NoMem));
         }
         Some(Ok((addr, ed)))
-    }
-
-    /// Faults in every page of `r` as `MAP_POPULATE` does: write faults for
-    /// private writable memory (breaking copy-on-write), read faults
-    /// otherwise, nothing for inaccessible memory. Best effort, as in
-    /// Linux (`__mm_populate` ignores errors and mmap still succeeds): a
-    /// fault that fails goes on at the next VMA, and running out of memory
-    /// (frames or page tables past the budget) ends it, leaving the rest
-    /// unpopulated.
-    ///
-    /// `vf` are the flags the caller just gave `r`, under the lock it has
-    /// released since: a writer may have changed the range meanwhile (an
-    /// mprotect to read-only fails the write faults chosen for `vf`, an
-    /// munmap any). Linux populates each VMA as it finds it under the
-    /// mmap_lock, looking it up again after a fault that dropped the lock;
-    /// so a fault refused for the access or the mapping judges the address
-    /// again, from the VMA there now. That lookup is only on this refusal,
-    /// so a populate no writer meets reads no lock.
-    pub(crate) fn populate(&self, r: Range, vf: VmFlags) {
-        // The first judgement is the caller's.
-        let mut judged = Some((r.end, vf));
-        let mut a = r.start;
-        'vmas: while a < r.end {
-            let (stop, f) = match judged.take() {
-                Some(j) => j,
-                None => {
-                    let Some(v) = self.vma_after(a).filter(|v| v.start < r.end) else {
-                        return;
-                    };
-                    a = a.max(v.start);
-                    (v.end.min(r.end), v.flags)
-                }
-            };
-            // Only an access the judged VMA allows: a refusal below then
-            // means a writer changed it, so this cannot loop without one.
-            if let Some(access) = populate_access(f).filter(|acc| acc.allowed_by(f)) {
-                // `a < stop <= r.end <= task_size`: no overflow.
-                while a < stop {
-                    match self.fault(a, access) {
-                        Ok(()) => a = self.populated_past(a),
-                        Err(FaultError::NoMapping | FaultError::AccessDenied) => continue 'vmas,
-                        Err(FaultError::OutOfMemory) => return,
-                        // SIGBUS past a shared object's end: the rest of
-                        // this VMA is past it too.
-                        Err(_) => break,
-                    }
-                }
-            }
-            a = stop;
-        }
-    }
-
-    /// Where a populate goes on after faulting `a` in: past the huge page
-    /// that maps it, if a 2 MiB-aligned `a` is now mapped by one (its 511
-    /// other pages are in too: GUP steps over a huge page whole), else to
-    /// the next page. Without it a populate of a large huge-zero-page
-    /// range (no frame used, one table per GiB) faulted its 4 KiB steps
-    /// one by one: 2^30 spurious faults before a 16 MiB budget ran out.
-    /// One walk per 2 MiB.
-    pub(crate) fn populated_past(&self, a: u64) -> u64 {
-        if a % crate::pt::HUGE_SIZE == 0 && self.pt.huge_at(a, &self.pt.pin()).is_some() {
-            a.saturating_add(crate::pt::HUGE_SIZE)
-        } else {
-            a.saturating_add(PAGE_SIZE)
-        }
-    }
-}
-
-/// The access a populate (`MAP_POPULATE`, mlock's) faults a VMA with
-/// flags `f` in for: a write where private and writable (copy-on-write
-/// broken at once), else a read; `None` where inaccessible (`PROT_NONE` is
-/// not populated) or locked on fault (`populate_vma_page_range` skips it:
-/// a concurrent `mlock2` with `MLOCK_ONFAULT` may have made it so).
-pub(super) fn populate_access(f: VmFlags) -> Option<Access> {
-    if !f.accessible() || f.contains(VmFlags::LOCKONFAULT) {
-        None
-    } else if f.contains(VmFlags::WRITE) && !f.contains(VmFlags::SHARED) {
-        Some(Access::Write)
-    } else {
-        Some(Access::Read)
     }
 }
 

@@ -117,6 +117,7 @@ mod munmap;
 mod name;
 pub mod pagemap;
 mod placement;
+mod populate;
 mod rmap;
 pub mod soft_dirty;
 pub(crate) mod spec_fault;
