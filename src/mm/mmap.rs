@@ -89,7 +89,7 @@ impl AddressSpace {
     /// into a private page; `MADV_DONTNEED` drops the copies, so the
     /// object's bytes show again. A fault at or past the object's end
     /// (page index `>= ceil(len / 4096)`) is `SIGBUS`
-    /// ([`FaultError::Bus`]), also after a shrink
+    /// ([`FaultError::Bus`](crate::error::FaultError::Bus)), also after a shrink
     /// ([`Memfd::set_len`]) unmapped the pages past the new end, private
     /// copies included, as Linux's truncation does. Adjacent mappings of
     /// the same object at contiguous offsets merge, as in Linux.
