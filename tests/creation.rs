@@ -1,10 +1,13 @@
 //! Creation allocates nothing it does not need until first use (issue 14):
-//! an idle address space owns its physical memory and nothing else, gives
-//! back everything when dropped, and is fully usable afterwards.
+//! an idle address space owns its physical memory and nothing else (range
+//! mode: its range lock and VMA forest too), gives back everything when
+//! dropped, and is fully usable afterwards. Every writer locking is
+//! checked in every build, whatever its default.
 //!
 //! A counting global allocator counts the allocations of the calling
 //! thread only (tests run in parallel).
 
+use aspace::mm::WriterLocking;
 use aspace::{AddressSpace, Config, FrameAllocator, MapFlags, Prot};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -18,17 +21,20 @@ const TRACKED: usize = 32;
 thread_local! {
     /// Whether this thread counts, and how many allocations it made.
     static COUNT: Cell<(bool, usize)> = const { Cell::new((false, 0)) };
+    /// Bytes of this thread's counted allocations.
+    static BYTES: Cell<usize> = const { Cell::new(0) };
     /// Addresses of this thread's counted allocations not yet freed (0:
     /// empty slot; `usize::MAX` in slot 0: overflow).
     static LIVE: Cell<[usize; TRACKED]> = const { Cell::new([0; TRACKED]) };
 }
 
-fn note_alloc(p: *mut u8) {
+fn note_alloc(p: *mut u8, size: usize) {
     // `try_with`: the thread-locals may be gone while a thread exits.
     let _ = COUNT.try_with(|c| {
         let (on, n) = c.get();
         if on && !p.is_null() {
             c.set((on, n + 1));
+            BYTES.with(|b| b.set(b.get() + size));
             let mut live = LIVE.with(Cell::get);
             match live.iter().position(|&a| a == 0) {
                 Some(i) => live[i] = p as usize,
@@ -55,7 +61,7 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         // SAFETY: the caller's contract is the system allocator's.
         let p = unsafe { System.alloc(l) };
-        note_alloc(p);
+        note_alloc(p, l.size());
         p
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
@@ -72,6 +78,7 @@ static ALLOC: Counting = Counting;
 /// this thread; they are tracked until freed (see [`still_live`]).
 fn counted<R>(f: impl FnOnce() -> R) -> (R, usize) {
     LIVE.with(|l| l.set([0; TRACKED]));
+    BYTES.with(|b| b.set(0));
     COUNT.with(|c| c.set((true, 0)));
     let r = f();
     let (_, n) = COUNT.with(|c| c.replace((false, 0)));
@@ -93,6 +100,46 @@ fn still_live() -> usize {
 /// the tree's node cache all wait for their first use.
 const NEW_ALLOCS: usize = 3;
 
+/// What range mode (`WriterLocking::Range`) adds at creation, needed by
+/// its first range writer: the range lock's shards and its gate, and the
+/// VMA forest's slots with their two bit sets (one slot and one shard per
+/// 512 GiB); with the bias (`Config::range_bias`), the one tree the forest
+/// stays until a second writer comes.
+fn range_allocs(bias: bool) -> usize {
+    5 + usize::from(bias)
+}
+
+/// Bytes of those, at most, for the largest task size (2^47: 256 slots of
+/// 512 GiB): the shards at 256 bytes each, the slots' trees at 128.
+const RANGE_BYTES: usize = 100 << 10;
+
+/// Bytes of the last [`counted`]'s allocations.
+fn counted_bytes() -> usize {
+    BYTES.with(Cell::get)
+}
+
+/// Every writer locking, with what its creation adds to [`NEW_ALLOCS`]
+/// (whatever the build's default, so that each build checks all three).
+fn lockings() -> [(&'static str, Config, usize); 3] {
+    let range = |bias| Config {
+        writer_locking: WriterLocking::Range,
+        range_bias: bias,
+        ..Config::default()
+    };
+    [
+        (
+            "MmapLock",
+            Config {
+                writer_locking: WriterLocking::MmapLock,
+                ..Config::default()
+            },
+            0,
+        ),
+        ("Range", range(true), range_allocs(true)),
+        ("Range without its bias", range(false), range_allocs(false)),
+    ]
+}
+
 fn warm_up() {
     // Process-wide one-time setup (CPU count, membarrier registration,
     // the epoch's thread registration) is not the space's.
@@ -112,36 +159,57 @@ fn warm_up() {
 #[test]
 fn creating_an_idle_space_allocates_only_its_physical_memory() {
     warm_up();
-    let cfg = Config::default();
-    let (mm, allocs) = counted(|| AddressSpace::new(cfg.clone()));
-    assert!(
-        allocs <= NEW_ALLOCS,
-        "AddressSpace::new made {allocs} allocations"
-    );
-    assert_eq!(still_live(), allocs);
-    drop(mm);
-    assert_eq!(
-        still_live(),
-        0,
-        "dropping the space frees all creation made"
-    );
-    // Nor does its fork: the child shares the parent's frames and makes
-    // the rest on first use.
-    let mm = AddressSpace::new(cfg.clone());
-    let (child, allocs) = counted(|| mm.fork().unwrap());
-    assert_eq!(allocs, 0, "fork of an idle space made {allocs} allocations");
-    drop(child);
+    for (name, cfg, extra) in lockings() {
+        let (mm, allocs) = counted(|| AddressSpace::new(cfg.clone()));
+        assert!(
+            allocs <= NEW_ALLOCS + extra,
+            "{name}: AddressSpace::new made {allocs} allocations"
+        );
+        if extra > 0 {
+            assert!(counted_bytes() <= RANGE_BYTES + (64 << 10), "{name}");
+        }
+        assert_eq!(still_live(), allocs, "{name}");
+        drop(mm);
+        assert_eq!(
+            still_live(),
+            0,
+            "{name}: dropping the space frees all creation made"
+        );
+        // Nor does its fork: the child shares the parent's frames and
+        // makes the rest on first use (range mode: but its lock and forest).
+        // A first fork makes what the parent's whole-space lock keeps from
+        // its first use (range mode without the bias: the lock's list of
+        // holds), not counted; the child's lock, which fork takes, makes
+        // its own.
+        let mm = AddressSpace::new(cfg.clone());
+        drop(mm.fork().unwrap());
+        let holds = usize::from(!cfg.range_bias && extra > 0);
+        let (child, allocs) = counted(|| mm.fork().unwrap());
+        assert_eq!(
+            allocs,
+            extra + holds,
+            "{name}: fork of an idle space made {allocs} allocations"
+        );
+        drop(child);
+    }
 }
 
 #[test]
 fn a_space_on_a_shared_pool_allocates_nothing_until_used() {
     warm_up();
     let pool = Arc::new(FrameAllocator::new(64 << 20, true));
-    let cfg = Config::default();
-    // On a given pool, a space needs nothing of its own until first use.
-    let (mm, allocs) = counted(|| AddressSpace::with_pool(cfg.clone(), pool.clone()));
-    assert_eq!(allocs, 0, "with_pool made {allocs} allocations");
-    drop(mm);
+    for (name, cfg, extra) in lockings() {
+        // On a given pool, a space needs nothing of its own until first
+        // use (range mode: but its lock and forest).
+        let (mm, allocs) = counted(|| AddressSpace::with_pool(cfg.clone(), pool.clone()));
+        assert_eq!(allocs, extra, "{name}: with_pool made {allocs} allocations");
+        assert!(
+            counted_bytes() <= RANGE_BYTES,
+            "{name}: {} bytes",
+            counted_bytes()
+        );
+        drop(mm);
+    }
 }
 
 #[test]

@@ -442,7 +442,10 @@ impl AddressSpace {
     /// allocator and its budget, which also counts its frames; the frames
     /// come on first use). Everything else waits for its first use: per-CPU
     /// arrays, the root page table, the VMA pool and the tree's node cache
-    /// (see `tests/creation.rs`).
+    /// (see `tests/creation.rs`). Range mode (`WriterLocking::Range`) also
+    /// makes its range lock's shards and the VMA forest's slots, one of
+    /// each per 512 GiB (about 96 KiB for a 47-bit space), which its
+    /// writers read from the first.
     pub fn new(cfg: Config) -> AddressSpace {
         // The space owns its allocator, so it is made here: it is what
         // `frame_pool` returns and what forks share, and making it lazily
@@ -473,7 +476,8 @@ impl AddressSpace {
     /// assert_eq!(pool.used(), 2);
     /// ```
     ///
-    /// Allocates nothing until first use.
+    /// Allocates nothing until first use (range mode: but its range lock
+    /// and VMA forest, as [`new`](Self::new) says).
     pub fn with_pool(cfg: Config, pool: Arc<FrameAllocator>) -> AddressSpace {
         Self::with_parts(cfg, pool, None)
     }
