@@ -44,6 +44,18 @@ fn translator_store_vs_munmap() {
     store_vs_munmap_reuse(cfg, A, B);
 }
 
+/// Joins `t`, reading the byte at `A` before (mprotect has returned) and
+/// after: they must agree, since no store may land after mprotect
+/// returned.
+fn join_with_a_unchanged(mm: &AddressSpace, t: thread::JoinHandle<()>) {
+    let mut before = [0u8; 1];
+    mm.read(A, &mut before).unwrap();
+    t.join().unwrap();
+    let mut after = [0u8; 1];
+    mm.read(A, &mut after).unwrap();
+    assert_eq!(before, after, "a store landed after mprotect returned");
+}
+
 /// Against mprotect(PROT_READ) of A: a store that starts after mprotect
 /// returned is denied, and once mprotect has returned the page never
 /// changes again.
@@ -195,12 +207,7 @@ fn translator_moved_vs_own_flush() {
         });
         mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
         done.store(true, Ordering::SeqCst);
-        let mut before = [0u8; 1];
-        mm.read(A, &mut before).unwrap();
-        t.join().unwrap();
-        let mut after = [0u8; 1];
-        mm.read(A, &mut after).unwrap();
-        assert_eq!(before, after, "a store landed after mprotect returned");
+        join_with_a_unchanged(&mm, t);
     });
 }
 
@@ -240,12 +247,7 @@ fn translator_elsewhere_vs_own_flush() {
             Err(FaultError::AccessDenied),
             "the own translator used its stale entry"
         );
-        let mut before = [0u8; 1];
-        mm.read(A, &mut before).unwrap();
-        t.join().unwrap();
-        let mut after = [0u8; 1];
-        mm.read(A, &mut after).unwrap();
-        assert_eq!(before, after, "a store landed after mprotect returned");
+        join_with_a_unchanged(&mm, t);
     });
 }
 
@@ -337,11 +339,6 @@ fn block_vs_mprotect_read() {
         });
         mm.mprotect(A, PAGE_SIZE, Prot::READ).unwrap();
         done.store(true, Ordering::SeqCst);
-        let mut before = [0u8; 1];
-        mm.read(A, &mut before).unwrap();
-        t.join().unwrap();
-        let mut after = [0u8; 1];
-        mm.read(A, &mut after).unwrap();
-        assert_eq!(before, after, "a store landed after mprotect returned");
+        join_with_a_unchanged(&mm, t);
     });
 }
