@@ -89,5 +89,3 @@ fn pagemap_allocates_within_the_pool_budget() {
         "pagemap allocated {big} bytes on a space whose pool budget is {POOL_BUDGET}"
     );
 }
-
-// ------------------------------------------- task sizes above 2^48

@@ -62,9 +62,7 @@ struct MapPopulate;
 
 impl Policy for MapPopulate {
     fn judge(&self, f: VmFlags) -> Next {
-        populate_access(f)
-            .filter(|acc| acc.allowed_by(f))
-            .map_or(Next::Skip, Next::Fault)
+        populate_access(f).map_or(Next::Skip, Next::Fault)
     }
 
     fn failed(&self, e: FaultError) -> Next {
@@ -140,7 +138,7 @@ impl Policy for LockedPopulate {
         if !wanted || f.contains(VmFlags::LOCKONFAULT) {
             return Next::Skip;
         }
-        match populate_access(f).filter(|acc| acc.allowed_by(f)) {
+        match populate_access(f) {
             Some(access) => Next::Fault(access),
             None => self.fail(Error::NoMem),
         }
@@ -155,21 +153,21 @@ impl Policy for LockedPopulate {
 }
 
 impl AddressSpace {
-    /// Populates `r` as `policy` says (module docs). `judged`, if given,
-    /// is the caller's judgement of `[r.start, end)`: the flags it just
-    /// gave that range under a lock it has released since (a populate no
+    /// Populates `r` as `policy` says (module docs). `given`, if any, are
+    /// the flags the caller just gave all of `r` under a lock it has
+    /// released since: judged first in place of a lookup (a populate no
     /// writer meets then reads no lock: the VMAs are looked up only after
     /// a refused fault).
     fn populate_with(
         &self,
         r: Range,
-        mut judged: Option<(u64, VmFlags)>,
+        mut given: Option<VmFlags>,
         policy: &impl Policy,
     ) -> Result<()> {
         let mut a = r.start;
         'vmas: while a < r.end {
-            let (stop, f) = match judged.take() {
-                Some(j) => j,
+            let (stop, f) = match given.take() {
+                Some(f) => (r.end, f),
                 None => match self.vma_after(a).filter(|v| v.start < r.end) {
                     Some(v) if v.start <= a || policy.hole().is_none() => {
                         a = a.max(v.start);
@@ -180,7 +178,6 @@ impl AddressSpace {
             };
             match policy.judge(f) {
                 Next::Fault(access) => {
-                    // `a < stop <= r.end <= task_size`: no overflow.
                     while a < stop {
                         match self.fault(a, access) {
                             Ok(()) => a = self.populated_past(a),
@@ -204,7 +201,7 @@ impl AddressSpace {
     /// the flags `vf` ([`MapPopulate`]).
     pub(crate) fn populate(&self, r: Range, vf: VmFlags) {
         // Best effort: its policy never stops with an error.
-        let _ = self.populate_with(r, Some((r.end, vf)), &MapPopulate);
+        let _ = self.populate_with(r, Some(vf), &MapPopulate);
     }
 
     /// `MADV_POPULATE_READ` (`write` false) or `_WRITE` of `r`
@@ -246,14 +243,18 @@ impl AddressSpace {
 /// The access a populate (`MAP_POPULATE`, mlock's) faults a VMA with
 /// flags `f` in for: a write where private and writable (copy-on-write
 /// broken at once), else a read; `None` where inaccessible (`PROT_NONE` is
-/// not populated) or locked on fault (`populate_vma_page_range` skips it:
-/// a concurrent `mlock2` with `MLOCK_ONFAULT` may have made it so).
+/// not populated), locked on fault (`populate_vma_page_range` skips it:
+/// a concurrent `mlock2` with `MLOCK_ONFAULT` may have made it so), or
+/// where `f` does not allow that access (an execute-only VMA), as
+/// [`Policy::judge`] requires.
 fn populate_access(f: VmFlags) -> Option<Access> {
     if !f.accessible() || f.contains(VmFlags::LOCKONFAULT) {
-        None
-    } else if f.contains(VmFlags::WRITE) && !f.contains(VmFlags::SHARED) {
-        Some(Access::Write)
-    } else {
-        Some(Access::Read)
+        return None;
     }
+    let access = if f.contains(VmFlags::WRITE) && !f.contains(VmFlags::SHARED) {
+        Access::Write
+    } else {
+        Access::Read
+    };
+    access.allowed_by(f).then_some(access)
 }
