@@ -9,88 +9,14 @@
 
 use aspace::mm::WriterLocking;
 use aspace::{AddressSpace, Config, FrameAllocator, MapFlags, Prot};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::sync::Arc;
 
-struct Counting;
-
-/// Allocations tracked at once (more is a test failure).
-const TRACKED: usize = 32;
-
-thread_local! {
-    /// Whether this thread counts, and how many allocations it made.
-    static COUNT: Cell<(bool, usize)> = const { Cell::new((false, 0)) };
-    /// Bytes of this thread's counted allocations.
-    static BYTES: Cell<usize> = const { Cell::new(0) };
-    /// Addresses of this thread's counted allocations not yet freed (0:
-    /// empty slot; `usize::MAX` in slot 0: overflow).
-    static LIVE: Cell<[usize; TRACKED]> = const { Cell::new([0; TRACKED]) };
-}
-
-fn note_alloc(p: *mut u8, size: usize) {
-    // `try_with`: the thread-locals may be gone while a thread exits.
-    let _ = COUNT.try_with(|c| {
-        let (on, n) = c.get();
-        if on && !p.is_null() {
-            c.set((on, n + 1));
-            BYTES.with(|b| b.set(b.get() + size));
-            let mut live = LIVE.with(Cell::get);
-            match live.iter().position(|&a| a == 0) {
-                Some(i) => live[i] = p as usize,
-                None => live[0] = usize::MAX,
-            }
-            LIVE.with(|l| l.set(live));
-        }
-    });
-}
-
-fn note_free(p: *mut u8) {
-    let _ = LIVE.try_with(|l| {
-        let mut live = l.get();
-        if let Some(i) = live.iter().position(|&a| a == p as usize) {
-            live[i] = 0;
-            l.set(live);
-        }
-    });
-}
-
-// SAFETY: forwards to the system allocator; the bookkeeping allocates
-// nothing (const-initialized thread-local cells).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract is the system allocator's.
-        let p = unsafe { System.alloc(l) };
-        note_alloc(p, l.size());
-        p
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        note_free(p);
-        // SAFETY: as for alloc.
-        unsafe { System.dealloc(p, l) }
-    }
-}
+#[path = "common/counting.rs"]
+mod counting;
+use counting::{counted, still_live};
 
 #[global_allocator]
-static ALLOC: Counting = Counting;
-
-/// Runs `f` and returns its value and how many allocations it made on
-/// this thread; they are tracked until freed (see [`still_live`]).
-fn counted<R>(f: impl FnOnce() -> R) -> (R, usize) {
-    LIVE.with(|l| l.set([0; TRACKED]));
-    BYTES.with(|b| b.set(0));
-    COUNT.with(|c| c.set((true, 0)));
-    let r = f();
-    let (_, n) = COUNT.with(|c| c.replace((false, 0)));
-    (r, n)
-}
-
-/// How many of the allocations of the last [`counted`] are not freed yet.
-fn still_live() -> usize {
-    let live = LIVE.with(Cell::get);
-    assert_ne!(live[0], usize::MAX, "more than {TRACKED} allocations");
-    live.iter().filter(|&&a| a != 0).count()
-}
+static ALLOC: counting::Counting = counting::Counting;
 
 /// What `AddressSpace::new` legitimately allocates: the physical memory it
 /// owns, i.e. the `Arc<FrameAllocator>`, that allocator's `Arc<Budget>`
@@ -112,11 +38,6 @@ fn range_allocs(bias: bool) -> usize {
 /// Bytes of those, at most, for the largest task size (2^47: 256 slots of
 /// 512 GiB): the shards at 256 bytes each, the slots' trees at 128.
 const RANGE_BYTES: usize = 100 << 10;
-
-/// Bytes of the last [`counted`]'s allocations.
-fn counted_bytes() -> usize {
-    BYTES.with(Cell::get)
-}
 
 /// Every writer locking, with what its creation adds to [`NEW_ALLOCS`]
 /// (whatever the build's default, so that each build checks all three).
@@ -162,15 +83,16 @@ fn creating_an_idle_space_allocates_only_its_physical_memory() {
     // The physical memory's bytes, as MmapLock mode (first) makes them.
     let mut own_bytes = 0;
     for (name, cfg, extra) in lockings() {
-        let (mm, allocs) = counted(|| AddressSpace::new(cfg.clone()));
+        let (mm, seen) = counted(|| AddressSpace::new(cfg.clone()));
+        let allocs = seen.allocs;
         assert!(
             allocs <= NEW_ALLOCS + extra,
             "{name}: AddressSpace::new made {allocs} allocations"
         );
         if extra == 0 {
-            own_bytes = counted_bytes();
+            own_bytes = seen.bytes;
         } else {
-            let bytes = counted_bytes().saturating_sub(own_bytes);
+            let bytes = seen.bytes.saturating_sub(own_bytes);
             assert!(bytes <= RANGE_BYTES, "{name}: {bytes} bytes more");
         }
         assert_eq!(still_live(), allocs, "{name}");
@@ -189,11 +111,12 @@ fn creating_an_idle_space_allocates_only_its_physical_memory() {
         let mm = AddressSpace::new(cfg.clone());
         drop(mm.fork().unwrap());
         let holds = usize::from(!cfg.range_bias && extra > 0);
-        let (child, allocs) = counted(|| mm.fork().unwrap());
+        let (child, seen) = counted(|| mm.fork().unwrap());
         assert_eq!(
-            allocs,
+            seen.allocs,
             extra + holds,
-            "{name}: fork of an idle space made {allocs} allocations"
+            "{name}: fork of an idle space made {} allocations",
+            seen.allocs
         );
         drop(child);
     }
@@ -206,13 +129,13 @@ fn a_space_on_a_shared_pool_allocates_nothing_until_used() {
     for (name, cfg, extra) in lockings() {
         // On a given pool, a space needs nothing of its own until first
         // use (range mode: but its lock and forest).
-        let (mm, allocs) = counted(|| AddressSpace::with_pool(cfg.clone(), pool.clone()));
-        assert_eq!(allocs, extra, "{name}: with_pool made {allocs} allocations");
-        assert!(
-            counted_bytes() <= RANGE_BYTES,
-            "{name}: {} bytes",
-            counted_bytes()
+        let (mm, seen) = counted(|| AddressSpace::with_pool(cfg.clone(), pool.clone()));
+        assert_eq!(
+            seen.allocs, extra,
+            "{name}: with_pool made {} allocations",
+            seen.allocs
         );
+        assert!(seen.bytes <= RANGE_BYTES, "{name}: {} bytes", seen.bytes);
         drop(mm);
     }
 }

@@ -4,53 +4,16 @@
 //! allocator, the largest single allocation of the call.
 use aspace::{AddressSpace, Config, Error, FrameAllocator};
 
-/// Records the largest single allocation made by the current thread while
-/// `TRACK` is set on it.
-struct Counting;
-thread_local! {
-    static TRACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    static LARGEST: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-// SAFETY: every method forwards to the system allocator with the same
-// arguments; counting writes only thread-locals.
-unsafe impl std::alloc::GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
-        note(l.size());
-        // SAFETY: the caller's contract for this method, passed on.
-        unsafe { std::alloc::System.alloc(l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: std::alloc::Layout) -> *mut u8 {
-        note(l.size());
-        // SAFETY: the caller's contract for this method, passed on.
-        unsafe { std::alloc::System.alloc_zeroed(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
-        // SAFETY: the caller's contract for this method, passed on.
-        unsafe { std::alloc::System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, n: usize) -> *mut u8 {
-        note(n);
-        // SAFETY: the caller's contract for this method, passed on.
-        unsafe { std::alloc::System.realloc(p, l, n) }
-    }
-}
-fn note(n: usize) {
-    let _ = TRACK.try_with(|t| {
-        if t.get() {
-            let _ = LARGEST.try_with(|m| m.set(m.get().max(n)));
-        }
-    });
-}
+#[path = "common/counting.rs"]
+mod counting;
+
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: counting::Counting = counting::Counting;
 
 /// The largest allocation `f` makes on this thread.
 fn largest_allocation<R>(f: impl FnOnce() -> R) -> (R, usize) {
-    LARGEST.with(|m| m.set(0));
-    TRACK.with(|t| t.set(true));
-    let r = f();
-    TRACK.with(|t| t.set(false));
-    (r, LARGEST.with(|m| m.get()))
+    let (r, seen) = counting::counted(f);
+    (r, seen.largest)
 }
 
 const POOL_BUDGET: u64 = 16 << 20;
