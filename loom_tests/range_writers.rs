@@ -799,17 +799,23 @@ fn range_slot_bias_owner_vs_request_across_slots() {
 
 /// A slot's owner against a whole-space writer, with no handover: the
 /// setup's thread claims the bias of `C`'s slot (mapping `[C, C+2P)`),
-/// then makes `[C, C+P)` read-only through that bias, while another
-/// thread mlocks `[C, C+2P)`, a whole-space writer that closes the gate
-/// and waits for the owner's call, then populates the range (its faults
-/// may revoke the slot's bias, ending it). In either order both VMAs end
-/// locked, the first read-only.
+/// then makes `[C, C+P)` read-only through that bias (counted in at the
+/// bias alone, not at the gate), while another thread mlocks `[C, C+2P)`,
+/// a whole-space writer that closes the gate and waits for the owner's
+/// call, then populates the range (its faults may revoke the slot's
+/// bias, ending it). In either order both VMAs end locked, the first
+/// read-only.
 ///
 /// Catches:
-/// - a closer that does not wait for the slot owner's call inside the
-///   gate (`while self.inside() != 0 {` made `while false {` in
-///   `Gate::close`, src/mm/range_lock.rs): the mlock and the split then
-///   change the VMA at once;
+/// - a closer that does not wait for the slot owner counted in at its
+///   bias (`|| owners_inside()` deleted from `Gate::close`'s loop,
+///   src/mm/range_lock.rs): the mlock and the split then change the VMA
+///   at once;
+/// - an owner that enters past a closed gate (`&& !closed.load(..)`
+///   deleted in `Bias::enter_ungated`, src/mm/range_bias.rs): likewise;
+/// - an owner's last count-out that does not wake the closer (the
+///   `closed` check in `Gate`'s `Watcher::counted_out` never true): loom
+///   reports the closer's deadlock;
 /// - an mlock whose populate counts a write fault refused after the
 ///   mprotect as a failure (the arm `Err(FaultError::NoMapping |
 ///   FaultError::AccessDenied) => continue 'vmas` deleted in

@@ -407,6 +407,7 @@ impl AddressSpace {
     /// range lock bias's owner, whose whole-space request is granted at
     /// once: `range_bias`; and near `max_map_count`, where only the whole
     /// space's check is exact: `MapCount::far_below`).
+    #[inline(always)]
     fn begin_range_mmap(
         &self,
         hint: u64,

@@ -154,9 +154,19 @@ impl<T> MmapLock<T> {
 
     /// Locks `r` exclusive for a range writer if nothing conflicts (range
     /// mode only: `None` otherwise); `Err` says what to wait for.
+    #[inline]
     pub(crate) fn try_write_range(&self, r: Range) -> Option<Result<MmapWriteGuard<'_, T>, Wait>> {
         let l = self.ranges.as_ref()?;
         Some(l.try_lock(r, true).map(|rg| self.range_writer(rg)))
+    }
+
+    /// The whole slot of `addr`, written, if the caller owns its bias
+    /// ([`RangeLock::try_slot_owner`]); `None` otherwise (or outside
+    /// range mode).
+    #[inline]
+    pub(crate) fn write_slot(&self, addr: u64) -> Option<MmapWriteGuard<'_, T>> {
+        let rg = self.ranges.as_ref()?.try_slot_owner(addr)?;
+        Some(self.range_writer(rg))
     }
 
     /// True in range mode if the calling thread holds the range lock's
@@ -176,6 +186,7 @@ impl<T> MmapLock<T> {
         self.ranges.as_ref()
     }
 
+    #[inline]
     fn range_writer<'a>(&'a self, rg: RangeGuard<'a>) -> MmapWriteGuard<'a, T> {
         MmapWriteGuard {
             g: ManuallyDrop::new(self.ranged()),

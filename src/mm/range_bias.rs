@@ -55,10 +55,16 @@
 //! times, then off for good. Threads that keep to slots of their own (a
 //! runtime's threads, each placing in its CPU's window,
 //! `Config::placement_window`) so keep a fast path after the space's
-//! bias has ended. A request in the owner's shard alone passes the gate
-//! as every shard request does (whole-space requests close it as before,
-//! and wait for the owner's call), then is granted by the shard's bias:
-//! its count, not the shard's mutex, holds and published words. The
+//! bias has ended. A request in the owner's shard alone is granted by
+//! the shard's bias: its count, not the gate's per-CPU count, the
+//! shard's mutex, holds or published words. The gate still keeps it
+//! from whole-space requests: the owner, counted in, checks after its
+//! light fence that the gate is open as well as that the word still
+//! names it ([`Bias::enter_ungated`]; if closed, it counts itself out
+//! and takes the gate's path, waiting for the opening), and the closer,
+//! after its heavy fence, waits for every shard's bias count to reach
+//! zero as for the gate's counts; the owner's last count-out wakes it
+//! (the [`Watcher`] a shard's bias tells). The
 //! owner's writers and range readers request the whole slot
 //! ([`RangeLock::slot_likely_mine`](super::range_lock::RangeLock::slot_likely_mine))
 //! and compute their neighbourhood under the grant, once: nothing to
@@ -68,8 +74,8 @@
 //! entry ever reached an end (the forest's "Edges"), has every VMA it
 //! may meet inside. Anything reaching past the slot takes the usual path.
 //!
-//! What the slot's owner still pays, beside the space's owner: the gate's
-//! count, its own write sections (two slots' owners write at once, so
+//! What the slot's owner still pays, beside the space's owner: its own
+//! write sections (two slots' owners write at once, so
 //! neither may move the space's sequence), the forest's slots and per-CPU
 //! map counts. At one thread that path runs at about 0.75x the space
 //! owner's (`docs/RESULTS.md`, "Slot biases").
@@ -173,6 +179,21 @@ const UNCLAIMED: u64 = u64::MAX - 2;
 const REVOKING: u64 = u64::MAX - 1;
 /// The word once the bias is off for good (or was never on).
 const OFF: u64 = u64::MAX;
+
+/// Who else waits for a bias's count to reach zero, told by every
+/// count-out that reaches it (past its light fence): a slot's bias tells
+/// the range lock's gate, whose closer waits for the owners counted in at
+/// their slots' biases alone ([`Bias::enter_ungated`]); the space's bias
+/// tells no one (`()`).
+pub(crate) trait Watcher {
+    /// Called after a count-out left the count at zero and fenced (light).
+    fn counted_out(&self);
+}
+
+impl Watcher for () {
+    #[inline(always)]
+    fn counted_out(&self) {}
+}
 
 /// What a request found ([`Bias::enter`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -298,15 +319,55 @@ impl Bias {
     /// owner's call to end with `wait`, failing with
     /// [`Entry::Revoking`] without.
     #[inline]
-    pub(crate) fn enter(&self, wait: bool) -> Entry {
+    pub(crate) fn enter(&self, wait: bool, watcher: &impl Watcher) -> Entry {
         let w = self.hot.word.load(Ordering::Acquire);
         if w == OFF {
             return Entry::Off;
         }
-        if w == thread_id_if_made() && self.count_in(w) {
+        if w == thread_id_if_made() && self.count_in(w, watcher) {
             return Entry::Owner;
         }
-        self.enter_slow(wait)
+        self.enter_slow(wait, watcher)
+    }
+
+    /// The owner's entry at a slot's bias with nothing else counted: true
+    /// if the caller holds the bias, counted itself in, and after its
+    /// light fence still finds the word naming it and `closed` (the
+    /// range lock's gate) clear. The gate's closer, having set `closed`
+    /// and fenced (heavy), so either sees this count or is seen, and
+    /// waits for it to reach zero as for the gate's own counts ("Slot
+    /// biases" in the module docs). False: counted out again (the
+    /// request then takes the gate's path).
+    #[inline]
+    pub(crate) fn enter_ungated(
+        &self,
+        closed: &crate::sync::AtomicBool,
+        watcher: &impl Watcher,
+    ) -> bool {
+        let me = thread_id_if_made();
+        let h = &self.hot;
+        if h.word.load(Ordering::Relaxed) != me {
+            return false;
+        }
+        h.depth.fetch_add(1, Ordering::Relaxed);
+        // Pairs with a revoker's heavy fence and with the gate closer's:
+        // either it sees the count, or these loads see its mark or flag.
+        asymmetric::light(self.expedited);
+        // Acquire (both): the word pairs with the `Release` store of the
+        // completed revocation that passed the bias here, `closed` with
+        // the last opening's, after the last whole-space holder's changes.
+        if h.word.load(Ordering::Acquire) == me && !closed.load(Ordering::Acquire) {
+            return true;
+        }
+        self.exit(watcher);
+        false
+    }
+
+    /// True if some thread is counted in ([`enter`](Self::enter),
+    /// [`enter_ungated`](Self::enter_ungated)); `Acquire`, pairing with
+    /// the `Release` count-out of the owner's last call.
+    pub(crate) fn counted_in(&self) -> bool {
+        self.hot.depth.load(Ordering::Acquire) != 0
     }
 
     /// The owner's entry: counts itself in, then checks that no revoker
@@ -320,7 +381,7 @@ impl Bias {
     /// `range_bias_owner_vs_revoking_writer` found a plain load and store
     /// losing the new owner's count that way).
     #[inline]
-    fn count_in(&self, me: u64) -> bool {
+    fn count_in(&self, me: u64, watcher: &impl Watcher) -> bool {
         let h = &self.hot;
         h.depth.fetch_add(1, Ordering::Relaxed);
         // Pairs with the revoker's heavy fence: either it sees the count,
@@ -329,7 +390,7 @@ impl Bias {
         if h.word.load(Ordering::Relaxed) == me {
             return true;
         }
-        self.exit();
+        self.exit(watcher);
         false
     }
 
@@ -341,11 +402,11 @@ impl Bias {
     /// lock in range mode). So that is a bug of the caller, and panics
     /// (after counting the request out).
     #[inline]
-    pub(crate) fn owner_grant(&self, exclusive: bool) {
+    pub(crate) fn owner_grant(&self, exclusive: bool, watcher: &impl Watcher) {
         let h = &self.hot.holds;
         let held = h.load(counter::Ordering::Relaxed);
         if held & EXCLUSIVE != 0 || (exclusive && held != 0) {
-            self.exit();
+            self.exit(watcher);
             panic!("a range-lock request nested inside an exclusive hold, or an exclusive one inside a hold, by the bias's owner: it deadlocks without the bias");
         }
         h.store(
@@ -357,30 +418,32 @@ impl Bias {
     /// The owner's release of a grant [`owner_grant`](Self::owner_grant)
     /// recorded, then of its request ([`exit`](Self::exit)).
     #[inline]
-    pub(crate) fn owner_release(&self, exclusive: bool) {
+    pub(crate) fn owner_release(&self, exclusive: bool, watcher: &impl Watcher) {
         let h = &self.hot.holds;
         let held = h.load(counter::Ordering::Relaxed);
         h.store(
             if exclusive { 0 } else { held - 1 },
             counter::Ordering::Relaxed,
         );
-        self.exit();
+        self.exit(watcher);
     }
 
     /// The owner's release of a request [`enter`](Self::enter) granted.
     #[inline]
-    pub(crate) fn exit(&self) {
+    pub(crate) fn exit(&self, watcher: &impl Watcher) {
         let h = &self.hot;
-        // Release: the completer of a revocation, reading the count
-        // `Acquire`, sees the owner's changes.
+        // Release: the completer of a revocation (or the gate's closer),
+        // reading the count `Acquire`, sees the owner's changes.
         let d = h.depth.fetch_sub(1, Ordering::Release) - 1;
         if d == 0 {
-            // Pairs with the revoker's heavy fence: either it sees the
-            // count at zero, or this load sees its mark and wakes it.
+            // Pairs with the revoker's heavy fence (and the closer's):
+            // either it sees the count at zero, or this load sees its
+            // mark and wakes it.
             asymmetric::light(self.expedited);
             if h.word.load(Ordering::Relaxed) == REVOKING {
                 self.wake_revoker();
             }
+            watcher.counted_out();
         }
     }
 
@@ -396,7 +459,7 @@ impl Bias {
 
     #[cold]
     #[inline(never)]
-    fn enter_slow(&self, wait: bool) -> Entry {
+    fn enter_slow(&self, wait: bool, watcher: &impl Watcher) -> Entry {
         let me = thread_id();
         let mut n = self.handovers.lock();
         loop {
@@ -413,7 +476,7 @@ impl Bias {
                     // an owner never marks its own bias: inside a call of
                     // its own it would wait for itself.
                     drop(held);
-                    if self.count_in(me) {
+                    if self.count_in(me, watcher) {
                         return Entry::Owner;
                     }
                     n = self.handovers.lock();
@@ -532,17 +595,17 @@ mod tests {
     fn the_first_thread_owns_others_revoke_and_it_ends_after_the_handovers() {
         let b = Arc::new(Bias::new(true, DEFAULT_HANDOVERS));
         assert!(b.likely_mine(), "unclaimed");
-        assert_eq!(b.enter(true), Entry::Owner, "the first request claims");
-        assert_eq!(b.enter(false), Entry::Owner, "nested");
-        b.exit();
-        b.exit();
+        assert_eq!(b.enter(true, &()), Entry::Owner, "the first request claims");
+        assert_eq!(b.enter(false, &()), Entry::Owner, "nested");
+        b.exit(&());
+        b.exit(&());
         assert!(b.likely_mine() && !b.is_off());
         let other = |b: &Arc<Bias>| {
             let b = b.clone();
             std::thread::spawn(move || {
-                let e = b.enter(false);
+                let e = b.enter(false, &());
                 if e == Entry::Owner {
-                    b.exit();
+                    b.exit(&());
                 }
                 e
             })
@@ -557,11 +620,11 @@ mod tests {
         }
         assert_eq!(other(&b), Entry::Off);
         assert!(b.is_off() && !b.likely_mine());
-        assert_eq!(b.enter(true), Entry::Off);
-        assert_eq!(Bias::new(false, 1).enter(true), Entry::Off);
+        assert_eq!(b.enter(true, &()), Entry::Off);
+        assert_eq!(Bias::new(false, 1).enter(true, &()), Entry::Off);
         let once = Arc::new(Bias::new(true, 0));
-        assert_eq!(once.enter(true), Entry::Owner);
-        once.exit();
+        assert_eq!(once.enter(true, &()), Entry::Owner);
+        once.exit(&());
         assert_eq!(
             other(&once),
             Entry::Off,
@@ -572,25 +635,27 @@ mod tests {
     #[test]
     fn a_revoker_waits_for_the_owners_call_and_a_try_does_not() {
         let b = Arc::new(Bias::new(true, DEFAULT_HANDOVERS));
-        assert_eq!(b.enter(true), Entry::Owner);
+        assert_eq!(b.enter(true, &()), Entry::Owner);
         let b2 = b.clone();
-        let tried = std::thread::spawn(move || b2.enter(false)).join().unwrap();
+        let tried = std::thread::spawn(move || b2.enter(false, &()))
+            .join()
+            .unwrap();
         assert_eq!(tried, Entry::Revoking, "the owner is inside its call");
         let done = Arc::new(AtomicBool::new(false));
         let (b3, d3) = (b.clone(), done.clone());
         let t = std::thread::spawn(move || {
             b3.wait_revoked();
-            let e = b3.enter(true);
+            let e = b3.enter(true, &());
             d3.store(true, O::SeqCst);
             if e == Entry::Owner {
-                b3.exit();
+                b3.exit(&());
             }
             e
         });
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert!(!done.load(O::SeqCst), "revoked while the owner was inside");
-        assert_eq!(b.enter(false), Entry::Revoking, "no entry once marked");
-        b.exit();
+        assert_eq!(b.enter(false, &()), Entry::Revoking, "no entry once marked");
+        b.exit(&());
         assert_eq!(t.join().unwrap(), Entry::Owner, "passed to the revoker");
     }
 }

@@ -68,13 +68,17 @@
 //! the shards' counts moving.
 //!
 //! After it, each shard has a bias of its own (`range_bias`'s "Slot
-//! biases"): a request in one shard alone, past the gate, is granted by
-//! that shard's bias while its owner (the first thread to request there)
-//! keeps it, and the owner's writers and range readers take the whole
-//! slot and compute their neighbourhood under it
-//! ([`RangeLock::slot_likely_mine`]); a request meeting two shards ends
+//! biases"): a request in one shard alone is granted by that shard's
+//! bias while its owner (the first thread to request there) keeps it,
+//! and the owner's writers and range readers take the whole slot and
+//! compute their neighbourhood under it ([`RangeLock::slot_likely_mine`],
+//! [`RangeLock::try_slot_owner`]); a request meeting two shards ends
 //! both biases first ([`Wait::SlotBias`] for a try-lock that meets an
-//! owner inside its call).
+//! owner inside its call). The owner counts itself in at its bias alone,
+//! not at the gate: the gate's closer, after its heavy fence, waits for
+//! every shard's bias count to reach zero as for its own counts, and an
+//! owner whose light fence shows the gate closed counts itself out and
+//! takes the gate's path (`Bias::enter_ungated`).
 //!
 //! # Barging
 //!
@@ -283,7 +287,7 @@
 //! holds (or while sleeping on its condition variable, which releases
 //! it), never across another lock or a wait for a hold.
 
-use super::range_bias::{Bias, Entry};
+use super::range_bias::{Bias, Entry, Watcher};
 use crate::addr::Range;
 use crate::percpu::{cpu_id, nr_cpus};
 use crate::sync::{
@@ -580,6 +584,19 @@ impl core::fmt::Debug for Gate {
     }
 }
 
+/// A slot's owner counted in at its bias alone ([`Bias::enter_ungated`])
+/// tells the closer when it counts out, as [`Gate::leave`] does.
+impl Watcher for Gate {
+    #[inline]
+    fn counted_out(&self) {
+        if self.closed.load(Ordering::Relaxed) {
+            // Under the mutex: see `leave`.
+            let _st = self.state.lock();
+            self.changed.notify_all();
+        }
+    }
+}
+
 impl Gate {
     fn new() -> Self {
         Gate {
@@ -653,7 +670,7 @@ impl Gate {
     /// (arrival order: every one is urgent), closes the gate and waits for the
     /// shard requests inside to leave. Without `wait`, fails instead of
     /// waiting for either.
-    fn close(&self, exclusive: bool, wait: bool) -> Option<()> {
+    fn close(&self, exclusive: bool, wait: bool, owners_inside: impl Fn() -> bool) -> Option<()> {
         let mut st = self.state.lock();
         // Urgent from the start: whole-space requests keep arrival order.
         let me = st.request(WHOLE, exclusive, true);
@@ -673,7 +690,7 @@ impl Gate {
             // our sum).
             asymmetric::heavy();
         }
-        while self.inside() != 0 {
+        while self.inside() != 0 || owners_inside() {
             if !wait {
                 self.open(st, me);
                 return None;
@@ -722,6 +739,10 @@ const BIASED: u32 = u32::MAX - 1;
 /// biases" in `range_bias`): the shard `first`, through its bias.
 const SLOT_BIASED: u8 = u8::MAX;
 
+/// [`RangeGuard::slot`] of a request counted in at its shard's bias
+/// alone, not at the gate ([`Bias::enter_ungated`]).
+const UNGATED: u32 = u32::MAX;
+
 /// A held range; dropping it releases the range. Kept small: it is part
 /// of every writer's guard, which moves by value.
 #[derive(Debug)]
@@ -736,7 +757,7 @@ pub(crate) struct RangeGuard<'a> {
     /// or [`SLOT_BIASED`].
     n: u8,
     exclusive: bool,
-    /// The gate's slot this request counted itself in.
+    /// The gate's slot this request counted itself in, or [`UNGATED`].
     slot: u32,
     /// The exclusive grants of the first shard before this one.
     writes_before: u64,
@@ -807,7 +828,7 @@ impl Drop for RangeGuard<'_> {
     #[inline(never)]
     fn drop(&mut self) {
         if self.first == BIASED {
-            self.lock.bias.owner_release(self.exclusive);
+            self.lock.bias.owner_release(self.exclusive, &());
         } else {
             self.release();
         }
@@ -833,7 +854,10 @@ impl RangeGuard<'_> {
         if self.n == SLOT_BIASED {
             l.shards[self.first as usize]
                 .bias
-                .owner_release(self.exclusive);
+                .owner_release(self.exclusive, &*l.gate);
+            if self.slot == UNGATED {
+                return;
+            }
         } else {
             for k in self.first as usize..self.first as usize + usize::from(self.n) {
                 l.release_piece(k, l.clip(self.range, k), self.exclusive);
@@ -889,6 +913,30 @@ impl RangeLock {
     pub(crate) fn slot_likely_mine(&self, addr: u64) -> Option<Range> {
         let k = self.shard_of(addr);
         (self.bias.is_off() && self.shards[k].bias.likely_mine()).then(|| self.clip(WHOLE, k))
+    }
+
+    /// The whole slot of `addr`, exclusive, if the caller owns that
+    /// slot's bias: granted at its bias alone, inline ("Slot biases" in
+    /// `range_bias`), else `None` (nothing held). A shard's bias names a
+    /// thread only after the space's bias ended for good, so that needs
+    /// no check.
+    #[inline]
+    pub(crate) fn try_slot_owner(&self, addr: u64) -> Option<RangeGuard<'_>> {
+        let k = self.shard_of(addr);
+        let b = &self.shards[k].bias;
+        if !b.enter_ungated(&self.gate.closed, &*self.gate) {
+            return None;
+        }
+        b.owner_grant(true, &*self.gate);
+        Some(RangeGuard {
+            lock: self,
+            range: self.clip(WHOLE, k),
+            first: k as u32,
+            n: SLOT_BIASED,
+            exclusive: true,
+            slot: UNGATED,
+            writes_before: 0,
+        })
     }
 
     /// The shard holding `addr`.
@@ -948,10 +996,10 @@ impl RangeLock {
     /// the shards' out of line.
     #[inline]
     fn acquire(&self, r: Range, exclusive: bool, wait: bool) -> Result<RangeGuard<'_>, Wait> {
-        match self.bias.enter(wait) {
+        match self.bias.enter(wait, &()) {
             Entry::Off => self.acquire_shards(r, exclusive, wait),
             Entry::Owner => {
-                self.bias.owner_grant(exclusive);
+                self.bias.owner_grant(exclusive, &());
                 Ok(RangeGuard {
                     lock: self,
                     range: r,
@@ -988,9 +1036,24 @@ impl RangeLock {
             writes_before: 0,
         };
         let Some((first, n)) = (!r.is_empty()).then(|| self.pieces(r)).flatten() else {
-            self.gate.close(exclusive, wait).ok_or(Wait::Gate)?;
+            let owners_inside = || self.shards.iter().any(|sh| sh.bias.counted_in());
+            self.gate
+                .close(exclusive, wait, owners_inside)
+                .ok_or(Wait::Gate)?;
             return Ok(guard(u32::MAX, 0));
         };
+        // The owner of the shard's bias counts itself in there alone: the
+        // gate's closer waits for that count as for its own.
+        if n == 1 {
+            let b = &self.shards[first].bias;
+            if b.enter_ungated(&self.gate.closed, &*self.gate) {
+                b.owner_grant(exclusive, &*self.gate);
+                let mut g = guard(first as u32, 0);
+                g.slot = UNGATED;
+                g.n = SLOT_BIASED;
+                return Ok(g);
+            }
+        }
         let slot = self.gate.enter(wait).ok_or(Wait::Gate)?;
         // From here on, dropping `g` releases the pieces it counts and
         // leaves the gate.
@@ -999,10 +1062,10 @@ impl RangeLock {
         // off in every shard it spans ("Slot biases" in `range_bias`).
         if n == 1 {
             let b = &self.shards[first].bias;
-            match b.enter(wait) {
+            match b.enter(wait, &*self.gate) {
                 Entry::Off => {}
                 Entry::Owner => {
-                    b.owner_grant(exclusive);
+                    b.owner_grant(exclusive, &*self.gate);
                     g.n = SLOT_BIASED;
                     return Ok(g);
                 }
@@ -1503,5 +1566,62 @@ mod tests {
         assert!(l.mark(0).is_some() && l.mark(SH).is_some(), "both off");
         assert!(!l.lock(r(0, 10), true).is_slot_biased());
         assert_eq!(l.slot_likely_mine(5), None);
+    }
+
+    /// A slot's owner is granted its whole slot at the bias alone, not
+    /// counted at the gate (`try_slot_owner`); a whole-space request
+    /// still waits for that grant's release, a whole-space try-lock
+    /// fails while it lasts, and while the gate is closed the owner's
+    /// inline grant refuses (its request then waits at the gate).
+    #[test]
+    fn a_slot_owner_counts_at_its_bias_and_the_gate_still_waits_for_it() {
+        let l = Arc::new(RangeLock::with_bias(20, 16 * SH, true, 1));
+        end_the_space_bias(&l);
+        assert!(l.try_slot_owner(5).is_none(), "not claimed yet");
+        drop(l.lock(r(0, 10), true));
+        let g = l.try_slot_owner(5).expect("the owner's inline grant");
+        assert!(g.is_slot_biased() && g.slot == UNGATED && g.range() == r(0, SH));
+        assert_eq!(l.gate.inside(), 0, "not counted at the gate");
+        assert!(
+            elsewhere(&l, |l| l.try_slot_owner(5).is_none()),
+            "not the owner"
+        );
+        assert_eq!(
+            elsewhere(&l, |l| l.try_lock(WHOLE, false).err()),
+            Some(Wait::Gate),
+            "a whole-space try waits for the owner's grant"
+        );
+        let granted = Arc::new(AtomicBool::new(false));
+        let closer = {
+            let (l, granted) = (l.clone(), granted.clone());
+            std::thread::spawn(move || {
+                let whole = l.lock(WHOLE, true);
+                granted.store(true, O::SeqCst);
+                drop(whole);
+            })
+        };
+        while !l.gate.closed.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(
+            !granted.load(O::SeqCst),
+            "granted while the owner holds its slot"
+        );
+        // The gate is closed (its closer waits for `g`): the inline grant
+        // refuses before it records a grant (one nested in `g` would panic).
+        assert!(
+            l.try_slot_owner(5).is_none(),
+            "granted inline past a closed gate"
+        );
+        drop(g);
+        closer.join().unwrap();
+        assert!(granted.load(O::SeqCst));
+        let g = l
+            .try_slot_owner(5)
+            .expect("the owner's again once it opens");
+        drop(g);
+        assert_eq!(l.gate.inside(), 0);
+        assert!(!l.gate.closed.load(Ordering::SeqCst));
     }
 }

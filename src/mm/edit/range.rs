@@ -39,6 +39,9 @@ impl<'a> Edit<'a> {
         }
         // Before any read or lock: this writer's stores go to the slots.
         mm.tree.split();
+        if let Some(ed) = Self::begin_in_slot(mm, r, reach) {
+            return ed;
+        }
         let (st, pin) = lock_validated(
             mm,
             r.start,
@@ -65,9 +68,26 @@ impl<'a> Edit<'a> {
         Self::holding(mm, st, pin)
     }
 
+    /// [`begin_range`](Self::begin_range) for the owner of the bias of
+    /// `r`'s slot: the whole slot, granted inline, and the neighbourhood
+    /// checked inside it under the grant (`neighbourhood_in_slot`), as
+    /// the space's owner takes the whole space. `None` (nothing held) for
+    /// anyone else, or if the neighbourhood reaches past the slot, or
+    /// near `max_map_count`.
+    #[inline]
+    fn begin_in_slot(mm: &'a AddressSpace, r: Range, reach: Reach) -> Option<Self> {
+        let st = mm.mmap_lock.write_slot(r.start)?;
+        let pin = mm.tree.pin();
+        let inside = neighbourhood_in_slot(mm, st.range(), Some(r), || {
+            neighbourhood(mm, r, reach, &pin)
+        });
+        (inside && st.map_count_far_below(mm.cfg.max_map_count)).then(|| Self::holding(mm, st, pin))
+    }
+
     /// A range writer's edit, holding `state` (its neighbourhood, or
     /// more) and pinned by `pin`, taken under it. The caller checked
     /// `MmState::map_count_far_below` first.
+    #[inline]
     fn holding(mm: &'a AddressSpace, state: MmapWriteGuard<'a, MmState>, pin: Guard) -> Self {
         Edit {
             mm,
@@ -88,6 +108,7 @@ impl<'a> Edit<'a> {
     /// likely to land (the placement window, else below `mmap_base`): the
     /// re-check is skipped when the hold lies in that address's shard of
     /// the range lock and nothing changed there since the search began.
+    #[inline(always)]
     pub(crate) fn begin_placed(
         mm: &'a AddressSpace,
         len: u64,
@@ -163,13 +184,14 @@ impl<'a> Edit<'a> {
     /// granted at once, or the choice or its neighbourhood reaches past
     /// the slot, or the search fails: the usual path then runs, and gives
     /// the search's error.
+    #[inline]
     fn place_in_slot(
         mm: &'a AddressSpace,
         slot: Range,
         len: u64,
         search: &mut impl FnMut(&View<'_>) -> Result<u64>,
     ) -> Option<(u64, Self)> {
-        let st = mm.mmap_lock.try_write_range(slot)?.ok()?;
+        let st = mm.mmap_lock.write_slot(slot.start)?;
         let pin = mm.tree.pin();
         let addr = search(&View::new(mm, &pin)).ok()?;
         let r = Range::from_len(addr, len)?;
@@ -235,6 +257,7 @@ fn free_area_in(
 ///
 /// [`RangeLock::mark`]: crate::mm::range_lock::RangeLock::mark
 /// [`RangeForest::edges_touched`]: crate::tree::RangeForest::edges_touched
+#[inline]
 pub(crate) fn lock_validated<G: RangeHold>(
     mm: &AddressSpace,
     at: u64,
