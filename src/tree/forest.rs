@@ -844,6 +844,15 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
             // The single tree checks for overlap itself.
             return self.with_slot(0, |t| t.insert(r, v));
         }
+        let ks = self.forest.slots_of(r);
+        if ks.start() == ks.end() {
+            // Inside one slot (nearly every insert): any entry meeting `r`
+            // has a piece there, so that slot's tree checks for overlap
+            // itself, as the single tree does.
+            let k = *ks.start();
+            self.forest.note_edges(k, r);
+            return self.with_slot(k, |t| t.insert(r, v));
+        }
         let g = self.forest.pin();
         let occupied = self.forest.range(r, &g).next().is_some();
         drop(g);
