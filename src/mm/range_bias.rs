@@ -77,8 +77,9 @@
 //! What the slot's owner still pays, beside the space's owner: its own
 //! write sections (two slots' owners write at once, so
 //! neither may move the space's sequence), the forest's slots and per-CPU
-//! map counts. At one thread that path runs at about 0.75x the space
-//! owner's (`docs/RESULTS.md`, "Slot biases").
+//! map counts. At one thread that path runs at about 0.80x the space
+//! owner's (`docs/RESULTS.md`, "Slot biases" and "The slot owner's grant
+//! inline, past the gate").
 //!
 //! The protocol is the space's bias's, per shard:
 //! - a request meeting two shards (a mapping across a boundary, or a
