@@ -809,8 +809,10 @@ fn range_slot_bias_owner_vs_request_across_slots() {
 /// Catches:
 /// - a closer that does not wait for the slot owner counted in at its
 ///   bias (`|| owners_inside()` deleted from `Gate::close`'s loop,
-///   src/mm/range_lock.rs): the mlock and the split then change the VMA
-///   at once;
+///   src/mm/range_lock.rs), or does not know that the slot's bias was
+///   granted (`self.note_granted(first);` deleted in
+///   `RangeLock::acquire_shards`): the mlock and the split then change
+///   the VMA at once;
 /// - an owner that enters past a closed gate (`&& !closed.load(..)`
 ///   deleted in `Bias::enter_ungated`, src/mm/range_bias.rs): likewise;
 /// - an owner's last count-out that does not wake the closer (the

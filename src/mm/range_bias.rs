@@ -62,9 +62,10 @@
 //! light fence that the gate is open as well as that the word still
 //! names it ([`Bias::enter_ungated`]; if closed, it counts itself out
 //! and takes the gate's path, waiting for the opening), and the closer,
-//! after its heavy fence, waits for every shard's bias count to reach
-//! zero as for the gate's counts; the owner's last count-out wakes it
-//! (the [`Watcher`] a shard's bias tells). The
+//! after its heavy fence, waits for the bias count of every shard whose
+//! bias was ever granted (a bit each, set at the gate by the first
+//! grant) to reach zero as for the gate's counts; the owner's last
+//! count-out wakes it (the [`Watcher`] a shard's bias tells). The
 //! owner's writers and range readers request the whole slot
 //! ([`RangeLock::slot_likely_mine`](super::range_lock::RangeLock::slot_likely_mine))
 //! and compute their neighbourhood under the grant, once: nothing to

@@ -76,8 +76,9 @@
 //! both biases first ([`Wait::SlotBias`] for a try-lock that meets an
 //! owner inside its call). The owner counts itself in at its bias alone,
 //! not at the gate: the gate's closer, after its heavy fence, waits for
-//! every shard's bias count to reach zero as for its own counts, and an
-//! owner whose light fence shows the gate closed counts itself out and
+//! the bias count of every shard whose bias was ever granted
+//! ([`RangeLock::owners_inside`]) to reach zero as for its own counts,
+//! and an owner whose light fence shows the gate closed counts itself out and
 //! takes the gate's path (`Bias::enter_ungated`).
 //!
 //! # Barging
@@ -483,6 +484,14 @@ struct Shard {
     /// each change: zero lets [`RangeLock::busy_near`] skip the mutex. A
     /// hint (the placement's try-lock decides), so `Relaxed`.
     occupied: AtomicU64,
+    /// For shards `64 * j .. 64 * j + 64`, in shard `j`: a bit set for
+    /// each whose bias was ever granted (so its owner may count itself in
+    /// there, past the gate: [`RangeLock::owners_inside`] reads only
+    /// those).
+    /// Protected by: set (a load, and a read-modify-write the first time)
+    /// after a grant of that bias, before its owner's first ungated
+    /// entry; read by the gate's closer after its heavy fence.
+    granted: AtomicU64,
 }
 
 impl Shard {
@@ -495,6 +504,7 @@ impl Shard {
             releases: AtomicU64::new(0),
             quiet: AtomicU64::new(0),
             occupied: AtomicU64::new(0),
+            granted: AtomicU64::new(0),
         }
     }
 
@@ -939,6 +949,38 @@ impl RangeLock {
         })
     }
 
+    /// Records that shard `k`'s bias was granted, before its owner can
+    /// count itself in there past the gate (every owner's first grant
+    /// comes through the gate: a claim, or a hand-over): a load, and a
+    /// read-modify-write the first time only.
+    fn note_granted(&self, k: usize) {
+        let (word, bit) = (&self.shards[k / 64].granted, 1u64 << (k % 64));
+        if word.load(Ordering::Relaxed) & bit == 0 {
+            word.fetch_or(bit, Ordering::Relaxed);
+        }
+    }
+
+    /// True if a slot's owner is counted in at its bias (past the gate,
+    /// [`Bias::enter_ungated`]), for the gate's closer after its heavy
+    /// fence: reads the bias of each shard whose bias was ever granted
+    /// (`Shard::granted`), not every shard's. The fence pair orders an
+    /// owner's `granted` bit, stored before its count-in, before this
+    /// read, as it orders the count itself.
+    fn owners_inside(&self) -> bool {
+        let words = self.shards.len().div_ceil(64);
+        self.shards[..words].iter().enumerate().any(|(j, sh)| {
+            let mut bits = sh.granted.load(Ordering::Relaxed);
+            while bits != 0 {
+                let k = j * 64 + bits.trailing_zeros() as usize;
+                if self.shards[k].bias.counted_in() {
+                    return true;
+                }
+                bits &= bits - 1;
+            }
+            false
+        })
+    }
+
     /// The shard holding `addr`.
     fn shard_of(&self, addr: u64) -> usize {
         ((addr >> self.shift) as usize).min(self.shards.len() - 1)
@@ -1036,9 +1078,8 @@ impl RangeLock {
             writes_before: 0,
         };
         let Some((first, n)) = (!r.is_empty()).then(|| self.pieces(r)).flatten() else {
-            let owners_inside = || self.shards.iter().any(|sh| sh.bias.counted_in());
             self.gate
-                .close(exclusive, wait, owners_inside)
+                .close(exclusive, wait, || self.owners_inside())
                 .ok_or(Wait::Gate)?;
             return Ok(guard(u32::MAX, 0));
         };
@@ -1065,6 +1106,7 @@ impl RangeLock {
             match b.enter(wait, &*self.gate) {
                 Entry::Off => {}
                 Entry::Owner => {
+                    self.note_granted(first);
                     b.owner_grant(exclusive, &*self.gate);
                     g.n = SLOT_BIASED;
                     return Ok(g);
