@@ -933,17 +933,26 @@ impl RangeLock {
     #[inline]
     pub(crate) fn try_slot_owner(&self, addr: u64) -> Option<RangeGuard<'_>> {
         let k = self.shard_of(addr);
+        self.grant_ungated(k, self.clip(WHOLE, k), true)
+    }
+
+    /// `r` (inside shard `k`), granted by shard `k`'s bias to its owner,
+    /// counted in there alone, past the gate (`Bias::enter_ungated`: the
+    /// gate's closer waits for that count as for its own); `None`
+    /// (nothing held) for anyone else, or while the gate is closed.
+    #[inline]
+    fn grant_ungated(&self, k: usize, r: Range, exclusive: bool) -> Option<RangeGuard<'_>> {
         let b = &self.shards[k].bias;
         if !b.enter_ungated(&self.gate.closed, &*self.gate) {
             return None;
         }
-        b.owner_grant(true, &*self.gate);
+        b.owner_grant(exclusive, &*self.gate);
         Some(RangeGuard {
             lock: self,
-            range: self.clip(WHOLE, k),
+            range: r,
             first: k as u32,
             n: SLOT_BIASED,
-            exclusive: true,
+            exclusive,
             slot: UNGATED,
             writes_before: 0,
         })
@@ -1083,15 +1092,9 @@ impl RangeLock {
                 .ok_or(Wait::Gate)?;
             return Ok(guard(u32::MAX, 0));
         };
-        // The owner of the shard's bias counts itself in there alone: the
-        // gate's closer waits for that count as for its own.
+        // The owner of the shard's bias: granted there, past the gate.
         if n == 1 {
-            let b = &self.shards[first].bias;
-            if b.enter_ungated(&self.gate.closed, &*self.gate) {
-                b.owner_grant(exclusive, &*self.gate);
-                let mut g = guard(first as u32, 0);
-                g.slot = UNGATED;
-                g.n = SLOT_BIASED;
+            if let Some(g) = self.grant_ungated(first, r, exclusive) {
                 return Ok(g);
             }
         }
@@ -1420,22 +1423,32 @@ mod tests {
         }
     }
 
+    /// A thread that requests the whole space (shared or `exclusive`),
+    /// says when it is granted, and releases it at once; returned once
+    /// its request has closed the gate.
+    fn whole_space_request(
+        l: &Arc<RangeLock>,
+        exclusive: bool,
+    ) -> (std::thread::JoinHandle<()>, Arc<AtomicBool>) {
+        let granted = Arc::new(AtomicBool::new(false));
+        let t = {
+            let (l, granted) = (l.clone(), granted.clone());
+            std::thread::spawn(move || {
+                drop(l.lock(WHOLE, exclusive));
+                granted.store(true, O::SeqCst);
+            })
+        };
+        while !l.gate.closed.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        (t, granted)
+    }
+
     #[test]
     fn a_whole_space_request_waits_for_every_range_and_blocks_later_ones() {
         let l = Arc::new(small());
         let g = l.lock(r(0, 10), true);
-        let got = Arc::new(AtomicBool::new(false));
-        let t = {
-            let (l, got) = (l.clone(), got.clone());
-            std::thread::spawn(move || {
-                let _w = l.lock(WHOLE, false);
-                got.store(true, O::SeqCst);
-            })
-        };
-        // Wait until the whole-space reader has closed the gate.
-        while !l.gate.closed.load(Ordering::SeqCst) {
-            std::thread::yield_now();
-        }
+        let (t, got) = whole_space_request(&l, false);
         // A later writer far from the hold, in another shard, queues
         // behind the reader.
         assert_eq!(
@@ -1633,18 +1646,7 @@ mod tests {
             Some(Wait::Gate),
             "a whole-space try waits for the owner's grant"
         );
-        let granted = Arc::new(AtomicBool::new(false));
-        let closer = {
-            let (l, granted) = (l.clone(), granted.clone());
-            std::thread::spawn(move || {
-                let whole = l.lock(WHOLE, true);
-                granted.store(true, O::SeqCst);
-                drop(whole);
-            })
-        };
-        while !l.gate.closed.load(Ordering::SeqCst) {
-            std::thread::yield_now();
-        }
+        let (closer, granted) = whole_space_request(&l, true);
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert!(
             !granted.load(O::SeqCst),
