@@ -169,7 +169,8 @@ fn thread_slot() -> usize {
     ID.with(|id| *id)
 }
 
-/// One `T` per CPU slot, each on its own cache line.
+/// One `T` per CPU slot, each on its own cache line (or one per index
+/// the caller keeps apart, [`indexed`](Self::indexed)).
 ///
 /// The slots are allocated on first use ([`local`](Self::local) or
 /// [`get`](Self::get)), not by [`new`](Self::new): an address space that is
@@ -211,6 +212,17 @@ impl<T> PerCpu<T> {
         PerCpu {
             slots: AtomicPtr::new(core::ptr::null_mut()),
             len: nr_cpus(),
+            init,
+        }
+    }
+
+    /// `n` slots indexed by the caller ([`get`](Self::get)), not by CPU
+    /// (rounded up to a power of two), each made by `init` on first use.
+    /// Allocates nothing.
+    pub fn indexed(n: usize, init: fn() -> T) -> Self {
+        PerCpu {
+            slots: AtomicPtr::new(core::ptr::null_mut()),
+            len: n.max(2).next_power_of_two(),
             init,
         }
     }

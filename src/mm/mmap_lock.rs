@@ -395,6 +395,13 @@ impl<'a, T> MmapWriteGuard<'a, T> {
         }
     }
 
+    /// The slot whose bias granted this hold to its owner ("Slot biases"
+    /// in `range_bias`), if one did.
+    #[inline]
+    pub(crate) fn owned_slot(&self) -> Option<usize> {
+        self.range.as_ref().and_then(RangeGuard::owned_slot)
+    }
+
     /// True if this writer holds the range lock's bias (`range_bias`).
     #[inline]
     pub(crate) fn holds_bias(&self) -> bool {

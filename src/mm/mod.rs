@@ -107,6 +107,7 @@ mod forced;
 mod fork;
 mod inspect;
 mod madvise;
+mod map_count;
 mod maps;
 mod merge;
 mod mlock;
@@ -143,6 +144,8 @@ use crate::sync::{Arc, AtomicU64};
 use crate::tlb::TlbState;
 use crate::tree::RangeForest;
 use crate::vma::{VmaPool, VmaRef};
+use map_count::MapCount;
+pub(crate) use map_count::MapCounter;
 use mmap_lock::MmapLock;
 
 /// State protected by the mmap_lock.
@@ -179,151 +182,11 @@ impl MmState {
         self.map_count.far_below(limit)
     }
 
-    /// Adds `n` (may be negative) to the map count: by a range writer
-    /// (`per_cpu`) in its CPU's slot, by any other writer (alone in the
-    /// space) in the total, with no CPU lookup.
-    pub(crate) fn add_map_count(&self, n: isize, per_cpu: bool) {
-        if per_cpu {
-            self.map_count.add(n);
-        } else {
-            self.map_count.add_total(n);
-        }
-    }
-}
-
-/// The number of VMAs. With range-locked writers it is counted per CPU
-/// slot: every writer changes it, and one count would be a line that
-/// writers on disjoint ranges all write. A slot folds its changes into the
-/// shared total when they pass [`MapCount::BATCH`] either way, so the
-/// total is within `BATCH` per slot of the count, and a limit check reads
-/// only the total unless it is that close to the limit. With one writer
-/// at a time (the mmap_lock modes) it is the total alone, and every read
-/// is exact. The count is a statistic of the writers (`sync::counter`
-/// atomics): its value after every writer is what one writer after
-/// another makes.
-pub(crate) struct MapCount {
-    /// Each slot's changes not yet in `total`; `None` without range
-    /// writers.
-    /// Protected by: counter atomics, read-modify-written (a slot is
-    /// shared by the threads of its CPU, `percpu`).
-    slots: Option<crate::percpu::PerCpu<crate::sync::counter::AtomicI64>>,
-    /// The folded count.
-    /// Protected by: a counter atomic.
-    total: crate::sync::counter::AtomicI64,
-}
-
-impl MapCount {
-    /// A slot's changes kept before they are folded into the total.
-    const BATCH: i64 = 32;
-
-    /// The most VMAs a range writer's call adds (an mremap's check asks
-    /// for room for six, Linux's `map_count >= max - 5`).
-    const RANGE_WORST: i64 = 6;
-
-    /// Range writers at the limit at once that [`far_below`]'s margin
-    /// covers.
-    ///
-    /// [`far_below`]: Self::far_below
-    const IN_FLIGHT: i64 = 1024;
-
-    /// True if the count is so far below `limit` that range writers in
-    /// flight cannot reach it: a range writer admitted only then checks
-    /// the limit as if alone. Range writers check a count that others
-    /// change at the same time, so two at the limit could each pass its
-    /// check and together pass the limit; so each is admitted, once
-    /// granted its range, only if the total, with every slot's largest
-    /// unfolded part and a margin of [`IN_FLIGHT`] calls of
-    /// [`RANGE_WORST`] VMAs (a quarter of the limit if that is less),
-    /// stays below the limit. Otherwise it runs as a whole-space writer,
-    /// which reads the count exactly (`Edit::begin_range`, and
-    /// `begin_range_mmap` for a placed mapping). The limit
-    /// holds exactly unless more range writers than the margin covers
-    /// are between their admission and their last change at once. One
-    /// load of the total, as the check itself; always true without range
-    /// writers.
-    ///
-    /// [`IN_FLIGHT`]: Self::IN_FLIGHT
-    /// [`RANGE_WORST`]: Self::RANGE_WORST
-    pub(crate) fn far_below(&self, limit: usize) -> bool {
-        use crate::sync::counter::Ordering::Relaxed;
-        let Some(slots) = &self.slots else {
-            return true;
-        };
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let margin = (Self::RANGE_WORST * Self::IN_FLIGHT).min(limit / 4);
-        let slack = (Self::BATCH + Self::RANGE_WORST) * slots.len() as i64;
-        self.total
-            .load(Relaxed)
-            .saturating_add(slack)
-            .saturating_add(margin)
-            < limit
-    }
-
-    /// Zero VMAs, counted per CPU slot if `per_cpu`; allocates nothing
-    /// until the first change.
-    pub(crate) fn new(per_cpu: bool) -> Self {
-        MapCount {
-            slots: per_cpu.then(|| crate::percpu::PerCpu::new(Default::default)),
-            total: crate::sync::counter::AtomicI64::new(0),
-        }
-    }
-
-    /// Adds `n` (may be negative) to the total itself: for a writer with
-    /// the space to itself, for whom the total's line is no one else's
-    /// (every count remains the total plus the slots'). The only writer
-    /// of the total while it runs (range writers, who fold their slots
-    /// into it, are kept out by its hold, which also orders it after
-    /// them), so a load and a store: no locked read-modify-write on every
-    /// mmap and munmap.
-    pub(crate) fn add_total(&self, n: isize) {
-        use crate::sync::counter::Ordering::Relaxed;
-        let t = self.total.load(Relaxed);
-        self.total.store(t + n as i64, Relaxed);
-    }
-
-    /// Adds `n` (may be negative).
-    pub(crate) fn add(&self, n: isize) {
-        use crate::sync::counter::Ordering::Relaxed;
-        let Some(slots) = &self.slots else {
-            // No slots: not range mode, so every writer has the space to
-            // itself.
-            return self.add_total(n);
-        };
-        let s = slots.local();
-        let v = s.fetch_add(n as i64, Relaxed) + n as i64;
-        if v.abs() > Self::BATCH {
-            self.total.fetch_add(s.swap(0, Relaxed), Relaxed);
-        }
-    }
-
-    /// The count: the total and every slot's part of it.
-    pub(crate) fn get(&self) -> usize {
-        use crate::sync::counter::Ordering::Relaxed;
-        let parts: i64 = self
-            .slots
-            .iter()
-            .flat_map(|s| s.iter())
-            .map(|s| s.load(Relaxed))
-            .sum();
-        usize::try_from(self.total.load(Relaxed) + parts).unwrap_or(0)
-    }
-
-    /// True if the count is at least `limit`: the total alone decides
-    /// unless it lies within the slots' slack of `limit`.
-    pub(crate) fn at_least(&self, limit: usize) -> bool {
-        use crate::sync::counter::Ordering::Relaxed;
-        let slack = self
-            .slots
-            .as_ref()
-            .map_or(0, |s| Self::BATCH * s.len() as i64);
-        let (t, limit) = (self.total.load(Relaxed), limit as i64);
-        if t + slack < limit {
-            false
-        } else if t - slack >= limit {
-            true
-        } else {
-            self.get() as i64 >= limit
-        }
+    /// Adds `n` (may be negative) to the map count, in `to` (the part
+    /// its writer counts in: [`MapCount`]).
+    #[inline]
+    pub(crate) fn add_map_count(&self, n: isize, to: MapCounter) {
+        self.map_count.add(n, to);
     }
 }
 
@@ -536,7 +399,10 @@ impl AddressSpace {
             },
             mmap_lock: MmapLock::with_ranges(
                 MmState {
-                    map_count: MapCount::new(ranged),
+                    map_count: MapCount::new(
+                        ranged,
+                        crate::tree::slot_geometry(slot_shift, cfg.task_size).1,
+                    ),
                     start_stack: 0,
                     def_flags: crate::vma::VmFlags::empty(),
                 },

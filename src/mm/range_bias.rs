@@ -77,10 +77,13 @@
 //!
 //! What the slot's owner still pays, beside the space's owner: its own
 //! write sections (two slots' owners write at once, so
-//! neither may move the space's sequence), the forest's slots and per-CPU
-//! map counts. At one thread that path runs at about 0.80x the space
-//! owner's (`docs/RESULTS.md`, "Slot biases" and "The slot owner's grant
-//! inline, past the gate").
+//! neither may move the space's sequence), the forest's slots, its
+//! placement window, and a map count of its slot's (`mm::map_count`:
+//! a load and a store, as the space owner's total, but folded into the
+//! total past a batch). At one thread that path runs at about 0.80x the
+//! space owner's (`docs/RESULTS.md`, "Slot biases", "The slot owner's
+//! grant inline, past the gate" and "The slot owner's map count; the
+//! path's code footprint").
 //!
 //! The protocol is the space's bias's, per shard:
 //! - a request meeting two shards (a mapping across a boundary, or a

@@ -807,6 +807,13 @@ impl RangeGuard<'_> {
         self.first == BIASED
     }
 
+    /// The shard whose bias granted this hold to its owner ("Slot
+    /// biases" in `range_bias`), if one did.
+    #[inline]
+    pub(crate) fn owned_slot(&self) -> Option<usize> {
+        (self.n == SLOT_BIASED).then_some(self.first as usize)
+    }
+
     /// True if a shard's bias granted this hold ("Slot biases" in
     /// `range_bias`).
     #[cfg(test)]

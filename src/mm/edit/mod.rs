@@ -19,7 +19,7 @@
 //! tree's writer for each store only; see `range_lock`'s module docs.
 
 use super::mmap_lock::MmapWriteGuard;
-use super::{AddressSpace, MmState};
+use super::{AddressSpace, MapCounter, MmState};
 use crate::addr::Range;
 use crate::error::{Error, Result};
 use crate::reclaim::Guard;
@@ -85,10 +85,16 @@ impl<'a> Edit<'a> {
         self.state.range()
     }
 
-    /// Counts `n` more VMAs (fewer if negative): a range writer in its
-    /// CPU's slot of the map count, any other writer in its total.
+    /// Counts `n` more VMAs (fewer if negative): the owner of a slot's
+    /// bias in that slot's part of the map count, any other range writer
+    /// in its CPU's, any other writer in the total (`mm::map_count`).
     pub(crate) fn add_map_count(&self, n: isize) {
-        self.state.add_map_count(n, self.is_range_writer());
+        let to = match self.state.owned_slot() {
+            Some(k) => MapCounter::SlotOwner(k),
+            None if self.is_range_writer() => MapCounter::Cpu,
+            None => MapCounter::Total,
+        };
+        self.state.add_map_count(n, to);
     }
 
     /// True for a range writer.
