@@ -162,8 +162,12 @@ impl<T> MmapLock<T> {
 
     /// The whole slot of `addr`, written, if the caller owns its bias
     /// ([`RangeLock::try_slot_owner`]); `None` otherwise (or outside
-    /// range mode).
-    #[inline]
+    /// range mode). Out of line, as [`write`](Self::write) is: every
+    /// writer on the slot owner's path (mprotect's, munmap's, a placed
+    /// mmap's) runs this one copy, which keeps that path's code within
+    /// the instruction cache (`docs/RESULTS.md`, "The slot owner's code,
+    /// shared").
+    #[inline(never)]
     pub(crate) fn write_slot(&self, addr: u64) -> Option<MmapWriteGuard<'_, T>> {
         let rg = self.ranges.as_ref()?.try_slot_owner(addr)?;
         Some(self.range_writer(rg))
