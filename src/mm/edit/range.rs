@@ -32,15 +32,36 @@ impl<'a> Edit<'a> {
     /// then computed again under the lock; if it grew, the writer starts
     /// over with the larger one. The owner of the range lock's bias takes
     /// the whole space instead (`range_bias`), as does a writer near
-    /// `max_map_count` (`MapCount::far_below`).
+    /// `max_map_count` (`MapCount::far_below`); the owner of a slot's
+    /// bias, its whole slot.
     pub(crate) fn begin_range(mm: &'a AddressSpace, r: Range, reach: Reach) -> Self {
         if !mm.mmap_lock.is_range_mode() || mm.mmap_lock.bias_likely_mine() {
             return Self::begin(mm);
         }
         // Before any read or lock: this writer's stores go to the slots.
         mm.tree.split();
-        if let Some(ed) = Self::begin_in_slot(mm, r, reach) {
-            return ed;
+        // The owner of the bias of `r`'s slot: the whole slot (granted by
+        // one out-of-line copy, `write_slot`), the neighbourhood checked
+        // inside it under the grant (`neighbourhood_in_slot`), as the
+        // space's owner takes the whole space. The edit is made here, in
+        // the place this call returns it to: made in a helper and returned
+        // through an `Option`, it was copied once more (192 bytes, read
+        // back before its stores had left the store buffer). Anyone else,
+        // a neighbourhood past the slot, or a count near `max_map_count`:
+        // the usual path.
+        if let Some(st) = mm.mmap_lock.write_slot(r.start) {
+            let pin = mm.tree.pin();
+            let inside = neighbourhood_in_slot(mm, st.range(), Some(r), || {
+                neighbourhood(mm, r, reach, &pin)
+            });
+            if inside && st.map_count_far_below(mm.cfg.max_map_count) {
+                return Edit {
+                    mm,
+                    state: st,
+                    tree: None,
+                    pin,
+                };
+            }
         }
         let (st, pin) = lock_validated(
             mm,
@@ -66,22 +87,6 @@ impl<'a> Edit<'a> {
             return Self::begin(mm);
         }
         Self::holding(mm, st, pin)
-    }
-
-    /// [`begin_range`](Self::begin_range) for the owner of the bias of
-    /// `r`'s slot: the whole slot, granted inline, and the neighbourhood
-    /// checked inside it under the grant (`neighbourhood_in_slot`), as
-    /// the space's owner takes the whole space. `None` (nothing held) for
-    /// anyone else, or if the neighbourhood reaches past the slot, or
-    /// near `max_map_count`.
-    #[inline]
-    fn begin_in_slot(mm: &'a AddressSpace, r: Range, reach: Reach) -> Option<Self> {
-        let st = mm.mmap_lock.write_slot(r.start)?;
-        let pin = mm.tree.pin();
-        let inside = neighbourhood_in_slot(mm, st.range(), Some(r), || {
-            neighbourhood(mm, r, reach, &pin)
-        });
-        (inside && st.map_count_far_below(mm.cfg.max_map_count)).then(|| Self::holding(mm, st, pin))
     }
 
     /// A range writer's edit, holding `state` (its neighbourhood, or
