@@ -211,188 +211,209 @@ impl AddressSpace {
             Some(o) if o.pages.aligns_placement() => Backing::File(o.pgoff << PAGE_SHIFT),
             Some(_) => Backing::Plain,
         };
-        let (addr, mut ed) =
-            match self.begin_range_mmap(hint, len, fixed, flags, backing, obj.is_some()) {
-                Some(placed) => placed?,
+        let (addr, r, vf, populate) = {
+            // The edit lives in one of these two, made where it stays (a
+            // range writer's inside `begin_range_mmap`): moved out of a
+            // returned `Option<Result<(u64, Edit)>>`, it was copied at
+            // each layer, 192 bytes read back before their stores had left
+            // the store buffer. Both are dropped, the locks released, at
+            // the end of this block.
+            let mut ranged: Option<Edit<'_>> = None;
+            let mut whole: Edit<'_>;
+            let (addr, ed): (u64, &mut Edit<'_>) = match self.begin_range_mmap(
+                &mut ranged,
+                hint,
+                len,
+                fixed,
+                flags,
+                backing,
+                obj.is_some(),
+            ) {
+                Some(placed) => (placed?, ranged.as_mut().expect("the range writer's edit")),
                 None => {
-                    let ed = Edit::begin(self);
+                    whole = Edit::begin(self);
                     // Linux checks `map_count > max`; we keep the inclusive rule
                     // (the count never exceeds the limit), as Linux since late 2025.
-                    if ed.map_count_at_least(self.cfg.max_map_count) {
+                    if whole.map_count_at_least(self.cfg.max_map_count) {
                         return Err(Error::NoMem);
                     }
                     (
-                        self.get_unmapped_area(&ed.view(), hint, len, fixed, flags, backing)?,
-                        ed,
+                        self.get_unmapped_area(&whole.view(), hint, len, fixed, flags, backing)?,
+                        &mut whole,
                     )
                 }
             };
-        if addr < self.cfg.mmap_min_addr {
-            return Err(Error::Perm);
-        }
-        // get_unmapped_area keeps `addr + len` within the task size.
-        let r = Range::from_len(addr, len).ok_or(Error::NoMem)?;
-        if flags.contains(MapFlags::FIXED_NOREPLACE)
-            && ed.find_after(addr).is_some_and(|v| v.start() < r.end)
-        {
-            return Err(Error::Exist);
-        }
-        // The memlock limit: MAP_LOCKED needs a non-zero one (EPERM), and
-        // a lock, asked for or by mlockall(MCL_FUTURE), must fit (EAGAIN).
-        if flags.contains(MapFlags::LOCKED) && self.memlock_limit() == 0 {
-            return Err(Error::Perm);
-        }
-        let def_flags = ed.state().def_flags;
-        let mut lock = def_flags;
-        if flags.contains(MapFlags::LOCKED) {
-            lock |= VmFlags::LOCKED;
-        }
-        if !self.mlock_future_ok(&ed, lock, len) {
-            return Err(Error::Again);
-        }
-        // Anonymous memory takes SHARED, PRIVATE or DROPPABLE in the type
-        // field (Linux's MAP_SHARED_VALIDATE is for files only; other
-        // values are unknown types).
-        let ty = flags.bits() & MapFlags::TYPE;
-        if let Some(Object { pgoff, .. }) = obj {
-            // file_mmap_ok: the mapping must end within the largest size.
-            let max_pages = (crate::memfd::MAX_LEN - len.min(crate::memfd::MAX_LEN)) >> PAGE_SHIFT;
-            if len > crate::memfd::MAX_LEN || pgoff > max_pages {
-                return Err(Error::Overflow);
+            if addr < self.cfg.mmap_min_addr {
+                return Err(Error::Perm);
             }
-        }
-        // Files take MAP_SHARED_VALIDATE as shared, rejecting any flag
-        // outside the legacy set (a memfd supports no other: not even
-        // MAP_SYNC or MAP_FIXED_NOREPLACE).
-        if obj.is_some()
-            && ty == MapFlags::SHARED_VALIDATE.bits()
-            && flags.bits() & !LEGACY_MAP_MASK != 0
-        {
-            return Err(Error::NotSupported);
-        }
-        let shared = ty == MapFlags::SHARED.bits()
-            || obj.is_some() && ty == MapFlags::SHARED_VALIDATE.bits();
-        let droppable = ty == MapFlags::DROPPABLE.bits();
-        if !shared && !droppable && ty != MapFlags::PRIVATE.bits() {
-            return Err(Error::Inval);
-        }
-        if obj.is_some() && droppable {
-            return Err(Error::Inval);
-        }
-        if (shared || droppable || obj.is_some()) && flags.contains(MapFlags::GROWSDOWN) {
-            return Err(Error::Inval);
-        }
-        // The handle's access mode, as Linux's do_mmap honours it: a
-        // shared writable mapping needs a writable handle, a shared one of
-        // a read-only handle loses VM_MAYWRITE (so mprotect cannot add
-        // PROT_WRITE) and VM_SHARED (keeping VM_MAYSHARE), and every
-        // mapping needs a readable handle.
-        let mut read_only_shared = false;
-        if let Some(o) = obj {
-            if shared && !o.mode.write {
-                if prot.contains(Prot::WRITE) {
+            // get_unmapped_area keeps `addr + len` within the task size.
+            let r = Range::from_len(addr, len).ok_or(Error::NoMem)?;
+            if flags.contains(MapFlags::FIXED_NOREPLACE)
+                && ed.find_after(addr).is_some_and(|v| v.start() < r.end)
+            {
+                return Err(Error::Exist);
+            }
+            // The memlock limit: MAP_LOCKED needs a non-zero one (EPERM), and
+            // a lock, asked for or by mlockall(MCL_FUTURE), must fit (EAGAIN).
+            if flags.contains(MapFlags::LOCKED) && self.memlock_limit() == 0 {
+                return Err(Error::Perm);
+            }
+            let def_flags = ed.state().def_flags;
+            let mut lock = def_flags;
+            if flags.contains(MapFlags::LOCKED) {
+                lock |= VmFlags::LOCKED;
+            }
+            if !self.mlock_future_ok(ed, lock, len) {
+                return Err(Error::Again);
+            }
+            // Anonymous memory takes SHARED, PRIVATE or DROPPABLE in the type
+            // field (Linux's MAP_SHARED_VALIDATE is for files only; other
+            // values are unknown types).
+            let ty = flags.bits() & MapFlags::TYPE;
+            if let Some(Object { pgoff, .. }) = obj {
+                // file_mmap_ok: the mapping must end within the largest size.
+                let max_pages =
+                    (crate::memfd::MAX_LEN - len.min(crate::memfd::MAX_LEN)) >> PAGE_SHIFT;
+                if len > crate::memfd::MAX_LEN || pgoff > max_pages {
+                    return Err(Error::Overflow);
+                }
+            }
+            // Files take MAP_SHARED_VALIDATE as shared, rejecting any flag
+            // outside the legacy set (a memfd supports no other: not even
+            // MAP_SYNC or MAP_FIXED_NOREPLACE).
+            if obj.is_some()
+                && ty == MapFlags::SHARED_VALIDATE.bits()
+                && flags.bits() & !LEGACY_MAP_MASK != 0
+            {
+                return Err(Error::NotSupported);
+            }
+            let shared = ty == MapFlags::SHARED.bits()
+                || obj.is_some() && ty == MapFlags::SHARED_VALIDATE.bits();
+            let droppable = ty == MapFlags::DROPPABLE.bits();
+            if !shared && !droppable && ty != MapFlags::PRIVATE.bits() {
+                return Err(Error::Inval);
+            }
+            if obj.is_some() && droppable {
+                return Err(Error::Inval);
+            }
+            if (shared || droppable || obj.is_some()) && flags.contains(MapFlags::GROWSDOWN) {
+                return Err(Error::Inval);
+            }
+            // The handle's access mode, as Linux's do_mmap honours it: a
+            // shared writable mapping needs a writable handle, a shared one of
+            // a read-only handle loses VM_MAYWRITE (so mprotect cannot add
+            // PROT_WRITE) and VM_SHARED (keeping VM_MAYSHARE), and every
+            // mapping needs a readable handle.
+            let mut read_only_shared = false;
+            if let Some(o) = obj {
+                if shared && !o.mode.write {
+                    if prot.contains(Prot::WRITE) {
+                        return Err(Error::AccessDenied);
+                    }
+                    read_only_shared = true;
+                }
+                if !o.mode.read {
                     return Err(Error::AccessDenied);
                 }
-                read_only_shared = true;
             }
-            if !o.mode.read {
-                return Err(Error::AccessDenied);
+            // Droppable pages cannot be locked (HUGETLB failed above).
+            if droppable && flags.contains(MapFlags::LOCKED) {
+                return Err(Error::Inval);
             }
-        }
-        // Droppable pages cannot be locked (HUGETLB failed above).
-        if droppable && flags.contains(MapFlags::LOCKED) {
-            return Err(Error::Inval);
-        }
 
-        let mut vf = VmFlags::from_prot_in(self, prot) | VmFlags::MAY;
-        if shared {
-            vf |= VmFlags::SHARED | VmFlags::MAYSHARE;
-        }
-        if read_only_shared {
-            vf -= VmFlags::MAYWRITE | VmFlags::SHARED;
-        }
-        if flags.contains(MapFlags::GROWSDOWN) {
-            vf |= VmFlags::GROWSDOWN;
-        }
-        if flags.contains(MapFlags::NORESERVE) {
-            vf |= VmFlags::NORESERVE;
-        }
-        // mm->def_flags (VM_LOCKED after mlockall(MCL_FUTURE)), then
-        // calc_vm_flag_bits.
-        vf |= def_flags;
-        if flags.contains(MapFlags::LOCKED) {
-            vf |= VmFlags::LOCKED;
-        }
-        if flags.contains(MapFlags::SYNC) {
-            vf |= VmFlags::SYNC;
-        }
-        if flags.contains(MapFlags::STACK) {
-            vf |= VmFlags::NOHUGEPAGE;
-        }
-        // Locked, or locked by mlockall(MCL_FUTURE): populated, whether or
-        // not the lock stays.
-        let lock_populates = vf.contains(VmFlags::LOCKED);
-        if droppable {
-            // Never reserved, copied to a child, dumped or locked (the
-            // mlockall(MCL_FUTURE) lock is dropped, as for VM_SPECIAL).
-            vf |= VmFlags::DROPPABLE | VmFlags::NORESERVE | VmFlags::WIPEONFORK | VmFlags::DONTDUMP;
-            vf -= VmFlags::LOCKED | VmFlags::LOCKONFAULT;
-        }
-        // Private writable memory is charged (Linux's accountable_mapping).
-        if !shared && vf.contains(VmFlags::WRITE) && !vf.contains(VmFlags::NORESERVE) {
-            vf |= VmFlags::ACCOUNT;
-        }
+            let mut vf = VmFlags::from_prot_in(self, prot) | VmFlags::MAY;
+            if shared {
+                vf |= VmFlags::SHARED | VmFlags::MAYSHARE;
+            }
+            if read_only_shared {
+                vf -= VmFlags::MAYWRITE | VmFlags::SHARED;
+            }
+            if flags.contains(MapFlags::GROWSDOWN) {
+                vf |= VmFlags::GROWSDOWN;
+            }
+            if flags.contains(MapFlags::NORESERVE) {
+                vf |= VmFlags::NORESERVE;
+            }
+            // mm->def_flags (VM_LOCKED after mlockall(MCL_FUTURE)), then
+            // calc_vm_flag_bits.
+            vf |= def_flags;
+            if flags.contains(MapFlags::LOCKED) {
+                vf |= VmFlags::LOCKED;
+            }
+            if flags.contains(MapFlags::SYNC) {
+                vf |= VmFlags::SYNC;
+            }
+            if flags.contains(MapFlags::STACK) {
+                vf |= VmFlags::NOHUGEPAGE;
+            }
+            // Locked, or locked by mlockall(MCL_FUTURE): populated, whether or
+            // not the lock stays.
+            let lock_populates = vf.contains(VmFlags::LOCKED);
+            if droppable {
+                // Never reserved, copied to a child, dumped or locked (the
+                // mlockall(MCL_FUTURE) lock is dropped, as for VM_SPECIAL).
+                vf |= VmFlags::DROPPABLE
+                    | VmFlags::NORESERVE
+                    | VmFlags::WIPEONFORK
+                    | VmFlags::DONTDUMP;
+                vf -= VmFlags::LOCKED | VmFlags::LOCKONFAULT;
+            }
+            // Private writable memory is charged (Linux's accountable_mapping).
+            if !shared && vf.contains(VmFlags::WRITE) && !vf.contains(VmFlags::NORESERVE) {
+                vf |= VmFlags::ACCOUNT;
+            }
 
-        // The new VMA's metadata must fit the budget (Linux's
-        // vm_area_alloc failing), checked before anything changes.
-        if !ed.vma_room(1) {
-            return Err(Error::NoMem);
-        }
-        // MAP_FIXED replaces what is there, data included.
-        if fixed {
-            ed.unmap(r)?;
-            if ed.map_count_at_least(self.cfg.max_map_count) {
+            // The new VMA's metadata must fit the budget (Linux's
+            // vm_area_alloc failing), checked before anything changes.
+            if !ed.vma_room(1) {
                 return Err(Error::NoMem);
             }
-        }
-        // New memory reads as written since the last soft-dirty reset,
-        // and so does every page of a VMA it merges into (Linux's
-        // __mmap_complete; see `soft_dirty` for the precision this loses).
-        vf |= VmFlags::SOFTDIRTY;
-        let v = if let Some(Object {
-            pages: obj, pgoff, ..
-        }) = obj
-        {
-            // Merges with a neighbour mapping the same object at the
-            // contiguous offset, with the same flags.
-            ed.map_new(VmaSpec {
-                shmem: Some(obj.clone()),
-                ..VmaSpec::anon(r, pgoff, vf)
-            })
-        } else if shared {
-            let obj = Arc::new(Shmem::new(
-                next_id(),
-                len >> PAGE_SHIFT,
-                self.frames.clone(),
-            ));
-            let v = ed.new_vma(VmaSpec {
-                shmem: Some(obj),
-                ..VmaSpec::anon(r, 0, vf)
-            });
-            ed.insert(v);
-            v
-        } else {
-            ed.map_new(VmaSpec::anon(r, addr >> PAGE_SHIFT, vf))
+            // MAP_FIXED replaces what is there, data included.
+            if fixed {
+                ed.unmap(r)?;
+                if ed.map_count_at_least(self.cfg.max_map_count) {
+                    return Err(Error::NoMem);
+                }
+            }
+            // New memory reads as written since the last soft-dirty reset,
+            // and so does every page of a VMA it merges into (Linux's
+            // __mmap_complete; see `soft_dirty` for the precision this loses).
+            vf |= VmFlags::SOFTDIRTY;
+            let v = if let Some(Object {
+                pages: obj, pgoff, ..
+            }) = obj
+            {
+                // Merges with a neighbour mapping the same object at the
+                // contiguous offset, with the same flags.
+                ed.map_new(VmaSpec {
+                    shmem: Some(obj.clone()),
+                    ..VmaSpec::anon(r, pgoff, vf)
+                })
+            } else if shared {
+                let obj = Arc::new(Shmem::new(
+                    next_id(),
+                    len >> PAGE_SHIFT,
+                    self.frames.clone(),
+                ));
+                let v = ed.new_vma(VmaSpec {
+                    shmem: Some(obj),
+                    ..VmaSpec::anon(r, 0, vf)
+                });
+                ed.insert(v);
+                v
+            } else {
+                ed.map_new(VmaSpec::anon(r, addr >> PAGE_SHIFT, vf))
+            };
+            // `map_new` write-locked the neighbour it merged into.
+            v.set_flags(v.flags() | VmFlags::SOFTDIRTY);
+            // Locked memory is populated as mlock does; MAP_POPULATE unless
+            // MAP_NONBLOCK says not to; neither where the VMA locks on fault
+            // (populate_vma_page_range skips it).
+            let populate = (lock_populates
+                || flags.contains(MapFlags::POPULATE) && !flags.contains(MapFlags::NONBLOCK))
+                && !vf.contains(VmFlags::LOCKONFAULT);
+            (addr, r, vf, populate)
         };
-        // `map_new` write-locked the neighbour it merged into.
-        v.set_flags(v.flags() | VmFlags::SOFTDIRTY);
-        // Locked memory is populated as mlock does; MAP_POPULATE unless
-        // MAP_NONBLOCK says not to; neither where the VMA locks on fault
-        // (populate_vma_page_range skips it).
-        let populate = (lock_populates
-            || flags.contains(MapFlags::POPULATE) && !flags.contains(MapFlags::NONBLOCK))
-            && !vf.contains(VmFlags::LOCKONFAULT);
-        drop(ed);
         if populate {
             self.populate(r, vf);
         }
@@ -407,16 +428,18 @@ impl AddressSpace {
     /// range lock bias's owner, whose whole-space request is granted at
     /// once: `range_bias`; and near `max_map_count`, where only the whole
     /// space's check is exact: `MapCount::far_below`).
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn begin_range_mmap(
-        &self,
+    fn begin_range_mmap<'a>(
+        &'a self,
+        into: &mut Option<Edit<'a>>,
         hint: u64,
         len: u64,
         fixed: bool,
         flags: MapFlags,
         backing: Backing,
         has_obj: bool,
-    ) -> Option<Result<(u64, Edit<'_>)>> {
+    ) -> Option<Result<u64>> {
         if !self.mmap_lock.is_range_mode()
             || self.mmap_lock.bias_likely_mine()
             || has_obj
@@ -424,7 +447,7 @@ impl AddressSpace {
         {
             return None;
         }
-        let placed = if fixed {
+        let addr = if fixed {
             let addr = {
                 let pin = self.tree.pin();
                 self.get_unmapped_area(&View::new(self, &pin), hint, len, true, flags, backing)
@@ -433,35 +456,34 @@ impl AddressSpace {
                     .ok()?
             };
             let r = Range::from_len(addr, len)?;
-            Ok((addr, Edit::begin_range(self, r, Reach::Hole)))
+            *into = Some(Edit::begin_range(self, r, Reach::Hole));
+            addr
         } else {
-            let placed = Edit::begin_placed(self, len, self.placement_near(hint), |view| {
+            let placed = Edit::begin_placed(self, len, self.placement_near(hint), into, |view| {
                 self.get_unmapped_area(view, hint, len, false, flags, backing)
             })?;
-            // Near `max_map_count`, the whole space, whose check is exact
-            // (`MmState::map_count_far_below`; a fixed mapping's
-            // `begin_range` took it already).
-            let near =
-                |(_, ed): &(u64, Edit<'_>)| !ed.state().map_count_far_below(self.cfg.max_map_count);
-            if placed.as_ref().is_ok_and(near) {
-                return None;
+            match placed {
+                Ok(addr) => addr,
+                Err(e) => return Some(Err(e)),
             }
-            placed
         };
-        let (addr, ed) = match placed {
-            Ok(p) => p,
-            Err(e) => return Some(Err(e)),
-        };
-        if !ed.state().def_flags.is_empty() {
-            // mlockall(MCL_FUTURE): the locked-memory limit counts every
-            // VMA, so this mmap takes the whole space (`ed` is dropped).
+        let ed = into.as_ref().expect("the range writer's edit");
+        // Near `max_map_count`, the whole space, whose check is exact
+        // (`MmState::map_count_far_below`; a fixed mapping's
+        // `begin_range` took it already). mlockall(MCL_FUTURE): the
+        // locked-memory limit counts every VMA, so this mmap takes the
+        // whole space. Either way the edit is dropped first.
+        if !fixed && !ed.state().map_count_far_below(self.cfg.max_map_count)
+            || !ed.state().def_flags.is_empty()
+        {
+            *into = None;
             return None;
         }
         // Linux checks `map_count > max`; we keep the inclusive rule.
         if ed.map_count_at_least(self.cfg.max_map_count) {
             return Some(Err(Error::NoMem));
         }
-        Some(Ok((addr, ed)))
+        Some(Ok(addr))
     }
 }
 

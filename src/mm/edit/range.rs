@@ -113,19 +113,22 @@ impl<'a> Edit<'a> {
     /// likely to land (the placement window, else below `mmap_base`): the
     /// re-check is skipped when the hold lies in that address's shard of
     /// the range lock and nothing changed there since the search began.
+    /// The edit goes to `into` (made there: the caller keeps it), the
+    /// address chosen is returned.
     #[inline(always)]
     pub(crate) fn begin_placed(
         mm: &'a AddressSpace,
         len: u64,
         near: u64,
+        into: &mut Option<Self>,
         mut search: impl FnMut(&View<'_>) -> Result<u64>,
-    ) -> Option<Result<(u64, Self)>> {
+    ) -> Option<Result<u64>> {
         let ranges = mm.mmap_lock.ranges()?;
         // As `begin_range`'s.
         mm.tree.split();
         if let Some(slot) = ranges.slot_likely_mine(near) {
-            if let Some(placed) = Self::place_in_slot(mm, slot, len, &mut search) {
-                return Some(Ok(placed));
+            if let Some(addr) = Self::place_in_slot(mm, slot, len, &mut search, into) {
+                return Some(Ok(addr));
             }
         }
         Some(loop {
@@ -177,7 +180,8 @@ impl<'a> Edit<'a> {
                 usable && want.start <= now.start && now.end <= want.end
             };
             if valid {
-                break Ok((addr, Self::holding(mm, st, pin)));
+                *into = Some(Self::holding(mm, st, pin));
+                break Ok(addr);
             }
         })
     }
@@ -188,24 +192,28 @@ impl<'a> Edit<'a> {
     /// biases" in `range_bias`). `None` (nothing held) if the slot is not
     /// granted at once, or the choice or its neighbourhood reaches past
     /// the slot, or the search fails: the usual path then runs, and gives
-    /// the search's error.
+    /// the search's error. The edit is made in `into`.
     #[inline]
     fn place_in_slot(
         mm: &'a AddressSpace,
         slot: Range,
         len: u64,
         search: &mut impl FnMut(&View<'_>) -> Result<u64>,
-    ) -> Option<(u64, Self)> {
+        into: &mut Option<Self>,
+    ) -> Option<u64> {
         let st = mm.mmap_lock.write_slot(slot.start)?;
         let pin = mm.tree.pin();
         let addr = search(&View::new(mm, &pin)).ok()?;
         let r = Range::from_len(addr, len)?;
         // The search ran under the hold, so its choice (a stack's guard
         // gap above included) needs no check again.
-        neighbourhood_in_slot(mm, slot, Some(r), || {
+        if !neighbourhood_in_slot(mm, slot, Some(r), || {
             neighbourhood(mm, r, Reach::Vmas, &pin)
-        })
-        .then(|| (addr, Self::holding(mm, st, pin)))
+        }) {
+            return None;
+        }
+        *into = Some(Self::holding(mm, st, pin));
+        Some(addr)
     }
 }
 
