@@ -166,7 +166,7 @@ impl<T> MmapLock<T> {
     /// writer on the slot owner's path (mprotect's, munmap's, a placed
     /// mmap's) runs this one copy, which keeps that path's code within
     /// the instruction cache (`docs/RESULTS.md`, "The slot owner's code,
-    /// shared").
+    /// shared, and its edits made in place").
     #[inline(never)]
     pub(crate) fn write_slot(&self, addr: u64) -> Option<MmapWriteGuard<'_, T>> {
         let rg = self.ranges.as_ref()?.try_slot_owner(addr)?;
