@@ -365,7 +365,16 @@ fn neighbourhood_in_slot(
             && r.end.checked_add(MARGIN).is_some_and(|e| e <= slot.end)
             && !mm.tree.edges_touched(slot.start)
     });
-    known_inside || slot.contains_range(&compute())
+    known_inside || computed_inside(slot, compute)
+}
+
+/// `neighbourhood_in_slot`'s computation, where the slot's edges do not
+/// settle it (out of line, and cold: the owner's path keeps only the
+/// check in its instruction cache).
+#[cold]
+#[inline(never)]
+fn computed_inside(slot: Range, compute: impl FnOnce() -> Range) -> bool {
+    slot.contains_range(&compute())
 }
 
 /// A range writer's neighbourhood of `r` (`range_lock`'s module docs): `r`
