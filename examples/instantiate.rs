@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! cargo run --release --example instantiate -- [--threads 1,2] [--seconds S | --instances N]
-//!     [--reps N] [--mode NAME[,NAME..]|all] [--separate] [--kernel] [--writers-only] [--no-pin]
+//!     [--reps N] [--mode NAME[,NAME..]|all] [--separate] [--kernel] [--writers-only]
+//!     [--no-space-bias] [--no-pin]
 //! ```
 //!
 //! An instance (`aspace::workloads::instantiate`): mmap 4 GiB + a 2 GiB
@@ -71,6 +72,11 @@ const OPTIONS: &[(&str, &str, &str)] = &[
         "off (full instances)",
     ),
     (
+        "--no-space-bias",
+        "the range modes without the whole space's bias (Config::range_space_bias off: each slot's bias from the start), so that one thread runs the slot owner's path; they print as Range/slots and Range+windows/slots",
+        "off",
+    ),
+    (
         "--no-pin",
         "leave the threads to the scheduler",
         "thread i bound to the i-th CPU",
@@ -90,6 +96,7 @@ struct Args {
     kernel: bool,
     kind: Kind,
     pin: bool,
+    no_space_bias: bool,
 }
 
 fn usage() -> ! {
@@ -114,6 +121,7 @@ fn parse() -> Args {
         kernel: false,
         kind: Kind::Instances,
         pin: true,
+        no_space_bias: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -144,6 +152,7 @@ fn parse() -> Args {
             "--separate" => a.separate = true,
             "--kernel" => a.kernel = true,
             "--writers-only" => a.kind = Kind::WritersOnly,
+            "--no-space-bias" => a.no_space_bias = true,
             "--no-pin" => a.pin = false,
             "-h" | "--help" => {
                 print!("{}", report::help_text(ABOUT, "instantiate", OPTIONS));
@@ -152,7 +161,35 @@ fn parse() -> Args {
             _ => usage(),
         }
     }
+    if a.no_space_bias {
+        for m in &mut a.modes {
+            *m = without_space_bias(*m);
+        }
+    }
     a
+}
+
+/// `m` without the whole space's bias, if it is a range mode
+/// (`--no-space-bias`).
+fn without_space_bias(m: Mode) -> Mode {
+    fn config_of(name: &str) -> aspace::Config {
+        (MODES
+            .iter()
+            .find(|m| m.name == name)
+            .expect("a mode of MODES")
+            .config)()
+    }
+    match m.name {
+        "Range" => Mode::new("Range/slots", || aspace::Config {
+            range_space_bias: false,
+            ..config_of("Range")
+        }),
+        "Range+windows" => Mode::new("Range+windows/slots", || aspace::Config {
+            range_space_bias: false,
+            ..config_of("Range+windows")
+        }),
+        _ => m,
+    }
 }
 
 /// How to read the table, printed once before it.

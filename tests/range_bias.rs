@@ -49,6 +49,23 @@ fn round(mm: &AddressSpace, base: u64, tag: u8) {
     mm.munmap(base + 32 * PAGE_SIZE, 32 * PAGE_SIZE).unwrap();
 }
 
+/// Runs `work(t)` on `threads` threads released at once, and joins them.
+fn at_once(threads: u64, work: impl Fn(u64) + Send + Sync + 'static) {
+    let (go, work) = (Arc::new(Barrier::new(threads as usize)), Arc::new(work));
+    let hs: Vec<_> = (0..threads)
+        .map(|t| {
+            let (go, work) = (go.clone(), work.clone());
+            std::thread::spawn(move || {
+                go.wait();
+                work(t);
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+}
+
 /// The layout `round` leaves at `base`: one read-write VMA of 32 pages.
 fn left_by_round(mm: &AddressSpace, base: u64) -> bool {
     mm.vmas()
@@ -92,24 +109,15 @@ fn threads_at_once_revoke_the_bias_under_load() {
     for handovers in [0, 4, 1000] {
         let mm = space(handovers);
         let threads = 4u64;
-        let go = Arc::new(Barrier::new(threads as usize));
-        let hs: Vec<_> = (0..threads)
-            .map(|t| {
-                let (mm, go) = (mm.clone(), go.clone());
-                std::thread::spawn(move || {
-                    go.wait();
-                    for i in 0..50u64 {
-                        // Zones 64 pages apart: a zone's unmapped upper
-                        // half is the next zone's margin.
-                        let base = A + (t * 50 + i) * 64 * PAGE_SIZE;
-                        round(&mm, base, (t * 50 + i) as u8);
-                    }
-                })
-            })
-            .collect();
-        for h in hs {
-            h.join().unwrap();
-        }
+        let m = mm.clone();
+        at_once(threads, move |t| {
+            for i in 0..50u64 {
+                // Zones 64 pages apart: a zone's unmapped upper half is the
+                // next zone's margin.
+                let base = A + (t * 50 + i) * 64 * PAGE_SIZE;
+                round(&m, base, (t * 50 + i) as u8);
+            }
+        });
         let v = mm.vmas();
         assert_eq!(v.len() as u64, threads * 50, "handovers {handovers}");
         for z in 0..threads * 50 {
@@ -352,5 +360,48 @@ fn a_request_across_a_slot_boundary_waits_for_the_slots_owner() {
         mm.read(y, &mut b[..1]).unwrap();
         mm.read(at, &mut b[1..]).unwrap();
         assert_eq!(b, [0x77, 0]);
+    }
+}
+
+/// Without the whole space's bias (`Config::range_space_bias` off), each
+/// slot's bias holds from the start: one thread alone runs the slot
+/// owner's path (`examples/instantiate.rs --no-space-bias` measures it),
+/// then threads in slots of their own each own theirs, and a thread that
+/// comes to another's slot ends that slot's bias. Every zone keeps its
+/// pattern and layout, and the map count stays the number of VMAs.
+#[test]
+fn slot_biases_hold_from_the_start_without_the_space_bias() {
+    const SLOT: u64 = 1 << 39;
+    for handovers in [0, 4] {
+        let mm = Arc::new(AddressSpace::new(Config {
+            writer_locking: WriterLocking::Range,
+            range_bias: true,
+            range_space_bias: false,
+            range_bias_handovers: handovers,
+            ..Config::default()
+        }));
+        let zone = |t: u64, i: u64| (t + 1) * SLOT + SLOT / 2 + i * 64 * PAGE_SIZE;
+        // One thread alone, in slot 1.
+        for i in 0..50 {
+            round(&mm, zone(0, i), i as u8);
+        }
+        // Threads in slots of their own; thread 0 works in slot 1, the
+        // main thread's, and takes its bias over (or, without handovers,
+        // ends it).
+        let threads = 3u64;
+        let m = mm.clone();
+        at_once(threads, move |t| {
+            for i in 50..100u64 {
+                round(&m, zone(t, i), (t * 100 + i) as u8);
+            }
+        });
+        for t in 0..threads {
+            let first = if t == 0 { 0 } else { 50 };
+            for i in first..100 {
+                assert!(left_by_round(&mm, zone(t, i)), "thread {t} zone {i}");
+            }
+        }
+        assert_eq!(mm.vmas().len() as u64, 100 + (threads - 1) * 50);
+        assert_eq!(mm.map_count(), mm.vmas().len());
     }
 }

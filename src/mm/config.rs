@@ -189,6 +189,15 @@ pub struct Config {
     /// slot for each call there. See `docs/RESULTS.md`, "The range lock's
     /// bias" and "Slot biases".
     pub range_bias: bool,
+    /// With [`range_bias`](Config::range_bias): whether the whole space
+    /// has a bias first (default true). Off, the slots' biases hold from
+    /// the start: a process that knows it will change its space from
+    /// many threads at once skips the whole-space bias's hand-overs, and
+    /// a single thread runs the slot owner's path (its VMA tree split in
+    /// slots, its write sections its own), which is how
+    /// `docs/RESULTS.md` measures that path at one thread
+    /// (`examples/instantiate.rs --no-space-bias`).
+    pub range_space_bias: bool,
     /// How many times the range lock's bias (and each slot's) may pass
     /// from one thread to another before it is off for good (default 4;
     /// 0: the first other thread's request ends it). Each pass costs that thread a heavy
@@ -314,6 +323,7 @@ impl Default for Config {
                 WriterLocking::MmapLock
             },
             range_bias: !cfg!(feature = "range-unbiased-default"),
+            range_space_bias: true,
             range_bias_handovers: super::range_bias::DEFAULT_HANDOVERS,
             mremap_extent: MremapExtent::Batched,
             shootdown_cost_ns: 0,

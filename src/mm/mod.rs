@@ -390,7 +390,7 @@ impl AddressSpace {
             // With the bias, unified until a writer other than its owner
             // comes (`Edit::begin`): the owner's writers and every lookup
             // then run on one tree.
-            tree: if ranged && cfg.range_bias {
+            tree: if ranged && cfg.range_bias && cfg.range_space_bias {
                 RangeForest::sliced_unified(slot_shift, cfg.task_size, reclaimer)
             } else if ranged {
                 RangeForest::sliced(slot_shift, cfg.task_size, reclaimer)
@@ -407,9 +407,10 @@ impl AddressSpace {
                     def_flags: crate::vma::VmFlags::empty(),
                 },
                 ranged.then(|| {
-                    range_lock::RangeLock::with_bias(
+                    range_lock::RangeLock::with_biases(
                         slot_shift,
                         cfg.task_size,
+                        cfg.range_bias && cfg.range_space_bias,
                         cfg.range_bias,
                         cfg.range_bias_handovers,
                     )

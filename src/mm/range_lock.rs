@@ -891,20 +891,35 @@ impl RangeLock {
     /// needed), with no bias.
     #[cfg(any(test, aspace_loom))]
     pub(crate) fn new(shift: u32, space_end: u64) -> Self {
-        Self::with_bias(shift, space_end, false, 0)
+        Self::with_biases(shift, space_end, false, false, 0)
     }
 
     /// [`new`](Self::new), with a bias the first request claims if `bias`,
     /// passed between threads up to `handovers` times (`range_bias`).
+    #[cfg(test)]
     pub(crate) fn with_bias(shift: u32, space_end: u64, bias: bool, handovers: u32) -> Self {
+        Self::with_biases(shift, space_end, bias, bias, handovers)
+    }
+
+    /// [`new`](Self::new), with the space's bias if `space_bias` and the
+    /// slots' biases if `slot_biases` (which, without the space's, hold
+    /// from the start), each passed between threads up to `handovers`
+    /// times (`range_bias`).
+    pub(crate) fn with_biases(
+        shift: u32,
+        space_end: u64,
+        space_bias: bool,
+        slot_biases: bool,
+        handovers: u32,
+    ) -> Self {
         let (shift, n) = crate::tree::slot_geometry(shift, space_end);
         RangeLock {
             shift,
             shards: (0..n)
-                .map(|_| CachePadded::new(Shard::new(bias, handovers)))
+                .map(|_| CachePadded::new(Shard::new(slot_biases, handovers)))
                 .collect(),
             gate: CachePadded::new(Gate::new()),
-            bias: CachePadded::new(Bias::new(bias, handovers)),
+            bias: CachePadded::new(Bias::new(space_bias, handovers)),
         }
     }
 
@@ -1628,6 +1643,25 @@ mod tests {
         assert!(l.mark(0).is_some() && l.mark(SH).is_some(), "both off");
         assert!(!l.lock(r(0, 10), true).is_slot_biased());
         assert_eq!(l.slot_likely_mine(5), None);
+    }
+
+    /// Without the space's bias, each shard's bias holds from the start:
+    /// the first request in a shard claims it (no space's bias to end
+    /// first), and its owner's next request there is granted inline.
+    #[test]
+    fn without_the_space_bias_the_first_request_claims_its_slot() {
+        let l = Arc::new(RangeLock::with_biases(20, 16 * SH, false, true, 1));
+        assert!(l.bias_is_off());
+        let g = l.lock(r(0, 10), true);
+        assert!(g.is_slot_biased(), "the first request claims its slot");
+        drop(g);
+        assert_eq!(l.slot_likely_mine(5), Some(r(0, SH)));
+        let g = l.try_slot_owner(5).expect("the owner's inline grant");
+        assert!(g.is_slot_biased() && g.slot == UNGATED);
+        assert!(
+            elsewhere(&l, |l| l.slot_likely_mine(5).is_none()),
+            "another thread's hint"
+        );
     }
 
     /// A slot's owner is granted its whole slot at the bias alone, not
