@@ -84,13 +84,13 @@ impl MapCount {
     /// [`far_below`]: Self::far_below
     const IN_FLIGHT: i64 = 1024;
 
-    /// Zero VMAs, counted in parts (per CPU, and for the owners of `slots`
-    /// slots' biases) if `ranged`; allocates nothing until the first
-    /// change.
-    pub(crate) fn new(ranged: bool, slots: usize) -> Self {
+    /// Zero VMAs, counted in parts with range writers (per CPU, and for
+    /// the owners of the biases of the range lock's `slots`, if given);
+    /// allocates nothing until the first change.
+    pub(crate) fn new(slots: Option<usize>) -> Self {
         MapCount {
-            cpus: ranged.then(|| PerCpu::new(Default::default)),
-            owners: ranged.then(|| PerCpu::indexed(slots, Default::default)),
+            cpus: slots.map(|_| PerCpu::new(Default::default)),
+            owners: slots.map(|n| PerCpu::indexed(n, Default::default)),
             owners_used: AtomicI64::new(0),
             total: AtomicI64::new(0),
         }
@@ -218,7 +218,7 @@ mod tests {
 
     #[test]
     fn every_part_adds_up_to_the_count() {
-        let c = MapCount::new(true, 4);
+        let c = MapCount::new(Some(4));
         c.add(3, MapCounter::Total);
         c.add(2, MapCounter::Cpu);
         c.add(5, MapCounter::SlotOwner(1));
@@ -235,7 +235,7 @@ mod tests {
 
     #[test]
     fn the_slack_counts_the_slots_used() {
-        let c = MapCount::new(true, 256);
+        let c = MapCount::new(Some(256));
         let cpus = c.cpus.as_ref().unwrap().len() as i64;
         assert_eq!(c.parts(), cpus);
         c.add(1, MapCounter::SlotOwner(7));
@@ -249,7 +249,7 @@ mod tests {
 
     #[test]
     fn one_writer_at_a_time_counts_the_total_alone() {
-        let c = MapCount::new(false, 0);
+        let c = MapCount::new(None);
         c.add(2, MapCounter::Total);
         c.add(-1, MapCounter::Total);
         assert_eq!((c.get(), c.total.load(Relaxed)), (1, 1));

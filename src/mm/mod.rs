@@ -386,6 +386,15 @@ impl AddressSpace {
         // (a root entry's span each), the map count per CPU.
         let ranged = cfg.writer_locking == WriterLocking::Range;
         let slot_shift = crate::pt::ROOT_ENTRY_SPAN.trailing_zeros();
+        let ranges = ranged.then(|| {
+            range_lock::RangeLock::with_biases(
+                slot_shift,
+                cfg.task_size,
+                cfg.range_bias && cfg.range_space_bias,
+                cfg.range_bias,
+                cfg.range_bias_handovers,
+            )
+        });
         AddressSpace {
             // With the bias, unified until a writer other than its owner
             // comes (`Edit::begin`): the owner's writers and every lookup
@@ -399,22 +408,11 @@ impl AddressSpace {
             },
             mmap_lock: MmapLock::with_ranges(
                 MmState {
-                    map_count: MapCount::new(
-                        ranged,
-                        crate::tree::slot_geometry(slot_shift, cfg.task_size).1,
-                    ),
+                    map_count: MapCount::new(ranges.as_ref().map(range_lock::RangeLock::slots)),
                     start_stack: 0,
                     def_flags: crate::vma::VmFlags::empty(),
                 },
-                ranged.then(|| {
-                    range_lock::RangeLock::with_biases(
-                        slot_shift,
-                        cfg.task_size,
-                        cfg.range_bias && cfg.range_space_bias,
-                        cfg.range_bias,
-                        cfg.range_bias_handovers,
-                    )
-                }),
+                ranges,
             ),
             heap: brk::Heap::new(start_brk),
             pt: LazyWith::new((deferred_reclaim, frames.clone()), |(deferred, frames)| {

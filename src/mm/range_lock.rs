@@ -931,6 +931,11 @@ impl RangeLock {
         self.bias.likely_mine()
     }
 
+    /// The number of shards (the forest's slots, `tree::slot_geometry`).
+    pub(crate) fn slots(&self) -> usize {
+        self.shards.len()
+    }
+
     /// True once the bias is off for good, or if it was never on.
     pub(crate) fn bias_is_off(&self) -> bool {
         self.bias.is_off()

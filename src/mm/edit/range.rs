@@ -55,12 +55,7 @@ impl<'a> Edit<'a> {
                 neighbourhood(mm, r, reach, &pin)
             });
             if inside && st.map_count_far_below(mm.cfg.max_map_count) {
-                return Edit {
-                    mm,
-                    state: st,
-                    tree: None,
-                    pin,
-                };
+                return Self::holding(mm, st, pin);
             }
         }
         let (st, pin) = lock_validated(
