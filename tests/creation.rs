@@ -45,6 +45,7 @@ fn lockings() -> [(&'static str, Config, usize); 3] {
     let range = |bias| Config {
         writer_locking: WriterLocking::Range,
         range_bias: bias,
+        range_space_bias: true,
         ..Config::default()
     };
     [

@@ -205,6 +205,7 @@ fn the_bias_owner_places_as_linux_until_another_thread_writes() {
         writer_locking: WriterLocking::Range,
         placement_window: size,
         range_bias: true,
+        range_space_bias: true,
         range_bias_handovers: 0,
         ..Config::default()
     }));

@@ -196,7 +196,9 @@ pub struct Config {
     /// a single thread runs the slot owner's path (its VMA tree split in
     /// slots, its write sections its own), which is how
     /// `docs/RESULTS.md` measures that path at one thread
-    /// (`examples/instantiate.rs --no-space-bias`).
+    /// (`examples/instantiate.rs --no-space-bias`). Off by default too
+    /// with the `range-slots-default` feature, a testing aid that runs
+    /// the existing tests on that path.
     pub range_space_bias: bool,
     /// How many times the range lock's bias (and each slot's) may pass
     /// from one thread to another before it is off for good (default 4;
@@ -323,7 +325,7 @@ impl Default for Config {
                 WriterLocking::MmapLock
             },
             range_bias: !cfg!(feature = "range-unbiased-default"),
-            range_space_bias: true,
+            range_space_bias: !cfg!(feature = "range-slots-default"),
             range_bias_handovers: super::range_bias::DEFAULT_HANDOVERS,
             mremap_extent: MremapExtent::Batched,
             shootdown_cost_ns: 0,

@@ -174,6 +174,7 @@ pub(crate) mod tests {
         let mm = std::sync::Arc::new(AddressSpace::new(Config {
             writer_locking: WriterLocking::Range,
             range_bias: true,
+            range_space_bias: true,
             range_bias_handovers: 0,
             ..Config::default()
         }));

@@ -78,7 +78,9 @@
 //! (`mm::edit::lock_validated`): it holds the whole slot, so no writer of
 //! that slot runs while it reads, and the grant orders the last one's
 //! stores before the load. The property tests check that every slot
-//! holding such a piece has its bit.
+//! holding such a piece has its bit. The same holder reads and writes
+//! such a slot through its tree alone (`forest/inner.rs`,
+//! [`InnerSlot`]), skipping the slot arithmetic and piece joining.
 //!
 //! # Unified until split
 //!
@@ -1003,7 +1005,10 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
     }
 }
 
+mod inner;
 mod unified;
+
+pub(crate) use inner::InnerSlot;
 
 #[cfg(all(test, not(aspace_loom)))]
 mod tests;

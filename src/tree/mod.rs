@@ -62,7 +62,7 @@ mod node;
 mod read;
 mod write;
 
-pub(crate) use forest::slot_geometry;
+pub(crate) use forest::{slot_geometry, InnerSlot};
 pub use forest::{ForestAround, ForestWriter, RangeForest};
 pub use read::Around;
 pub use write::TreeWriter;

@@ -123,7 +123,7 @@ impl Edit<'_> {
     /// Attaches a new VMA over a range no VMA covers.
     pub(crate) fn insert(&mut self, v: VmaRef) {
         v.lock.mark_attached();
-        self.with_tree(|t| t.store(v.range(), v));
+        self.store(v.range(), v);
         self.add_map_count(1);
     }
 
@@ -162,17 +162,14 @@ impl Edit<'_> {
             // Erase only what still maps to `v`: a survivor may already
             // have been stored over part of it.
             let parts: Vec<Range> = self
-                .mm
-                .tree
-                .range(r, &self.pin)
+                .entries_in(r)
+                .into_iter()
                 .filter(|(_, x)| **x == v)
                 .map(|(r, _)| r)
                 .collect();
-            self.with_tree(|t| {
-                for p in parts {
-                    t.erase(p);
-                }
-            });
+            for p in parts {
+                self.erase(p);
+            }
         }
         v.lock.mark_detached();
         v.set_uffd(None);

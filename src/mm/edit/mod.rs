@@ -15,8 +15,11 @@
 //! inside it, in the order [`crate::mm`] states. A range writer
 //! (`WriterLocking::Range`: [`Edit::begin_range`], [`Edit::begin_placed`])
 //! holds its neighbourhood of the range lock instead, changes only VMAs
-//! inside it (checked in debug builds by [`Edit::lock`]), and takes the
+//! inside it (checked by [`Edit::lock`], in release builds too), and takes the
 //! tree's writer for each store only; see `range_lock`'s module docs.
+//! The owner of a slot's bias, which holds the whole slot, reads and
+//! writes that slot's tree alone while no entry reaches past the slot
+//! (`tree::InnerSlot`).
 
 use super::mmap_lock::MmapWriteGuard;
 use super::{AddressSpace, MapCounter, MmState};
@@ -25,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::reclaim::Guard;
 use crate::sync::Arc;
 use crate::tlb::Gather;
-use crate::tree::ForestWriter;
+use crate::tree::{ForestWriter, InnerSlot};
 use crate::vma::{AnonVma, RmapIndex, VmaRef, VMA_BYTES};
 
 mod life;
@@ -41,6 +44,13 @@ pub(crate) struct Edit<'a> {
     /// writer, which takes it for each store only (`with_tree`).
     /// Released before `state` (field order): inner lock first.
     tree: Option<ForestWriter<'a, VmaRef>>,
+    /// The held slot's tree alone, for the owner of a slot's bias whose
+    /// slot holds every entry meeting it whole (`tree::InnerSlot`): its
+    /// lookups and stores inside the slot skip the forest's slot
+    /// arithmetic and piece joining. Dropped (`None`) by the first store
+    /// that reaches an end of the slot.
+    /// Protected by: the hold of the whole slot (`state`).
+    inner: Option<InnerSlot<'a, VmaRef>>,
     /// The mmap_lock's write side, and the state it guards.
     state: MmapWriteGuard<'a, MmState>,
     /// An epoch pin for the tree reads the edit makes, and for its
@@ -66,6 +76,7 @@ impl<'a> Edit<'a> {
             mm,
             state: st,
             tree: Some(w),
+            inner: None,
             pin: g,
         }
     }
@@ -121,7 +132,38 @@ impl<'a> Edit<'a> {
     /// Removes `r` from the tree in one store (readers see all of it
     /// unmapped at once); the caller has write-locked the VMAs in it.
     pub(super) fn erase(&mut self, r: Range) {
-        self.with_tree(|t| t.erase(r));
+        match &self.inner {
+            Some(s) if s.holds(r) => {
+                s.writer(&self.mm.tree).erase(r);
+            }
+            _ => {
+                self.with_tree(|t| t.erase(r));
+            }
+        }
+    }
+
+    /// Stores `r -> v` in one step (readers of each address see the old
+    /// entry or `v`), overwriting what `r` covered.
+    pub(super) fn store(&mut self, r: Range, v: VmaRef) {
+        if let Some(s) = &self.inner {
+            if s.keeps(r) {
+                s.writer(&self.mm.tree).store(r, v);
+                return;
+            }
+            // A piece reaching an end of the slot: stored through the
+            // forest, which records it, and the slot's tree alone no
+            // longer holds every entry meeting the slot.
+            self.inner = None;
+        }
+        self.with_tree(|t| t.store(r, v));
+    }
+
+    /// The entries (pieces) intersecting `r`, in order.
+    fn entries_in(&self, r: Range) -> Vec<(Range, &VmaRef)> {
+        match &self.inner {
+            Some(s) => s.range(&self.mm.tree, r, &self.pin),
+            None => self.mm.tree.range(r, &self.pin).collect(),
+        }
     }
 
     /// The number of VMAs (`mm->map_count`).
@@ -163,17 +205,29 @@ impl<'a> Edit<'a> {
 
     /// The VMA containing `addr`.
     pub(crate) fn find(&self, addr: u64) -> Option<VmaRef> {
-        self.mm.tree.find(addr, &self.pin).map(|(_, v)| *v)
+        match &self.inner {
+            Some(s) => s.find(&self.mm.tree, addr, &self.pin),
+            None => self.mm.tree.find(addr, &self.pin),
+        }
+        .map(|(_, v)| *v)
     }
 
     /// The first VMA ending above `addr` (Linux's `find_vma`).
     pub(crate) fn find_after(&self, addr: u64) -> Option<VmaRef> {
-        self.mm.tree.find_after(addr, &self.pin).map(|(_, v)| *v)
+        match &self.inner {
+            Some(s) => s.find_after(&self.mm.tree, addr, &self.pin),
+            None => self.mm.tree.find_after(addr, &self.pin),
+        }
+        .map(|(_, v)| *v)
     }
 
     /// The last VMA ending at or below `addr`.
     pub(crate) fn prev(&self, addr: u64) -> Option<VmaRef> {
-        self.mm.tree.prev(addr, &self.pin).map(|(_, v)| *v)
+        match &self.inner {
+            Some(s) => s.prev(&self.mm.tree, addr, &self.pin),
+            None => self.mm.tree.prev(addr, &self.pin),
+        }
+        .map(|(_, v)| *v)
     }
 
     /// The VMA ending exactly at `addr`: the one holding `addr - 1`
@@ -190,7 +244,14 @@ impl<'a> Edit<'a> {
 
     /// The VMAs intersecting `r`, in order.
     pub(crate) fn vmas_in(&self, r: Range) -> Vec<VmaRef> {
-        self.mm.tree.range(r, &self.pin).map(|(_, v)| *v).collect()
+        match &self.inner {
+            Some(s) => s
+                .range(&self.mm.tree, r, &self.pin)
+                .into_iter()
+                .map(|(_, v)| *v)
+                .collect(),
+            None => self.mm.tree.range(r, &self.pin).map(|(_, v)| *v).collect(),
+        }
     }
 
     /// Write-locks `v`: waits for its readers, and keeps new ones out until
@@ -294,7 +355,7 @@ impl<'a> Edit<'a> {
             !(start_moves && v.has_anon_vma() && idx.is_none()),
             "moving the start of a VMA with an anon_vma needs the rmap lock"
         );
-        self.with_tree(|t| t.store(Range::new(start, end), v));
+        self.store(Range::new(start, end), v);
         // A shrink: the lost parts were overwritten by the caller's stores,
         // or must be erased now.
         if old.start < start {
@@ -323,17 +384,14 @@ impl<'a> Edit<'a> {
             return;
         }
         let parts: Vec<Range> = self
-            .mm
-            .tree
-            .range(r, &self.pin)
+            .entries_in(r)
+            .into_iter()
             .filter(|(_, x)| **x == v)
             .map(|(p, _)| p.intersect(&r).unwrap_or(p))
             .collect();
-        self.with_tree(|t| {
-            for p in parts {
-                t.erase(p);
-            }
-        });
+        for p in parts {
+            self.erase(p);
+        }
     }
 
     /// True if the budget has room for the metadata of `n` more VMAs
@@ -370,7 +428,7 @@ impl<'a> Edit<'a> {
             let n = ed.new_vma_in(VmaSpec::like(&v, upper, v.pgoff_of(at)), idx);
             n.lock.mark_attached();
             // One store moves [at, end) from v to n atomically for readers.
-            ed.with_tree(|t| t.store(upper, n));
+            ed.store(upper, n);
             ed.add_map_count(1);
             v.set_end(at);
             // `n` was filed first: the two cover the range throughout.

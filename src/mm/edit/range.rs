@@ -89,10 +89,16 @@ impl<'a> Edit<'a> {
     /// `MmState::map_count_far_below` first.
     #[inline]
     fn holding(mm: &'a AddressSpace, state: MmapWriteGuard<'a, MmState>, pin: Guard) -> Self {
+        // The owner of a slot's bias holds the whole slot: its tree alone
+        // may serve it (`tree::InnerSlot`).
+        let inner = state
+            .owned_slot()
+            .and_then(|_| mm.tree.inner_slot(state.range()));
         Edit {
             mm,
             state,
             tree: None,
+            inner,
             pin,
         }
     }

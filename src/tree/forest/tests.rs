@@ -28,6 +28,20 @@ enum Op {
     Remove(u64),
     Retain(u64),
     Replace(Vec<(u64, u64)>),
+    /// A store through the slot's view where it serves (`InnerSlot`),
+    /// else through the forest's writer.
+    ViewStore(u64, u64),
+    /// An erase likewise.
+    ViewErase(u64, u64),
+}
+
+/// A range inside one slot, a byte or more from both of its ends
+/// (sometimes from one).
+fn inside() -> impl Strategy<Value = (u64, u64)> {
+    (0..SLOTS + 1, 0..SLOT, 1..SLOT).prop_map(|(k, off, len)| {
+        let s = k * SLOT + off;
+        (s, (s + len).min((k + 1) * SLOT))
+    })
 }
 
 /// A range of 1 byte to three slots anywhere in the keys, often on a
@@ -52,6 +66,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..SPAN).prop_map(Op::Remove),
         1 => (0..4u64).prop_map(Op::Retain),
         1 => proptest::collection::vec(range(), 0..8).prop_map(Op::Replace),
+        3 => inside().prop_map(|(a, b)| Op::ViewStore(a, b)),
+        1 => inside().prop_map(|(a, b)| Op::ViewErase(a, b)),
+        1 => range().prop_map(|(a, b)| Op::ViewErase(a, b)),
     ]
 }
 
@@ -87,12 +104,38 @@ fn one(x: Option<(Range, &u64)>) -> Option<(Range, u64)> {
     x.map(|(r, v)| (r, *v))
 }
 
+/// The view of the slot holding `a`, if it serves.
+fn view(f: &RangeForest<u64>, a: u64) -> Option<InnerSlot<'_, u64>> {
+    let k = f.slot_of(a);
+    f.inner_slot(r(f.start(k), f.end(k)))
+}
+
 /// Runs `op` on both (values: `id`, distinct per op); the results agree.
 fn apply(f: &RangeForest<u64>, t: &RangeTree<u64>, op: &Op, id: u64) {
+    match op {
+        Op::ViewStore(a, b) => {
+            if let Some(v) = view(f, *a).filter(|v| v.keeps(r(*a, *b))) {
+                let hit = v.writer(f).store(r(*a, *b), id);
+                assert_eq!(hit, t.writer().store(r(*a, *b), id));
+                return;
+            }
+        }
+        Op::ViewErase(a, b) => {
+            if let Some(v) = view(f, *a).filter(|v| v.holds(r(*a, *b))) {
+                assert_eq!(v.writer(f).erase(r(*a, *b)), t.writer().erase(r(*a, *b)));
+                return;
+            }
+        }
+        _ => {}
+    }
     let (mut fw, mut tw) = (f.writer(), t.writer());
     match op {
-        Op::Store(a, b) => assert_eq!(fw.store(r(*a, *b), id), tw.store(r(*a, *b), id)),
-        Op::Erase(a, b) => assert_eq!(fw.erase(r(*a, *b)), tw.erase(r(*a, *b))),
+        Op::Store(a, b) | Op::ViewStore(a, b) => {
+            assert_eq!(fw.store(r(*a, *b), id), tw.store(r(*a, *b), id))
+        }
+        Op::Erase(a, b) | Op::ViewErase(a, b) => {
+            assert_eq!(fw.erase(r(*a, *b)), tw.erase(r(*a, *b)))
+        }
         Op::Insert(a, b) => assert_eq!(fw.insert(r(*a, *b), id), tw.insert(r(*a, *b), id)),
         Op::Remove(a) => assert_eq!(fw.remove(*a), tw.remove(*a)),
         Op::Retain(m) => assert_eq!(fw.retain(|_, v| v % 4 != *m), tw.retain(|_, v| v % 4 != *m)),
@@ -177,6 +220,41 @@ fn compare(
             }
         }
     }
+    // Each slot its view serves reads as the single tree through it.
+    for k in 0..f.all().len() {
+        let Some(v) = f.inner_slot(r(f.start(k), f.end(k))) else {
+            continue;
+        };
+        for &a in &points {
+            assert_eq!(
+                one(v.find(f, a, &gf)),
+                one(t.find(a, &gt)),
+                "view {k}: find {a:#x}"
+            );
+            assert_eq!(
+                one(v.find_after(f, a, &gf)),
+                one(t.find_after(a, &gt)),
+                "view {k}: find_after {a:#x}"
+            );
+            assert_eq!(
+                one(v.prev(f, a, &gf)),
+                one(t.prev(a, &gt)),
+                "view {k}: prev {a:#x}"
+            );
+            for &b in probes
+                .iter()
+                .chain([f.start(k) + 1, f.end(k).min(SPAN) - 1].iter())
+            {
+                if a < b {
+                    assert_eq!(
+                        seen(v.range(f, r(a, b), &gf).into_iter()),
+                        seen(t.range(r(a, b), &gt)),
+                        "view {k}: range {a:#x} {b:#x}"
+                    );
+                }
+            }
+        }
+    }
     for &(lo, hi, size, align) in gaps {
         assert_eq!(
             f.gap_highest(lo, hi, size, align, &gf),
@@ -229,6 +307,35 @@ proptest! {
             compare(&f, &t, &probes, &gaps);
         }
     }
+}
+
+/// The view serves only a split forest's slot, given exactly, whose
+/// pieces all lie inside it; a store through the forest that reaches the
+/// slot's end ends it.
+#[test]
+fn a_slot_view_serves_only_a_slot_whose_entries_lie_inside_it() {
+    let single: RangeForest<u64> = RangeForest::single(Reclaimer::deferred());
+    assert!(single.inner_slot(r(0, u64::MAX)).is_none());
+    let unified = RangeForest::<u64>::sliced_unified(SHIFT, SLOTS * SLOT, Reclaimer::deferred);
+    assert!(unified.inner_slot(r(SLOT, 2 * SLOT)).is_none());
+    unified.split();
+    assert!(unified.inner_slot(r(SLOT, 2 * SLOT)).is_some());
+    let f = forest();
+    assert!(f.inner_slot(r(SLOT, 2 * SLOT)).is_some());
+    assert!(f.inner_slot(r(SLOT, 2 * SLOT - 1)).is_none(), "not a slot");
+    assert!(f.inner_slot(r(SLOT, 3 * SLOT)).is_none(), "two slots");
+    let v = f.inner_slot(r(SLOT, 2 * SLOT)).unwrap();
+    assert!(v.keeps(r(SLOT + 1, 2 * SLOT - 1)));
+    assert!(!v.keeps(r(SLOT, SLOT + 1)) && !v.keeps(r(SLOT + 1, 2 * SLOT)));
+    v.writer(&f).store(r(SLOT + 8, SLOT + 16), 1);
+    let g = f.pin();
+    assert_eq!(one(f.find(SLOT + 8, &g)), Some((r(SLOT + 8, SLOT + 16), 1)));
+    assert_eq!(one(v.find_after(&f, SLOT + 16, &g)), None);
+    drop(g);
+    f.writer().store(r(2 * SLOT - 8, 2 * SLOT + 8), 2);
+    assert!(f.inner_slot(r(SLOT, 2 * SLOT)).is_none());
+    assert!(f.inner_slot(r(2 * SLOT, 3 * SLOT)).is_none());
+    assert!(f.inner_slot(r(3 * SLOT, 4 * SLOT)).is_some());
 }
 
 /// A unified forest keeps every entry in its one tree, crossing entries

@@ -1,0 +1,154 @@
+//! One slot's tree read and written alone, by the holder of the whole
+//! slot.
+//!
+//! The forest's calls find the slot of each address, join the pieces an
+//! entry leaves in neighbouring slots, and take a slot's writer per store;
+//! each is a few instructions, but together they are code the single
+//! tree's caller never runs. A writer that holds a whole slot against
+//! every other writer (the owner of the slot's bias in the range lock)
+//! whose slot never held a piece reaching one of its ends ("Edges" in the
+//! forest's docs) knows more: every entry that meets the slot lies inside
+//! it, whole, in the slot's tree. Then:
+//! - a lookup of an address in the slot is that tree's lookup, and a
+//!   neighbour search that finds nothing in the slot continues from the
+//!   slot's end (or start) through the forest;
+//! - a store of a range strictly inside the slot is that tree's store (it
+//!   reaches neither end, so the bit stays clear); a store that reaches
+//!   an end goes through the forest's writer, which sets the bit, and the
+//!   view must not be used after it ([`InnerSlot::keeps`]);
+//! - an erase inside the slot is that tree's erase (an erase never makes
+//!   a piece).
+//!
+//! The holder's lock keeps every other writer of the slot out, and its
+//! grant orders their stores (and their bits) before its load of the bit;
+//! writers of other slots store only inside their own, so nothing they do
+//! reaches into this one. Readers are unaffected: the stores are the
+//! slot tree's own, one atomic step each, as through the forest.
+
+use super::{RangeForest, RangeTree, TreeWriter};
+use crate::addr::Range;
+use crate::reclaim::Guard;
+
+/// A view of one slot of a [`RangeForest`] whose tree holds every entry
+/// meeting the slot whole (module docs), for the holder of that slot.
+/// Three words (it lives in every edit): its calls take the forest, for
+/// what lies outside the slot.
+pub(crate) struct InnerSlot<'f, V> {
+    /// The slot's tree.
+    /// Protected by: its own fields (see [`RangeTree`]).
+    tree: &'f RangeTree<V>,
+    /// The slot's addresses.
+    /// Protected by: a value.
+    span: Range,
+}
+
+impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
+    /// The view of the slot whose addresses are exactly `span`, for a
+    /// caller that holds all of `span` against every other writer of the
+    /// forest: `None` unless the forest is split into slots, `span` is
+    /// one slot, and that slot never held a piece reaching one of its
+    /// ends (module docs).
+    #[inline]
+    pub(crate) fn inner_slot(&self, span: Range) -> Option<InnerSlot<'_, V>> {
+        if span.is_empty() || self.edges_touched(span.start) {
+            // One tree (the forest's calls are the tree's already), still
+            // unified, or a slot with entries reaching past it.
+            return None;
+        }
+        let k = self.slot_of(span.start);
+        (span.start == self.start(k) && span.end == self.end(k)).then(|| InnerSlot {
+            tree: &self.all()[k],
+            span,
+        })
+    }
+}
+
+impl<'f, V: Clone + PartialEq + Send + Sync + 'static> InnerSlot<'f, V> {
+    /// True if a store of `r` keeps the view valid: `r` lies strictly
+    /// inside the slot, reaching neither end.
+    #[inline]
+    pub(crate) fn keeps(&self, r: Range) -> bool {
+        self.span.start < r.start && r.end < self.span.end
+    }
+
+    /// True if `r` lies in the slot (ends included): an erase of it, or
+    /// a walk of it, is the slot tree's alone.
+    #[inline]
+    pub(crate) fn holds(&self, r: Range) -> bool {
+        self.span.contains_range(&r)
+    }
+
+    /// The slot's writer (its mutex, for this store), the slot recorded
+    /// as written first (the forest's walks visit only such slots).
+    #[inline]
+    pub(crate) fn writer(&self, forest: &RangeForest<V>) -> TreeWriter<'f, V> {
+        let w = self.tree.writer();
+        forest.mark_written(forest.slot_of(self.span.start));
+        w
+    }
+
+    /// [`RangeForest::find`].
+    #[inline]
+    pub(crate) fn find<'g>(
+        &'g self,
+        forest: &'g RangeForest<V>,
+        addr: u64,
+        g: &'g Guard,
+    ) -> Option<(Range, &'g V)> {
+        if self.span.contains(addr) {
+            self.tree.find(addr, g)
+        } else {
+            forest.find(addr, g)
+        }
+    }
+
+    /// [`RangeForest::find_after`].
+    #[inline]
+    pub(crate) fn find_after<'g>(
+        &'g self,
+        forest: &'g RangeForest<V>,
+        addr: u64,
+        g: &'g Guard,
+    ) -> Option<(Range, &'g V)> {
+        if !self.span.contains(addr) {
+            return forest.find_after(addr, g);
+        }
+        // Nothing after `addr` in the slot: the first entry beyond it
+        // (none reaches back into it).
+        self.tree
+            .find_after(addr, g)
+            .or_else(|| forest.find_after(self.span.end, g))
+    }
+
+    /// [`RangeForest::prev`].
+    #[inline]
+    pub(crate) fn prev<'g>(
+        &'g self,
+        forest: &'g RangeForest<V>,
+        addr: u64,
+        g: &'g Guard,
+    ) -> Option<(Range, &'g V)> {
+        if addr <= self.span.start || addr > self.span.end {
+            return forest.prev(addr, g);
+        }
+        // Nothing before `addr` in the slot: the last entry below it.
+        self.tree
+            .prev(addr, g)
+            .or_else(|| forest.prev(self.span.start, g))
+    }
+
+    /// [`RangeForest::range`], as a list.
+    #[inline]
+    pub(crate) fn range<'g>(
+        &'g self,
+        forest: &'g RangeForest<V>,
+        r: Range,
+        g: &'g Guard,
+    ) -> Vec<(Range, &'g V)> {
+        if self.holds(r) && !r.is_empty() {
+            self.tree.range_vec(r, g)
+        } else {
+            forest.range(r, g).collect()
+        }
+    }
+}
