@@ -67,6 +67,13 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
     }
 }
 
+impl<'t, V> TreeWriter<'t, V> {
+    /// The tree written.
+    pub(super) fn tree(&self) -> &'t RangeTree<V> {
+        self.tree
+    }
+}
+
 impl<V> core::ops::Deref for TreeWriter<'_, V> {
     type Target = RangeTree<V>;
     fn deref(&self) -> &RangeTree<V> {

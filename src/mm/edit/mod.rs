@@ -48,8 +48,11 @@ pub(crate) struct Edit<'a> {
     /// slot holds every entry meeting it whole (`tree::InnerSlot`): its
     /// lookups and stores inside the slot skip the forest's slot
     /// arithmetic and piece joining. Dropped (`None`) by the first store
-    /// that reaches an end of the slot.
-    /// Protected by: the hold of the whole slot (`state`).
+    /// that reaches an end of the slot. For a writer of the forest's one
+    /// tree (`tree`), that tree as a view of the whole space, for its
+    /// lookups.
+    /// Protected by: the hold of the whole slot (`state`), or the one
+    /// tree's writer (`tree`).
     inner: Option<InnerSlot<'a, VmaRef>>,
     /// The mmap_lock's write side, and the state it guards.
     state: MmapWriteGuard<'a, MmState>,
@@ -72,11 +75,14 @@ impl<'a> Edit<'a> {
         // SAFETY: the edit keeps `g` (`pin`) until after the writer
         // (`tree`, dropped first: field order).
         let w = unsafe { mm.tree.writer_pinned(&g) };
+        // SAFETY: the view lives in the edit beside `w`, which the edit
+        // keeps for its whole life (`tree` is never taken out of it).
+        let inner = unsafe { w.one_tree() };
         Edit {
             mm,
             state: st,
             tree: Some(w),
-            inner: None,
+            inner,
             pin: g,
         }
     }
@@ -132,12 +138,15 @@ impl<'a> Edit<'a> {
     /// Removes `r` from the tree in one store (readers see all of it
     /// unmapped at once); the caller has write-locked the VMAs in it.
     pub(super) fn erase(&mut self, r: Range) {
-        match &self.inner {
-            Some(s) if s.holds(r) => {
+        match (&mut self.tree, &self.inner) {
+            (Some(w), _) => {
+                w.erase(r);
+            }
+            (None, Some(s)) if s.holds(r) => {
                 s.writer(&self.mm.tree).erase(r);
             }
-            _ => {
-                self.with_tree(|t| t.erase(r));
+            (None, _) => {
+                self.mm.tree.writer().erase(r);
             }
         }
     }
@@ -145,17 +154,21 @@ impl<'a> Edit<'a> {
     /// Stores `r -> v` in one step (readers of each address see the old
     /// entry or `v`), overwriting what `r` covered.
     pub(super) fn store(&mut self, r: Range, v: VmaRef) {
-        if let Some(s) = &self.inner {
-            if s.keeps(r) {
-                s.writer(&self.mm.tree).store(r, v);
-                return;
+        match (&mut self.tree, &self.inner) {
+            (Some(w), _) => {
+                w.store(r, v);
             }
-            // A piece reaching an end of the slot: stored through the
-            // forest, which records it, and the slot's tree alone no
-            // longer holds every entry meeting the slot.
-            self.inner = None;
+            (None, Some(s)) if s.keeps(r) => {
+                s.writer(&self.mm.tree).store(r, v);
+            }
+            (None, _) => {
+                // A piece reaching an end of the slot: stored through the
+                // forest, which records it, and the slot's tree alone no
+                // longer holds every entry meeting the slot.
+                self.inner = None;
+                self.mm.tree.writer().store(r, v);
+            }
         }
-        self.with_tree(|t| t.store(r, v));
     }
 
     /// The entries (pieces) intersecting `r`, in order.

@@ -19,13 +19,19 @@
 //! - an erase inside the slot is that tree's erase (an erase never makes
 //!   a piece).
 //!
+//! The writer of a forest's one tree (a forest of one slot, or a
+//! unified one, whose writer holds it for its whole life) has the same
+//! view of the whole key space ([`ForestWriter::one_tree`]): its lookups
+//! skip the forest's check for the one tree, and the same code serves
+//! both.
+//!
 //! The holder's lock keeps every other writer of the slot out, and its
 //! grant orders their stores (and their bits) before its load of the bit;
 //! writers of other slots store only inside their own, so nothing they do
 //! reaches into this one. Readers are unaffected: the stores are the
 //! slot tree's own, one atomic step each, as through the forest.
 
-use super::{RangeForest, RangeTree, TreeWriter};
+use super::{ForestWriter, RangeForest, RangeTree, TreeWriter};
 use crate::addr::Range;
 use crate::reclaim::Guard;
 
@@ -60,6 +66,28 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
             tree: &self.all()[k],
             span,
         })
+    }
+}
+
+impl<'t, V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'t, V> {
+    /// The one tree this writer holds for its whole life (a forest of
+    /// one slot, or a unified one), as a view of the whole key space:
+    /// every entry lies in it whole, and no other writer runs while this
+    /// one lives. `None` for a writer of slots.
+    ///
+    /// # Safety
+    /// The view must not be used after this writer is dropped: a unified
+    /// tree stays linked only while its writer mutex is held (the split
+    /// waits for it), and alive only while the writer's pin is.
+    #[inline]
+    pub(crate) unsafe fn one_tree(&self) -> Option<InnerSlot<'t, V>> {
+        match &self.held {
+            Some((_, w)) if self.one => Some(InnerSlot {
+                tree: w.tree(),
+                span: Range::new(0, u64::MAX),
+            }),
+            _ => None,
+        }
     }
 }
 

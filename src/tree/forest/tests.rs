@@ -338,6 +338,35 @@ fn a_slot_view_serves_only_a_slot_whose_entries_lie_inside_it() {
     assert!(f.inner_slot(r(3 * SLOT, 4 * SLOT)).is_some());
 }
 
+/// The writer of a forest's one tree views the whole key space through
+/// it (a unified forest's crossing entries whole); a writer of slots has
+/// no such view.
+#[test]
+fn the_one_tree_writer_views_the_whole_space() {
+    let single: RangeForest<u64> = RangeForest::single(Reclaimer::deferred());
+    let unified = RangeForest::<u64>::sliced_unified(SHIFT, SLOTS * SLOT, Reclaimer::deferred);
+    for f in [&single, &unified] {
+        f.writer().store(r(SLOT - 8, SLOT + 8), 1);
+        let w = f.writer();
+        // SAFETY: as above.
+        let v = unsafe { w.one_tree() }.expect("one tree");
+        let g = f.pin();
+        assert_eq!(one(v.find(f, SLOT, &g)), Some((r(SLOT - 8, SLOT + 8), 1)));
+        assert_eq!(
+            one(v.find_after(f, 0, &g)),
+            Some((r(SLOT - 8, SLOT + 8), 1))
+        );
+        assert_eq!(
+            one(v.prev(f, 2 * SLOT, &g)),
+            Some((r(SLOT - 8, SLOT + 8), 1))
+        );
+        assert!(v.keeps(r(SLOT - 8, SLOT + 8)));
+    }
+    unified.split();
+    // SAFETY: not used.
+    assert!(unsafe { unified.writer().one_tree() }.is_none());
+}
+
 /// A unified forest keeps every entry in its one tree, crossing entries
 /// whole; the split moves them into the slots in pieces, and reads do
 /// not change.
