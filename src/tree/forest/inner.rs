@@ -25,6 +25,13 @@
 //! skip the forest's check for the one tree, and the same code serves
 //! both.
 //!
+//! The forest's proptest (`forest/tests.rs`) stores and erases through
+//! the view beside the single tree and reads every slot the view serves
+//! through it; it fails with a view that keeps a store reaching the
+//! slot's end (the edges bit then stays clear), with a neighbour search
+//! that stops at the slot's end, and with the view's writer not
+//! recording the slot as written (walks then skip it).
+//!
 //! The holder's lock keeps every other writer of the slot out, and its
 //! grant orders their stores (and their bits) before its load of the bit;
 //! writers of other slots store only inside their own, so nothing they do
