@@ -175,7 +175,7 @@ impl<'a> Edit<'a> {
     fn entries_in(&self, r: Range) -> Vec<(Range, &VmaRef)> {
         match &self.inner {
             Some(s) => s.range(&self.mm.tree, r, &self.pin),
-            None => self.mm.tree.range(r, &self.pin).collect(),
+            None => self.mm.tree.range_outlined(r, &self.pin),
         }
     }
 
@@ -220,7 +220,7 @@ impl<'a> Edit<'a> {
     pub(crate) fn find(&self, addr: u64) -> Option<VmaRef> {
         match &self.inner {
             Some(s) => s.find(&self.mm.tree, addr, &self.pin),
-            None => self.mm.tree.find(addr, &self.pin),
+            None => self.mm.tree.find_outlined(addr, &self.pin),
         }
         .map(|(_, v)| *v)
     }
@@ -229,7 +229,7 @@ impl<'a> Edit<'a> {
     pub(crate) fn find_after(&self, addr: u64) -> Option<VmaRef> {
         match &self.inner {
             Some(s) => s.find_after(&self.mm.tree, addr, &self.pin),
-            None => self.mm.tree.find_after(addr, &self.pin),
+            None => self.mm.tree.find_after_outlined(addr, &self.pin),
         }
         .map(|(_, v)| *v)
     }
@@ -238,7 +238,7 @@ impl<'a> Edit<'a> {
     pub(crate) fn prev(&self, addr: u64) -> Option<VmaRef> {
         match &self.inner {
             Some(s) => s.prev(&self.mm.tree, addr, &self.pin),
-            None => self.mm.tree.prev(addr, &self.pin),
+            None => self.mm.tree.prev_outlined(addr, &self.pin),
         }
         .map(|(_, v)| *v)
     }
@@ -263,7 +263,13 @@ impl<'a> Edit<'a> {
                 .into_iter()
                 .map(|(_, v)| *v)
                 .collect(),
-            None => self.mm.tree.range(r, &self.pin).map(|(_, v)| *v).collect(),
+            None => self
+                .mm
+                .tree
+                .range_outlined(r, &self.pin)
+                .into_iter()
+                .map(|(_, v)| *v)
+                .collect(),
         }
     }
 

@@ -98,6 +98,41 @@ impl<'t, V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'t, V> {
     }
 }
 
+/// The forest's lookups, out of line: where a view does not serve (an
+/// address outside its slot, a search past its end, a writer without a
+/// view), its callers call these, and keep only the view's tree calls
+/// inline (the owners' paths run those, and the paths' code is what
+/// their instruction cache holds).
+impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
+    /// [`RangeForest::find`], out of line.
+    #[inline(never)]
+    pub(crate) fn find_outlined<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
+        self.find(addr, g)
+    }
+
+    /// [`RangeForest::find_after`], out of line.
+    #[inline(never)]
+    pub(crate) fn find_after_outlined<'g>(
+        &'g self,
+        addr: u64,
+        g: &'g Guard,
+    ) -> Option<(Range, &'g V)> {
+        self.find_after(addr, g)
+    }
+
+    /// [`RangeForest::prev`], out of line.
+    #[inline(never)]
+    pub(crate) fn prev_outlined<'g>(&'g self, addr: u64, g: &'g Guard) -> Option<(Range, &'g V)> {
+        self.prev(addr, g)
+    }
+
+    /// [`RangeForest::range`] as a list, out of line.
+    #[inline(never)]
+    pub(crate) fn range_outlined<'g>(&'g self, r: Range, g: &'g Guard) -> Vec<(Range, &'g V)> {
+        self.range(r, g).collect()
+    }
+}
+
 impl<'f, V: Clone + PartialEq + Send + Sync + 'static> InnerSlot<'f, V> {
     /// True if a store of `r` keeps the view valid: `r` lies strictly
     /// inside the slot, reaching neither end.
@@ -133,7 +168,7 @@ impl<'f, V: Clone + PartialEq + Send + Sync + 'static> InnerSlot<'f, V> {
         if self.span.contains(addr) {
             self.tree.find(addr, g)
         } else {
-            forest.find(addr, g)
+            forest.find_outlined(addr, g)
         }
     }
 
@@ -146,13 +181,13 @@ impl<'f, V: Clone + PartialEq + Send + Sync + 'static> InnerSlot<'f, V> {
         g: &'g Guard,
     ) -> Option<(Range, &'g V)> {
         if !self.span.contains(addr) {
-            return forest.find_after(addr, g);
+            return forest.find_after_outlined(addr, g);
         }
         // Nothing after `addr` in the slot: the first entry beyond it
         // (none reaches back into it).
         self.tree
             .find_after(addr, g)
-            .or_else(|| forest.find_after(self.span.end, g))
+            .or_else(|| forest.find_after_outlined(self.span.end, g))
     }
 
     /// [`RangeForest::prev`].
@@ -164,12 +199,12 @@ impl<'f, V: Clone + PartialEq + Send + Sync + 'static> InnerSlot<'f, V> {
         g: &'g Guard,
     ) -> Option<(Range, &'g V)> {
         if addr <= self.span.start || addr > self.span.end {
-            return forest.prev(addr, g);
+            return forest.prev_outlined(addr, g);
         }
         // Nothing before `addr` in the slot: the last entry below it.
         self.tree
             .prev(addr, g)
-            .or_else(|| forest.prev(self.span.start, g))
+            .or_else(|| forest.prev_outlined(self.span.start, g))
     }
 
     /// [`RangeForest::range`], as a list.
@@ -183,7 +218,7 @@ impl<'f, V: Clone + PartialEq + Send + Sync + 'static> InnerSlot<'f, V> {
         if self.holds(r) && !r.is_empty() {
             self.tree.range_vec(r, g)
         } else {
-            forest.range(r, g).collect()
+            forest.range_outlined(r, g)
         }
     }
 }
