@@ -92,7 +92,13 @@ impl<'a> Edit<'a> {
     pub(crate) fn with_tree<R>(&mut self, f: impl FnOnce(&mut ForestWriter<'a, VmaRef>) -> R) -> R {
         match &mut self.tree {
             Some(w) => f(w),
-            None => f(&mut self.mm.tree.writer()),
+            None => {
+                // A write through the forest may store a piece reaching
+                // an end of the slot: the slot's tree alone may no longer
+                // hold every entry meeting it.
+                self.inner = None;
+                f(&mut self.mm.tree.writer())
+            }
         }
     }
 
