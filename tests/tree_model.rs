@@ -70,6 +70,10 @@ enum Op {
     Insert(u64, u64),
     Store(u64, u64),
     Erase(u64, u64),
+    /// A store that returns no list (`store_only`).
+    StoreOnly(u64, u64),
+    /// An erase that returns no list (`erase_only`).
+    EraseOnly(u64, u64),
     Remove(u64),
     /// Keep the entries whose value is not divisible by this.
     Retain(u32),
@@ -93,6 +97,8 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (addr(), 1u64..60).prop_map(|(a, l)| Op::Insert(a, a.saturating_add(l))),
         3 => (addr(), 0u64..120).prop_map(|(a, l)| Op::Store(a, a.saturating_add(l))),
         2 => (addr(), 0u64..200).prop_map(|(a, l)| Op::Erase(a, a.saturating_add(l))),
+        2 => (addr(), 0u64..120).prop_map(|(a, l)| Op::StoreOnly(a, a.saturating_add(l))),
+        1 => (addr(), 0u64..200).prop_map(|(a, l)| Op::EraseOnly(a, a.saturating_add(l))),
         2 => addr().prop_map(Op::Remove),
         1 => (2u32..5).prop_map(Op::Retain),
         3 => addr().prop_map(Op::Find),
@@ -132,6 +138,16 @@ proptest! {
                     let got = t.writer().erase(r);
                     let want = if r.is_empty() { vec![] } else { o.overwrite(r, None) };
                     prop_assert_eq!(got, want);
+                }
+                Op::StoreOnly(a, b) => {
+                    let r = Range::new(a, b);
+                    t.writer().store_only(r, tag);
+                    if !r.is_empty() { o.overwrite(r, Some(tag)); }
+                }
+                Op::EraseOnly(a, b) => {
+                    let r = Range::new(a, b);
+                    t.writer().erase_only(r);
+                    if !r.is_empty() { o.overwrite(r, None); }
                 }
                 Op::Retain(k) => {
                     let before = o.0.len();

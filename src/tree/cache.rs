@@ -88,6 +88,10 @@ pub(super) struct Spare<V> {
     /// as many as its peak (within [`BATCHES_KEPT`] and
     /// [`BATCHES_LIMIT`]), as for nodes (module docs).
     batches_out: InFlight,
+    /// The list of entries a store overwrites, empty between stores and
+    /// kept for the next (`TreeWriter::overwrite`): a store allocates no
+    /// list of its own.
+    pub(super) hits: Vec<(crate::addr::Range, V)>,
 }
 
 impl<V> Default for Spare<V> {
@@ -99,6 +103,7 @@ impl<V> Default for Spare<V> {
             batches_out: InFlight::default(),
             pending: core::ptr::null_mut(),
             pending_n: 0,
+            hits: Vec::new(),
         }
     }
 }

@@ -875,16 +875,29 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
     /// [`TreeWriter::store`]); returns the overwritten pieces. One atomic
     /// step for readers of each address.
     pub fn store(&mut self, r: Range, v: V) -> Vec<(Range, V)> {
-        self.overwrite(r, Some(v))
+        self.overwrite::<true>(r, Some(v))
     }
 
     /// Removes everything inside `r`, trimming entries that overlap its
     /// ends. Returns the removed pieces.
     pub fn erase(&mut self, r: Range) -> Vec<(Range, V)> {
-        self.overwrite(r, None)
+        self.overwrite::<true>(r, None)
     }
 
-    fn overwrite(&mut self, r: Range, v: Option<V>) -> Vec<(Range, V)> {
+    /// [`store`](Self::store) with no list of what it overwrote
+    /// ([`TreeWriter::store_only`]).
+    pub fn store_only(&mut self, r: Range, v: V) {
+        self.overwrite::<false>(r, Some(v));
+    }
+
+    /// [`erase`](Self::erase) with no list of what it removed.
+    pub fn erase_only(&mut self, r: Range) {
+        self.overwrite::<false>(r, None);
+    }
+
+    /// Stores `v` over `r`, or erases `r`, slot by slot; returns what it
+    /// overwrote if `LIST`.
+    fn overwrite<const LIST: bool>(&mut self, r: Range, v: Option<V>) -> Vec<(Range, V)> {
         let mut out = Vec::new();
         // The single tree, or a range inside one slot (nearly every
         // store): that slot's writer, no clipping or joining.
@@ -899,9 +912,17 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
             if v.is_some() && !self.one {
                 self.forest.note_edges(*ks.start(), r);
             }
-            return self.with_slot(*ks.start(), |t| match v {
-                Some(v) => t.store(r, v),
-                None => t.erase(r),
+            return self.with_slot(*ks.start(), |t| match (v, LIST) {
+                (Some(v), true) => t.store(r, v),
+                (None, true) => t.erase(r),
+                (Some(v), false) => {
+                    t.store_only(r, v);
+                    Vec::new()
+                }
+                (None, false) => {
+                    t.erase_only(r);
+                    Vec::new()
+                }
             });
         }
         for k in ks {

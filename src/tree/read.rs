@@ -124,12 +124,28 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
     /// [`range`](Self::range) as the list it builds (the forest takes a
     /// slot's list as it is).
     pub(super) fn range_vec<'g>(&'g self, r: Range, g: &'g Guard) -> Vec<(Range, &'g V)> {
-        fn rec<'g, V>(n: &'g Node<V>, r: Range, out: &mut Vec<(Range, &'g V)>) {
+        let mut out = Vec::new();
+        self.walk(r, g, |e, v| out.push((e, v)));
+        out
+    }
+
+    /// The entries intersecting `r`, cloned onto `out` in ascending order
+    /// (a writer's kept list: no allocation once it has grown).
+    pub(super) fn range_into(&self, r: Range, g: &Guard, out: &mut Vec<(Range, V)>)
+    where
+        V: Clone,
+    {
+        self.walk(r, g, |e, v| out.push((e, v.clone())));
+    }
+
+    /// Calls `f` on each entry intersecting `r`, in ascending order.
+    fn walk<'g>(&'g self, r: Range, g: &'g Guard, mut f: impl FnMut(Range, &'g V)) {
+        fn rec<'g, V>(n: &'g Node<V>, r: Range, f: &mut impl FnMut(Range, &'g V)) {
             match n {
                 Node::Internal(x) => {
                     for k in 0..x.len {
                         if x.lasts[k] > r.start && x.firsts[k] < r.end {
-                            rec(x.child(k), r, out);
+                            rec(x.child(k), r, f);
                         }
                     }
                 }
@@ -137,19 +153,17 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
                     for i in 0..l.len {
                         let e = l.entry(i);
                         if e.overlaps(&r) {
-                            out.push((e, l.val(i)));
+                            f(e, l.val(i));
                         }
                     }
                 }
             }
         }
-        let mut out = Vec::new();
         if !r.is_empty() {
             if let Some(root) = self.root(g) {
-                rec(root, r, &mut out);
+                rec(root, r, &mut f);
             }
         }
-        out
     }
 
     /// All entries in ascending order.

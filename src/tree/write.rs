@@ -25,6 +25,9 @@ use crate::sync::{MutexGuard, Ordering};
 /// rebuilds the tree instead of removing them one by one.
 const REBUILD_RATIO: usize = 16;
 
+/// The most room the kept list of overwritten entries may have.
+const HITS_KEPT: usize = 64;
+
 /// `entries` as node entries, checked sorted by start, non-empty and
 /// non-overlapping.
 pub(super) fn sorted_entries<V>(
@@ -106,13 +109,25 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
     /// values). Returns the overwritten pieces with their values. One
     /// atomic step for readers.
     pub fn store(&mut self, r: Range, v: V) -> Vec<(Range, V)> {
-        self.overwrite(r, Some(v))
+        self.overwrite::<true>(r, Some(v))
     }
 
     /// Removes everything inside `r`, trimming entries that overlap its
     /// ends. Returns the removed pieces.
     pub fn erase(&mut self, r: Range) -> Vec<(Range, V)> {
-        self.overwrite(r, None)
+        self.overwrite::<true>(r, None)
+    }
+
+    /// [`store`](Self::store) with no list of what it overwrote: a store
+    /// of this kind allocates nothing once the writer's kept lists have
+    /// grown (the address space's edits, which never read the list).
+    pub fn store_only(&mut self, r: Range, v: V) {
+        self.overwrite::<false>(r, Some(v));
+    }
+
+    /// [`erase`](Self::erase) with no list of what it removed.
+    pub fn erase_only(&mut self, r: Range) {
+        self.overwrite::<false>(r, None);
     }
 
     /// Keeps only the entries for which `keep` returns true, rebuilding
@@ -169,24 +184,30 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
         Some((r, v))
     }
 
-    fn overwrite(&mut self, r: Range, v: Option<V>) -> Vec<(Range, V)> {
+    /// Stores `v` over `r`, or erases `r`; returns what it overwrote if
+    /// `LIST` (else an empty list, never allocated).
+    fn overwrite<const LIST: bool>(&mut self, r: Range, v: Option<V>) -> Vec<(Range, V)> {
         if r.is_empty() {
             return Vec::new();
         }
         let g = self.tree.pin();
-        let hit: Vec<(Range, V)> = self
-            .tree
-            .range(r, &g)
-            .map(|(e, v)| (e, v.clone()))
-            .collect();
+        // The entries overlapping `r`, in the writer's kept list.
+        let mut hit = core::mem::take(&mut spare(&mut self.spare).hits);
+        self.tree.range_into(r, &g, &mut hit);
         let mut ed = Editor::new(self.tree.cache.get(), spare(&mut self.spare), &g);
         // Storing over exactly one entry that starts where `r` does, and
         // at most growing it into free space: one path copy.
         if let (Some(v), [(e, ev)]) = (&v, hit.as_slice()) {
             if e.start == r.start && r.end >= e.end {
+                let out = if LIST {
+                    vec![(*e, ev.clone())]
+                } else {
+                    Vec::new()
+                };
                 let root = ed.replace(self.tree.cur(), r.start, r.end, v.clone());
                 self.tree.publish(root, ed, 0, &g);
-                return vec![(*e, ev.clone())];
+                self.keep_hits(hit);
+                return out;
             }
         }
         // Overwriting many entries (unmapping a large part of the space):
@@ -197,8 +218,8 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
         }
         let mut root = self.tree.cur();
         let mut delta: isize = 0;
-        let mut out = Vec::with_capacity(hit.len());
-        for (e, ev) in hit {
+        let mut out = Vec::with_capacity(if LIST { hit.len() } else { 0 });
+        for (e, ev) in hit.drain(..) {
             root = ed.remove(root, e.start);
             delta -= 1;
             if e.start < r.start {
@@ -209,17 +230,29 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
                 root = ed.insert(root, r.end, e.end, ev.clone());
                 delta += 1;
             }
-            out.push((
-                e.intersect(&r).expect("range() yields overlapping entries"),
-                ev,
-            ));
+            if LIST {
+                out.push((
+                    e.intersect(&r).expect("range() yields overlapping entries"),
+                    ev,
+                ));
+            }
         }
         if let Some(v) = v {
             root = ed.insert(root, r.start, r.end, v);
             delta += 1;
         }
         self.tree.publish(root, ed, delta, &g);
+        self.keep_hits(hit);
         out
+    }
+
+    /// Puts the list of overwritten entries back, emptied, for the next
+    /// store; one a large store grew is freed instead.
+    fn keep_hits(&mut self, mut hit: Vec<(Range, V)>) {
+        hit.clear();
+        if hit.capacity() <= HITS_KEPT {
+            spare(&mut self.spare).hits = hit;
+        }
     }
 }
 

@@ -145,15 +145,9 @@ impl<'a> Edit<'a> {
     /// unmapped at once); the caller has write-locked the VMAs in it.
     pub(super) fn erase(&mut self, r: Range) {
         match (&mut self.tree, &self.inner) {
-            (Some(w), _) => {
-                w.erase(r);
-            }
-            (None, Some(s)) if s.holds(r) => {
-                s.writer(&self.mm.tree).erase(r);
-            }
-            (None, _) => {
-                self.mm.tree.writer().erase(r);
-            }
+            (Some(w), _) => w.erase_only(r),
+            (None, Some(s)) if s.holds(r) => s.writer(&self.mm.tree).erase_only(r),
+            (None, _) => self.mm.tree.writer().erase_only(r),
         }
     }
 
@@ -161,18 +155,14 @@ impl<'a> Edit<'a> {
     /// entry or `v`), overwriting what `r` covered.
     pub(super) fn store(&mut self, r: Range, v: VmaRef) {
         match (&mut self.tree, &self.inner) {
-            (Some(w), _) => {
-                w.store(r, v);
-            }
-            (None, Some(s)) if s.keeps(r) => {
-                s.writer(&self.mm.tree).store(r, v);
-            }
+            (Some(w), _) => w.store_only(r, v),
+            (None, Some(s)) if s.keeps(r) => s.writer(&self.mm.tree).store_only(r, v),
             (None, _) => {
                 // A piece reaching an end of the slot: stored through the
                 // forest, which records it, and the slot's tree alone no
                 // longer holds every entry meeting the slot.
                 self.inner = None;
-                self.mm.tree.writer().store(r, v);
+                self.mm.tree.writer().store_only(r, v);
             }
         }
     }
