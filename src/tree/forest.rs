@@ -912,18 +912,7 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'_, V> {
             if v.is_some() && !self.one {
                 self.forest.note_edges(*ks.start(), r);
             }
-            return self.with_slot(*ks.start(), |t| match (v, LIST) {
-                (Some(v), true) => t.store(r, v),
-                (None, true) => t.erase(r),
-                (Some(v), false) => {
-                    t.store_only(r, v);
-                    Vec::new()
-                }
-                (None, false) => {
-                    t.erase_only(r);
-                    Vec::new()
-                }
-            });
+            return self.with_slot(*ks.start(), |t| t.overwrite::<LIST>(r, v));
         }
         for k in ks {
             let c = self.forest.clip(r, k);

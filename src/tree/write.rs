@@ -186,7 +186,11 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
 
     /// Stores `v` over `r`, or erases `r`; returns what it overwrote if
     /// `LIST` (else an empty list, never allocated).
-    fn overwrite<const LIST: bool>(&mut self, r: Range, v: Option<V>) -> Vec<(Range, V)> {
+    pub(super) fn overwrite<const LIST: bool>(
+        &mut self,
+        r: Range,
+        v: Option<V>,
+    ) -> Vec<(Range, V)> {
         if r.is_empty() {
             return Vec::new();
         }

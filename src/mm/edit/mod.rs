@@ -253,20 +253,7 @@ impl<'a> Edit<'a> {
 
     /// The VMAs intersecting `r`, in order.
     pub(crate) fn vmas_in(&self, r: Range) -> Vec<VmaRef> {
-        match &self.inner {
-            Some(s) => s
-                .range(&self.mm.tree, r, &self.pin)
-                .into_iter()
-                .map(|(_, v)| *v)
-                .collect(),
-            None => self
-                .mm
-                .tree
-                .range_outlined(r, &self.pin)
-                .into_iter()
-                .map(|(_, v)| *v)
-                .collect(),
-        }
+        self.entries_in(r).into_iter().map(|(_, v)| *v).collect()
     }
 
     /// Write-locks `v`: waits for its readers, and keeps new ones out until
