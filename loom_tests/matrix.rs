@@ -130,7 +130,7 @@ const NEW_LEAF: Cell = Apart("a huge fault only fills an empty PMD slot (under t
 /// model of a huge fault.
 const NEW_LEAF_READ: &str = "a translator's refill walks the table lock-free as read does (the same Acquire load of the PMD slot, then the frame): it sees the slot empty and faults, or the whole leaf ordered after its frame's allocation";
 /// Why a writer's stores meet a forest lookup as a range writer's do.
-const FOREST_STORES: &str = "with range writers every writer stores through the forest (ForestWriter), slot by slot under each slot's mutex, as a range writer does (the owner of a slot's bias, holding the whole slot, stores a range strictly inside it through that slot's tree: the same store under the same mutex, tree::InnerSlot): a lookup sees each address by the old entry or the new, a crossing entry whole or as correct pieces";
+const FOREST_STORES: &str = "with range writers every writer stores through the forest (ForestWriter), slot by slot under each slot's mutex, as a range writer does (the owner of a slot's bias, holding the whole slot, stores a range strictly inside it through that slot's tree: the same store, under its hold of the slot instead of the slot's mutex, which loom's tracked cell over the tree's spare memory checks in the range_slot_bias_* models, tree::InnerSlot): a lookup sees each address by the old entry or the new, a crossing entry whole or as correct pieces";
 
 /// Why the speculative fault through a CPU's VMA hint shares the
 /// speculative fault's models.

@@ -83,6 +83,44 @@ mod imp {
         }
     }
 
+    /// A cell whose exclusive accesses the caller's own protocol orders
+    /// (loom's twin checks that order in the models): `std`'s cell
+    /// behind loom's API.
+    #[derive(Debug, Default)]
+    pub struct UnsafeCell<T>(core::cell::UnsafeCell<T>);
+
+    impl<T> UnsafeCell<T> {
+        /// Wraps `v`.
+        pub const fn new(v: T) -> Self {
+            Self(core::cell::UnsafeCell::new(v))
+        }
+        /// A pointer for exclusive access while it lives (loom tracks
+        /// that access from here to the pointer's drop).
+        #[inline(always)]
+        pub fn get_mut(&self) -> MutPtr<T> {
+            MutPtr(self.0.get())
+        }
+    }
+
+    /// [`UnsafeCell::get_mut`]'s pointer.
+    #[derive(Debug)]
+    pub struct MutPtr<T>(*mut T);
+
+    impl<T> MutPtr<T> {
+        /// The value.
+        ///
+        /// # Safety
+        /// As dereferencing a `*mut T`: no other access to the value
+        /// while the reference lives.
+        #[inline(always)]
+        #[allow(clippy::mut_from_ref)]
+        pub unsafe fn deref(&self) -> &mut T {
+            // SAFETY: the caller's contract; the pointer came from a live
+            // cell the caller keeps borrowed.
+            unsafe { &mut *self.0 }
+        }
+    }
+
     /// A condition variable paired with [`Mutex`]: the userfault wait
     /// queue's sleepers (faults waiting for a handler, handlers waiting
     /// for events).
@@ -481,8 +519,8 @@ mod imp {
     }
 
     /// A cell whose accesses loom checks (the frame witnesses in `phys`,
-    /// which exist in loom builds only).
-    pub use loom::cell::UnsafeCell;
+    /// a tree's spare node memory), and its tracked pointer.
+    pub use loom::cell::{MutPtr, UnsafeCell};
 
     /// One look at `done()` (a spin is a performance matter: the model
     /// checks that the caller stays correct whatever the look returns).

@@ -26,7 +26,9 @@
 //!    writers take it; range writers take it for each tree store only).
 //!    With range writers the tree is a forest, one mutex per 512 GiB slot
 //!    (`tree::RangeForest`): a store takes the mutex of each slot it
-//!    changes, one at a time, never two at once.
+//!    changes, one at a time, never two at once. The owner of a slot's
+//!    bias, which holds the whole slot, stores inside it without the
+//!    slot's mutex: its hold is that tree's lock (`tree::InnerSlot`).
 //! 4. An anon_vma family's lock (`vma::anon`, shared by every
 //!    address space forked from one another): taken by writers that insert
 //!    a VMA with an anon_vma, split one, move its start or merge across
@@ -72,7 +74,8 @@
 //! What protects what:
 //! - `tree`: written under the mmap_lock write side (with range writers:
 //!   by the holder of a range covering what it writes, each store under
-//!   the writer mutex of each slot of the forest it changes); read
+//!   the writer mutex of each slot of the forest it changes, or under the
+//!   hold of the whole slot by its bias's owner); read
 //!   lock-free by anyone pinned to the epoch.
 //! - `MmState` (map count, brk): inside the mmap_lock (range writers only
 //!   read it, and change the map count, an atomic).

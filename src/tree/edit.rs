@@ -10,8 +10,9 @@
 //! # Locking
 //!
 //! An [`Editor`] exists only inside a [`super::TreeWriter`], so under the
-//! tree's writer mutex (level 3 of the lock order in [`crate::mm`]); it
-//! borrows the spare node memory that mutex protects for its whole life.
+//! tree's writer mutex (level 3 of the lock order in [`crate::mm`]), or
+//! the caller's lock of an external writer; it borrows the spare node
+//! memory that lock protects for its whole life.
 //! It reads
 //! the current tree under the writer's pin: every node it borrows lives
 //! as long as that pin.
@@ -32,13 +33,13 @@ enum Grown<V> {
 pub(super) struct Editor<'e, V> {
     /// The nodes this edit replaced, to retire after the publish, in a
     /// batch the cache kept (or a new one).
-    /// Protected by: owned by the edit (under the tree's writer mutex).
+    /// Protected by: owned by the edit (under the tree's writer lock).
     garbage: Box<Batch<V>>,
     /// Where new nodes' memory comes from.
     /// Protected by: see [`NodeCache`]'s fields.
     cache: &'e NodeCache<V>,
     /// The writer's free node memory, borrowed for the whole edit.
-    /// Protected by: the tree's writer mutex (held by the writer).
+    /// Protected by: the tree's writer lock (held by the writer).
     spare: &'e mut Spare<V>,
     /// The writer's pin: bounds every node this edit borrows.
     /// Protected by: immutable (a shared borrow of the writer's guard).
@@ -47,7 +48,7 @@ pub(super) struct Editor<'e, V> {
 
 impl<'e, V: Clone> Editor<'e, V> {
     /// An edit by the tree's (single, serialized) writer, with the spare
-    /// memory its writer mutex holds, reading the tree under `pin`.
+    /// memory its writer lock protects, reading the tree under `pin`.
     pub(super) fn new(cache: &'e NodeCache<V>, spare: &'e mut Spare<V>, pin: &'e Guard) -> Self {
         Editor {
             garbage: spare.batch(),

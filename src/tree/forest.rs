@@ -108,7 +108,9 @@
 //! # Locking
 //!
 //! Each slot's writer mutex is level 3 of the lock order in [`crate::mm`];
-//! no writer holds two at once. Reads take no lock.
+//! no writer holds two at once. A caller whose own lock holds a whole
+//! slot against every other writer stores inside it without that mutex
+//! ([`InnerSlot`](inner)). Reads take no lock.
 
 use super::{Around, RangeTree, TreeError, TreeWriter};
 use crate::addr::Range;

@@ -70,7 +70,7 @@ pub use write::TreeWriter;
 use crate::addr::Range;
 use crate::lazy::LazyArc;
 use crate::reclaim::{Guard, Reclaimer};
-use crate::sync::{AtomicPtr, AtomicUsize, Mutex, Ordering};
+use crate::sync::{AtomicPtr, AtomicUsize, Mutex, Ordering, UnsafeCell};
 use cache::{NodeCache, Spare};
 use edit::Editor;
 use node::{node, Node};
@@ -104,11 +104,18 @@ pub struct RangeTree<V> {
     /// Number of entries (a figure: readers may see it lag the root).
     /// Protected by: `writer` for stores; read without a lock.
     len: AtomicUsize,
-    /// The writer mutex: serializes every edit, and holds the writer's
-    /// spare node memory (`cache.rs`), boxed on the first edit (a forest
-    /// keeps a tree per 512 GiB slot, most of them never written).
+    /// The writer mutex: serializes the edits of writers that hold no
+    /// lock of their own over the whole tree ([`RangeTree::writer`]).
     /// Protected by: itself (level 3 of the lock order in [`crate::mm`]).
-    writer: Mutex<Option<Box<Spare<V>>>>,
+    writer: Mutex<()>,
+    /// The writer's spare node memory (`cache.rs`), boxed on the first
+    /// edit (a forest keeps a tree per 512 GiB slot, most of them never
+    /// written).
+    /// Protected by: `writer`, or a caller's lock that keeps every other
+    /// writer of the tree out and orders the writers it admits (a range
+    /// lock's hold of a whole forest slot:
+    /// [`RangeTree::external_writer`]).
+    spare: UnsafeCell<Option<Box<Spare<V>>>>,
     /// How retired nodes are kept alive for readers.
     /// Protected by: immutable after construction.
     reclaimer: Reclaimer,
@@ -152,7 +159,8 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
         RangeTree {
             root: AtomicPtr::new(core::ptr::null_mut()),
             len: AtomicUsize::new(0),
-            writer: Mutex::new(None),
+            writer: Mutex::new(()),
+            spare: UnsafeCell::new(None),
             reclaimer,
             cache: LazyArc::new(),
         }
@@ -169,7 +177,8 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
         let g = t.pin();
         let mut spare = Spare::default();
         let root = Editor::new(t.cache.get(), &mut spare, &g).build(&es);
-        *t.writer.lock() = Some(Box::new(spare));
+        // SAFETY: `t` is not shared yet: nothing else reaches its spare.
+        unsafe { *t.spare.get_mut().deref() = Some(Box::new(spare)) };
         t.root.store(root as *mut Node<V>, Ordering::Release);
         t.len.store(es.len(), Ordering::Relaxed);
         Ok(t)

@@ -10,8 +10,10 @@
 //!
 //! A [`TreeWriter`] holds the tree's writer mutex, level 3 of the lock
 //! order in [`crate::mm`] (taken only by mmap_lock writers, so it is
-//! uncontended there). Readers are never blocked: they see the old root or
-//! the new one, never a mix.
+//! uncontended there), or is an external writer whose caller's own lock
+//! serializes the tree's writers ([`RangeTree::external_writer`]: a range
+//! lock's hold of a whole forest slot). Readers are never blocked: they
+//! see the old root or the new one, never a mix.
 
 use super::cache::Spare;
 use super::edit::Editor;
@@ -19,7 +21,7 @@ use super::node::{Node, NodePtr, B};
 use super::{RangeTree, TreeError};
 use crate::addr::Range;
 use crate::reclaim::Guard;
-use crate::sync::{MutexGuard, Ordering};
+use crate::sync::{MutPtr, MutexGuard, Ordering};
 
 /// An overwrite that hits at least one entry in this many of the tree's
 /// rebuilds the tree instead of removing them one by one.
@@ -53,19 +55,52 @@ pub struct TreeWriter<'t, V> {
     /// The tree written.
     /// Protected by: see [`RangeTree`]'s fields.
     tree: &'t RangeTree<V>,
-    /// The tree's writer mutex, held while the writer lives, and the
-    /// spare node memory it protects.
+    /// The tree's spare node memory, this writer's alone while it lives
+    /// (loom tracks the access from its start to this pointer's drop,
+    /// before `lock`'s: field order).
+    /// Protected by: `lock`, or the lock of an external writer's caller.
+    spare: MutPtr<Option<Box<Spare<V>>>>,
+    /// The tree's writer mutex, held while the writer lives; `None` for
+    /// an [external](RangeTree::external_writer) writer.
     /// Protected by: owned by this writer.
-    spare: MutexGuard<'t, Option<Box<Spare<V>>>>,
+    _lock: Option<MutexGuard<'t, ()>>,
 }
 
 impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
     /// Takes the writer side. Writers are serialized; readers are not
     /// blocked.
     pub fn writer(&self) -> TreeWriter<'_, V> {
+        let lock = self.writer.lock();
         TreeWriter {
             tree: self,
-            spare: self.writer.lock(),
+            spare: self.spare.get_mut(),
+            _lock: Some(lock),
+        }
+    }
+
+    /// The writer side without the writer mutex, for a caller whose own
+    /// lock serializes this tree's writers (the maple tree's "external
+    /// lock": the mmap_lock there, a range lock's hold of a whole forest
+    /// slot here). The mutex's lock and unlock are two read-modify-writes
+    /// per store, each waiting for the stores before it to drain; the
+    /// owner of a slot's bias stores a few times per call.
+    ///
+    /// # Safety
+    /// While the writer lives, no other writer of this tree may live,
+    /// whichever way it was taken: the caller's lock keeps out every
+    /// other holder that writes the tree (those that take
+    /// [`writer`](Self::writer) included). That lock must also order
+    /// this writer after the tree's previous one and before its next
+    /// (the previous holder's release happens before this caller's
+    /// acquire), as a mutex does: the spare node memory is plain memory.
+    /// loom checks both in the models that run such a caller
+    /// ([`MutPtr`]'s tracking).
+    #[inline]
+    pub(crate) unsafe fn external_writer(&self) -> TreeWriter<'_, V> {
+        TreeWriter {
+            tree: self,
+            spare: self.spare.get_mut(),
+            _lock: None,
         }
     }
 }
@@ -260,9 +295,12 @@ impl<V: Clone + Send + Sync + 'static> TreeWriter<'_, V> {
     }
 }
 
-/// The spare memory a writer's guard holds, made on the tree's first edit.
-fn spare<V>(held: &mut Option<Box<Spare<V>>>) -> &mut Spare<V> {
-    held.get_or_insert_with(Box::default)
+/// The spare memory a writer holds, made on the tree's first edit.
+fn spare<V>(held: &mut MutPtr<Option<Box<Spare<V>>>>) -> &mut Spare<V> {
+    // SAFETY: a writer's spare is its alone while it lives (its mutex,
+    // or its caller's lock: `RangeTree::external_writer`), and `held` is
+    // borrowed mutably for as long as the reference lives: one at a time.
+    unsafe { held.deref() }.get_or_insert_with(Box::default)
 }
 
 /// The writer's steps that read or publish the tree itself, apart from the

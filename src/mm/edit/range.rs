@@ -91,9 +91,15 @@ impl<'a> Edit<'a> {
     fn holding(mm: &'a AddressSpace, state: MmapWriteGuard<'a, MmState>, pin: Guard) -> Self {
         // The owner of a slot's bias holds the whole slot: its tree alone
         // may serve it (`tree::InnerSlot`).
-        let inner = state
-            .owned_slot()
-            .and_then(|_| mm.tree.inner_slot(state.range()));
+        let inner = state.owned_slot().and_then(|_| {
+            // SAFETY: the edit keeps `state`, the grant of the slot's
+            // bias, for as long as the view (dropped first: field order).
+            // The grant keeps every other writer out of the whole slot,
+            // and the bias orders its holders: a revoker's acquire of the
+            // owner's count-out (`range_bias`), a request's of the
+            // previous grant's release (`range_lock`).
+            unsafe { mm.tree.inner_slot(state.range()) }
+        });
         Edit {
             mm,
             state,

@@ -33,10 +33,21 @@
 //! recording the slot as written (walks then skip it).
 //!
 //! The holder's lock keeps every other writer of the slot out, and its
-//! grant orders their stores (and their bits) before its load of the bit;
-//! writers of other slots store only inside their own, so nothing they do
-//! reaches into this one. Readers are unaffected: the stores are the
-//! slot tree's own, one atomic step each, as through the forest.
+//! grant orders their stores (and their bits) before its load of the
+//! bit. Writers of other slots store only inside their own, so nothing
+//! they do reaches into this one. Readers are unaffected: the stores are
+//! the slot tree's own, one atomic step each, as through the forest.
+//!
+//! That hold is the slot tree's writer lock too: the view's stores skip
+//! the tree's mutex ([`RangeTree::external_writer`]), whose lock and
+//! unlock each waited for the edit's earlier stores to drain (3.4% of the
+//! owner's writers-only call). loom's tracked cell over the tree's spare
+//! node memory checks that no other writer's access overlaps the
+//! owner's or goes unordered with it: the `range_slot_bias_*` models
+//! (`loom_tests/range_writers.rs`) run the view's writer, and a forest
+//! writer that skipped the mutex without such a hold fails
+//! `forest_writers_in_one_slot` (`loom_tests/tree.rs`) and
+//! `range_placements_race_for_one_gap` (`loom_tests/range_writers.rs`).
 
 use super::{ForestWriter, RangeForest, RangeTree, TreeWriter};
 use crate::addr::Range;
@@ -61,8 +72,14 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
     /// forest: `None` unless the forest is split into slots, `span` is
     /// one slot, and that slot never held a piece reaching one of its
     /// ends (module docs).
+    ///
+    /// # Safety
+    /// While the view is used, the caller's lock must keep every other
+    /// writer of the forest out of `span` and order the slot's writers
+    /// as [`RangeTree::external_writer`] requires: the view's
+    /// [`writer`](InnerSlot::writer) is one.
     #[inline]
-    pub(crate) fn inner_slot(&self, span: Range) -> Option<InnerSlot<'_, V>> {
+    pub(crate) unsafe fn inner_slot(&self, span: Range) -> Option<InnerSlot<'_, V>> {
         if span.is_empty() || self.edges_touched(span.start) {
             // One tree (the forest's calls are the tree's already), still
             // unified, or a slot with entries reaching past it.
@@ -85,7 +102,9 @@ impl<'t, V: Clone + PartialEq + Send + Sync + 'static> ForestWriter<'t, V> {
     /// # Safety
     /// The view must not be used after this writer is dropped: a unified
     /// tree stays linked only while its writer mutex is held (the split
-    /// waits for it), and alive only while the writer's pin is.
+    /// waits for it), and alive only while the writer's pin is. Nor may
+    /// its [`writer`](InnerSlot::writer) be taken: this writer is the
+    /// tree's one, for its whole life.
     #[inline]
     pub(crate) unsafe fn one_tree(&self) -> Option<InnerSlot<'t, V>> {
         match &self.held {
@@ -148,11 +167,16 @@ impl<'f, V: Clone + PartialEq + Send + Sync + 'static> InnerSlot<'f, V> {
         self.span.contains_range(&r)
     }
 
-    /// The slot's writer (its mutex, for this store), the slot recorded
-    /// as written first (the forest's walks visit only such slots).
+    /// The slot's writer, for this store, the slot recorded as written
+    /// first (the forest's walks visit only such slots). It skips the
+    /// slot tree's mutex: the view's holder keeps every other writer of
+    /// the slot out ([`RangeForest::inner_slot`]'s contract).
     #[inline]
     pub(crate) fn writer(&self, forest: &RangeForest<V>) -> TreeWriter<'f, V> {
-        let w = self.tree.writer();
+        // SAFETY: the view was made by `inner_slot`, whose caller holds
+        // the whole slot, against every other writer, in a lock that
+        // orders them (`one_tree`'s views never get here: its contract).
+        let w = unsafe { self.tree.external_writer() };
         forest.mark_written(forest.slot_of(self.span.start));
         w
     }

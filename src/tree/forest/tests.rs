@@ -104,10 +104,17 @@ fn one(x: Option<(Range, &u64)>) -> Option<(Range, u64)> {
     x.map(|(r, v)| (r, *v))
 }
 
+/// [`RangeForest::inner_slot`] for these tests.
+fn slot_view(f: &RangeForest<u64>, span: Range) -> Option<InnerSlot<'_, u64>> {
+    // SAFETY: the tests write each forest from their one thread, and not
+    // through another writer while a view's writer lives.
+    unsafe { f.inner_slot(span) }
+}
+
 /// The view of the slot holding `a`, if it serves.
 fn view(f: &RangeForest<u64>, a: u64) -> Option<InnerSlot<'_, u64>> {
     let k = f.slot_of(a);
-    f.inner_slot(r(f.start(k), f.end(k)))
+    slot_view(f, r(f.start(k), f.end(k)))
 }
 
 /// Runs `op` on both (values: `id`, distinct per op); the results agree.
@@ -222,7 +229,7 @@ fn compare(
     }
     // Each slot its view serves reads as the single tree through it.
     for k in 0..f.all().len() {
-        let Some(v) = f.inner_slot(r(f.start(k), f.end(k))) else {
+        let Some(v) = slot_view(f, r(f.start(k), f.end(k))) else {
             continue;
         };
         for &a in &points {
@@ -315,16 +322,16 @@ proptest! {
 #[test]
 fn a_slot_view_serves_only_a_slot_whose_entries_lie_inside_it() {
     let single: RangeForest<u64> = RangeForest::single(Reclaimer::deferred());
-    assert!(single.inner_slot(r(0, u64::MAX)).is_none());
+    assert!(slot_view(&single, r(0, u64::MAX)).is_none());
     let unified = RangeForest::<u64>::sliced_unified(SHIFT, SLOTS * SLOT, Reclaimer::deferred);
-    assert!(unified.inner_slot(r(SLOT, 2 * SLOT)).is_none());
+    assert!(slot_view(&unified, r(SLOT, 2 * SLOT)).is_none());
     unified.split();
-    assert!(unified.inner_slot(r(SLOT, 2 * SLOT)).is_some());
+    assert!(slot_view(&unified, r(SLOT, 2 * SLOT)).is_some());
     let f = forest();
-    assert!(f.inner_slot(r(SLOT, 2 * SLOT)).is_some());
-    assert!(f.inner_slot(r(SLOT, 2 * SLOT - 1)).is_none(), "not a slot");
-    assert!(f.inner_slot(r(SLOT, 3 * SLOT)).is_none(), "two slots");
-    let v = f.inner_slot(r(SLOT, 2 * SLOT)).unwrap();
+    assert!(slot_view(&f, r(SLOT, 2 * SLOT)).is_some());
+    assert!(slot_view(&f, r(SLOT, 2 * SLOT - 1)).is_none(), "not a slot");
+    assert!(slot_view(&f, r(SLOT, 3 * SLOT)).is_none(), "two slots");
+    let v = slot_view(&f, r(SLOT, 2 * SLOT)).unwrap();
     assert!(v.keeps(r(SLOT + 1, 2 * SLOT - 1)));
     assert!(!v.keeps(r(SLOT, SLOT + 1)) && !v.keeps(r(SLOT + 1, 2 * SLOT)));
     v.writer(&f).store(r(SLOT + 8, SLOT + 16), 1);
@@ -333,9 +340,9 @@ fn a_slot_view_serves_only_a_slot_whose_entries_lie_inside_it() {
     assert_eq!(one(v.find_after(&f, SLOT + 16, &g)), None);
     drop(g);
     f.writer().store(r(2 * SLOT - 8, 2 * SLOT + 8), 2);
-    assert!(f.inner_slot(r(SLOT, 2 * SLOT)).is_none());
-    assert!(f.inner_slot(r(2 * SLOT, 3 * SLOT)).is_none());
-    assert!(f.inner_slot(r(3 * SLOT, 4 * SLOT)).is_some());
+    assert!(slot_view(&f, r(SLOT, 2 * SLOT)).is_none());
+    assert!(slot_view(&f, r(2 * SLOT, 3 * SLOT)).is_none());
+    assert!(slot_view(&f, r(3 * SLOT, 4 * SLOT)).is_some());
 }
 
 /// The writer of a forest's one tree views the whole key space through
