@@ -66,6 +66,17 @@ pub struct TreeWriter<'t, V> {
     _lock: Option<MutexGuard<'t, ()>>,
 }
 
+// SAFETY: a shared writer only reads the tree (`Deref`, `tree`), which
+// is `Sync` for such `V`; the spare memory behind the pointer is reached
+// only through `&mut self`. (Not `Send`: a mutex guard stays on its
+// thread.)
+unsafe impl<V: Send + Sync> Sync for TreeWriter<'_, V> {}
+
+const _: () = {
+    const fn sync<T: Sync>() {}
+    sync::<TreeWriter<'static, u64>>();
+};
+
 impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
     /// Takes the writer side. Writers are serialized; readers are not
     /// blocked.
