@@ -83,7 +83,7 @@ impl Edit<'_> {
                 self.split(last, r.end, false)?;
             }
         }
-        let victims = self.vmas_in(r);
+        let victims = self.few_vmas_in(r);
         for &v in &victims {
             self.lock(v);
         }

@@ -139,7 +139,7 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
     }
 
     /// Calls `f` on each entry intersecting `r`, in ascending order.
-    fn walk<'g>(&'g self, r: Range, g: &'g Guard, mut f: impl FnMut(Range, &'g V)) {
+    pub(super) fn walk<'g>(&'g self, r: Range, g: &'g Guard, mut f: impl FnMut(Range, &'g V)) {
         fn rec<'g, V>(n: &'g Node<V>, r: Range, f: &mut impl FnMut(Range, &'g V)) {
             match n {
                 Node::Internal(x) => {

@@ -30,6 +30,7 @@ use crate::sync::Arc;
 use crate::tlb::Gather;
 use crate::tree::{ForestWriter, InnerSlot};
 use crate::vma::{AnonVma, RmapIndex, VmaRef, VMA_BYTES};
+use smallvec::SmallVec;
 
 mod life;
 mod range;
@@ -254,6 +255,24 @@ impl<'a> Edit<'a> {
     /// The VMAs intersecting `r`, in order.
     pub(crate) fn vmas_in(&self, r: Range) -> Vec<VmaRef> {
         self.entries_in(r).into_iter().map(|(_, v)| *v).collect()
+    }
+
+    /// [`vmas_in`](Self::vmas_in) for a range that usually meets a few
+    /// VMAs (an unmap's victims): kept in place, with no allocation
+    /// where the edit's view serves the range (`tree::InnerSlot`).
+    pub(crate) fn few_vmas_in(&self, r: Range) -> SmallVec<[VmaRef; 4]> {
+        let mut out = SmallVec::new();
+        match &self.inner {
+            Some(s) => s.each_in(&self.mm.tree, r, &self.pin, |_, v| out.push(*v)),
+            None => out.extend(
+                self.mm
+                    .tree
+                    .range_outlined(r, &self.pin)
+                    .into_iter()
+                    .map(|(_, v)| *v),
+            ),
+        }
+        out
     }
 
     /// Write-locks `v`: waits for its readers, and keeps new ones out until

@@ -231,6 +231,25 @@ impl<'f, V: Clone + PartialEq + Send + Sync + 'static> InnerSlot<'f, V> {
             .or_else(|| forest.prev_outlined(self.span.start, g))
     }
 
+    /// Calls `f` on each entry intersecting `r`, in ascending order, as
+    /// [`range`](Self::range) lists them, with no list inside the slot.
+    #[inline]
+    pub(crate) fn each_in<'g>(
+        &'g self,
+        forest: &'g RangeForest<V>,
+        r: Range,
+        g: &'g Guard,
+        mut f: impl FnMut(Range, &'g V),
+    ) {
+        if self.holds(r) {
+            self.tree.walk(r, g, f);
+        } else {
+            for (e, v) in forest.range_outlined(r, g) {
+                f(e, v);
+            }
+        }
+    }
+
     /// [`RangeForest::range`], as a list.
     #[inline]
     pub(crate) fn range<'g>(
