@@ -481,19 +481,19 @@ impl<'a> Edit<'a> {
         let spans = range::root_spans_around(r);
         let lo = held.start.min(r.start).max(spans.start);
         let hi = held.end.max(r.end).min(spans.end);
-        // Bounded lookups: nothing beyond the clamps counts.
-        let floor = self
-            .mm
-            .tree
-            .prev_above(r.start, lo, &self.pin)
-            .map_or(0, |(p, _)| p.end)
-            .max(lo);
-        let ceiling = self
-            .mm
-            .tree
-            .find_after_below(r.start, hi, &self.pin)
-            .map_or(u64::MAX, |(n, _)| n.start)
-            .min(hi);
+        // Bounded lookups: nothing beyond the clamps counts (inside a
+        // slot the edit's view holds: that slot's tree alone).
+        let (tree, pin) = (&self.mm.tree, &self.pin);
+        let prev = match &self.inner {
+            Some(s) => s.prev_above(tree, r.start, lo, pin),
+            None => tree.prev_above(r.start, lo, pin),
+        };
+        let next = match &self.inner {
+            Some(s) => s.find_after_below(tree, r.start, hi, pin),
+            None => tree.find_after_below(r.start, hi, pin),
+        };
+        let floor = prev.map_or(0, |(p, _)| p.end).max(lo);
+        let ceiling = next.map_or(u64::MAX, |(n, _)| n.start).min(hi);
         let g = self.mm.pt.pin();
         self.mm
             .pt

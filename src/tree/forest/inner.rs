@@ -11,7 +11,9 @@
 //! it, whole, in the slot's tree. Then:
 //! - a lookup of an address in the slot is that tree's lookup, and a
 //!   neighbour search that finds nothing in the slot continues from the
-//!   slot's end (or start) through the forest;
+//!   slot's end (or start) through the forest; a search bounded inside
+//!   the slot (the table frees' `prev_above` and `find_after_below`),
+//!   and a walk of a range inside it, are that tree's alone;
 //! - a store of a range strictly inside the slot is that tree's store (it
 //!   reaches neither end, so the bit stays clear); a store that reaches
 //!   an end goes through the forest's writer, which sets the bit, and the
@@ -145,6 +147,28 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> RangeForest<V> {
         self.prev(addr, g)
     }
 
+    /// [`RangeForest::prev_above`], out of line.
+    #[inline(never)]
+    pub(crate) fn prev_above_outlined<'g>(
+        &'g self,
+        addr: u64,
+        floor: u64,
+        g: &'g Guard,
+    ) -> Option<(Range, &'g V)> {
+        self.prev_above(addr, floor, g)
+    }
+
+    /// [`RangeForest::find_after_below`], out of line.
+    #[inline(never)]
+    pub(crate) fn find_after_below_outlined<'g>(
+        &'g self,
+        addr: u64,
+        ceiling: u64,
+        g: &'g Guard,
+    ) -> Option<(Range, &'g V)> {
+        self.find_after_below(addr, ceiling, g)
+    }
+
     /// [`RangeForest::range`] as a list, out of line.
     #[inline(never)]
     pub(crate) fn range_outlined<'g>(&'g self, r: Range, g: &'g Guard) -> Vec<(Range, &'g V)> {
@@ -229,6 +253,44 @@ impl<'f, V: Clone + PartialEq + Send + Sync + 'static> InnerSlot<'f, V> {
         self.tree
             .prev(addr, g)
             .or_else(|| forest.prev_outlined(self.span.start, g))
+    }
+
+    /// [`RangeForest::prev_above`]: the slot tree's own where `floor`
+    /// and `addr` lie in the slot (an entry below the slot ends at or
+    /// below its start, so at or below `floor`).
+    #[inline]
+    pub(crate) fn prev_above<'g>(
+        &'g self,
+        forest: &'g RangeForest<V>,
+        addr: u64,
+        floor: u64,
+        g: &'g Guard,
+    ) -> Option<(Range, &'g V)> {
+        if self.span.start <= floor && addr <= self.span.end {
+            self.tree.prev(addr, g).filter(|(w, _)| w.end > floor)
+        } else {
+            forest.prev_above_outlined(addr, floor, g)
+        }
+    }
+
+    /// [`RangeForest::find_after_below`]: the slot tree's own where
+    /// `addr` and `ceiling` lie in the slot (an entry above the slot
+    /// starts at or above its end, so at or above `ceiling`).
+    #[inline]
+    pub(crate) fn find_after_below<'g>(
+        &'g self,
+        forest: &'g RangeForest<V>,
+        addr: u64,
+        ceiling: u64,
+        g: &'g Guard,
+    ) -> Option<(Range, &'g V)> {
+        if self.span.start <= addr && ceiling <= self.span.end {
+            self.tree
+                .find_after(addr, g)
+                .filter(|(w, _)| w.start < ceiling)
+        } else {
+            forest.find_after_below_outlined(addr, ceiling, g)
+        }
     }
 
     /// Calls `f` on each entry intersecting `r`, in ascending order, as

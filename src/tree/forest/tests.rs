@@ -258,6 +258,20 @@ fn compare(
                         seen(t.range(r(a, b), &gt)),
                         "view {k}: range {a:#x} {b:#x}"
                     );
+                    let mut each = Vec::new();
+                    v.each_in(f, r(a, b), &gf, |e, x| each.push((e, *x)));
+                    assert_eq!(each, seen(t.range(r(a, b), &gt)), "view {k}: each_in");
+                    // Bounded neighbours, as the table frees look for them.
+                    assert_eq!(
+                        one(v.prev_above(f, b, a, &gf)),
+                        one(t.prev(b, &gt).filter(|(w, _)| w.end > a)),
+                        "view {k}: prev_above {b:#x} {a:#x}"
+                    );
+                    assert_eq!(
+                        one(v.find_after_below(f, a, b, &gf)),
+                        one(t.find_after(a, &gt).filter(|(w, _)| w.start < b)),
+                        "view {k}: find_after_below {a:#x} {b:#x}"
+                    );
                 }
             }
         }
