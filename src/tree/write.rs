@@ -57,8 +57,8 @@ pub struct TreeWriter<'t, V> {
     tree: &'t RangeTree<V>,
     /// The tree's spare node memory, this writer's alone while it lives
     /// (loom tracks the access from its start to this pointer's drop,
-    /// before `lock`'s: field order).
-    /// Protected by: `lock`, or the lock of an external writer's caller.
+    /// before `_lock`'s: field order).
+    /// Protected by: `_lock`, or the lock of an external writer's caller.
     spare: MutPtr<Option<Box<Spare<V>>>>,
     /// The tree's writer mutex, held while the writer lives; `None` for
     /// an [external](RangeTree::external_writer) writer.

@@ -240,6 +240,29 @@ impl<'a> Edit<'a> {
         .map(|(_, v)| *v)
     }
 
+    /// The range of the last VMA ending at or below `addr`, if it ends
+    /// above `floor` (a look no further down than `floor`).
+    pub(crate) fn prev_above(&self, addr: u64, floor: u64) -> Option<Range> {
+        match &self.inner {
+            Some(s) => s.prev_above(&self.mm.tree, addr, floor, &self.pin),
+            None => self.mm.tree.prev_above_outlined(addr, floor, &self.pin),
+        }
+        .map(|(r, _)| r)
+    }
+
+    /// The range of the first VMA ending above `addr`, if it starts below
+    /// `ceiling` (a look no further up than `ceiling`).
+    pub(crate) fn find_after_below(&self, addr: u64, ceiling: u64) -> Option<Range> {
+        match &self.inner {
+            Some(s) => s.find_after_below(&self.mm.tree, addr, ceiling, &self.pin),
+            None => self
+                .mm
+                .tree
+                .find_after_below_outlined(addr, ceiling, &self.pin),
+        }
+        .map(|(r, _)| r)
+    }
+
     /// The VMA ending exactly at `addr`: the one holding `addr - 1`
     /// (one lookup, where [`prev`](Self::prev) may scan the empty slots of
     /// a forest below `addr`).
@@ -254,7 +277,7 @@ impl<'a> Edit<'a> {
 
     /// The VMAs intersecting `r`, in order.
     pub(crate) fn vmas_in(&self, r: Range) -> Vec<VmaRef> {
-        self.entries_in(r).into_iter().map(|(_, v)| *v).collect()
+        self.few_vmas_in(r).into_vec()
     }
 
     /// [`vmas_in`](Self::vmas_in) for a range that usually meets a few
@@ -483,17 +506,11 @@ impl<'a> Edit<'a> {
         let hi = held.end.max(r.end).min(spans.end);
         // Bounded lookups: nothing beyond the clamps counts (inside a
         // slot the edit's view holds: that slot's tree alone).
-        let (tree, pin) = (&self.mm.tree, &self.pin);
-        let prev = match &self.inner {
-            Some(s) => s.prev_above(tree, r.start, lo, pin),
-            None => tree.prev_above(r.start, lo, pin),
-        };
-        let next = match &self.inner {
-            Some(s) => s.find_after_below(tree, r.start, hi, pin),
-            None => tree.find_after_below(r.start, hi, pin),
-        };
-        let floor = prev.map_or(0, |(p, _)| p.end).max(lo);
-        let ceiling = next.map_or(u64::MAX, |(n, _)| n.start).min(hi);
+        let floor = self.prev_above(r.start, lo).map_or(0, |p| p.end).max(lo);
+        let ceiling = self
+            .find_after_below(r.start, hi)
+            .map_or(u64::MAX, |n| n.start)
+            .min(hi);
         let g = self.mm.pt.pin();
         self.mm
             .pt
