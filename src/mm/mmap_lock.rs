@@ -167,10 +167,28 @@ impl<T> MmapLock<T> {
     /// mmap's) runs this one copy, which keeps that path's code within
     /// the instruction cache (`docs/RESULTS.md`, "The slot owner's code,
     /// shared, and its edits made in place").
+    ///
+    /// The section's token is taken before the request: nothing between
+    /// the grant and the guard can then unwind, so the grant is built in
+    /// registers, not kept in memory for an unwind's drop and copied out
+    /// (read back in wider loads than its fields' stores, which the store
+    /// buffer cannot forward: `docs/RESULTS.md`, "The slot owner's guard
+    /// built in registers"). A token the request then finds no grant for
+    /// is simply never used.
     #[inline(never)]
     pub(crate) fn write_slot(&self, addr: u64) -> Option<MmapWriteGuard<'_, T>> {
-        let rg = self.ranges.as_ref()?.try_slot_owner(addr)?;
-        Some(self.range_writer(rg))
+        let l = self.ranges.as_ref()?;
+        let section = Section::own();
+        let rg = l.try_slot_owner(addr)?;
+        // A slot's owner is never the space's (`range_bias`): an own
+        // section, as `section` gives every such writer.
+        debug_assert!(!rg.is_biased());
+        self.seq.own_sections_from_now();
+        Some(MmapWriteGuard {
+            g: ManuallyDrop::new(self.ranged()),
+            section,
+            range: Some(rg),
+        })
     }
 
     /// True in range mode if the calling thread holds the range lock's
