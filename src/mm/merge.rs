@@ -272,8 +272,8 @@ impl Edit<'_> {
         // Only a change that reaches an end of `v` can join the neighbour
         // on that side.
         let (prev, next) = proto.neighbours(
-            self.ending_at(s).filter(|_| left_side),
-            self.starting_at(e).filter(|_| right_side),
+            left_side.then(|| self.ending_at(s)).flatten(),
+            right_side.then(|| self.starting_at(e)).flatten(),
             pgoff,
             e - s,
         );
