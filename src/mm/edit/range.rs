@@ -86,8 +86,10 @@ impl<'a> Edit<'a> {
 
     /// A range writer's edit, holding `state` (its neighbourhood, or
     /// more) and pinned by `pin`, taken under it. The caller checked
-    /// `MmState::map_count_far_below` first.
-    #[inline]
+    /// `MmState::map_count_far_below` first. Out of line: one copy for
+    /// every caller (inlined, each codegen unit of its callers kept a
+    /// copy of its own, and the slot owner's path ran two).
+    #[inline(never)]
     fn holding(mm: &'a AddressSpace, state: MmapWriteGuard<'a, MmState>, pin: Guard) -> Self {
         // The owner of a slot's bias holds the whole slot: its tree alone
         // may serve it (`tree::InnerSlot`).
@@ -361,18 +363,26 @@ const MARGIN: u64 = PAGE_SIZE;
 /// stays in the slot. Else computed and compared.
 ///
 /// [`RangeForest::edges_touched`]: crate::tree::RangeForest::edges_touched
+#[inline]
 fn neighbourhood_in_slot(
     mm: &AddressSpace,
     slot: Range,
     within: Option<Range>,
     compute: impl FnOnce() -> Range,
 ) -> bool {
-    let known_inside = within.is_some_and(|r| {
+    known_inside(mm, slot, within) || computed_inside(slot, compute)
+}
+
+/// `neighbourhood_in_slot`'s check without computing: one copy, out of
+/// line (generic over the computation, the whole function had a copy per
+/// caller, five, of which the slot owner's path ran two).
+#[inline(never)]
+fn known_inside(mm: &AddressSpace, slot: Range, within: Option<Range>) -> bool {
+    within.is_some_and(|r| {
         r.start >= slot.start.saturating_add(MARGIN)
             && r.end.checked_add(MARGIN).is_some_and(|e| e <= slot.end)
             && !mm.tree.edges_touched(slot.start)
-    });
-    known_inside || computed_inside(slot, compute)
+    })
 }
 
 /// `neighbourhood_in_slot`'s computation, where the slot's edges do not
