@@ -138,9 +138,12 @@ impl<V: Clone + Send + Sync + 'static> RangeTree<V> {
         self.walk(r, g, |e, v| out.push((e, v.clone())));
     }
 
-    /// Calls `f` on each entry intersecting `r`, in ascending order.
+    /// Calls `f` on each entry intersecting `r`, in ascending order. The
+    /// descent takes `f` as a trait object: one copy of it serves every
+    /// caller (generic over `f`, the writers' paths ran two, 1.3 KiB
+    /// each, `docs/RESULTS.md`, "The slot owner's code in one copy").
     pub(super) fn walk<'g>(&'g self, r: Range, g: &'g Guard, mut f: impl FnMut(Range, &'g V)) {
-        fn rec<'g, V>(n: &'g Node<V>, r: Range, f: &mut impl FnMut(Range, &'g V)) {
+        fn rec<'g, V>(n: &'g Node<V>, r: Range, f: &mut dyn FnMut(Range, &'g V)) {
             match n {
                 Node::Internal(x) => {
                     for k in 0..x.len {
