@@ -80,11 +80,11 @@
 //! neither may move the space's sequence), the forest's slots, its
 //! placement window, and a map count of its slot's (`mm::map_count`:
 //! a load and a store, as the space owner's total, but folded into the
-//! total past a batch). At one thread that path runs at about 0.83x the
-//! space owner's (`docs/RESULTS.md`, "Slot biases", "The slot owner's
-//! grant inline, past the gate", "The slot owner's map count; the
-//! path's code footprint" and "The slot owner's code, shared, and its
-//! edits made in place").
+//! total past a batch). At one thread that path runs at about 0.94-0.96x
+//! the space owner's (`docs/RESULTS.md`, "Slot biases", "The slot
+//! owner's grant inline, past the gate", "The slot owner's map count;
+//! the path's code footprint", "The slot owner's code, shared, and its
+//! edits made in place" and "The slot owner's code in one copy").
 //!
 //! The protocol is the space's bias's, per shard:
 //! - a request meeting two shards (a mapping across a boundary, or a
